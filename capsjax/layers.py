@@ -1,0 +1,166 @@
+"""Flax NNX layers of CapsNet: convolutions, primary and class capsules, decoder.
+
+The layers only hold parameters; the capsule maths lives in
+:mod:`capsjax.routing`. Images are NHWC, kernels HWIO.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from capsjax import routing
+
+CONV_IMPLS = ("auto", "native", "polyphase")
+
+
+def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto") -> jax.Array:
+  """VALID 2-D convolution, ``(batch, h, w, in) * (k, k, in, out)``.
+
+  ``impl``:
+    * ``"native"``: one ``lax.conv_general_dilated``.
+    * ``"polyphase"``: a strided convolution written as the sum of
+      ``stride**2`` stride-1 convolutions over the polyphase components of
+      input and kernel. It is the same function (exact up to float rounding);
+      XLA:CPU computes its input gradient about 17x faster than the strided
+      convolution's (see ../shared/PLATFORM.md).
+    * ``"auto"``: polyphase on CPU for strides > 1, native elsewhere (cuDNN
+      and XLA:TPU handle strided convolutions well).
+  """
+  if impl not in CONV_IMPLS:
+    raise ValueError(f"conv impl must be one of {CONV_IMPLS}, got {impl!r}.")
+  if impl == "auto":
+    impl = "polyphase" if stride > 1 and jax.default_backend() == "cpu" else "native"
+  if impl == "native" or stride == 1:
+    return _conv_native(x, kernel, stride)
+  return _conv_polyphase(x, kernel, stride)
+
+
+def _conv_native(x, kernel, stride):
+  return jax.lax.conv_general_dilated(
+      x, kernel, window_strides=(stride, stride), padding="VALID",
+      dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def _conv_polyphase(x, kernel, stride):
+  # y[o] = sum_k x[s*o + k] w[k] = sum_p sum_k' x_p[o + k'] w_p[k'] with
+  # x_p = x[p::s], w_p = w[p::s]: one stride-1 conv per phase pair (p, q).
+  out_h = (x.shape[1] - kernel.shape[0]) // stride + 1
+  out_w = (x.shape[2] - kernel.shape[1]) // stride + 1
+  total = None
+  for p in range(min(stride, kernel.shape[0])):
+    for q in range(min(stride, kernel.shape[1])):
+      phase = _conv_native(x[:, p::stride, q::stride], kernel[p::stride, q::stride], 1)
+      phase = phase[:, :out_h, :out_w]
+      total = phase if total is None else total + phase
+  return total
+
+
+class Conv2D(nnx.Module):
+  """VALID convolution with bias, optionally computed in a lower precision."""
+
+  def __init__(self, in_features: int, out_features: int, kernel_size: int, stride: int,
+               *, impl: str = "auto", compute_dtype=jnp.float32, rngs: nnx.Rngs):
+    init = nnx.initializers.lecun_normal()
+    self.kernel = nnx.Param(init(rngs.params(), (kernel_size, kernel_size, in_features,
+                                                 out_features)))
+    self.bias = nnx.Param(jnp.zeros((out_features,)))
+    self.stride = stride
+    self.impl = impl
+    self.compute_dtype = compute_dtype
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """``(batch, h, w, in_features)`` -> ``(batch, h', w', out_features)``, float32."""
+    y = conv2d(x.astype(self.compute_dtype), self.kernel[...].astype(self.compute_dtype),
+               self.stride, self.impl)
+    return y.astype(jnp.float32) + self.bias[...]
+
+
+class PrimaryCapsules(nnx.Module):
+  """A convolution whose channels are grouped into capsules, then squashed.
+
+  With the paper's settings the 256 channels of a 9x9 stride-2 convolution are
+  32 capsule types of 8 dimensions; on a 6x6 grid that is 1152 capsules.
+  """
+
+  def __init__(self, in_features: int, num_types: int, dim: int, kernel_size: int,
+               stride: int, *, squash_epsilon: float = 0.0, impl: str = "auto",
+               compute_dtype=jnp.float32, rngs: nnx.Rngs):
+    self.conv = Conv2D(in_features, num_types * dim, kernel_size, stride, impl=impl,
+                       compute_dtype=compute_dtype, rngs=rngs)
+    self.num_types = num_types
+    self.dim = dim
+    self.squash_epsilon = squash_epsilon
+
+  def __call__(self, features: jax.Array) -> jax.Array:
+    """``(batch, h, w, in_features)`` -> capsules ``(batch, h'*w'*num_types, dim)``."""
+    x = self.conv(features)
+    capsules = x.reshape(x.shape[0], -1, self.dim)
+    return routing.squash(capsules, epsilon=self.squash_epsilon)
+
+
+class ClassCapsules(nnx.Module):
+  """Fully connected capsule layer ("DigitCaps"): votes by W_ij, then routing.
+
+  W has one ``(out_dim, in_dim)`` matrix per (child i, parent j) pair; the votes
+  u_hat_{j|i} = W_ij u_i (paper, Eq. 2) are formed by one einsum, without
+  tiling W over the batch.
+  """
+
+  def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, *,
+               init_scale: float = 0.1, use_bias: bool = False, bias_init: float = 0.1,
+               routing_iterations: int = 3, softmax_axis: str = "output",
+               stop_gradient: bool = False, leaky: bool = False,
+               squash_epsilon: float = 0.0, rngs: nnx.Rngs):
+    init = nnx.initializers.truncated_normal(stddev=init_scale)
+    self.weights = nnx.Param(init(rngs.params(), (in_caps, out_caps, out_dim, in_dim)))
+    self.bias = nnx.data(
+        nnx.Param(jnp.full((out_caps, out_dim), bias_init)) if use_bias else None)
+    self.routing_iterations = routing_iterations
+    self.softmax_axis = softmax_axis
+    self.stop_gradient = stop_gradient
+    self.leaky = leaky
+    self.squash_epsilon = squash_epsilon
+
+  def votes(self, capsules: jax.Array) -> jax.Array:
+    """``(batch, in_caps, in_dim)`` -> ``(batch, in_caps, out_caps, out_dim)``."""
+    return jnp.einsum("bik,ijdk->bijd", capsules, self.weights[...])
+
+  def __call__(self, capsules: jax.Array, return_trace: bool = False):
+    """``(batch, in_caps, in_dim)`` -> ``(batch, out_caps, out_dim)`` [, trace]."""
+    return routing.dynamic_routing(
+        self.votes(capsules), self.routing_iterations,
+        softmax_axis=self.softmax_axis, stop_gradient=self.stop_gradient,
+        leaky=self.leaky, bias=None if self.bias is None else self.bias[...],
+        squash_epsilon=self.squash_epsilon, return_trace=return_trace)
+
+
+class Decoder(nnx.Module):
+  """Reconstruction network: masked class capsules -> image (paper, Fig. 2)."""
+
+  def __init__(self, num_classes: int, capsule_dim: int, hidden: Sequence[int],
+               image_shape: Sequence[int], *, compute_dtype=jnp.float32, rngs: nnx.Rngs):
+    sizes = [num_classes * capsule_dim, *hidden, math.prod(image_shape)]
+    self.layers = nnx.List([
+        nnx.Linear(a, b, dtype=compute_dtype, rngs=rngs) for a, b in zip(sizes, sizes[1:])])
+    self.image_shape = tuple(image_shape)
+
+  def __call__(self, class_capsules: jax.Array, mask: jax.Array) -> jax.Array:
+    """Decodes the capsules that ``mask`` keeps.
+
+    Args:
+      class_capsules: ``(batch, num_classes, capsule_dim)``.
+      mask: ``(batch, num_classes)``, usually one-hot; the others are zeroed.
+
+    Returns:
+      Pixel intensities in (0, 1), ``(batch, *image_shape)``.
+    """
+    x = (class_capsules * mask[..., None]).reshape(class_capsules.shape[0], -1)
+    for layer in self.layers[:-1]:
+      x = jax.nn.relu(layer(x))
+    x = jax.nn.sigmoid(self.layers[-1](x).astype(jnp.float32))
+    return x.reshape(x.shape[0], *self.image_shape)

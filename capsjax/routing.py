@@ -1,0 +1,230 @@
+"""Dynamic routing between capsules as pure JAX functions (no Flax).
+
+Implements Procedure 1 of Sabour, Frosst & Hinton (2017), "Dynamic Routing
+Between Capsules", together with the switches on which public
+implementations disagree. Every switch defaults to the paper's behaviour.
+
+Shapes used throughout:
+
+* ``votes`` -- the prediction vectors u_hat_{j|i}:
+  ``(batch, in_caps, out_caps, out_dim)``.
+* ``logits`` -- the routing logits b_ij, and ``coupling`` -- the coupling
+  coefficients c_ij: ``(batch, in_caps, out_caps)``.
+* output capsules v_j: ``(batch, out_caps, out_dim)``.
+
+The votes are the only large tensor: nothing here forms an array of size
+batch x in_caps x out_caps x out_dim x in_dim.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+SOFTMAX_AXES = ("output", "input")
+
+
+def safe_norm(x: jax.Array, axis: int = -1, epsilon: float = 0.0,
+              keepdims: bool = False) -> jax.Array:
+  """Euclidean norm ``sqrt(sum(x**2) + epsilon)`` with a finite gradient at 0.
+
+  ``jnp.linalg.norm`` has a NaN gradient at the zero vector (0/0). Here the
+  square root only ever sees positive numbers, and the zero vector gets norm
+  ``sqrt(epsilon)`` and gradient 0 (the subgradient of minimum norm).
+
+  Args:
+    x: any array.
+    axis: the vector axis.
+    epsilon: added under the square root; 0 gives the exact norm.
+    keepdims: keep the reduced axis with size 1.
+
+  Returns:
+    The norms, ``x``'s shape without ``axis`` (or with size 1 there).
+  """
+  squared = jnp.sum(jnp.square(x), axis=axis, keepdims=keepdims) + epsilon
+  positive = squared > 0
+  return jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1.0)), 0.0)
+
+
+def squash(s: jax.Array, axis: int = -1, epsilon: float = 0.0) -> jax.Array:
+  """The squashing non-linearity, Eq. 1: ``v = |s|^2/(1+|s|^2) * s/|s|``.
+
+  Short vectors shrink to almost zero length and long vectors to a length
+  just below 1; the direction is kept.
+
+  Args:
+    s: capsule pre-activations, vectors along ``axis``.
+    axis: the capsule-vector axis.
+    epsilon: added under the square root of ``|s|`` in the denominator, as many
+      public implementations do (1e-7, 1e-8, 1e-9 are common). The paper's
+      Eq. 1 has none, which is the default 0; the gradient is finite at the
+      zero vector either way.
+
+  Returns:
+    ``v`` with the shape of ``s``; ``|v| < 1``.
+  """
+  squared = jnp.sum(jnp.square(s), axis=axis, keepdims=True)
+  norm = safe_norm(s, axis=axis, epsilon=epsilon, keepdims=True)
+  scale = squared / (1.0 + squared) / jnp.where(norm > 0, norm, 1.0)
+  return scale * s
+
+
+def coupling_coefficients(logits: jax.Array, softmax_axis: str = "output",
+                          leaky: bool = False) -> jax.Array:
+  """Coupling coefficients c_ij from routing logits b_ij (Procedure 1, line 4).
+
+  Args:
+    logits: ``(batch, in_caps, out_caps)``.
+    softmax_axis: ``"output"`` normalises over the parents j of each child i,
+      as in the paper; ``"input"`` normalises over the children i of each
+      parent j, as several public implementations do.
+    leaky: add one extra logit fixed at 0 to the softmax and drop its share,
+      as the official code's ``_leaky_routing`` does; a child can then send
+      part of its vote to no parent ("orphan" class), so the coefficients sum
+      to less than 1.
+
+  Returns:
+    ``(batch, in_caps, out_caps)``.
+  """
+  axis = _softmax_axis_index(softmax_axis)
+  if not leaky:
+    return jax.nn.softmax(logits, axis=axis)
+  leak_shape = list(logits.shape)
+  leak_shape[axis] = 1
+  padded = jnp.concatenate([logits, jnp.zeros(leak_shape, logits.dtype)], axis=axis)
+  return jax.lax.slice_in_dim(jax.nn.softmax(padded, axis=axis), 0,
+                              logits.shape[axis], axis=axis)
+
+
+def _softmax_axis_index(softmax_axis: str) -> int:
+  if softmax_axis == "output":
+    return 2
+  if softmax_axis == "input":
+    return 1
+  raise ValueError(f"softmax_axis must be one of {SOFTMAX_AXES}, got {softmax_axis!r}.")
+
+
+class RoutingTrace(NamedTuple):
+  """What routing did, iteration by iteration, for analysis.
+
+  Attributes:
+    logits: ``(iterations, batch, in_caps, out_caps)``; ``logits[r]`` are the
+      b_ij that iteration r started from (all zero for r = 0).
+    coupling: ``(iterations, batch, in_caps, out_caps)``; the c_ij that
+      iteration r used.
+  """
+  logits: jax.Array
+  coupling: jax.Array
+
+
+def dynamic_routing(votes: jax.Array,
+                    num_iterations: int,
+                    *,
+                    softmax_axis: str = "output",
+                    stop_gradient: bool = False,
+                    leaky: bool = False,
+                    bias: jax.Array | None = None,
+                    squash_epsilon: float = 0.0,
+                    return_trace: bool = False):
+  """Routing-by-agreement, Procedure 1 of the paper.
+
+  ::
+
+      b_ij <- 0
+      repeat r times:
+        c_i <- softmax(b_i)                    # over parents j (softmax_axis)
+        s_j <- sum_i c_ij u_hat_{j|i} (+ bias)
+        v_j <- squash(s_j)                     # Eq. 1
+        b_ij <- b_ij + u_hat_{j|i} . v_j       # skipped after the last pass
+
+  Args:
+    votes: u_hat_{j|i}, ``(batch, in_caps, out_caps, out_dim)``.
+    num_iterations: r >= 1, a Python int (the loop bounds must be static for
+      reverse-mode differentiation).
+    softmax_axis: ``"output"`` (paper) or ``"input"``; see
+      :func:`coupling_coefficients`.
+    stop_gradient: if True, gradients do not flow through the votes of the
+      intermediate iterations: logits are built from ``stop_gradient(votes)``
+      and only the final ``s_j`` sees the votes themselves. The outputs are
+      unchanged. The paper does not stop gradients (default False).
+    leaky: leaky routing, an extra zero logit (official code); default False.
+    bias: optional ``(out_caps, out_dim)`` added to s_j (the official code has
+      one, the paper does not); None for no bias.
+    squash_epsilon: see :func:`squash`.
+    return_trace: also return a :class:`RoutingTrace`.
+
+  Returns:
+    The output capsules v_j, ``(batch, out_caps, out_dim)``; with
+    ``return_trace``, the pair ``(v, trace)``.
+  """
+  if not isinstance(num_iterations, int) or isinstance(num_iterations, bool):
+    raise TypeError(f"num_iterations must be a Python int, got {num_iterations!r}.")
+  if num_iterations < 1:
+    raise ValueError(f"num_iterations must be >= 1, got {num_iterations}.")
+  if votes.ndim != 4:
+    raise ValueError("votes must have shape (batch, in_caps, out_caps, out_dim), "
+                     f"got shape {votes.shape}.")
+  _softmax_axis_index(softmax_axis)  # Validates early with a clear message.
+
+  batch, in_caps, out_caps, _ = votes.shape
+  votes_routed = jax.lax.stop_gradient(votes) if stop_gradient else votes
+
+  def outputs_from(coupling, votes_):
+    preactivation = jnp.einsum("bij,bijd->bjd", coupling, votes_)
+    if bias is not None:
+      preactivation = preactivation + bias
+    return squash(preactivation, epsilon=squash_epsilon)
+
+  logits = jnp.zeros((batch, in_caps, out_caps), votes.dtype)
+  trace = None
+  if return_trace:
+    empty = jnp.zeros((num_iterations, batch, in_caps, out_caps), votes.dtype)
+    trace = RoutingTrace(logits=empty, coupling=empty)
+
+  def record(trace, r, logits, coupling):
+    if not return_trace:
+      return trace
+    return RoutingTrace(logits=trace.logits.at[r].set(logits),
+                        coupling=trace.coupling.at[r].set(coupling))
+
+  def intermediate_iteration(r, carry):
+    logits, trace = carry
+    coupling = coupling_coefficients(logits, softmax_axis, leaky)
+    outputs = outputs_from(coupling, votes_routed)
+    trace = record(trace, r, logits, coupling)
+    agreement = jnp.einsum("bijd,bjd->bij", votes_routed, outputs)
+    return logits + agreement, trace
+
+  # Static bounds: fori_loop lowers to scan and stays reverse-differentiable.
+  logits, trace = jax.lax.fori_loop(0, num_iterations - 1, intermediate_iteration,
+                                    (logits, trace))
+  coupling = coupling_coefficients(logits, softmax_axis, leaky)
+  outputs = outputs_from(coupling, votes)
+  if return_trace:
+    return outputs, record(trace, num_iterations - 1, logits, coupling)
+  return outputs
+
+
+def routing_diagnostics(trace: RoutingTrace, softmax_axis: str = "output") -> dict:
+  """Per-iteration summaries of a :class:`RoutingTrace` (cf. the paper's Fig. A.1).
+
+  Args:
+    trace: from :func:`dynamic_routing` with ``return_trace=True``.
+    softmax_axis: the axis the coupling coefficients were normalised over.
+
+  Returns:
+    A dict of ``(iterations,)`` arrays:
+      ``coupling_entropy``: mean entropy (nats) of each child's (or, for
+        ``"input"``, each parent's) coupling distribution;
+      ``logit_change``: mean ``|b^r - b^(r-1)|``, 0 for the first iteration.
+  """
+  axis = _softmax_axis_index(softmax_axis) + 1  # +1 for the iteration axis.
+  c = trace.coupling
+  entropy = -jnp.sum(jnp.where(c > 0, c * jnp.log(jnp.where(c > 0, c, 1.0)), 0.0), axis=axis)
+  entropy = jnp.mean(entropy.reshape(entropy.shape[0], -1), axis=1)
+  deltas = jnp.abs(jnp.diff(trace.logits, axis=0))
+  change = jnp.mean(deltas.reshape(deltas.shape[0], -1), axis=1)
+  change = jnp.concatenate([jnp.zeros((1,), change.dtype), change])
+  return {"coupling_entropy": entropy, "logit_change": change}

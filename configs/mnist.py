@@ -1,0 +1,100 @@
+"""MNIST with the paper's CapsNet and training setup (Sabour et al. 2017).
+
+Usage:
+  python -m capsjax.main --config=configs/mnist.py --workdir=/tmp/run
+  python -m capsjax.main --config=configs/mnist.py:smoke --workdir=/tmp/smoke
+
+Variants (the string after ':'):
+  (none)  the paper: 3 routing iterations, reconstruction weight 0.0005, Adam
+          1e-3 decayed 0.96 every 2000 steps, batch 128, shifts of up to 2 px.
+  smoke   a tiny model for a few steps on a small slice of data (tests, CI).
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "tfds"          # "tfds": any tensorflow-datasets name; "idx": IDX files.
+  c.data.name = "mnist"           # tfds name (ignored by "idx").
+  # tfds: the manual dir with the original archives (offline); idx: the IDX folder.
+  c.data.dir = config_dict.placeholder(str)
+  c.data.tfds_data_dir = config_dict.placeholder(str)  # Where tfds keeps prepared data.
+  c.data.validation_size = 0      # Held out from train; the paper tuned on 10,000.
+  c.data.train_limit = 0          # Use only the first N training examples (0: all).
+  c.data.test_limit = 0           # Use only the first N test examples (0: all).
+  c.data.shift_pixels = 2         # Random shifts of up to 2 px with zero padding.
+
+  c.model = ml_collections.ConfigDict()
+  c.model.image_shape = (28, 28, 1)
+  c.model.num_classes = 10
+  c.model.conv1 = ml_collections.ConfigDict(dict(features=256, kernel_size=9, stride=1))
+  c.model.primary = ml_collections.ConfigDict(
+      dict(num_types=32, dim=8, kernel_size=9, stride=2))
+  c.model.class_capsules = ml_collections.ConfigDict(dict(
+      dim=16,
+      init_scale=0.1,    # W_ij ~ normal(0, 0.1) cut at 2 std (official code; paper silent).
+      use_bias=False,    # A bias on s_j (official code has one, the paper not).
+      bias_init=0.1,
+  ))
+  c.model.routing = ml_collections.ConfigDict(dict(
+      iterations=3,
+      softmax_axis="output",  # "output": over parents j (paper); "input": over children i.
+      stop_gradient=False,    # Stop gradients through intermediate iterations.
+      leaky=False,            # Leaky routing (extra zero logit), as in the official code.
+      squash_epsilon=0.0,     # Eq. 1 exactly; public code often uses 1e-7..1e-9.
+  ))
+  c.model.decoder = ml_collections.ConfigDict(dict(enabled=True, hidden=(512, 1024)))
+  c.model.conv_impl = "auto"        # "auto" | "native" | "polyphase" (fast on CPU).
+  c.model.compute_dtype = "float32"  # "bfloat16": convs and decoder in bf16.
+
+  c.loss = ml_collections.ConfigDict(dict(
+      m_plus=0.9, m_minus=0.1, lam=0.5,
+      reconstruction_weight=0.0005,  # Times the SUM of squared pixel errors.
+  ))
+
+  c.optimizer = ml_collections.ConfigDict(dict(
+      learning_rate=1e-3,
+      decay_rate=0.96,     # Exponential decay, official code: 0.96 every 2000 steps.
+      decay_steps=2000,
+      staircase=False,
+      b1=0.9, b2=0.999, eps=1e-8,  # TF's Adam defaults.
+  ))
+
+  c.train = ml_collections.ConfigDict()
+  c.train.batch_size = 128
+  c.train.num_steps = config_dict.placeholder(int)  # Total steps; unset: num_epochs decides.
+  c.train.num_epochs = 50
+  c.train.log_every_steps = 50
+  c.train.eval_every_steps = 0       # 0: at the end of each epoch.
+  c.train.checkpoint_every_steps = 500
+  c.train.keep_checkpoints = 3       # Latest N; the best by accuracy is kept as well.
+  c.train.steps_per_dispatch = 1     # >1: lax.scan over this many steps per call.
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.batch_size = 500
+  c.eval.num_figure_examples = 8
+
+  if variant in (None, ""):
+    pass
+  elif variant == "smoke":
+    c.data.train_limit = 512
+    c.data.test_limit = 128
+    c.model.conv1.features = 16
+    c.model.primary.num_types = 4
+    c.model.primary.dim = 4
+    c.model.class_capsules.dim = 8
+    c.model.decoder.hidden = (32, 64)
+    c.train.batch_size = 16
+    c.train.num_steps = 8
+    c.train.log_every_steps = 2
+    c.train.checkpoint_every_steps = 4
+    c.eval.batch_size = 64
+    c.eval.num_figure_examples = 4
+  else:
+    raise ValueError(f"Unknown variant {variant!r} of configs/mnist.py; use '' or 'smoke'.")
+  return c

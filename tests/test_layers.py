@@ -1,0 +1,94 @@
+"""Layers: every convolution implementation computes the same function."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from capsjax import layers, routing
+
+
+@pytest.mark.parametrize("size,kernel,stride", [(20, 9, 2), (21, 9, 2), (12, 5, 3), (10, 4, 2)])
+def test_polyphase_conv_equals_native_values_and_gradients(size, kernel, stride):
+  rng = np.random.default_rng(size)
+  x = jnp.asarray(rng.normal(size=(2, size, size + 1, 3)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(kernel, kernel, 3, 5)), jnp.float32)
+  native = layers.conv2d(x, w, stride, "native")
+  poly = layers.conv2d(x, w, stride, "polyphase")
+  assert native.shape == poly.shape
+  np.testing.assert_allclose(np.asarray(poly), np.asarray(native), rtol=1e-4, atol=1e-4)
+
+  def loss(x, w, impl):
+    return jnp.sum(jnp.sin(layers.conv2d(x, w, stride, impl)))
+
+  gn = jax.grad(loss, argnums=(0, 1))(x, w, "native")
+  gp = jax.grad(loss, argnums=(0, 1))(x, w, "polyphase")
+  for a, b in zip(gn, gp):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-3)
+
+
+def test_conv_matches_numpy_cross_correlation():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(1, 7, 7, 2))
+  w = rng.normal(size=(3, 3, 2, 4))
+  expected = np.zeros((1, 3, 3, 4))
+  for oh in range(3):
+    for ow in range(3):
+      patch = x[0, 2 * oh:2 * oh + 3, 2 * ow:2 * ow + 3]
+      expected[0, oh, ow] = np.einsum("hwi,hwio->o", patch, w)
+  for impl in ("native", "polyphase", "auto"):
+    got = layers.conv2d(jnp.asarray(x), jnp.asarray(w), 2, impl)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_conv_impl():
+  with pytest.raises(ValueError, match="conv impl must be one of"):
+    layers.conv2d(jnp.zeros((1, 5, 5, 1)), jnp.zeros((3, 3, 1, 1)), 2, "fft")
+
+
+def test_primary_capsules_group_channels_and_squash():
+  layer = layers.PrimaryCapsules(3, num_types=4, dim=5, kernel_size=3, stride=2,
+                                 rngs=nnx.Rngs(0))
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 9, 9, 3)), jnp.float32)
+  caps = layer(x)
+  assert caps.shape == (2, 4 * 4 * 4, 5)
+  raw = layer.conv(x).reshape(2, -1, 5)
+  np.testing.assert_allclose(np.asarray(caps), np.asarray(routing.squash(raw)), rtol=1e-6)
+
+
+def test_class_capsule_votes_are_w_times_u():
+  layer = layers.ClassCapsules(6, 3, 4, 5, rngs=nnx.Rngs(0))
+  u = np.random.default_rng(0).normal(size=(2, 6, 3))
+  w = np.asarray(layer.weights[...])
+  expected = np.zeros((2, 6, 4, 5))
+  for i in range(6):
+    for j in range(4):
+      expected[:, i, j] = u[:, i] @ w[i, j].T
+  np.testing.assert_allclose(np.asarray(layer.votes(jnp.asarray(u, jnp.float32))), expected,
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_class_capsules_init_scale_and_bias():
+  small = layers.ClassCapsules(200, 8, 10, 16, init_scale=0.01, rngs=nnx.Rngs(0))
+  large = layers.ClassCapsules(200, 8, 10, 16, init_scale=0.5, rngs=nnx.Rngs(0))
+  # A normal with std init_scale truncated at 2 std (TF's truncated_normal, as the
+  # official code uses): std 0.8796 * init_scale, |w| <= 2 * init_scale.
+  for layer, scale in ((small, 0.01), (large, 0.5)):
+    w = np.asarray(layer.weights[...])
+    np.testing.assert_allclose(w.std(), 0.8796 * scale, rtol=0.02)
+    assert np.abs(w).max() <= 2 * scale
+  assert small.bias is None
+  biased = layers.ClassCapsules(5, 3, 2, 4, use_bias=True, bias_init=0.3, rngs=nnx.Rngs(0))
+  np.testing.assert_allclose(np.asarray(biased.bias[...]), 0.3, rtol=1e-7)
+
+
+def test_decoder_uses_only_the_masked_capsule():
+  dec = layers.Decoder(3, 4, (8,), (2, 2, 1), rngs=nnx.Rngs(0))
+  caps = jnp.asarray(np.random.default_rng(0).normal(size=(1, 3, 4)), jnp.float32)
+  mask = jax.nn.one_hot(jnp.asarray([1]), 3)
+  out = dec(caps, mask)
+  assert out.shape == (1, 2, 2, 1)
+  assert np.all((np.asarray(out) > 0) & (np.asarray(out) < 1))
+  changed = caps.at[0, 0].set(100.0).at[0, 2].set(-50.0)
+  np.testing.assert_array_equal(np.asarray(dec(changed, mask)), np.asarray(out))

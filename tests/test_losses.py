@@ -1,0 +1,37 @@
+"""Losses against hand-computed values."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from capsjax import losses
+
+
+def test_margin_loss_hand_computed():
+  lengths = jnp.asarray([[0.95, 0.5, 0.05], [0.2, 0.3, 0.8]])
+  labels = jnp.asarray([0, 2])
+  # Example 0: present class 0.95 >= 0.9 -> 0; absent 0.5: 0.5*(0.4)^2 = 0.08; absent 0.05 -> 0.
+  # Example 1: present 0.8: (0.1)^2 = 0.01; absent 0.2: 0.5*0.01; 0.3: 0.5*0.04.
+  expected = (0.08 + (0.01 + 0.005 + 0.02)) / 2
+  np.testing.assert_allclose(float(losses.margin_loss(lengths, labels)), expected, rtol=1e-6)
+
+
+def test_margin_loss_parameters_are_used():
+  lengths = jnp.asarray([[0.5, 0.5]])
+  labels = jnp.asarray([0])
+  got = losses.margin_loss(lengths, labels, m_plus=0.7, m_minus=0.2, lam=1.0)
+  np.testing.assert_allclose(float(got), 0.2**2 + 0.3**2, rtol=1e-6)
+
+
+def test_reconstruction_loss_is_weighted_sum_not_mean():
+  images = jnp.zeros((2, 28, 28, 1))
+  recon = jnp.full((2, 28, 28, 1), 0.5)
+  # Sum over 784 pixels of 0.25 = 196 per example; times 0.0005 = 0.098.
+  np.testing.assert_allclose(float(losses.reconstruction_loss(recon, images)), 0.098, rtol=1e-6)
+  np.testing.assert_allclose(float(losses.reconstruction_loss(recon, images, weight=1.0)), 196.0,
+                             rtol=1e-6)
+
+
+def test_reconstruction_loss_shape_mismatch():
+  with pytest.raises(ValueError, match="same shape"):
+    losses.reconstruction_loss(jnp.zeros((2, 784)), jnp.zeros((2, 28, 28, 1)))
