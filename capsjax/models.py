@@ -10,6 +10,7 @@ import ml_collections
 from flax import nnx
 
 from capsjax import layers, routing
+from capsjax.errors import UsageError
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -32,27 +33,27 @@ class CapsNetOutput(NamedTuple):
 
 
 def validate_model_config(config: ml_collections.ConfigDict) -> None:
-  """Raises ValueError naming the config key for settings that cannot work."""
+  """Raises UsageError (a ValueError) naming the config key for settings that cannot work."""
   r = config.routing
   if not isinstance(r.iterations, int) or r.iterations < 1:
-    raise ValueError(f"config.model.routing.iterations must be an integer >= 1, "
+    raise UsageError(f"config.model.routing.iterations must be an integer >= 1, "
                      f"got {r.iterations!r}.")
   if r.softmax_axis not in routing.SOFTMAX_AXES:
-    raise ValueError(f"config.model.routing.softmax_axis must be one of "
+    raise UsageError(f"config.model.routing.softmax_axis must be one of "
                      f"{routing.SOFTMAX_AXES}, got {r.softmax_axis!r}.")
   if r.squash_epsilon < 0:
-    raise ValueError(f"config.model.routing.squash_epsilon must be >= 0, "
+    raise UsageError(f"config.model.routing.squash_epsilon must be >= 0, "
                      f"got {r.squash_epsilon!r}.")
   if config.conv_impl not in layers.CONV_IMPLS:
-    raise ValueError(f"config.model.conv_impl must be one of {layers.CONV_IMPLS}, "
+    raise UsageError(f"config.model.conv_impl must be one of {layers.CONV_IMPLS}, "
                      f"got {config.conv_impl!r}.")
   if config.compute_dtype not in COMPUTE_DTYPES:
-    raise ValueError(f"config.model.compute_dtype must be one of "
+    raise UsageError(f"config.model.compute_dtype must be one of "
                      f"{tuple(COMPUTE_DTYPES)}, got {config.compute_dtype!r}.")
   h, w, _ = config.image_shape
   after_conv1 = min(h, w) - config.conv1.kernel_size + 1
   if after_conv1 < config.primary.kernel_size:
-    raise ValueError(f"config.model.image_shape {tuple(config.image_shape)} is too small "
+    raise UsageError(f"config.model.image_shape {tuple(config.image_shape)} is too small "
                      f"for conv1 kernel {config.conv1.kernel_size} followed by the "
                      f"primary-capsule kernel {config.primary.kernel_size}.")
 

@@ -207,15 +207,17 @@ def dynamic_routing(votes: jax.Array,
   return outputs
 
 
-def routing_diagnostics(trace: RoutingTrace, softmax_axis: str = "output") -> dict:
+def routing_diagnostics(trace: RoutingTrace, softmax_axis: str = "output",
+                        weights: jax.Array | None = None) -> dict:
   """Per-iteration summaries of a :class:`RoutingTrace` (cf. the paper's Fig. A.1).
 
   Args:
     trace: from :func:`dynamic_routing` with ``return_trace=True``.
     softmax_axis: the axis the coupling coefficients were normalised over.
+    weights: optional ``(batch,)`` example weights (0 for padding).
 
   Returns:
-    A dict of ``(iterations,)`` arrays:
+    A dict of ``(iterations,)`` arrays, averaged over examples:
       ``coupling_entropy``: mean entropy (nats) of each child's (or, for
         ``"input"``, each parent's) coupling distribution;
       ``logit_change``: mean ``|b^r - b^(r-1)|``, 0 for the first iteration.
@@ -223,8 +225,13 @@ def routing_diagnostics(trace: RoutingTrace, softmax_axis: str = "output") -> di
   axis = _softmax_axis_index(softmax_axis) + 1  # +1 for the iteration axis.
   c = trace.coupling
   entropy = -jnp.sum(jnp.where(c > 0, c * jnp.log(jnp.where(c > 0, c, 1.0)), 0.0), axis=axis)
-  entropy = jnp.mean(entropy.reshape(entropy.shape[0], -1), axis=1)
-  deltas = jnp.abs(jnp.diff(trace.logits, axis=0))
-  change = jnp.mean(deltas.reshape(deltas.shape[0], -1), axis=1)
-  change = jnp.concatenate([jnp.zeros((1,), change.dtype), change])
-  return {"coupling_entropy": entropy, "logit_change": change}
+  logits = trace.logits
+  change = jnp.abs(jnp.concatenate([jnp.zeros_like(logits[:1]), jnp.diff(logits, axis=0)]))
+  per_example = {
+      "coupling_entropy": jnp.mean(entropy.reshape(*entropy.shape[:2], -1), axis=2),
+      "logit_change": jnp.mean(change.reshape(*change.shape[:2], -1), axis=2),
+  }  # Each (iterations, batch).
+  if weights is None:
+    weights = jnp.ones(c.shape[1], c.dtype)
+  return {k: jnp.sum(v * weights, axis=1) / jnp.maximum(jnp.sum(weights), 1e-12)
+          for k, v in per_example.items()}

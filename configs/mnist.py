@@ -49,7 +49,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
       squash_epsilon=0.0,     # Eq. 1 exactly; public code often uses 1e-7..1e-9.
   ))
   c.model.decoder = ml_collections.ConfigDict(dict(enabled=True, hidden=(512, 1024)))
-  c.model.conv_impl = "auto"        # "auto" | "native" | "polyphase" (fast on CPU).
+  c.model.conv_impl = "auto"        # "auto" | "native" | "im2col" | "polyphase" (CPU).
   c.model.compute_dtype = "float32"  # "bfloat16": convs and decoder in bf16.
 
   c.loss = ml_collections.ConfigDict(dict(

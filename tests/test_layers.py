@@ -10,22 +10,24 @@ from capsjax import layers, routing
 
 
 @pytest.mark.parametrize("size,kernel,stride", [(20, 9, 2), (21, 9, 2), (12, 5, 3), (10, 4, 2)])
+# Every implementation is the same function: values and gradients.
 def test_polyphase_conv_equals_native_values_and_gradients(size, kernel, stride):
   rng = np.random.default_rng(size)
   x = jnp.asarray(rng.normal(size=(2, size, size + 1, 3)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(kernel, kernel, 3, 5)), jnp.float32)
   native = layers.conv2d(x, w, stride, "native")
-  poly = layers.conv2d(x, w, stride, "polyphase")
-  assert native.shape == poly.shape
-  np.testing.assert_allclose(np.asarray(poly), np.asarray(native), rtol=1e-4, atol=1e-4)
 
   def loss(x, w, impl):
     return jnp.sum(jnp.sin(layers.conv2d(x, w, stride, impl)))
 
   gn = jax.grad(loss, argnums=(0, 1))(x, w, "native")
-  gp = jax.grad(loss, argnums=(0, 1))(x, w, "polyphase")
-  for a, b in zip(gn, gp):
-    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-3)
+  for impl in ("polyphase", "im2col"):
+    other = layers.conv2d(x, w, stride, impl)
+    assert native.shape == other.shape
+    np.testing.assert_allclose(np.asarray(other), np.asarray(native), rtol=1e-4, atol=1e-4)
+    go = jax.grad(loss, argnums=(0, 1))(x, w, impl)
+    for a, b in zip(gn, go):
+      np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-3)
 
 
 def test_conv_matches_numpy_cross_correlation():
@@ -37,7 +39,7 @@ def test_conv_matches_numpy_cross_correlation():
     for ow in range(3):
       patch = x[0, 2 * oh:2 * oh + 3, 2 * ow:2 * ow + 3]
       expected[0, oh, ow] = np.einsum("hwi,hwio->o", patch, w)
-  for impl in ("native", "polyphase", "auto"):
+  for impl in ("native", "polyphase", "im2col", "auto"):
     got = layers.conv2d(jnp.asarray(x), jnp.asarray(w), 2, impl)
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
 

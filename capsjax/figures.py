@@ -1,0 +1,101 @@
+"""PNG figures of a run: reconstructions, latent perturbations (Fig. 4), curves, routing."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # No display on servers; must precede pyplot.
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+PERTURBATIONS = np.round(np.arange(-0.25, 0.25 + 1e-9, 0.05), 2)  # Paper, Sec. 5.1: 11 values.
+
+
+def tile(images: np.ndarray) -> np.ndarray:
+  """``(rows, cols, h, w, c)`` -> one ``(rows*h, cols*w, c)`` image with 1-px gaps."""
+  rows, cols, h, w, c = images.shape
+  canvas = np.ones((rows * (h + 1) - 1, cols * (w + 1) - 1, c), np.float32)
+  for r in range(rows):
+    for k in range(cols):
+      canvas[r * (h + 1):r * (h + 1) + h, k * (w + 1):k * (w + 1) + w] = images[r, k]
+  return canvas
+
+
+def _show(ax, image):
+  image = np.clip(image, 0, 1)
+  if image.shape[-1] == 1:
+    ax.imshow(image[..., 0], cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+  else:
+    ax.imshow(image, interpolation="nearest")
+  ax.set_xticks([])
+  ax.set_yticks([])
+
+
+def reconstruction_grid(images: np.ndarray, reconstructions: np.ndarray, labels: np.ndarray,
+                        predictions: np.ndarray) -> np.ndarray:
+  """Inputs (top row) over their reconstructions (bottom row), as one image."""
+  return tile(np.stack([images, reconstructions]))
+
+
+def save_reconstructions(path: str, images, reconstructions, labels, predictions) -> None:
+  """Top: inputs with (label, prediction); bottom: reconstruction from the predicted capsule."""
+  fig, ax = plt.subplots(figsize=(1.2 * len(images), 2.8))
+  _show(ax, reconstruction_grid(images, reconstructions, labels, predictions))
+  ax.set_title("inputs (top) and reconstructions (bottom); (label, prediction): "
+               + " ".join(f"({l},{p})" for l, p in zip(labels, predictions)), fontsize=8)
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+
+
+def save_latent_perturbations(path: str, decoded: np.ndarray, label: int) -> None:
+  """Paper Fig. 4: ``decoded`` is ``(capsule_dim, len(PERTURBATIONS), h, w, c)``."""
+  dims = decoded.shape[0]
+  fig, ax = plt.subplots(figsize=(0.6 * decoded.shape[1] + 1, 0.6 * dims + 0.8))
+  _show(ax, tile(decoded))
+  ax.set_xlabel("perturbation " + " ".join(f"{p:+.2f}" for p in PERTURBATIONS), fontsize=7)
+  ax.set_ylabel("capsule dimension (1 at top)")
+  ax.set_title(f"Each dimension of the class-{label} capsule tweaked by -0.25..+0.25")
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+
+
+def save_training_curves(path: str, records: list[dict]) -> None:
+  """Loss and accuracy against step for the train, validation and test records."""
+  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+  for kind, style in (("train", "-"), ("validation", "o-"), ("test", "s-")):
+    rows = [r for r in records if r.get("kind") == kind and "loss" in r]
+    if not rows:
+      continue
+    steps = [r["step"] for r in rows]
+    ax_loss.plot(steps, [r["loss"] for r in rows], style, label=kind, markersize=3)
+    ax_acc.plot(steps, [100 * (1 - r["accuracy"]) for r in rows], style, label=kind,
+                markersize=3)
+  ax_loss.set(xlabel="step", ylabel="loss", yscale="log", title="loss")
+  ax_acc.set(xlabel="step", ylabel="error (%)", yscale="log", title="classification error")
+  for ax in (ax_loss, ax_acc):
+    ax.grid(alpha=0.3)
+    ax.legend()
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+
+
+def save_routing_diagnostics(path: str, records: list[dict]) -> None:
+  """Per routing iteration: mean coupling entropy and mean |logit change| (cf. Fig. A.1),
+  from the last evaluation record that has them."""
+  rows = [r for r in records if "coupling_entropy" in r]
+  if not rows:
+    return
+  last = rows[-1]
+  iters = np.arange(1, len(last["coupling_entropy"]) + 1)
+  fig, (ax_e, ax_c) = plt.subplots(1, 2, figsize=(10, 3.8))
+  ax_e.plot(iters, last["coupling_entropy"], "o-")
+  ax_e.set(xlabel="routing iteration", ylabel="mean entropy of c_i (nats)",
+           title="coupling entropy")
+  ax_c.plot(iters[1:], last["logit_change"][1:], "o-")
+  ax_c.set(xlabel="routing iteration", ylabel="mean |b^r - b^(r-1)|", title="logit change")
+  for ax in (ax_e, ax_c):
+    ax.set_xticks(iters)
+    ax.grid(alpha=0.3)
+  fig.suptitle(f"routing diagnostics, {last['kind']} set at step {last['step']}")
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)

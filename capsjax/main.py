@@ -1,0 +1,45 @@
+"""Trains and evaluates CapsNet from a config file.
+
+  python -m capsjax.main --config=configs/mnist.py --workdir=/tmp/run
+  python -m capsjax.main --config=configs/mnist.py --workdir=/tmp/run \
+      --config.data.source=idx --config.data.dir=/path/to/mnist --config.train.num_epochs=1
+
+A rerun with the same --workdir resumes from its latest checkpoint. On a
+cluster, start one process per host with --distributed (or with
+--coordinator_address, --num_processes and --process_id).
+"""
+
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from capsjax import distributed
+from capsjax.errors import NonFiniteLossError, UsageError
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/mnist.py.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, figures.")
+distributed.define_flags()
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  logging.set_verbosity(logging.WARNING)  # Orbax is chatty at INFO; -v 0 brings it back.
+  distributed.initialize_from_flags()
+  from capsjax import train  # After jax.distributed.initialize.
+
+  try:
+    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  except NonFiniteLossError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  app.run(main)

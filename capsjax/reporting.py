@@ -1,0 +1,109 @@
+"""Where metrics go: ``metrics.jsonl``, TensorBoard events and a console progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+
+class MetricWriter:
+  """Appends one JSON object per event to ``WORKDIR/metrics.jsonl`` and mirrors
+  scalars and images to TensorBoard (``WORKDIR/tensorboard``).
+
+  Only process 0 of a multi-host job should make one.
+  """
+
+  def __init__(self, workdir: str):
+    from tensorboardX import SummaryWriter  # Writes TensorBoard events without TensorFlow.
+
+    os.makedirs(workdir, exist_ok=True)
+    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", buffering=1)
+    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, kind: str, step: int, metrics: dict) -> None:
+    """``kind`` is e.g. "train", "validation", "test"; values are floats or lists."""
+    record = {"kind": kind, "step": int(step), "time": time.time()}
+    for key, value in metrics.items():
+      value = np.asarray(value)
+      record[key] = value.tolist()
+      if value.ndim == 0:
+        self._tb.add_scalar(f"{kind}/{key}", float(value), step)
+      else:  # Per-iteration routing diagnostics: one scalar per entry.
+        for k, v in enumerate(value.reshape(-1)):
+          self._tb.add_scalar(f"{kind}/{key}/{k + 1}", float(v), step)
+    self._jsonl.write(json.dumps(record) + "\n")
+
+  def write_image(self, tag: str, step: int, image: np.ndarray) -> None:
+    """``image``: ``(h, w, c)`` floats in [0, 1]."""
+    self._tb.add_image(tag, np.clip(image, 0, 1), step, dataformats="HWC")
+
+  def flush(self) -> None:
+    self._jsonl.flush()
+    self._tb.flush()
+
+  def close(self) -> None:
+    self._jsonl.close()
+    self._tb.close()
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  """All records of ``WORKDIR/metrics.jsonl``; a torn last line (crash) is skipped."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  records = []
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f:
+        try:
+          records.append(json.loads(line))
+        except json.JSONDecodeError:
+          continue
+  return records
+
+
+def format_duration(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return "?"
+  seconds = int(seconds)
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class ProgressBar:
+  """``step 1200/23400 [##---] 5% | loss 0.031 | acc 98.4% | 160 img/s | ETA 0:38:10``.
+
+  Redraws one line on a terminal; prints a line per update otherwise (logs).
+  """
+
+  def __init__(self, total_steps: int, stream=None, width: int = 20):
+    self.total = max(1, total_steps)
+    self.stream = stream or sys.stderr
+    self.width = width
+    self.interactive = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+  def update(self, step: int, loss: float, accuracy: float, images_per_second: float,
+             seconds_per_step: float) -> None:
+    frac = min(1.0, step / self.total)
+    filled = int(round(frac * self.width))
+    eta = (self.total - step) * seconds_per_step
+    line = (f"step {step}/{self.total} [{'#' * filled}{'-' * (self.width - filled)}] "
+            f"{100 * frac:3.0f}% | loss {loss:.4f} | acc {100 * accuracy:.1f}% | "
+            f"{images_per_second:.0f} img/s | ETA {format_duration(eta)}")
+    if self.interactive:
+      self.stream.write("\r" + line)
+    else:
+      self.stream.write(line + "\n")
+    self.stream.flush()
+
+  def message(self, text: str) -> None:
+    """A line that does not overwrite the bar."""
+    self.stream.write(("\n" if self.interactive else "") + text + "\n")
+    self.stream.flush()
+
+  def close(self) -> None:
+    if self.interactive:
+      self.stream.write("\n")
+      self.stream.flush()

@@ -1,0 +1,231 @@
+"""End to end: `python -m capsjax.main` on generated IDX data and the :smoke config."""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from helpers import write_idx_dataset
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "configs" / "mnist.py") + ":smoke"
+
+
+@pytest.fixture(scope="module")
+def idx_dir(tmp_path_factory):
+  return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=256, num_test=64)
+
+
+def run_main(workdir, *overrides, devices=4, extra_flags=(), timeout=300, data_dir=None,
+             wait=True):
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), TF_CPP_MIN_LOG_LEVEL="3")
+  cmd = [sys.executable, "-m", "capsjax.main", f"--config={SMOKE}", f"--workdir={workdir}",
+         "--config.data.source=idx", *extra_flags]
+  if data_dir is not None:
+    cmd.append(f"--config.data.dir={data_dir}")
+  cmd += list(overrides)
+  if not wait:
+    return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+  return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def read_summary(workdir):
+  with open(os.path.join(workdir, "summary.json")) as f:
+    return json.load(f)
+
+
+def train_records(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [r for r in map(json.loads, f) if r["kind"] == "train"]
+
+
+def checkpoint_steps(workdir):
+  d = os.path.join(workdir, "checkpoints")
+  return sorted(int(n) for n in os.listdir(d) if n.isdigit()) if os.path.isdir(d) else []
+
+
+def final_params(workdir):
+  """Parameters of the latest checkpoint, as NumPy, through capsjax's own restore."""
+  import jax
+  import ml_collections
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from capsjax import checkpointing, train
+
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  config.model.image_shape = tuple(config.model.image_shape)
+  config.model.decoder.hidden = tuple(config.model.decoder.hidden)
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+  mesh = train.make_mesh()
+  _, state = train.restore_state(ckpt, ckpt.latest_step(), config, NamedSharding(mesh, P()))
+  ckpt.close()
+  return jax.tree.map(np.asarray, state.params)
+
+
+@pytest.fixture(scope="module")
+def full_run(idx_dir, tmp_path_factory):
+  """8 uninterrupted steps on 4 devices; several tests compare against it."""
+  workdir = tmp_path_factory.mktemp("full")
+  result = run_main(workdir, data_dir=idx_dir)
+  assert result.returncode == 0, result.stdout + result.stderr
+  return workdir, result
+
+
+def test_main_end_to_end(full_run):
+  workdir, result = full_run
+  summary = read_summary(workdir)
+  for key in ("num_params", "step", "test_accuracy", "test_loss", "train_images_per_second",
+              "config"):
+    assert key in summary, key
+  assert summary["step"] == 8 and summary["devices"] == 4
+  assert summary["config"]["model"]["routing"]["iterations"] == 3
+  assert 0.0 <= summary["test_accuracy"] <= 1.0 and np.isfinite(summary["test_loss"])
+  assert summary["train_images_per_second"] > 0
+  for name in ("reconstructions.png", "latent_perturbations.png", "training_curves.png",
+               "routing_diagnostics.png"):
+    with open(os.path.join(workdir, name), "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
+  assert any(n.startswith("events.out.tfevents") for n in os.listdir(workdir / "tensorboard"))
+  records = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  assert [r["step"] for r in records if r["kind"] == "train"] == [2, 4, 6, 8]
+  test = [r for r in records if r["kind"] == "test"]
+  assert len(test) == 1 and len(test[0]["coupling_entropy"]) == 3
+  assert checkpoint_steps(workdir) == [4, 8]
+  assert "step 8/8" in result.stderr and "img/s" in result.stderr and "ETA" in result.stderr
+
+
+def test_stopped_run_resumes_to_the_same_result(idx_dir, full_run, tmp_path):
+  first = run_main(tmp_path, "--config.train.num_steps=4", data_dir=idx_dir)
+  assert first.returncode == 0, first.stderr
+  assert read_summary(tmp_path)["step"] == 4
+  second = run_main(tmp_path, data_dir=idx_dir)
+  assert second.returncode == 0, second.stderr
+  assert "Resuming from the checkpoint at step 4" in second.stdout
+  resumed, uninterrupted = read_summary(tmp_path), read_summary(full_run[0])
+  assert resumed["step"] == 8
+  np.testing.assert_allclose(resumed["test_loss"], uninterrupted["test_loss"], rtol=1e-5)
+  assert [r["step"] for r in train_records(tmp_path)] == [2, 4, 6, 8]
+  np.testing.assert_allclose([r["loss"] for r in train_records(tmp_path)],
+                             [r["loss"] for r in train_records(full_run[0])], rtol=1e-5)
+
+
+def test_sigkill_mid_training_resumes_and_finishes(idx_dir, tmp_path):
+  steps = ("--config.train.num_steps=400", "--config.train.checkpoint_every_steps=10",
+           "--config.train.log_every_steps=10")
+  proc = run_main(tmp_path, *steps, data_dir=idx_dir, devices=1, wait=False)
+  deadline = time.time() + 240
+  while time.time() < deadline and not [s for s in checkpoint_steps(tmp_path) if s >= 20]:
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  saved = checkpoint_steps(tmp_path)
+  assert saved and max(saved) < 400, f"not killed mid-training: {saved}"
+  result = run_main(tmp_path, *steps, data_dir=idx_dir, devices=1)
+  assert result.returncode == 0, result.stderr
+  assert f"Resuming from the checkpoint at step {max(saved)}" in result.stdout
+  assert read_summary(tmp_path)["step"] == 400
+  steps_logged = [r["step"] for r in train_records(tmp_path)]
+  assert steps_logged == list(range(10, 401, 10))  # No gaps, no duplicates after resume.
+
+
+@pytest.mark.parametrize("overrides,data,message", [
+    ((), "missing", "does not exist"),
+    ((), "corrupt", "bad magic number"),
+    (("--config.data.source=tfds", "--config.data.name=no_such_dataset"), None,
+     "Unknown tensorflow-datasets name"),
+    (("--config.train.batch_size=18",), "ok", "batch_size=18 is not divisible by the 4 devices"),
+    (("--config.model.routing.iterations=-1",), "ok", "iterations must be an integer >= 1"),
+])
+def test_bad_inputs_give_clear_errors(idx_dir, tmp_path, overrides, data, message):
+  if data == "corrupt":
+    bad = write_idx_dataset(tmp_path / "corrupt", num_train=16, num_test=8)
+    (bad / "train-images-idx3-ubyte.gz").write_bytes(b"not an idx file")
+    data_dir = bad
+  else:
+    data_dir = {"missing": tmp_path / "missing", "ok": idx_dir, None: None}[data]
+  result = run_main(tmp_path / "run", *overrides, data_dir=data_dir)
+  assert result.returncode == 2, result.stdout + result.stderr
+  assert message in result.stderr
+  assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_one_and_four_devices_agree(idx_dir, full_run, tmp_path):
+  result = run_main(tmp_path, data_dir=idx_dir, devices=1)
+  assert result.returncode == 0, result.stderr
+  assert read_summary(tmp_path)["devices"] == 1
+  np.testing.assert_allclose([r["loss"] for r in train_records(tmp_path)],
+                             [r["loss"] for r in train_records(full_run[0])], rtol=1e-4)
+  one, four = final_params(tmp_path), final_params(full_run[0])
+  flat_one = np.concatenate([x.ravel() for x in _leaves(one)])
+  flat_four = np.concatenate([x.ravel() for x in _leaves(four)])
+  np.testing.assert_allclose(flat_one, flat_four, rtol=1e-4, atol=1e-6)
+
+
+def _leaves(tree):
+  import jax
+  return jax.tree.leaves(tree)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_match_one(idx_dir, tmp_path):
+  """Two processes joined by jax.distributed (CPU collectives) = one process."""
+  port = _free_port()
+  procs = [run_main(tmp_path / "multi", data_dir=idx_dir, devices=1, wait=False,
+                    extra_flags=(f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                                 f"--process_id={i}", "--cpu_collectives=gloo"))
+           for i in range(2)]
+  outputs = [p.communicate(timeout=300)[0] for p in procs]
+  assert all(p.returncode == 0 for p in procs), "\n".join(outputs)
+  multi = read_summary(tmp_path / "multi")
+  assert multi["processes"] == 2 and multi["devices"] == 2
+  single = run_main(tmp_path / "single", data_dir=idx_dir, devices=2)
+  assert single.returncode == 0, single.stderr
+  np.testing.assert_allclose([r["loss"] for r in train_records(tmp_path / "multi")],
+                             [r["loss"] for r in train_records(tmp_path / "single")], rtol=1e-5)
+  np.testing.assert_allclose(multi["test_loss"], read_summary(tmp_path / "single")["test_loss"],
+                             rtol=1e-5)
+
+
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(idx_dir, tmp_path):
+  first = run_main(tmp_path, "--config.train.num_steps=4", data_dir=idx_dir)
+  assert first.returncode == 0, first.stderr
+  blowup = run_main(tmp_path, "--config.optimizer.learning_rate=1e30",
+                    "--config.train.log_every_steps=1", data_dir=idx_dir)
+  assert blowup.returncode == 1, blowup.stdout + blowup.stderr
+  assert "non-finite at step" in blowup.stderr
+  assert "last good checkpoint is step 4" in blowup.stderr
+  assert "Traceback" not in blowup.stderr
+  assert checkpoint_steps(tmp_path) == [4]
+
+
+def test_evaluate_command_redraws(full_run):
+  workdir, _ = full_run
+  os.remove(workdir / "latent_perturbations.png")
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
+  result = subprocess.run([sys.executable, "-m", "capsjax.evaluate", f"--workdir={workdir}",
+                           "--checkpoint=latest"], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert os.path.exists(workdir / "latent_perturbations.png")
+  evaluation = json.load(open(workdir / "evaluation.json"))
+  assert evaluation["checkpoint_step"] == 8
+  np.testing.assert_allclose(evaluation["test_loss"], read_summary(workdir)["test_loss"],
+                             rtol=1e-5)
+  bad = subprocess.run([sys.executable, "-m", "capsjax.evaluate", f"--workdir={workdir}",
+                        "--checkpoint=123"], env=env, cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+  assert bad.returncode == 2 and "saved steps [4, 8]" in bad.stderr
