@@ -145,3 +145,19 @@ def test_random_shift_moves_content_and_pads_with_zeros():
   assert 0 < moved.sum() < 100
   np.testing.assert_array_equal(data.random_shift(jax.random.PRNGKey(1), jnp.asarray(images), 0),
                                 images)
+
+
+SHARED_MNIST = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mnist")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(SHARED_MNIST), reason="needs ../shared/data/mnist")
+def test_tfds_offline_from_manual_dir_matches_idx(tmp_path):
+  """tfds prepares MNIST offline from the original archives; same data as the idx source."""
+  c = data_config(SHARED_MNIST, source="tfds", name="mnist", tfds_data_dir=str(tmp_path))
+  from_tfds = data.load(c, (28, 28, 1), 10)
+  from_idx = data.load(data_config(SHARED_MNIST), (28, 28, 1), 10)
+  assert from_tfds.train_images.shape == (60000, 28, 28, 1)
+  np.testing.assert_array_equal(np.bincount(from_tfds.test_labels),
+                                np.bincount(from_idx.test_labels))
+  assert from_tfds.test_images.astype(np.int64).sum() == from_idx.test_images.astype(np.int64).sum()

@@ -197,3 +197,17 @@ def test_jit_and_no_five_dimensional_intermediate():
   g = lambda v: routing.dynamic_routing(v, 3, return_trace=True)[1].logits.sum()
   assert largest_intermediate(jax.jit(g), votes) == 3 * votes.size // 4
   assert np.isfinite(float(f(votes)))
+
+
+def test_diagnostics_weights_ignore_padding():
+  votes = jnp.asarray(random_votes(11), jnp.float32)
+  _, trace = routing.dynamic_routing(votes, 3, return_trace=True)
+  first_two = routing.RoutingTrace(trace.logits[:, :2], trace.coupling[:, :2])
+  expected = routing.routing_diagnostics(first_two)
+  weighted = routing.routing_diagnostics(trace, weights=jnp.asarray([1.0, 1.0, 0.0]))
+  for key in expected:
+    np.testing.assert_allclose(np.asarray(weighted[key]), np.asarray(expected[key]), rtol=1e-5)
+  # Routing sharpens the coupling: entropy falls after the first (uniform) iteration.
+  diag = routing.routing_diagnostics(trace)
+  np.testing.assert_allclose(float(diag["coupling_entropy"][0]), np.log(4), rtol=1e-5)
+  assert float(diag["coupling_entropy"][2]) < float(diag["coupling_entropy"][0])

@@ -1,0 +1,143 @@
+"""Measures training and evaluation speed against the device's matmul rate.
+
+  python -m capsjax.benchmark --config=configs/mnist.py [--config.train.batch_size=32 ...]
+
+In one process, after compilation: train-step and eval-step images/s at the
+configured batch, compile time, the train step's FLOPs per image (XLA's cost
+analysis), the rate of a dense f32 matmul on the same device, their ratio
+(``peak_fraction``) and XLA's temp memory for the train step. The last line
+printed is one JSON object with these numbers. Data are random bytes already
+on the device, through the same jitted step that training uses.
+"""
+
+import json
+import sys
+import time
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from capsjax.errors import UsageError
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+_SECONDS = flags.DEFINE_float("seconds", 20.0, "Minimum time to measure each rate over.")
+_MATMUL_SIZE = flags.DEFINE_integer("matmul_size", 0,
+                                    "n of the n x n matmul; 0: 2048 on CPU, 8192 elsewhere.")
+flags.mark_flags_as_required(["config"])
+
+
+def _time_repeated(fn, min_seconds: float, min_repeats: int = 3) -> float:
+  """Seconds per call of ``fn`` (which blocks), over at least ``min_seconds``."""
+  fn()  # Warm-up.
+  repeats, start = 0, time.perf_counter()
+  while repeats < min_repeats or time.perf_counter() - start < min_seconds:
+    fn()
+    repeats += 1
+  return (time.perf_counter() - start) / repeats
+
+
+def matmul_gflop_per_s(n: int, min_seconds: float) -> float:
+  """Rate of an ``n x n`` f32 matmul on the default device (chained, so it is not cached)."""
+  import jax
+  import jax.numpy as jnp
+
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32) / n ** 0.5
+  step = jax.jit(lambda x: x @ a)
+  x = [a]
+
+  def run():
+    x[0] = step(x[0])
+    x[0].block_until_ready()
+
+  return 2 * n ** 3 / _time_repeated(run, min_seconds) / 1e9
+
+
+def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> dict:
+  import jax
+  import numpy as np
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from capsjax import train
+
+  devices = jax.devices()
+  train.validate_config(config, len(devices))
+  mesh = train.make_mesh()
+  replicated = NamedSharding(mesh, P())
+  tx = train.make_optimizer(config.optimizer)
+  graphdef, _ = train.abstract_model(config)
+  state = jax.jit(lambda: train.init_state(config, tx), out_shardings=replicated)()
+  batch = config.train.batch_size
+  steps = config.train.steps_per_dispatch
+  num_examples = max(4 * batch, 1024)
+  rng = np.random.default_rng(0)
+  images = train.replicated_array(
+      rng.integers(0, 256, (num_examples, *config.model.image_shape), dtype=np.uint8), replicated)
+  labels = train.replicated_array(
+      rng.integers(0, config.model.num_classes, num_examples).astype(np.int32), replicated)
+
+  train_fn = train.make_train_fn(graphdef, tx, config, num_examples, mesh)
+  start = time.perf_counter()
+  compiled = train_fn.lower(state, images, labels, steps).compile()
+  compile_seconds = time.perf_counter() - start
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  flops_per_image = float(cost["flops"]) / (batch * steps)
+  memory = compiled.memory_analysis()
+  temp_bytes = int(memory.temp_size_in_bytes) if memory is not None else None
+
+  holder = [state]
+
+  def train_once():
+    holder[0], metrics = compiled(holder[0], images, labels)
+    jax.block_until_ready(metrics)
+
+  train_seconds = _time_repeated(train_once, min_seconds)
+  train_rate = batch * steps / train_seconds
+
+  eval_batch = config.eval.batch_size
+  eval_fn = train.make_eval_fn(graphdef, config, mesh)
+  weights = train.replicated_array(np.ones(num_examples, np.float32), replicated)
+  eval_seconds = _time_repeated(
+      lambda: jax.block_until_ready(eval_fn(holder[0].params, images, labels, weights, 0)),
+      min_seconds / 2)
+  eval_rate = eval_batch / eval_seconds
+
+  n = matmul_size or (2048 if devices[0].platform == "cpu" else 8192)
+  matmul_rate = matmul_gflop_per_s(n, min_seconds / 2)
+  train_gflops = flops_per_image * train_rate / 1e9
+  return {
+      "batch_size": batch,
+      "steps_per_dispatch": steps,
+      "train_seconds_per_step": train_seconds / steps,
+      "train_images_per_second": train_rate,
+      "eval_images_per_second": eval_rate,
+      "train_gflop_per_image": flops_per_image / 1e9,
+      "flops_source": "xla_cost_analysis",
+      "train_gflop_per_s": train_gflops,
+      "matmul_size": n,
+      "matmul_gflop_per_s": matmul_rate,
+      "peak_fraction": train_gflops / matmul_rate,
+      "compile_seconds": compile_seconds,
+      "temp_memory_bytes": temp_bytes,
+      "device": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
+      "conv_impl": config.model.conv_impl,
+      "compute_dtype": config.model.compute_dtype,
+  }
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  logging.set_verbosity(logging.WARNING)
+  try:
+    result = run_benchmark(_CONFIG.value, _SECONDS.value, _MATMUL_SIZE.value)
+  except UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  for key, value in result.items():
+    print(f"{key:>24}: {value:.4g}" if isinstance(value, float) else f"{key:>24}: {value}")
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,325 @@
+"""Runs an experiment: a grid or list of config overrides, times seeds; collects results.
+
+  python -m capsjax.sweep experiments/routing_iterations.py --workdir=DIR [--config.* ...]
+  python -m capsjax.sweep experiments/routing_iterations.py --workdir=DIR --list
+  python -m capsjax.sweep experiments/routing_iterations.py --workdir=DIR --index=$K  # one point
+  python -m capsjax.sweep experiments/routing_iterations.py --workdir=DIR --collect
+
+An experiment file defines ``BASE_CONFIG`` (a config path relative to the
+repository, optionally with ``:variant``) and ``get_sweep()``, returning a dict
+with ``grid`` (``{dotted.key: [values]}``, crossed) or ``points`` (a list of
+``{dotted.key: value}``), and ``seeds``. Command-line ``--config.*`` overrides
+apply to every run (``--config=...`` replaces the base config). Each run has
+its own sub-workdir ``DIR/<point>``; finished runs are skipped and unfinished
+ones resume, so rerunning a sweep continues it. ``--index=K`` runs point K
+only, for SLURM arrays or Kubernetes indexed jobs; ``--collect`` (also done
+after a full run) writes ``results.csv``, ``results.md`` and plots.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import itertools
+import json
+import math
+import os
+import pathlib
+import re
+import sys
+from typing import NamedTuple
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from capsjax.errors import UsageError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULT_COLUMNS = ("test_accuracy", "test_error", "test_loss", "step", "train_images_per_second",
+                  "num_params")
+
+
+def load_experiment(path: str):
+  """Imports an experiment file; checks it defines BASE_CONFIG and get_sweep()."""
+  if not os.path.isfile(path):
+    raise UsageError(f"Experiment file {path!r} not found (e.g. experiments/routing_iterations.py).")
+  spec = importlib.util.spec_from_file_location(f"capsjax_experiment_{pathlib.Path(path).stem}",
+                                                path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for name in ("BASE_CONFIG", "get_sweep"):
+    if not hasattr(module, name):
+      raise UsageError(f"{path} must define {name}; see capsjax/sweep.py.")
+  return module
+
+
+def base_config_path(experiment_module, experiment_path: str) -> str:
+  """BASE_CONFIG resolved against the repository root, then the experiment's folder."""
+  path, _, variant = experiment_module.BASE_CONFIG.partition(":")
+  for root in (REPO, pathlib.Path(experiment_path).resolve().parent):
+    if (root / path).exists():
+      return str(root / path) + (f":{variant}" if variant else "")
+  raise UsageError(f"BASE_CONFIG {experiment_module.BASE_CONFIG!r} of {experiment_path} not found.")
+
+
+class Point(NamedTuple):
+  index: int
+  overrides: dict   # dotted key -> value
+  seed: int
+  name: str
+
+
+def expand(sweep: dict) -> list[Point]:
+  """The sweep's points: grid (crossed) or points (listed), each with every seed."""
+  if ("grid" in sweep) == ("points" in sweep):
+    raise UsageError("get_sweep() must return exactly one of 'grid' or 'points'.")
+  if "grid" in sweep:
+    keys = list(sweep["grid"])
+    settings = [dict(zip(keys, values))
+                for values in itertools.product(*(sweep["grid"][k] for k in keys))]
+  else:
+    settings = [dict(p) for p in sweep["points"]]
+  seeds = list(sweep.get("seeds", [0]))
+  points = []
+  for setting in settings:
+    for seed in seeds:
+      points.append(Point(len(points), setting, seed, point_name(setting, seed)))
+  return points
+
+
+def point_name(setting: dict, seed: int) -> str:
+  """A folder name such as ``iterations=3,reconstruction_weight=0.0005,seed=0``."""
+  short = [k.rsplit(".", 1)[-1] for k in setting]
+  keys = short if len(set(short)) == len(short) else list(setting)
+  parts = [f"{k}={_format(v)}" for k, v in zip(keys, setting.values())] + [f"seed={seed}"]
+  return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", ",".join(parts))
+
+
+def _format(value) -> str:
+  return ("-".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value))
+
+
+def apply_overrides(config, overrides: dict, seed: int):
+  """A copy of ``config`` with the point's dotted-key values and seed."""
+  config = config.copy_and_resolve_references()
+  for key, value in overrides.items():
+    *parents, leaf = key.split(".")
+    node = config
+    try:
+      for p in parents:
+        node = node[p]
+      if leaf not in node:
+        raise KeyError(leaf)
+      node[leaf] = value
+    except (KeyError, AttributeError) as e:
+      raise UsageError(f"Sweep key {key!r} is not in the config.") from e
+  config.seed = seed
+  return config
+
+
+def is_finished(workdir: str) -> bool:
+  path = os.path.join(workdir, "summary.json")
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    summary = json.load(f)
+  return summary.get("step") == summary.get("num_steps")
+
+
+def run_points(config, points: list[Point], workdir: str) -> None:
+  from capsjax import train
+
+  for point in points:
+    run_dir = os.path.join(workdir, point.name)
+    if is_finished(run_dir):
+      print(f"[{point.index + 1}/{len(points)}] {point.name}: finished, skipped.", flush=True)
+      continue
+    print(f"[{point.index + 1}/{len(points)}] {point.name}", flush=True)
+    train.train_and_evaluate(apply_overrides(config, point.overrides, point.seed), run_dir)
+
+
+def collect(points: list[Point], workdir: str) -> list[dict]:
+  """Writes results.csv, results.md and plots from the finished runs' summaries."""
+  keys = list(dict.fromkeys(k for p in points for k in p.overrides))
+  rows, missing = [], []
+  for point in points:
+    path = os.path.join(workdir, point.name, "summary.json")
+    if not is_finished(os.path.join(workdir, point.name)):
+      missing.append(point.name)
+      continue
+    with open(path) as f:
+      summary = json.load(f)
+    row = {"run": point.name, **{k: _format(point.overrides.get(k, "")) for k in keys},
+           "seed": point.seed}
+    row.update({c: summary.get(c) for c in RESULT_COLUMNS})
+    rows.append(row)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "results.csv"), "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=["run", *keys, "seed", *RESULT_COLUMNS])
+    writer.writeheader()
+    writer.writerows(rows)
+  groups = _group(rows, keys)
+  with open(os.path.join(workdir, "results.md"), "w") as f:
+    f.write(markdown_table(groups, keys))
+    if missing:
+      f.write(f"\nNot finished ({len(missing)}): {', '.join(missing)}\n")
+  _plot(groups, keys, workdir)
+  if missing:
+    print(f"{len(missing)} of {len(points)} runs not finished: {', '.join(missing)}")
+  print(f"Wrote {os.path.join(workdir, 'results.csv')} ({len(rows)} runs) and results.md.")
+  return rows
+
+
+def _mean_std(values):
+  values = [v for v in values if v is not None]
+  if not values:
+    return float("nan"), float("nan")
+  mean = sum(values) / len(values)
+  std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+  return mean, std
+
+
+def _group(rows: list[dict], keys: list[str]) -> list[dict]:
+  groups: dict[tuple, list[dict]] = {}
+  for row in rows:
+    groups.setdefault(tuple(row[k] for k in keys), []).append(row)
+  out = []
+  for setting, members in groups.items():
+    stats = {c: _mean_std([m[c] for m in members]) for c in
+             ("test_error", "test_loss", "train_images_per_second")}
+    out.append({"setting": dict(zip(keys, setting)), "seeds": len(members), **stats})
+  return out
+
+
+def markdown_table(groups: list[dict], keys: list[str]) -> str:
+  header = [*keys, "seeds", "test error (%)", "test loss", "train images/s"]
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  for g in groups:
+    err_m, err_s = g["test_error"]
+    loss_m, loss_s = g["test_loss"]
+    ips_m, _ = g["train_images_per_second"]
+    lines.append("| " + " | ".join([*(str(g["setting"][k]) for k in keys), str(g["seeds"]),
+                                    f"{100 * err_m:.2f} ± {100 * err_s:.2f}",
+                                    f"{loss_m:.4f} ± {loss_s:.4f}", f"{ips_m:.0f}"]) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def _plot(groups: list[dict], keys: list[str], workdir: str) -> None:
+  """For each swept key: test error against its values, one line per other setting."""
+  if not groups:
+    return
+  from capsjax import figures  # noqa: F401  (selects the Agg backend)
+  import matplotlib.pyplot as plt
+
+  for key in keys:
+    others = [k for k in keys if k != key]
+    lines: dict[tuple, list] = {}
+    for g in groups:
+      lines.setdefault(tuple(g["setting"][k] for k in others), []).append(g)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, members in lines.items():
+      members.sort(key=lambda g: _sort_key(g["setting"][key]))
+      xs = [g["setting"][key] for g in members]
+      ax.errorbar(range(len(xs)) if not _numeric(xs) else [float(x) for x in xs],
+                  [100 * g["test_error"][0] for g in members],
+                  yerr=[100 * g["test_error"][1] for g in members], marker="o", capsize=3,
+                  label=", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(others, label))
+                  or None)
+      if not _numeric(xs):
+        ax.set_xticks(range(len(xs)), xs)
+    ax.set(xlabel=key, ylabel="test error (%)", title=f"test error vs {key} (mean ± std, seeds)")
+    ax.grid(alpha=0.3)
+    if any(others):
+      ax.legend(fontsize=8)
+    fig.savefig(os.path.join(workdir, f"test_error_vs_{key.rsplit('.', 1)[-1]}.png"), dpi=100,
+                bbox_inches="tight")
+    plt.close(fig)
+
+
+def _numeric(values) -> bool:
+  try:
+    [float(v) for v in values]
+    return True
+  except (TypeError, ValueError):
+    return False
+
+
+def _sort_key(value):
+  try:
+    return (0, float(value), "")
+  except (TypeError, ValueError):
+    return (1, 0.0, str(value))
+
+
+# --- Command line ------------------------------------------------------------------
+
+def _experiment_path_from_argv(argv: list[str]) -> str | None:
+  """The positional experiment file, found before flags are defined (its base
+  config is the default of --config, so --config.* overrides parse against it)."""
+  for arg in argv[1:]:
+    if not arg.startswith("-"):
+      return arg
+  return None
+
+
+def _default_config_from_argv() -> str | None:
+  if __name__ != "__main__" or any(a.startswith("--help") for a in sys.argv):
+    return None
+  path = _experiment_path_from_argv(sys.argv)
+  try:
+    if path is None:
+      raise UsageError("Usage: python -m capsjax.sweep EXPERIMENT.py --workdir=DIR "
+                       "[--config.KEY=VALUE ...] [--index=K | --list | --collect]")
+    return base_config_path(load_experiment(path), path)
+  except UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+_DEFAULT_CONFIG = _default_config_from_argv()
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", _DEFAULT_CONFIG, "Base config; defaults to the experiment's BASE_CONFIG.",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory; one sub-workdir per run.")
+_INDEX = flags.DEFINE_integer("index", None, "Run only point K (0-based), e.g. $SLURM_ARRAY_TASK_ID.")
+_LIST = flags.DEFINE_bool("list", False, "Print the points and exit.")
+_COLLECT = flags.DEFINE_bool("collect", False, "Only collect results of finished runs.")
+
+
+def main(argv):
+  logging.set_verbosity(logging.WARNING)
+  try:
+    if len(argv) != 2:
+      raise UsageError("Usage: python -m capsjax.sweep EXPERIMENT.py --workdir=DIR "
+                       "[--config.KEY=VALUE ...] [--index=K | --list | --collect]")
+    experiment = load_experiment(argv[1])
+    points = expand(experiment.get_sweep())
+    if _LIST.value:
+      for p in points:
+        done = _WORKDIR.value and is_finished(os.path.join(_WORKDIR.value, p.name))
+        print(f"{p.index}\t{p.name}\t{'finished' if done else ''}".rstrip())
+      return
+    if not _WORKDIR.value:
+      raise UsageError("--workdir is required.")
+    workdir = os.path.abspath(_WORKDIR.value)
+    if _COLLECT.value:
+      collect(points, workdir)
+      return
+    if _INDEX.value is not None:
+      if not 0 <= _INDEX.value < len(points):
+        raise UsageError(f"--index={_INDEX.value} is out of range: the sweep has "
+                         f"{len(points)} points (0..{len(points) - 1}); see --list.")
+      run_points(_CONFIG.value, [points[_INDEX.value]], workdir)
+      return
+    for p in points:  # Fail on a bad key before any run starts.
+      apply_overrides(_CONFIG.value, p.overrides, p.seed)
+    run_points(_CONFIG.value, points, workdir)
+    collect(points, workdir)
+  except UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,102 @@
+"""Sweeps: a 2x2 sweep on the smoke config runs, resumes, and collects."""
+
+import csv
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import mnist
+from capsjax import sweep
+from capsjax.errors import UsageError
+from helpers import write_idx_dataset
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def write_experiment(path, body):
+  path.write_text(f'BASE_CONFIG = "{REPO / "configs" / "mnist.py"}:smoke"\n\n'
+                  f"def get_sweep():\n  return {body}\n")
+  return path
+
+
+def run_sweep(experiment, workdir, *extra, data_dir):
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
+  return subprocess.run(
+      [sys.executable, "-m", "capsjax.sweep", str(experiment), f"--workdir={workdir}",
+       "--config.data.source=idx", f"--config.data.dir={data_dir}",
+       "--config.train.num_steps=2", "--config.data.test_limit=32", *extra],
+      env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_expand_grid_and_points():
+  points = sweep.expand({"grid": {"model.routing.iterations": [1, 3],
+                                  "loss.reconstruction_weight": [0.0, 0.0005]}, "seeds": [0, 1]})
+  assert len(points) == 8 and [p.index for p in points] == list(range(8))
+  assert points[0].name == "iterations=1,reconstruction_weight=0.0,seed=0"
+  assert len({p.name for p in points}) == 8
+  listed = sweep.expand({"points": [{"model.routing.leaky": True}], "seeds": [3]})
+  assert listed[0].overrides == {"model.routing.leaky": True} and listed[0].seed == 3
+  with pytest.raises(UsageError, match="exactly one"):
+    sweep.expand({"seeds": [0]})
+
+
+def test_apply_overrides_sets_values_and_rejects_unknown_keys():
+  base = mnist.get_config("smoke")
+  config = sweep.apply_overrides(base, {"model.routing.iterations": 5}, seed=7)
+  assert config.model.routing.iterations == 5 and config.seed == 7
+  assert base.model.routing.iterations == 3  # The base is not modified.
+  with pytest.raises(UsageError, match="model.routing.iteratons"):
+    sweep.apply_overrides(base, {"model.routing.iteratons": 5}, seed=0)
+
+
+def test_two_by_two_sweep_runs_resumes_and_collects(tmp_path):
+  data_dir = write_idx_dataset(tmp_path / "idx", num_train=64, num_test=32)
+  experiment = write_experiment(
+      tmp_path / "exp.py", '{"grid": {"model.routing.iterations": [1, 2]}, "seeds": [0, 1]}')
+  workdir = tmp_path / "sweep"
+
+  listed = run_sweep(experiment, workdir, "--list", data_dir=data_dir)
+  assert listed.returncode == 0, listed.stderr
+  assert len(listed.stdout.strip().splitlines()) == 4
+
+  one = run_sweep(experiment, workdir, "--index=2", data_dir=data_dir)
+  assert one.returncode == 0, one.stderr
+  assert os.listdir(workdir) == ["iterations=2,seed=0"]
+  done_first = os.path.getmtime(workdir / "iterations=2,seed=0" / "summary.json")
+
+  full = run_sweep(experiment, workdir, data_dir=data_dir)
+  assert full.returncode == 0, full.stderr
+  assert "iterations=2,seed=0: finished, skipped" in full.stdout
+  assert os.path.getmtime(workdir / "iterations=2,seed=0" / "summary.json") == done_first
+
+  with open(workdir / "results.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert sorted((r["model.routing.iterations"], r["seed"]) for r in rows) == [
+      ("1", "0"), ("1", "1"), ("2", "0"), ("2", "1")]
+  for r in rows:
+    assert 0 <= float(r["test_accuracy"]) <= 1 and r["step"] == "2" and int(r["num_params"]) > 0
+    assert float(r["train_images_per_second"]) > 0
+  table = (workdir / "results.md").read_text().splitlines()
+  assert table[0].startswith("| model.routing.iterations | seeds | test error (%)")
+  assert len(table) == 4 and all("| 2 |" in line for line in table[2:])
+  assert (workdir / "test_error_vs_iterations.png").exists()
+
+  again = run_sweep(experiment, workdir, data_dir=data_dir)
+  assert again.returncode == 0
+  assert again.stdout.count("finished, skipped") == 4
+
+
+def test_bad_sweep_inputs(tmp_path):
+  data_dir = write_idx_dataset(tmp_path / "idx", num_train=32, num_test=16)
+  experiment = write_experiment(tmp_path / "bad.py", '{"grid": {"model.nope": [1]}}')
+  result = run_sweep(experiment, tmp_path / "w", data_dir=data_dir)
+  assert result.returncode == 2 and "'model.nope' is not in the config" in result.stderr
+  good = write_experiment(tmp_path / "good.py", '{"grid": {"seed": [1]}}')
+  result = run_sweep(good, tmp_path / "w", "--index=5", data_dir=data_dir)
+  assert result.returncode == 2 and "out of range" in result.stderr
+  result = run_sweep(tmp_path / "missing.py", tmp_path / "w", data_dir=data_dir)
+  assert result.returncode == 2 and "not found" in result.stderr
+  assert "Traceback" not in result.stderr
