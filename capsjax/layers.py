@@ -78,14 +78,21 @@ def _conv_polyphase(x, kernel, stride):
 
 
 class Conv2D(nnx.Module):
-  """VALID convolution with bias, optionally computed in a lower precision."""
+  """VALID convolution with bias, optionally computed in a lower precision.
+
+  ``init_scale > 0``: kernel ~ normal(0, init_scale) cut at 2 std, as the
+  official code's ``weight_variable``; ``init_scale == 0``: LeCun normal
+  (Flax's default). The bias starts at ``bias_init``.
+  """
 
   def __init__(self, in_features: int, out_features: int, kernel_size: int, stride: int,
-               *, impl: str = "auto", compute_dtype=jnp.float32, rngs: nnx.Rngs):
-    init = nnx.initializers.lecun_normal()
+               *, impl: str = "auto", compute_dtype=jnp.float32, init_scale: float = 0.0,
+               bias_init: float = 0.0, rngs: nnx.Rngs):
+    init = (nnx.initializers.truncated_normal(stddev=init_scale) if init_scale > 0
+            else nnx.initializers.lecun_normal())
     self.kernel = nnx.Param(init(rngs.params(), (kernel_size, kernel_size, in_features,
                                                  out_features)))
-    self.bias = nnx.Param(jnp.zeros((out_features,)))
+    self.bias = nnx.Param(jnp.full((out_features,), bias_init, jnp.float32))
     self.stride = stride
     self.impl = impl
     self.compute_dtype = compute_dtype
@@ -106,9 +113,11 @@ class PrimaryCapsules(nnx.Module):
 
   def __init__(self, in_features: int, num_types: int, dim: int, kernel_size: int,
                stride: int, *, squash_epsilon: float = 0.0, impl: str = "auto",
-               compute_dtype=jnp.float32, rngs: nnx.Rngs):
+               compute_dtype=jnp.float32, init_scale: float = 0.0, bias_init: float = 0.0,
+               rngs: nnx.Rngs):
     self.conv = Conv2D(in_features, num_types * dim, kernel_size, stride, impl=impl,
-                       compute_dtype=compute_dtype, rngs=rngs)
+                       compute_dtype=compute_dtype, init_scale=init_scale,
+                       bias_init=bias_init, rngs=rngs)
     self.num_types = num_types
     self.dim = dim
     self.squash_epsilon = squash_epsilon

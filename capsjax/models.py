@@ -82,12 +82,14 @@ class CapsNet(nnx.Module):
     channels = config.image_shape[2]
     self.conv1 = layers.Conv2D(channels, config.conv1.features, config.conv1.kernel_size,
                                config.conv1.stride, impl=config.conv_impl,
-                               compute_dtype=dtype, rngs=rngs)
+                               compute_dtype=dtype, init_scale=config.conv1.init_scale,
+                               bias_init=config.conv1.bias_init, rngs=rngs)
     self.primary_capsules = layers.PrimaryCapsules(
         config.conv1.features, config.primary.num_types, config.primary.dim,
         config.primary.kernel_size, config.primary.stride,
         squash_epsilon=config.routing.squash_epsilon, impl=config.conv_impl,
-        compute_dtype=dtype, rngs=rngs)
+        compute_dtype=dtype, init_scale=config.primary.init_scale,
+        bias_init=config.primary.bias_init, rngs=rngs)
     grid_h, grid_w = primary_grid(config)
     r = config.routing
     self.class_capsules = layers.ClassCapsules(

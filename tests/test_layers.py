@@ -94,3 +94,14 @@ def test_decoder_uses_only_the_masked_capsule():
   assert np.all((np.asarray(out) > 0) & (np.asarray(out) < 1))
   changed = caps.at[0, 0].set(100.0).at[0, 2].set(-50.0)
   np.testing.assert_array_equal(np.asarray(dec(changed, mask)), np.asarray(out))
+
+
+def test_conv_init_scale_and_bias_init():
+  lecun = layers.Conv2D(64, 32, 3, 1, rngs=nnx.Rngs(0))
+  np.testing.assert_allclose(np.asarray(lecun.kernel[...]).std(), 1 / np.sqrt(9 * 64), rtol=0.05)
+  np.testing.assert_array_equal(np.asarray(lecun.bias[...]), 0.0)
+  official = layers.Conv2D(64, 32, 3, 1, init_scale=0.1, bias_init=0.1, rngs=nnx.Rngs(0))
+  w = np.asarray(official.kernel[...])
+  np.testing.assert_allclose(w.std(), 0.8796 * 0.1, rtol=0.03)
+  assert np.abs(w).max() <= 0.2
+  np.testing.assert_allclose(np.asarray(official.bias[...]), 0.1, rtol=1e-6)
