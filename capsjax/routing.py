@@ -200,7 +200,13 @@ def dynamic_routing(votes: jax.Array,
   # Static bounds: fori_loop lowers to scan and stays reverse-differentiable.
   logits, trace = jax.lax.fori_loop(0, num_iterations - 1, intermediate_iteration,
                                     (logits, trace))
-  coupling = coupling_coefficients(logits, softmax_axis, leaky)
+  if num_iterations == 1:
+    # softmax of the all-zero logits, written as the constant it is: XLA would
+    # otherwise constant-fold the softmax over the whole array (seconds to compile).
+    size = logits.shape[_softmax_axis_index(softmax_axis)] + int(leaky)
+    coupling = jnp.full(logits.shape, 1.0 / size, votes.dtype)
+  else:
+    coupling = coupling_coefficients(logits, softmax_axis, leaky)
   outputs = outputs_from(coupling, votes)
   if return_trace:
     return outputs, record(trace, num_iterations - 1, logits, coupling)

@@ -89,6 +89,7 @@ def test_jit_forward_and_grad_with_lengths_in_unit_interval():
 def test_no_tiled_weights_in_train_step():
   """Nothing of size batch x in_caps x out_caps x out_dim x in_dim is formed."""
   c = smoke_config()
+  c.primary.dim, c.class_capsules.dim = 8, 16  # The paper's capsule sizes, small convs.
   model = models.CapsNet(c, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model)
   batch = 4

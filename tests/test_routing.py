@@ -61,12 +61,14 @@ def test_matches_numpy_procedure_1(iterations, softmax_axis):
   np.testing.assert_allclose(np.asarray(got), expected, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("iterations", [1, 3])
 @pytest.mark.parametrize("softmax_axis", ["output", "input"])
-def test_leaky_and_bias_match_numpy(softmax_axis):
+def test_leaky_and_bias_match_numpy(softmax_axis, iterations):
   votes = random_votes(7)
   bias = np.random.default_rng(8).normal(size=(4, 5)) * 0.1
-  expected, _ = np_routing(votes, 3, softmax_axis, leaky=True, bias=bias)
-  got = routing.dynamic_routing(jnp.asarray(votes, jnp.float32), 3, softmax_axis=softmax_axis,
+  expected, _ = np_routing(votes, iterations, softmax_axis, leaky=True, bias=bias)
+  got = routing.dynamic_routing(jnp.asarray(votes, jnp.float32), iterations,
+                                softmax_axis=softmax_axis,
                                 leaky=True, bias=jnp.asarray(bias, jnp.float32))
   np.testing.assert_allclose(np.asarray(got), expected, rtol=2e-5, atol=2e-6)
 
