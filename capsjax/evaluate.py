@@ -13,7 +13,6 @@ import json
 import os
 import sys
 
-import ml_collections
 from absl import app, flags, logging
 
 from capsjax.errors import UsageError
@@ -30,14 +29,7 @@ def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | Non
 
   from capsjax import checkpointing, data, reporting, train
 
-  config_path = os.path.join(workdir, "config.json")
-  if not os.path.exists(config_path):
-    raise UsageError(f"{config_path} not found: --workdir must be a directory that "
-                     "`python -m capsjax.main` wrote.")
-  with open(config_path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  config.model.image_shape = tuple(config.model.image_shape)
-  config.model.decoder.hidden = tuple(config.model.decoder.hidden)
+  config = train.load_run_config(workdir)
   if data_dir:
     config.data.dir = data_dir
 

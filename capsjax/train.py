@@ -417,6 +417,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return summary
 
 
+def load_run_config(workdir: str) -> ml_collections.ConfigDict:
+  """The resolved config a run saved in ``WORKDIR/config.json``."""
+  config_path = os.path.join(workdir, "config.json")
+  if not os.path.exists(config_path):
+    raise UsageError(f"{config_path} not found: --workdir must be a directory that "
+                     "`python -m capsjax.main` wrote.")
+  with open(config_path) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  # JSON turns tuples into lists; the model config wants tuples back.
+  config.model.image_shape = tuple(config.model.image_shape)
+  config.model.decoder.hidden = tuple(config.model.decoder.hidden)
+  return config
+
+
 def make_schedule_value(config, step: int) -> float:
   o = config.optimizer
   return optax.exponential_decay(o.learning_rate, o.decay_steps, o.decay_rate,

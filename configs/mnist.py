@@ -90,6 +90,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.data.train_limit = 512
     c.data.test_limit = 128
     c.model.conv1.features = 16
+    c.model.conv1.init_scale = 0.0  # LeCun: with 16 features, std 0.01 gives ~1e-7 capsules.
     c.model.primary.num_types = 4
     c.model.primary.dim = 4
     c.model.class_capsules.dim = 8

@@ -55,15 +55,11 @@ def checkpoint_steps(workdir):
 def final_params(workdir):
   """Parameters of the latest checkpoint, as NumPy, through capsjax's own restore."""
   import jax
-  import ml_collections
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   from capsjax import checkpointing, train
 
-  with open(os.path.join(workdir, "config.json")) as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  config.model.image_shape = tuple(config.model.image_shape)
-  config.model.decoder.hidden = tuple(config.model.decoder.hidden)
+  config = train.load_run_config(str(workdir))
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
   mesh = train.make_mesh()
   _, state = train.restore_state(ckpt, ckpt.latest_step(), config, NamedSharding(mesh, P()))
