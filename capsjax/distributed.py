@@ -18,10 +18,6 @@ _CPU_COLLECTIVES = flags.DEFINE_string(
     "cpu_collectives", None, "CPU collectives for multi-process CPU jobs, e.g. 'gloo'.")
 
 
-def define_flags() -> None:
-  """Flags are defined on import; this call documents the dependency."""
-
-
 def initialize_from_flags() -> None:
   import jax
 

@@ -31,8 +31,7 @@ def _show(ax, image):
   ax.set_yticks([])
 
 
-def reconstruction_grid(images: np.ndarray, reconstructions: np.ndarray, labels: np.ndarray,
-                        predictions: np.ndarray) -> np.ndarray:
+def reconstruction_grid(images: np.ndarray, reconstructions: np.ndarray) -> np.ndarray:
   """Inputs (top row) over their reconstructions (bottom row), as one image."""
   return tile(np.stack([images, reconstructions]))
 
@@ -40,7 +39,7 @@ def reconstruction_grid(images: np.ndarray, reconstructions: np.ndarray, labels:
 def save_reconstructions(path: str, images, reconstructions, labels, predictions) -> None:
   """Top: inputs with (label, prediction); bottom: reconstruction from the predicted capsule."""
   fig, ax = plt.subplots(figsize=(1.2 * len(images), 2.8))
-  _show(ax, reconstruction_grid(images, reconstructions, labels, predictions))
+  _show(ax, reconstruction_grid(images, reconstructions))
   ax.set_title("inputs (top) and reconstructions (bottom); (label, prediction): "
                + " ".join(f"({l},{p})" for l, p in zip(labels, predictions)), fontsize=8)
   fig.savefig(path, dpi=100, bbox_inches="tight")

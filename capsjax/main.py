@@ -14,13 +14,12 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from capsjax import distributed
+from capsjax import distributed  # Defines the multi-host flags.
 from capsjax.errors import NonFiniteLossError, UsageError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/mnist.py.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, figures.")
-distributed.define_flags()
 flags.mark_flags_as_required(["config", "workdir"])
 
 

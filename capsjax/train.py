@@ -37,11 +37,15 @@ class TrainState:
 
 # --- Building blocks -------------------------------------------------------------
 
+def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+  """Exponential decay, ``lr * decay_rate ** (step / decay_steps)`` (``config.optimizer``)."""
+  return optax.exponential_decay(config.learning_rate, config.decay_steps,
+                                 config.decay_rate, staircase=config.staircase)
+
+
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Adam with exponential decay, lr * decay_rate ** (step / decay_steps)."""
-  schedule = optax.exponential_decay(config.learning_rate, config.decay_steps,
-                                     config.decay_rate, staircase=config.staircase)
-  return optax.adam(schedule, b1=config.b1, b2=config.b2, eps=config.eps)
+  """Adam (``config.optimizer``) on :func:`make_schedule`."""
+  return optax.adam(make_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps)
 
 
 def abstract_model(config: ml_collections.ConfigDict):
@@ -272,6 +276,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   mesh = make_mesh()
   replicated = NamedSharding(mesh, P())
   tx = make_optimizer(config.optimizer)
+  schedule = make_schedule(config.optimizer)
   graphdef, _ = abstract_model(config)
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                     keep=config.train.keep_checkpoints)
@@ -366,7 +371,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     rate = train_steps_timed * batch_size / train_seconds if train_seconds > 0 else float("nan")
     if is_main and means is not None and log_now:
       writer.write("train", step, {**means, "images_per_second": rate,
-                                   "learning_rate": float(make_schedule_value(config, step))})
+                                   "learning_rate": float(schedule(step))})
       progress.update(step, means["loss"], means["accuracy"], rate,
                       batch_size / rate if rate == rate and rate > 0 else float("nan"))
     metrics_for_ckpt = None
@@ -431,12 +436,6 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   return config
 
 
-def make_schedule_value(config, step: int) -> float:
-  o = config.optimizer
-  return optax.exponential_decay(o.learning_rate, o.decay_steps, o.decay_rate,
-                                 staircase=o.staircase)(step)
-
-
 def draw_figures(workdir: str, graphdef, params, split: EvalSet, config, writer, step) -> None:
   """Reconstructions, latent perturbations (Fig. 4), training curves, routing diagnostics."""
   params = jax.tree.map(np.asarray, params)  # Host copy: figures are tiny, skip the mesh.
@@ -454,7 +453,7 @@ def draw_figures(workdir: str, graphdef, params, split: EvalSet, config, writer,
                                np.asarray(out.predictions))
   if writer is not None:
     writer.write_image("test/reconstructions", step, figures.reconstruction_grid(
-        images, np.asarray(out.reconstructions), None, None))
+        images, np.asarray(out.reconstructions)))
   label = int(out.predictions[0])
   capsule = out.class_capsules[0]
   dims = capsule.shape[-1]
