@@ -11,12 +11,14 @@ on the device, through the same jitted step that training uses.
 """
 
 import json
+import os
 import sys
 import time
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from capsjax import hostmemory
 from capsjax.errors import UsageError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
@@ -122,6 +124,7 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> di
       "device": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
       "conv_impl": config.model.conv_impl,
       "compute_dtype": config.model.compute_dtype,
+      "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),  # See capsjax/hostmemory.py.
   }
 
 
@@ -140,4 +143,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmemory.restart_with_malloc_tuning("capsjax.benchmark")
   app.run(main)

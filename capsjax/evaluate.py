@@ -15,6 +15,7 @@ import sys
 
 from absl import app, flags, logging
 
+from capsjax import hostmemory
 from capsjax.errors import UsageError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory.", required=True)
@@ -83,4 +84,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmemory.restart_with_malloc_tuning("capsjax.evaluate")
   app.run(main)

@@ -15,6 +15,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from capsjax import distributed  # Defines the multi-host flags.
+from capsjax import hostmemory
 from capsjax.errors import NonFiniteLossError, UsageError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/mnist.py.",
@@ -41,4 +42,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmemory.restart_with_malloc_tuning("capsjax.main")
   app.run(main)

@@ -71,6 +71,41 @@ def squash(s: jax.Array, axis: int = -1, epsilon: float = 0.0) -> jax.Array:
   return scale * s
 
 
+@jax.custom_vjp
+def capsule_votes(capsules: jax.Array, weights: jax.Array) -> jax.Array:
+  """Prediction vectors u_hat_{j|i} = W_ij u_i (paper, Eq. 2), W not tiled over the batch.
+
+  Args:
+    capsules: child capsules u_i, ``(batch, in_caps, in_dim)``.
+    weights: W_ij, ``(in_caps, out_caps, out_dim, in_dim)``.
+
+  Returns:
+    votes, ``(batch, in_caps, out_caps, out_dim)``.
+  """
+  return jnp.einsum("bik,ijdk->bijd", capsules, weights)
+
+
+def _capsule_votes_fwd(capsules, weights):
+  return capsule_votes(capsules, weights), (capsules, weights)
+
+
+def _capsule_votes_bwd(residuals, votes_grad):
+  # Both gradients are matmuls batched over children i. Written with the vote
+  # gradient child-major, (in_caps, batch, out_caps*out_dim), XLA:CPU transposes
+  # it once; from autodiff of the einsum it made two transposed copies, one of
+  # them 5x slower (0.32 s -> 0.20 s for votes + routing + gradients, batch 128).
+  capsules, weights = residuals
+  in_caps, out_caps, out_dim, in_dim = weights.shape
+  grad = jnp.transpose(votes_grad, (1, 0, 2, 3)).reshape(in_caps, -1, out_caps * out_dim)
+  capsules_grad = jnp.einsum("ibe,iek->bik", grad,
+                             weights.reshape(in_caps, out_caps * out_dim, in_dim))
+  weights_grad = jnp.einsum("ibk,ibe->iek", jnp.transpose(capsules, (1, 0, 2)), grad)
+  return capsules_grad, weights_grad.reshape(weights.shape)
+
+
+capsule_votes.defvjp(_capsule_votes_fwd, _capsule_votes_bwd)
+
+
 def coupling_coefficients(logits: jax.Array, softmax_axis: str = "output",
                           leaky: bool = False) -> jax.Array:
   """Coupling coefficients c_ij from routing logits b_ij (Procedure 1, line 4).
@@ -88,7 +123,10 @@ def coupling_coefficients(logits: jax.Array, softmax_axis: str = "output",
   Returns:
     ``(batch, in_caps, out_caps)``.
   """
-  axis = _softmax_axis_index(softmax_axis)
+  return _softmax(logits, _softmax_axis_index(softmax_axis), leaky)
+
+
+def _softmax(logits, axis, leaky):
   if not leaky:
     return jax.nn.softmax(logits, axis=axis)
   leak_shape = list(logits.shape)
@@ -99,6 +137,7 @@ def coupling_coefficients(logits: jax.Array, softmax_axis: str = "output",
 
 
 def _softmax_axis_index(softmax_axis: str) -> int:
+  """The axis of ``softmax_axis`` in a ``(batch, in_caps, out_caps)`` array."""
   if softmax_axis == "output":
     return 2
   if softmax_axis == "input":
@@ -166,50 +205,65 @@ def dynamic_routing(votes: jax.Array,
   if votes.ndim != 4:
     raise ValueError("votes must have shape (batch, in_caps, out_caps, out_dim), "
                      f"got shape {votes.shape}.")
+  # Inside, everything is parent-major: votes (batch, out_caps, out_dim, in_caps),
+  # logits and coupling (batch, out_caps, in_caps). Both contractions over the
+  # votes are then batched matrix-vector products over (batch, j) with no
+  # transpose of the votes between iterations; XLA folds the one transpose here
+  # into the einsum that made the votes. On the 2-core CPU this halves the time
+  # of votes + routing + their gradients (0.55 s -> 0.32 s at batch 128).
   _softmax_axis_index(softmax_axis)  # Validates early with a clear message.
-
-  batch, in_caps, out_caps, _ = votes.shape
+  softmax_index = {"output": 1, "input": 2}[softmax_axis]
+  votes = jnp.transpose(votes, (0, 2, 3, 1))
+  batch, out_caps, _, in_caps = votes.shape
   votes_routed = jax.lax.stop_gradient(votes) if stop_gradient else votes
 
   def outputs_from(coupling, votes_):
-    preactivation = jnp.einsum("bij,bijd->bjd", coupling, votes_)
+    preactivation = jnp.einsum("bjdi,bji->bjd", votes_, coupling)
     if bias is not None:
       preactivation = preactivation + bias
     return squash(preactivation, epsilon=squash_epsilon)
 
-  logits = jnp.zeros((batch, in_caps, out_caps), votes.dtype)
+  def agreement(outputs):
+    return jnp.einsum("bjdi,bjd->bji", votes_routed, outputs)
+
+  def record(trace, r, logits, coupling):
+    if not return_trace:
+      return trace
+    to_child_major = lambda x: jnp.transpose(x, (0, 2, 1))
+    return RoutingTrace(logits=trace.logits.at[r].set(to_child_major(logits)),
+                        coupling=trace.coupling.at[r].set(to_child_major(coupling)))
+
   trace = None
   if return_trace:
     empty = jnp.zeros((num_iterations, batch, in_caps, out_caps), votes.dtype)
     trace = RoutingTrace(logits=empty, coupling=empty)
 
-  def record(trace, r, logits, coupling):
-    if not return_trace:
-      return trace
-    return RoutingTrace(logits=trace.logits.at[r].set(logits),
-                        coupling=trace.coupling.at[r].set(coupling))
+  # Iteration 0 starts from b = 0, so its coupling is the uniform constant; written
+  # as one, XLA need not constant-fold a softmax over the whole array (seconds).
+  logits = jnp.zeros((batch, out_caps, in_caps), votes.dtype)
+  size = logits.shape[softmax_index] + int(leaky)
+  coupling = jnp.full(logits.shape, 1.0 / size, votes.dtype)
+  trace = record(trace, 0, logits, coupling)
+  if num_iterations > 1:
+    logits = agreement(outputs_from(coupling, votes_routed))
 
   def intermediate_iteration(r, carry):
     logits, trace = carry
-    coupling = coupling_coefficients(logits, softmax_axis, leaky)
-    outputs = outputs_from(coupling, votes_routed)
+    coupling = _softmax(logits, softmax_index, leaky)
     trace = record(trace, r, logits, coupling)
-    agreement = jnp.einsum("bijd,bjd->bij", votes_routed, outputs)
-    return logits + agreement, trace
+    return logits + agreement(outputs_from(coupling, votes_routed)), trace
 
   # Static bounds: fori_loop lowers to scan and stays reverse-differentiable.
-  logits, trace = jax.lax.fori_loop(0, num_iterations - 1, intermediate_iteration,
-                                    (logits, trace))
-  if num_iterations == 1:
-    # softmax of the all-zero logits, written as the constant it is: XLA would
-    # otherwise constant-fold the softmax over the whole array (seconds to compile).
-    size = logits.shape[_softmax_axis_index(softmax_axis)] + int(leaky)
-    coupling = jnp.full(logits.shape, 1.0 / size, votes.dtype)
-  else:
-    coupling = coupling_coefficients(logits, softmax_axis, leaky)
+  # Unrolled: on XLA:CPU a rolled loop stacks per-iteration residuals and runs
+  # the routing gradient ~1.7x slower; r is small.
+  logits, trace = jax.lax.fori_loop(1, num_iterations - 1, intermediate_iteration,
+                                    (logits, trace), unroll=True)
+  if num_iterations > 1:
+    coupling = _softmax(logits, softmax_index, leaky)
+    trace = record(trace, num_iterations - 1, logits, coupling)
   outputs = outputs_from(coupling, votes)
   if return_trace:
-    return outputs, record(trace, num_iterations - 1, logits, coupling)
+    return outputs, trace
   return outputs
 
 

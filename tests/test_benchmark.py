@@ -6,6 +6,8 @@ import pathlib
 import subprocess
 import sys
 
+from capsjax import hostmemory
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 KEYS = ("train_images_per_second", "eval_images_per_second", "train_gflop_per_s",
         "matmul_gflop_per_s", "peak_fraction", "compile_seconds", "temp_memory_bytes", "device")
@@ -13,6 +15,7 @@ KEYS = ("train_images_per_second", "eval_images_per_second", "train_gflop_per_s"
 
 def test_benchmark_prints_json_last_line():
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="2")
+  env.pop("GLIBC_TUNABLES", None)
   result = subprocess.run(
       [sys.executable, "-m", "capsjax.benchmark", f"--config={REPO}/configs/mnist.py:smoke",
        "--seconds=0.2", "--matmul_size=256"],
@@ -28,3 +31,6 @@ def test_benchmark_prints_json_last_line():
   assert abs(report["peak_fraction"] - report["train_gflop_per_s"]
              / report["matmul_gflop_per_s"]) < 1e-9
   assert report["device"].startswith("2 x")
+  # The entry point restarted itself with the host-memory tunables (capsjax/hostmemory.py).
+  expected = hostmemory.tuned_environment(env)
+  assert report["glibc_tunables"] == (expected or {}).get("GLIBC_TUNABLES", "")

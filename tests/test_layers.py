@@ -9,7 +9,8 @@ from flax import nnx
 from capsjax import layers, routing
 
 
-@pytest.mark.parametrize("size,kernel,stride", [(20, 9, 2), (21, 9, 2), (12, 5, 3), (10, 4, 2)])
+@pytest.mark.parametrize("size,kernel,stride",
+                         [(20, 9, 2), (21, 9, 2), (12, 5, 3), (10, 4, 2), (12, 9, 1), (7, 3, 1)])
 # Every implementation is the same function: values and gradients.
 def test_polyphase_conv_equals_native_values_and_gradients(size, kernel, stride):
   rng = np.random.default_rng(size)
@@ -41,6 +42,14 @@ def test_conv_matches_numpy_cross_correlation():
       expected[0, oh, ow] = np.einsum("hwi,hwio->o", patch, w)
   for impl in ("native", "polyphase", "im2col", "auto"):
     got = layers.conv2d(jnp.asarray(x), jnp.asarray(w), 2, impl)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
+  # Stride 1, as conv1 (im2col on CPU too).
+  expected = np.zeros((1, 5, 5, 4))
+  for oh in range(5):
+    for ow in range(5):
+      expected[0, oh, ow] = np.einsum("hwi,hwio->o", x[0, oh:oh + 3, ow:ow + 3], w)
+  for impl in ("native", "im2col", "auto"):
+    got = layers.conv2d(jnp.asarray(x), jnp.asarray(w), 1, impl)
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
 
 
