@@ -13,8 +13,8 @@ heap that is kept between steps and backed by transparent huge pages:
 On the 2-core development machine this takes the paper model's train step at
 batch 128 from ~0.95 s to ~0.84 s (README, Performance). Tunables are read only
 when a process starts, so the entry points (``capsjax.main``,
-``capsjax.benchmark``, ``capsjax.evaluate``) restart themselves once with them
-set. Set ``CAPSJAX_MALLOC_TUNING=0`` to turn this off; an existing
+``capsjax.benchmark``, ``capsjax.evaluate``, ``capsjax.sweep``) restart
+themselves once with them set. Set ``CAPSJAX_MALLOC_TUNING=0`` to turn this off; an existing
 ``GLIBC_TUNABLES`` is left alone.
 """
 

@@ -32,6 +32,7 @@ from typing import NamedTuple
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from capsjax import hostmemory
 from capsjax.errors import UsageError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -322,4 +323,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmemory.restart_with_malloc_tuning("capsjax.sweep")
   app.run(main)
