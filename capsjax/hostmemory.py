@@ -14,8 +14,8 @@ On the 2-core development machine this takes the paper model's train step at
 batch 128 from ~0.95 s to ~0.84 s (README, Performance). Tunables are read only
 when a process starts, so the entry points (``capsjax.main``,
 ``capsjax.benchmark``, ``capsjax.evaluate``, ``capsjax.sweep``) restart
-themselves once with them set. Set ``CAPSJAX_MALLOC_TUNING=0`` to turn this off; an existing
-``GLIBC_TUNABLES`` is left alone.
+themselves once with them set. Set ``CAPSJAX_MALLOC_TUNING=0`` to turn this
+off; an existing ``GLIBC_TUNABLES`` is left alone.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def restart_with_malloc_tuning(module: str) -> None:
   not glibc's. Call it first thing under ``if __name__ == "__main__"``.
   """
   environ = tuned_environment(dict(os.environ))
-  if environ is None:
+  if environ is None or not sys.executable:  # No interpreter path: cannot re-exec.
     return
   sys.stdout.flush()
   sys.stderr.flush()
