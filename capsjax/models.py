@@ -101,9 +101,13 @@ class CapsNet(nnx.Module):
         routing_iterations=r.iterations, softmax_axis=r.softmax_axis,
         stop_gradient=r.stop_gradient, leaky=r.leaky,
         squash_epsilon=r.squash_epsilon, rngs=rngs)
+    # .get: config.json of workdirs written before the decoder init keys existed.
     self.decoder = nnx.data(layers.Decoder(
         config.num_classes, config.class_capsules.dim, config.decoder.hidden,
-        config.image_shape, compute_dtype=dtype, rngs=rngs) if config.decoder.enabled else None)
+        config.image_shape, compute_dtype=dtype,
+        init_scale=config.decoder.get("init_scale", 0.0),
+        bias_init=config.decoder.get("bias_init", 0.0), rngs=rngs)
+        if config.decoder.enabled else None)
     self.num_classes = config.num_classes
 
   def __call__(self, images: jax.Array, labels: jax.Array | None = None, *,

@@ -114,3 +114,18 @@ def test_conv_init_scale_and_bias_init():
   np.testing.assert_allclose(w.std(), 0.8796 * 0.1, rtol=0.03)
   assert np.abs(w).max() <= 0.2
   np.testing.assert_allclose(np.asarray(official.bias[...]), 0.1, rtol=1e-6)
+
+
+def test_decoder_init_scale_and_bias_init():
+  lecun = layers.Decoder(10, 16, (512,), (28, 28, 1), rngs=nnx.Rngs(0))
+  for layer, fan_in in zip(lecun.layers, (160, 512)):
+    np.testing.assert_allclose(np.asarray(layer.kernel[...]).std(), 1 / np.sqrt(fan_in),
+                               rtol=0.05)
+    np.testing.assert_array_equal(np.asarray(layer.bias[...]), 0.0)
+  official = layers.Decoder(10, 16, (512,), (28, 28, 1), init_scale=0.1, bias_init=0.1,
+                            rngs=nnx.Rngs(0))
+  for layer in official.layers:
+    w = np.asarray(layer.kernel[...])
+    np.testing.assert_allclose(w.std(), 0.8796 * 0.1, rtol=0.03)
+    assert np.abs(w).max() <= 0.2
+    np.testing.assert_allclose(np.asarray(layer.bias[...]), 0.1, rtol=1e-6)

@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
@@ -30,6 +31,17 @@ def test_paper_primary_capsule_grid():
   assert models.primary_grid(paper_config()) == (6, 6)
   model = models.CapsNet(paper_config(), rngs=nnx.Rngs(0))
   assert model.class_capsules.weights.shape == (1152, 10, 16, 8)
+
+
+def test_config_without_decoder_init_keys_builds_the_default_decoder():
+  # config.json of workdirs written before model.decoder.init_scale/bias_init existed.
+  old = smoke_config().to_dict()
+  del old["decoder"]["init_scale"], old["decoder"]["bias_init"]
+  restored = models.CapsNet(ml_collections.ConfigDict(old), rngs=nnx.Rngs(0))
+  current = models.CapsNet(smoke_config(), rngs=nnx.Rngs(0))
+  for a, b in zip(jax.tree.leaves(nnx.state(restored.decoder)),
+                  jax.tree.leaves(nnx.state(current.decoder))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize("image_shape,num_classes,in_caps", [
