@@ -210,6 +210,24 @@ def random_shift(key: jax.Array, images: jax.Array, max_shift: int) -> jax.Array
   return jax.vmap(crop)(padded, offsets)
 
 
+def shift_images(images: np.ndarray, dx: int, dy: int) -> np.ndarray:
+  """Moves every image ``dx`` px right and ``dy`` px down (negative: left, up).
+
+  Pixels shifted out are dropped and the uncovered border is zero, as in
+  training's random shifts; used on the host to measure shift robustness.
+
+  Args:
+    images: ``(n, h, w, c)``.
+  """
+  n, h, w, c = images.shape
+  if abs(dx) >= w or abs(dy) >= h:
+    raise ValueError(f"shift ({dx}, {dy}) moves a {h}x{w} image out of its frame.")
+  shifted = np.zeros_like(images)
+  shifted[:, max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = \
+      images[:, max(-dy, 0):h - max(dy, 0), max(-dx, 0):w - max(dx, 0)]
+  return shifted
+
+
 def to_float(images: jax.Array) -> jax.Array:
   """uint8 pixels -> float32 in [0, 1]."""
   return images.astype(jnp.float32) / 255.0

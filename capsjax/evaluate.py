@@ -3,6 +3,7 @@
   python -m capsjax.evaluate --workdir=/tmp/run                 # best checkpoint
   python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=latest
   python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=1500
+  python -m capsjax.evaluate --workdir=/tmp/run --max_shift=2   # + shifted test sets
 
 The config is the one the run saved (WORKDIR/config.json); ``--config.*``-style
 overrides are not needed, but the data location can be changed with
@@ -21,10 +22,18 @@ from capsjax.errors import UsageError
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory.", required=True)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "'best', 'latest' or a step number.")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "Override config.data.dir.")
+_MAX_SHIFT = flags.DEFINE_integer(
+    "max_shift", 0, "Also evaluate the test set shifted by every (dx, dy) with |dx|, |dy| <= "
+    "this many pixels (zero padding, as the training shifts).")
 
 
-def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | None = None) -> dict:
-  """Restores ``checkpoint`` of ``workdir``, evaluates on test, redraws figures."""
+def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | None = None,
+                     max_shift: int = 0) -> dict:
+  """Restores ``checkpoint`` of ``workdir``, evaluates on test, redraws figures.
+
+  With ``max_shift > 0`` the result also holds ``shifted_test_accuracy``:
+  ``{"dx,dy": accuracy}`` for every shift of up to ``max_shift`` px.
+  """
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -34,6 +43,8 @@ def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | Non
   if data_dir:
     config.data.dir = data_dir
 
+  if max_shift < 0:
+    raise UsageError(f"--max_shift={max_shift}: use 0 (no shifted test sets) or more.")
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                     keep=config.train.keep_checkpoints)
   steps = ckpt.all_steps()
@@ -57,8 +68,12 @@ def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | Non
   graphdef, state = train.restore_state(ckpt, step, config, replicated)
   test = train.EvalSet(dataset.test_images, dataset.test_labels, config.eval.batch_size,
                        replicated)
-  metrics = train.evaluate(train.make_eval_fn(graphdef, config, mesh), state.params, test)
+  eval_fn = train.make_eval_fn(graphdef, config, mesh)
+  metrics = train.evaluate(eval_fn, state.params, test)
   result = {"checkpoint_step": step, **{f"test_{k}": v for k, v in metrics.items()}}
+  if max_shift:
+    result["shifted_test_accuracy"] = shifted_accuracies(
+        eval_fn, state.params, dataset, config.eval.batch_size, replicated, max_shift)
   if jax.process_index() == 0:
     writer = reporting.MetricWriter(workdir)
     train.draw_figures(workdir, graphdef, state.params, test, config, writer, step)
@@ -68,8 +83,38 @@ def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | Non
     print(f"Checkpoint step {step}: test accuracy {100 * metrics['accuracy']:.2f}% "
           f"(error {100 * metrics['error']:.2f}%), loss {metrics['loss']:.4f}. "
           f"Figures redrawn in {workdir}.")
+    if max_shift:
+      print(shift_table(result["shifted_test_accuracy"], max_shift))
   ckpt.close()
   return result
+
+
+def shifted_accuracies(eval_fn, params, dataset, batch_size: int, sharding,
+                       max_shift: int) -> dict[str, float]:
+  """Test accuracy with every image moved by (dx, dy), ``|dx|, |dy| <= max_shift``."""
+  from capsjax import data, train
+
+  shifts = [(dx, dy) for dy in range(-max_shift, max_shift + 1)
+            for dx in range(-max_shift, max_shift + 1)]
+  accuracies = {}
+  for n, (dx, dy) in enumerate(shifts, 1):
+    shifted = train.EvalSet(data.shift_images(dataset.test_images, dx, dy),
+                            dataset.test_labels, batch_size, sharding)
+    accuracies[f"{dx},{dy}"] = train.evaluate(eval_fn, params, shifted)["accuracy"]
+    print(f"\rshifted test sets: {n}/{len(shifts)}", end="" if n < len(shifts) else "\n",
+          file=sys.stderr, flush=True)
+  return accuracies
+
+
+def shift_table(accuracies: dict[str, float], max_shift: int) -> str:
+  """Accuracies (%) as a grid: a row per dy, a column per dx."""
+  shifts = range(-max_shift, max_shift + 1)
+  lines = ["test accuracy (%) by shift; rows dy (down +), columns dx (right +):",
+           "dy\\dx " + "".join(f"{dx:>7d}" for dx in shifts)]
+  for dy in shifts:
+    lines.append(f"{dy:>5d} " + "".join(f"{100 * accuracies[f'{dx},{dy}']:>7.2f}"
+                                        for dx in shifts))
+  return "\n".join(lines)
 
 
 def main(argv):
@@ -77,7 +122,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)
   try:
-    evaluate_workdir(_WORKDIR.value, _CHECKPOINT.value, _DATA_DIR.value)
+    evaluate_workdir(_WORKDIR.value, _CHECKPOINT.value, _DATA_DIR.value, _MAX_SHIFT.value)
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

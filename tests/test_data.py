@@ -146,6 +146,24 @@ def test_random_shift_moves_content_and_pads_with_zeros():
                                 images)
 
 
+def test_shift_images_by_hand_and_covers_the_training_shifts():
+  image = np.zeros((1, 5, 6, 1), np.uint8)
+  image[0, 2, 3] = 7
+  image[0, 0, 0] = 9                                  # Leaves the frame going up.
+  expected = np.zeros_like(image)
+  expected[0, 1, 5] = 7                               # 2 right, 1 up.
+  np.testing.assert_array_equal(data.shift_images(image, dx=2, dy=-1), expected)
+  np.testing.assert_array_equal(data.shift_images(image, 0, 0), image)
+  # The 25 shifts of up to 2 px are exactly the images training's random shifts draw.
+  by_hand = {data.shift_images(image, dx, dy).tobytes()
+             for dx in range(-2, 3) for dy in range(-2, 3)}
+  many = jnp.asarray(np.repeat(image, 400, axis=0))
+  drawn = np.asarray(data.random_shift(jax.random.PRNGKey(0), many, 2))
+  assert len(by_hand) == 25 and {d.tobytes() for d in drawn} == by_hand
+  with pytest.raises(ValueError, match="out of its frame"):
+    data.shift_images(image, 6, 0)
+
+
 SHARED_MNIST = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mnist")
 
 
