@@ -219,7 +219,7 @@ def shift_images(images: np.ndarray, dx: int, dy: int) -> np.ndarray:
   Args:
     images: ``(n, h, w, c)``.
   """
-  n, h, w, c = images.shape
+  _, h, w, _ = images.shape
   if abs(dx) >= w or abs(dy) >= h:
     raise ValueError(f"shift ({dx}, {dy}) moves a {h}x{w} image out of its frame.")
   shifted = np.zeros_like(images)

@@ -43,8 +43,10 @@ def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | Non
   if data_dir:
     config.data.dir = data_dir
 
-  if max_shift < 0:
-    raise UsageError(f"--max_shift={max_shift}: use 0 (no shifted test sets) or more.")
+  largest = min(config.model.image_shape[:2]) - 1
+  if not 0 <= max_shift <= largest:
+    raise UsageError(f"--max_shift={max_shift}: use 0 (no shifted test sets) up to {largest} "
+                     "pixels.")
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                     keep=config.train.keep_checkpoints)
   steps = ckpt.all_steps()
