@@ -94,6 +94,8 @@ def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | Non
 def shifted_accuracies(eval_fn, params, dataset, batch_size: int, sharding,
                        max_shift: int) -> dict[str, float]:
   """Test accuracy with every image moved by (dx, dy), ``|dx|, |dy| <= max_shift``."""
+  import jax
+
   from capsjax import data, train
 
   shifts = [(dx, dy) for dy in range(-max_shift, max_shift + 1)
@@ -103,8 +105,9 @@ def shifted_accuracies(eval_fn, params, dataset, batch_size: int, sharding,
     shifted = train.EvalSet(data.shift_images(dataset.test_images, dx, dy),
                             dataset.test_labels, batch_size, sharding)
     accuracies[f"{dx},{dy}"] = train.evaluate(eval_fn, params, shifted)["accuracy"]
-    print(f"\rshifted test sets: {n}/{len(shifts)}", end="" if n < len(shifts) else "\n",
-          file=sys.stderr, flush=True)
+    if jax.process_index() == 0:  # One progress line, as the results are printed once.
+      print(f"\rshifted test sets: {n}/{len(shifts)}", end="" if n < len(shifts) else "\n",
+            file=sys.stderr, flush=True)
   return accuracies
 
 
