@@ -65,6 +65,61 @@ def init_state(config: ml_collections.ConfigDict, tx) -> TrainState:
                     opt_state=tx.init(params), rng=rng)
 
 
+# Settings a resumed run may change without changing what it computes: its length, how often
+# it logs, evaluates and checkpoints, where the data files live, how convolutions are computed.
+RESUME_NEUTRAL_KEYS = ("train.num_steps", "train.num_epochs", "train.log_every_steps",
+                       "train.eval_every_steps", "train.checkpoint_every_steps",
+                       "train.keep_checkpoints", "train.steps_per_dispatch", "data.dir",
+                       "data.tfds_data_dir", "model.conv_impl", "eval")
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+def config_changes(before: dict, after: dict) -> list[str]:
+  """``"key: old -> new"`` for each setting (dotted key) that differs between two resolved
+  configs as JSON dicts, leaving out :data:`RESUME_NEUTRAL_KEYS` and the keys under them."""
+  before, after = _flatten(before), _flatten(after)
+  changes = []
+  for key in sorted(before.keys() | after.keys()):
+    if any(key == k or key.startswith(k + ".") for k in RESUME_NEUTRAL_KEYS):
+      continue
+    old, new = before.get(key, "(unset)"), after.get(key, "(unset)")
+    if old != new:
+      changes.append(f"{key}: {old!r} -> {new!r}")
+  return changes
+
+
+def _record_config(workdir: str, config, resumed_step: int | None) -> None:
+  """Writes ``WORKDIR/config.json``; when a resumed run changed settings, warns and keeps the
+  earlier file as ``config.before_step_N.json`` so the run's history is not lost."""
+  path = os.path.join(workdir, "config.json")
+  resolved = config.to_json_best_effort(indent=2)
+  if resumed_step is not None and os.path.exists(path):
+    with open(path) as f:
+      earlier = f.read()
+    changes = config_changes(json.loads(earlier), json.loads(resolved))
+    if changes:
+      kept = os.path.join(workdir, f"config.before_step_{resumed_step}.json")
+      with open(kept, "w") as f:
+        f.write(earlier)
+      _log(f"Warning: resuming with settings that differ from the run's config.json: "
+           f"{'; '.join(changes)}. The checkpoint's parameters, optimiser state, RNG and data "
+           f"position carry on under the new settings; the earlier config is kept in {kept}.")
+      if any(c.startswith("seed:") for c in changes) and config.data.validation_size:
+        _log("Warning: config.seed draws the validation split, so the new seed's validation "
+             "examples overlap the ones trained on so far.")
+  with open(path, "w") as f:
+    f.write(resolved)
+
+
 def restore_state(ckpt: checkpointing.Checkpointer, step: int, config, sharding,
                   with_meta: bool = False):
   """``(graphdef, state[, meta])`` from checkpoint ``step``, placed on ``sharding``."""
@@ -294,8 +349,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if is_main:
       _truncate_metrics(workdir, latest)
   if is_main:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
+    _record_config(workdir, config, latest)
 
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   _log(f"capsjax: {num_params:,} parameters; {num_train} train, "

@@ -103,15 +103,40 @@ def test_stopped_run_resumes_to_the_same_result(idx_dir, full_run, tmp_path):
   first = run_main(tmp_path, "--config.train.num_steps=4", data_dir=idx_dir)
   assert first.returncode == 0, first.stderr
   assert read_summary(tmp_path)["step"] == 4
-  second = run_main(tmp_path, data_dir=idx_dir)
+  # A new seed re-draws nothing a resumed run uses (no validation split here), so the result
+  # must not change; the resume says so and keeps the earlier config.
+  second = run_main(tmp_path, "--config.seed=1", data_dir=idx_dir)
   assert second.returncode == 0, second.stderr
   assert "Resuming from the checkpoint at step 4" in second.stdout
+  assert "differ from the run's config.json: seed: 0 -> 1." in second.stdout
+  assert json.loads((tmp_path / "config.before_step_4.json").read_text())["seed"] == 0
+  assert json.loads((tmp_path / "config.json").read_text())["seed"] == 1
   resumed, uninterrupted = read_summary(tmp_path), read_summary(full_run[0])
   assert resumed["step"] == 8
   np.testing.assert_allclose(resumed["test_loss"], uninterrupted["test_loss"], rtol=1e-5)
   assert [r["step"] for r in train_records(tmp_path)] == [2, 4, 6, 8]
   np.testing.assert_allclose([r["loss"] for r in train_records(tmp_path)],
                              [r["loss"] for r in train_records(full_run[0])], rtol=1e-5)
+
+
+def test_config_changes_name_what_a_resume_changes_and_skip_run_length():
+  from capsjax import train
+  import mnist
+
+  before = json.loads(mnist.get_config().to_json_best_effort())
+  after = mnist.get_config()
+  after.train.num_epochs, after.train.eval_every_steps, after.data.dir = 2, 117, "/elsewhere"
+  after.eval.batch_size = 100
+  assert train.config_changes(before, json.loads(after.to_json_best_effort())) == []
+  after.model.routing.iterations, after.optimizer.learning_rate = 1, 2e-3
+  after.model.decoder.hidden = (16, 32)
+  assert train.config_changes(before, json.loads(after.to_json_best_effort())) == [
+      "model.decoder.hidden: [512, 1024] -> [16, 32]",
+      "model.routing.iterations: 3 -> 1",
+      "optimizer.learning_rate: 0.001 -> 0.002"]
+  del before["model"]["routing"]["leaky"]
+  assert "model.routing.leaky: '(unset)' -> False" in train.config_changes(
+      before, json.loads(after.to_json_best_effort()))
 
 
 def test_sigkill_mid_training_resumes_and_finishes(idx_dir, tmp_path):
