@@ -105,7 +105,8 @@ def _record_config(workdir: str, config, resumed_step: int | None) -> None:
   if resumed_step is not None and os.path.exists(path):
     with open(path) as f:
       earlier = f.read()
-    changes = config_changes(json.loads(earlier), json.loads(resolved))
+    earlier_config = json.loads(earlier)
+    changes = config_changes(earlier_config, json.loads(resolved))
     if changes:
       kept = os.path.join(workdir, f"config.before_step_{resumed_step}.json")
       with open(kept, "w") as f:
@@ -113,7 +114,7 @@ def _record_config(workdir: str, config, resumed_step: int | None) -> None:
       _log(f"Warning: resuming with settings that differ from the run's config.json: "
            f"{'; '.join(changes)}. The checkpoint's parameters, optimiser state, RNG and data "
            f"position carry on under the new settings; the earlier config is kept in {kept}.")
-      if any(c.startswith("seed:") for c in changes) and config.data.validation_size:
+      if earlier_config.get("seed") != config.seed and config.data.validation_size:
         _log("Warning: config.seed draws the validation split, so the new seed's validation "
              "examples overlap the ones trained on so far.")
   with open(path, "w") as f:

@@ -139,6 +139,22 @@ def test_config_changes_name_what_a_resume_changes_and_skip_run_length():
       before, json.loads(after.to_json_best_effort()))
 
 
+@pytest.mark.parametrize("validation_size", [0, 1000])
+def test_resume_with_new_seed_warns_of_validation_overlap(tmp_path, capsys, validation_size):
+  from capsjax import train
+  import mnist
+
+  config = mnist.get_config()
+  config.data.validation_size = validation_size
+  (tmp_path / "config.json").write_text(config.to_json_best_effort())
+  config.seed = 3
+  train._record_config(str(tmp_path), config, resumed_step=10)
+  out = capsys.readouterr().out
+  assert "seed: 0 -> 3" in out
+  assert ("validation examples overlap" in out) == bool(validation_size)
+  assert json.loads((tmp_path / "config.before_step_10.json").read_text())["seed"] == 0
+
+
 def test_sigkill_mid_training_resumes_and_finishes(idx_dir, tmp_path):
   steps = ("--config.train.num_steps=400", "--config.train.checkpoint_every_steps=10",
            "--config.train.log_every_steps=10")
