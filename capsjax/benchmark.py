@@ -56,52 +56,49 @@ def matmul_gflop_per_s(n: int, min_seconds: float) -> float:
 
 def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> dict:
   import jax
-  import numpy as np
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from capsjax import train
+  from capsjax import datasets, evaluators, steps, tasks, train
 
   devices = jax.devices()
   train.validate_config(config, len(devices))
-  mesh = train.make_mesh()
+  task = tasks.Task.from_config(config)
+  mesh = steps.make_mesh()
   replicated = NamedSharding(mesh, P())
-  tx = train.make_optimizer(config.optimizer)
-  graphdef, _ = train.abstract_model(config)
-  state = jax.jit(lambda: train.init_state(config, tx), out_shardings=replicated)()
+  tx = steps.make_optimizer(config.optimizer)
+  state = jax.jit(lambda: steps.init_state(task, tx), out_shardings=replicated)()
   batch = config.train.batch_size
-  steps = config.train.steps_per_dispatch
-  num_examples = max(4 * batch, 1024)
-  rng = np.random.default_rng(0)
-  images = train.replicated_array(
-      rng.integers(0, 256, (num_examples, *config.model.image_shape), dtype=np.uint8), replicated)
-  labels = train.replicated_array(
-      rng.integers(0, config.model.num_classes, num_examples).astype(np.int32), replicated)
+  num_steps = config.train.steps_per_dispatch
+  num_examples = max(4 * batch, 1024, config.eval.batch_size)
+  split = random_split(task.dataset, num_examples)
+  examples, shared = evaluators.put_on_devices(split, replicated)
 
-  train_fn = train.make_train_fn(graphdef, tx, config, num_examples, mesh)
+  train_step = steps.make_train_step(task, tx, num_examples, mesh)
   start = time.perf_counter()
-  compiled = train_fn.lower(state, images, labels, steps).compile()
+  compiled = train_step.lower(state, examples, shared, num_steps).compile()
   compile_seconds = time.perf_counter() - start
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  flops_per_image = float(cost["flops"]) / (batch * steps)
+  flops_per_image = float(cost["flops"]) / (batch * num_steps)
   memory = compiled.memory_analysis()
   temp_bytes = int(memory.temp_size_in_bytes) if memory is not None else None
 
   holder = [state]
 
   def train_once():
-    holder[0], metrics = compiled(holder[0], images, labels)
+    holder[0], metrics = compiled(holder[0], examples, shared)
     jax.block_until_ready(metrics)
 
   train_seconds = _time_repeated(train_once, min_seconds)
-  train_rate = batch * steps / train_seconds
+  train_rate = batch * num_steps / train_seconds
 
   eval_batch = config.eval.batch_size
-  eval_fn = train.make_eval_fn(graphdef, config, mesh)
-  weights = train.replicated_array(np.ones(num_examples, np.float32), replicated)
-  eval_seconds = _time_repeated(
-      lambda: jax.block_until_ready(eval_fn(holder[0].params, images, labels, weights, 0)),
-      min_seconds / 2)
+  runner = evaluators.Runner(task.graphdef(), mesh, eval_batch)
+  eval_set = runner.eval_set(datasets.Split(
+      {k: v[:eval_batch] for k, v in split.examples.items()}, split.shared),
+      task.dataset.eval_batch)
+  eval_seconds = _time_repeated(lambda: runner.evaluate(holder[0].params, eval_set),
+                                min_seconds / 2)
   eval_rate = eval_batch / eval_seconds
 
   n = matmul_size or (2048 if devices[0].platform == "cpu" else 8192)
@@ -109,8 +106,8 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> di
   train_gflops = flops_per_image * train_rate / 1e9
   return {
       "batch_size": batch,
-      "steps_per_dispatch": steps,
-      "train_seconds_per_step": train_seconds / steps,
+      "steps_per_dispatch": num_steps,
+      "train_seconds_per_step": train_seconds / num_steps,
       "train_images_per_second": train_rate,
       "eval_images_per_second": eval_rate,
       "train_gflop_per_image": flops_per_image / 1e9,
@@ -122,10 +119,30 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> di
       "compile_seconds": compile_seconds,
       "temp_memory_bytes": temp_bytes,
       "device": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
+      "model": config.model.get("name", "capsnet"),
+      "dataset": config.get("dataset", "mnist"),
       "conv_impl": config.model.conv_impl,
       "compute_dtype": config.model.compute_dtype,
       "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),  # See capsjax/hostmemory.py.
   }
+
+
+def random_split(builder, num_examples: int):
+  """Random bytes and labels of the shapes the builder's train split has (the data are
+  not read: benchmarks need no files)."""
+  import numpy as np
+
+  from capsjax import datasets
+
+  rng = np.random.default_rng(0)
+  examples = {}
+  for name, spec in builder.train_spec().items():
+    if np.issubdtype(spec.dtype, np.integer) and name.startswith("label"):
+      examples[name] = rng.integers(0, builder.info.num_classes,
+                                    (num_examples, *spec.shape)).astype(spec.dtype)
+    else:
+      examples[name] = rng.integers(0, 256, (num_examples, *spec.shape)).astype(spec.dtype)
+  return datasets.Split(examples)
 
 
 def main(argv):

@@ -1,13 +1,15 @@
-"""Evaluates a run's saved checkpoint on the test split and redraws its figures.
+"""Evaluates a run's saved checkpoint on every evaluation of its config and redraws its figures.
 
   python -m capsjax.evaluate --workdir=/tmp/run                 # best checkpoint
   python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=latest
   python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=1500
-  python -m capsjax.evaluate --workdir=/tmp/run --max_shift=2   # + shifted test sets
+  python -m capsjax.evaluate --workdir=/tmp/run --max_shift=2   # + the shifted test sets
 
-The config is the one the run saved (WORKDIR/config.json); ``--config.*``-style
-overrides are not needed, but the data location can be changed with
-``--data_dir`` (e.g. on another machine). Writes WORKDIR/evaluation.json.
+The config is the one the run saved (WORKDIR/config.json); the data location
+can be changed with ``--data_dir`` (e.g. on another machine). Writes
+WORKDIR/evaluation.json: ``test_*`` for the main test set, every evaluation
+under ``evaluations``, and with ``--max_shift`` the grid of shifted test
+accuracies under ``shifted_test_accuracy``.
 """
 
 import json
@@ -26,100 +28,78 @@ _MAX_SHIFT = flags.DEFINE_integer(
     "max_shift", 0, "Also evaluate the test set shifted by every (dx, dy) with |dx|, |dy| <= "
     "this many pixels (zero padding, as the training shifts).")
 
+SHIFTED = "shifted_test"  # The name of the --max_shift evaluation.
+
 
 def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | None = None,
                      max_shift: int = 0) -> dict:
-  """Restores ``checkpoint`` of ``workdir``, evaluates on test, redraws figures.
-
-  With ``max_shift > 0`` the result also holds ``shifted_test_accuracy``:
-  ``{"dx,dy": accuracy}`` for every shift of up to ``max_shift`` px.
-  """
+  """Restores ``checkpoint`` of ``workdir``, runs every evaluation, redraws figures."""
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from capsjax import checkpointing, data, reporting, train
+  from capsjax import checkpointing, evaluators, reporting, run_figures, runconfig, steps
+  from capsjax import tasks, train
+  from capsjax.evaluators.splits import shift_table
 
-  config = train.load_run_config(workdir)
+  config = runconfig.load(workdir)
   if data_dir:
     config.data.dir = data_dir
-
-  largest = min(config.model.image_shape[:2]) - 1
-  if not 0 <= max_shift <= largest:
-    raise UsageError(f"--max_shift={max_shift}: use 0 (no shifted test sets) up to {largest} "
-                     "pixels.")
+  if max_shift < 0:
+    raise UsageError(f"--max_shift={max_shift}: use 0 (no shifted test sets) or more pixels.")
+  if max_shift:
+    evals = config.get("evals") or {"test": {"type": "split", "split": "test"}}
+    config.evals = {**{k: evals[k] for k in evals},
+                    SHIFTED: {"type": "shifted", "split": "test", "max_shift": max_shift}}
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                     keep=config.train.keep_checkpoints)
-  steps = ckpt.all_steps()
-  if not steps:
-    raise UsageError(f"No checkpoint in {ckpt.directory}.")
-  if checkpoint == "best":
-    step = ckpt.best_step() or ckpt.latest_step()
-  elif checkpoint == "latest":
-    step = ckpt.latest_step()
-  elif checkpoint.isdigit() and int(checkpoint) in steps:
-    step = int(checkpoint)
-  else:
-    raise UsageError(f"--checkpoint={checkpoint!r}: use 'best', 'latest' or one of the saved "
-                     f"steps {steps}.")
-
+  step = _pick_checkpoint(ckpt, checkpoint)
   train.validate_config(config, jax.device_count())
-  dataset = data.load(config.data, config.model.image_shape, config.model.num_classes,
-                      seed=config.seed)
-  mesh = train.make_mesh()
-  replicated = NamedSharding(mesh, P())
-  graphdef, state = train.restore_state(ckpt, step, config, replicated)
-  test = train.EvalSet(dataset.test_images, dataset.test_labels, config.eval.batch_size,
-                       replicated)
-  eval_fn = train.make_eval_fn(graphdef, config, mesh)
-  metrics = train.evaluate(eval_fn, state.params, test)
-  result = {"checkpoint_step": step, **{f"test_{k}": v for k, v in metrics.items()}}
+  task = tasks.Task.from_config(config)
+  splits = task.dataset.load()
+  mesh = steps.make_mesh()
+  state, _ = steps.restore_state(ckpt, step, task, NamedSharding(mesh, P()))
+  graphdef = task.graphdef()
+  evals = evaluators.build_all(config, task.dataset, splits,
+                               evaluators.Runner(graphdef, mesh, config.eval.batch_size),
+                               log=train.log)
+  results = {name: evaluator.run(state.params) for name, evaluator in evals.items()}
+  result = {"checkpoint_step": step, **{f"test_{k}": v for k, v in results["test"].items()},
+            "evaluations": results}
   if max_shift:
-    result["shifted_test_accuracy"] = shifted_accuracies(
-        eval_fn, state.params, dataset, config.eval.batch_size, replicated, max_shift)
+    result["shifted_test_accuracy"] = results[SHIFTED]["accuracy_by_shift"]
   if jax.process_index() == 0:
     writer = reporting.MetricWriter(workdir)
-    train.draw_figures(workdir, graphdef, state.params, test, config, writer, step)
+    run_figures.draw_figures(workdir, graphdef, state.params, task.dataset, splits["test"],
+                             evals, config.eval.num_figure_examples, writer, step)
     writer.close()
     with open(os.path.join(workdir, "evaluation.json"), "w") as f:
       json.dump(result, f, indent=2)
-    print(f"Checkpoint step {step}: test accuracy {100 * metrics['accuracy']:.2f}% "
-          f"(error {100 * metrics['error']:.2f}%), loss {metrics['loss']:.4f}. "
-          f"Figures redrawn in {workdir}.")
+    test = results["test"]
+    print(f"Checkpoint step {step}: test accuracy {100 * test['accuracy']:.2f}% "
+          f"(error {100 * test['error']:.2f}%)"
+          + (f", loss {test['loss']:.4f}" if "loss" in test else "")
+          + f". Figures redrawn in {workdir}.")
+    for name, metrics in results.items():
+      if name != "test":
+        print(f"  {name}: accuracy {100 * metrics['accuracy']:.2f}%")
     if max_shift:
       print(shift_table(result["shifted_test_accuracy"], max_shift))
   ckpt.close()
   return result
 
 
-def shifted_accuracies(eval_fn, params, dataset, batch_size: int, sharding,
-                       max_shift: int) -> dict[str, float]:
-  """Test accuracy with every image moved by (dx, dy), ``|dx|, |dy| <= max_shift``."""
-  import jax
-
-  from capsjax import data, train
-
-  shifts = [(dx, dy) for dy in range(-max_shift, max_shift + 1)
-            for dx in range(-max_shift, max_shift + 1)]
-  accuracies = {}
-  for n, (dx, dy) in enumerate(shifts, 1):
-    shifted = train.EvalSet(data.shift_images(dataset.test_images, dx, dy),
-                            dataset.test_labels, batch_size, sharding)
-    accuracies[f"{dx},{dy}"] = train.evaluate(eval_fn, params, shifted)["accuracy"]
-    if jax.process_index() == 0:  # One progress line, as the results are printed once.
-      print(f"\rshifted test sets: {n}/{len(shifts)}", end="" if n < len(shifts) else "\n",
-            file=sys.stderr, flush=True)
-  return accuracies
-
-
-def shift_table(accuracies: dict[str, float], max_shift: int) -> str:
-  """Accuracies (%) as a grid: a row per dy, a column per dx."""
-  shifts = range(-max_shift, max_shift + 1)
-  lines = ["test accuracy (%) by shift; rows dy (down +), columns dx (right +):",
-           "dy\\dx " + "".join(f"{dx:>7d}" for dx in shifts)]
-  for dy in shifts:
-    lines.append(f"{dy:>5d} " + "".join(f"{100 * accuracies[f'{dx},{dy}']:>7.2f}"
-                                        for dx in shifts))
-  return "\n".join(lines)
+def _pick_checkpoint(ckpt, checkpoint: str) -> int:
+  steps = ckpt.all_steps()
+  if not steps:
+    raise UsageError(f"No checkpoint in {ckpt.directory}.")
+  if checkpoint == "best":
+    return ckpt.best_step() or ckpt.latest_step()
+  if checkpoint == "latest":
+    return ckpt.latest_step()
+  if checkpoint.isdigit() and int(checkpoint) in steps:
+    return int(checkpoint)
+  raise UsageError(f"--checkpoint={checkpoint!r}: use 'best', 'latest' or one of the saved "
+                   f"steps {steps}.")
 
 
 def main(argv):

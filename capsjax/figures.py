@@ -98,3 +98,23 @@ def save_routing_diagnostics(path: str, records: list[dict]) -> None:
   fig.suptitle(f"routing diagnostics, {last['kind']} set at step {last['step']}")
   fig.savefig(path, dpi=100, bbox_inches="tight")
   plt.close(fig)
+
+
+def save_examples(path: str, images: np.ndarray, labels, predictions, title: str,
+                  per_row: int = 8) -> None:
+  """A grid of test examples, each titled ``label -> prediction`` (red when wrong)."""
+  n = len(images)
+  rows = -(-n // per_row)
+  fig, axes = plt.subplots(rows, per_row, figsize=(1.3 * per_row, 1.45 * rows + 0.4),
+                           squeeze=False)
+  for k, ax in enumerate(axes.ravel()):
+    if k >= n:
+      ax.axis("off")
+      continue
+    _show(ax, images[k])
+    wrong = int(labels[k]) != int(predictions[k])
+    ax.set_title(f"{int(labels[k])} -> {int(predictions[k])}", fontsize=8,
+                 color="red" if wrong else "black")
+  fig.suptitle(title, fontsize=8)
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)

@@ -14,12 +14,37 @@ import jax.numpy as jnp
 from flax import nnx
 
 from capsjax import routing
+from capsjax.errors import UsageError
 
 CONV_IMPLS = ("auto", "native", "polyphase", "im2col")
+PADDINGS = ("VALID", "SAME")
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto") -> jax.Array:
-  """VALID 2-D convolution, ``(batch, h, w, in) * (k, k, in, out)``.
+def check_compute_settings(config) -> None:
+  """Raises UsageError for a ``config.model`` whose conv_impl or compute_dtype is unknown."""
+  if config.conv_impl not in CONV_IMPLS:
+    raise UsageError(f"config.model.conv_impl must be one of {CONV_IMPLS}, "
+                     f"got {config.conv_impl!r}.")
+  if config.compute_dtype not in COMPUTE_DTYPES:
+    raise UsageError(f"config.model.compute_dtype must be one of "
+                     f"{tuple(COMPUTE_DTYPES)}, got {config.compute_dtype!r}.")
+
+
+def same_padding(size: int, kernel_size: int, stride: int) -> tuple[int, int]:
+  """Zeros before and after an axis of ``size`` for TF's SAME: ``ceil(size / stride)`` outputs,
+  the odd zero after."""
+  out = -(-size // stride)
+  total = max((out - 1) * stride + kernel_size - size, 0)
+  return total // 2, total - total // 2
+
+
+def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto",
+           padding: str = "VALID") -> jax.Array:
+  """2-D convolution, ``(batch, h, w, in) * (k, k, in, out)``.
+
+  ``padding``: ``"VALID"`` (the paper's MNIST model) or ``"SAME"`` (TF's rule,
+  zeros added around the input first, so every ``impl`` computes the same).
 
   ``impl``:
     * ``"native"``: one ``lax.conv_general_dilated``.
@@ -39,6 +64,11 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto") -> 
   """
   if impl not in CONV_IMPLS:
     raise ValueError(f"conv impl must be one of {CONV_IMPLS}, got {impl!r}.")
+  if padding not in PADDINGS:
+    raise ValueError(f"conv padding must be one of {PADDINGS}, got {padding!r}.")
+  if padding == "SAME":
+    x = jnp.pad(x, ((0, 0), same_padding(x.shape[1], kernel.shape[0], stride),
+                    same_padding(x.shape[2], kernel.shape[1], stride), (0, 0)))
   if impl == "auto":
     impl = "im2col" if jax.default_backend() == "cpu" else "native"
   if impl == "im2col":
@@ -92,7 +122,7 @@ def kernel_init(init_scale: float) -> nnx.Initializer:
 
 
 class Conv2D(nnx.Module):
-  """VALID convolution with bias, optionally computed in a lower precision.
+  """Convolution (VALID or SAME) with bias, optionally computed in a lower precision.
 
   The kernel is drawn by :func:`kernel_init` (``init_scale``), the bias starts
   at ``bias_init``.
@@ -100,18 +130,19 @@ class Conv2D(nnx.Module):
 
   def __init__(self, in_features: int, out_features: int, kernel_size: int, stride: int,
                *, impl: str = "auto", compute_dtype=jnp.float32, init_scale: float = 0.0,
-               bias_init: float = 0.0, rngs: nnx.Rngs):
+               bias_init: float = 0.0, padding: str = "VALID", rngs: nnx.Rngs):
     self.kernel = nnx.Param(kernel_init(init_scale)(
         rngs.params(), (kernel_size, kernel_size, in_features, out_features)))
     self.bias = nnx.Param(jnp.full((out_features,), bias_init, jnp.float32))
     self.stride = stride
     self.impl = impl
+    self.padding = padding
     self.compute_dtype = compute_dtype
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """``(batch, h, w, in_features)`` -> ``(batch, h', w', out_features)``, float32."""
     y = conv2d(x.astype(self.compute_dtype), self.kernel[...].astype(self.compute_dtype),
-               self.stride, self.impl)
+               self.stride, self.impl, self.padding)
     return y.astype(jnp.float32) + self.bias[...]
 
 

@@ -26,9 +26,15 @@ class MetricWriter:
     self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def write(self, kind: str, step: int, metrics: dict) -> None:
-    """``kind`` is e.g. "train", "validation", "test"; values are floats or lists."""
+    """``kind`` is "train" or an evaluation's name; values are floats, lists (e.g. one per
+    routing iteration) or dicts of floats (e.g. accuracy by shift)."""
     record = {"kind": kind, "step": int(step), "time": time.time()}
     for key, value in metrics.items():
+      if isinstance(value, dict):
+        record[key] = {k: float(v) for k, v in value.items()}
+        for k, v in value.items():
+          self._tb.add_scalar(f"{kind}/{key}/{k}", float(v), step)
+        continue
       value = np.asarray(value)
       record[key] = value.tolist()
       if value.ndim == 0:

@@ -267,17 +267,12 @@ def dynamic_routing(votes: jax.Array,
   return outputs
 
 
-def routing_diagnostics(trace: RoutingTrace, softmax_axis: str = "output",
-                        weights: jax.Array | None = None) -> dict:
-  """Per-iteration summaries of a :class:`RoutingTrace` (cf. the paper's Fig. A.1).
-
-  Args:
-    trace: from :func:`dynamic_routing` with ``return_trace=True``.
-    softmax_axis: the axis the coupling coefficients were normalised over.
-    weights: optional ``(batch,)`` example weights (0 for padding).
+def routing_diagnostics_per_example(trace: RoutingTrace,
+                                    softmax_axis: str = "output") -> dict:
+  """Per-iteration summaries of a :class:`RoutingTrace` for each example (cf. Fig. A.1).
 
   Returns:
-    A dict of ``(iterations,)`` arrays, averaged over examples:
+    A dict of ``(batch, iterations)`` arrays:
       ``coupling_entropy``: mean entropy (nats) of each child's (or, for
         ``"input"``, each parent's) coupling distribution;
       ``logit_change``: mean ``|b^r - b^(r-1)|``, 0 for the first iteration.
@@ -287,11 +282,24 @@ def routing_diagnostics(trace: RoutingTrace, softmax_axis: str = "output",
   entropy = -jnp.sum(jnp.where(c > 0, c * jnp.log(jnp.where(c > 0, c, 1.0)), 0.0), axis=axis)
   logits = trace.logits
   change = jnp.abs(jnp.concatenate([jnp.zeros_like(logits[:1]), jnp.diff(logits, axis=0)]))
-  per_example = {
+  per_iteration = {
       "coupling_entropy": jnp.mean(entropy.reshape(*entropy.shape[:2], -1), axis=2),
       "logit_change": jnp.mean(change.reshape(*change.shape[:2], -1), axis=2),
   }  # Each (iterations, batch).
+  return {k: v.T for k, v in per_iteration.items()}
+
+
+def routing_diagnostics(trace: RoutingTrace, softmax_axis: str = "output",
+                        weights: jax.Array | None = None) -> dict:
+  """:func:`routing_diagnostics_per_example` averaged over examples, ``(iterations,)`` each.
+
+  Args:
+    trace: from :func:`dynamic_routing` with ``return_trace=True``.
+    softmax_axis: the axis the coupling coefficients were normalised over.
+    weights: optional ``(batch,)`` example weights (0 for padding).
+  """
+  per_example = routing_diagnostics_per_example(trace, softmax_axis)
   if weights is None:
-    weights = jnp.ones(c.shape[1], c.dtype)
-  return {k: jnp.sum(v * weights, axis=1) / jnp.maximum(jnp.sum(weights), 1e-12)
+    weights = jnp.ones(trace.coupling.shape[1], trace.coupling.dtype)
+  return {k: jnp.sum(v * weights[:, None], axis=0) / jnp.maximum(jnp.sum(weights), 1e-12)
           for k, v in per_example.items()}

@@ -8,8 +8,11 @@
 An experiment file defines ``BASE_CONFIG`` (a config path relative to the
 repository, optionally with ``:variant``) and ``get_sweep()``, returning a dict
 with ``grid`` (``{dotted.key: [values]}``, crossed) or ``points`` (a list of
-``{dotted.key: value}``), and ``seeds``. Command-line ``--config.*`` overrides
-apply to every run (``--config=...`` replaces the base config). Each run has
+``{dotted.key: value}``), and ``seeds``. The key ``config`` swaps the base
+config of a point for another config file, e.g. ``{"config":
+"configs/affnist.py:baseline"}`` to compare two models. Command-line
+``--config.*`` overrides apply to every run (``--config=...`` replaces the base
+config). Each run has
 its own sub-workdir ``DIR/<point>``; finished runs are skipped and unfinished
 ones resume, so rerunning a sweep continues it. ``--index=K`` runs point K
 only, for SLURM arrays or Kubernetes indexed jobs; ``--collect`` (also done
@@ -92,12 +95,48 @@ def point_name(setting: dict, seed: int) -> str:
   """A folder name such as ``iterations=3,reconstruction_weight=0.0005,seed=0``."""
   short = [k.rsplit(".", 1)[-1] for k in setting]
   keys = short if len(set(short)) == len(short) else list(setting)
-  parts = [f"{k}={_format(v)}" for k, v in zip(keys, setting.values())] + [f"seed={seed}"]
+  values = [_config_label(v) if k == CONFIG_KEY else _format(v) for k, v in setting.items()]
+  parts = [f"{k}={v}" for k, v in zip(keys, values)] + [f"seed={seed}"]
   return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", ",".join(parts))
 
 
 def _format(value) -> str:
   return ("-".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value))
+
+
+CONFIG_KEY = "config"  # A point's own config file instead of the base config.
+
+
+def _config_label(spec: str) -> str:
+  """``configs/affnist.py:baseline`` -> ``affnist:baseline`` (point names, tables)."""
+  path, _, variant = spec.partition(":")
+  return pathlib.Path(path).stem + (f":{variant}" if variant else "")
+
+
+def load_config_file(spec: str, experiment_path: str | None = None):
+  """``get_config(variant)`` of ``PATH[:variant]``, the path resolved as BASE_CONFIG is."""
+  from capsjax import runconfig
+
+  path, _, variant = spec.partition(":")
+  roots = [REPO] + ([pathlib.Path(experiment_path).resolve().parent] if experiment_path else [])
+  for root in roots:
+    if (root / path).is_file():
+      return runconfig.import_config_file(root / path).get_config(variant or None)
+  raise UsageError(f"Config file {path!r} (sweep key {CONFIG_KEY!r}) not found.")
+
+
+def point_config(base, point: "Point", command_line: dict):
+  """The config of one point: its own config file (key ``config``) with the command line's
+  ``--config.*`` overrides, or the base config (which has them), then the point's values."""
+  overrides = dict(point.overrides)
+  spec = overrides.pop(CONFIG_KEY, None)
+  if spec is not None:
+    base = load_config_file(spec)
+    try:
+      base = apply_overrides(base, command_line, base.get("seed", 0))
+    except UsageError as e:
+      raise UsageError(f"A command-line override does not fit {spec}: {e}") from e
+  return apply_overrides(base, overrides, point.seed)
 
 
 def apply_overrides(config, overrides: dict, seed: int):
@@ -119,15 +158,25 @@ def apply_overrides(config, overrides: dict, seed: int):
 
 
 def is_finished(workdir: str) -> bool:
+  """A run that trained all its steps or stopped at ``train.stop_at_accuracy``."""
   path = os.path.join(workdir, "summary.json")
   if not os.path.exists(path):
     return False
   with open(path) as f:
     summary = json.load(f)
-  return summary.get("step") == summary.get("num_steps")
+  return summary.get("step") == summary.get("num_steps") or bool(
+      summary.get("stopped_at_accuracy"))
 
 
-def run_points(config, points: list[Point], workdir: str) -> None:
+def extra_evaluations(summary: dict) -> dict[str, float]:
+  """``{"NAME_accuracy": ...}`` for the evaluations besides test and validation."""
+  return {f"{name}_accuracy": metrics.get("accuracy")
+          for name, metrics in summary.get("evaluations", {}).items()
+          if name not in ("test", "validation")}
+
+
+def run_points(config, points: list[Point], workdir: str, command_line: dict | None = None) -> None:
+  """Runs each point not yet finished in ``WORKDIR/<point name>``."""
   from capsjax import train
 
   for point in points:
@@ -136,7 +185,7 @@ def run_points(config, points: list[Point], workdir: str) -> None:
       print(f"[{point.index + 1}/{len(points)}] {point.name}: finished, skipped.", flush=True)
       continue
     print(f"[{point.index + 1}/{len(points)}] {point.name}", flush=True)
-    train.train_and_evaluate(apply_overrides(config, point.overrides, point.seed), run_dir)
+    train.train_and_evaluate(point_config(config, point, command_line or {}), run_dir)
 
 
 def collect(points: list[Point], workdir: str) -> list[dict]:
@@ -150,13 +199,17 @@ def collect(points: list[Point], workdir: str) -> list[dict]:
       continue
     with open(path) as f:
       summary = json.load(f)
-    row = {"run": point.name, **{k: _format(point.overrides.get(k, "")) for k in keys},
+    label = lambda k, v: _config_label(v) if k == CONFIG_KEY and v else _format(v)
+    row = {"run": point.name, **{k: label(k, point.overrides.get(k, "")) for k in keys},
            "seed": point.seed}
     row.update({c: summary.get(c) for c in RESULT_COLUMNS})
+    row.update(extra_evaluations(summary))
     rows.append(row)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "results.csv"), "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=["run", *keys, "seed", *RESULT_COLUMNS])
+    extra = list(dict.fromkeys(k for row in rows for k in row
+                               if k.endswith("_accuracy") and k not in RESULT_COLUMNS))
+    writer = csv.DictWriter(f, fieldnames=["run", *keys, "seed", *RESULT_COLUMNS, *extra])
     writer.writeheader()
     writer.writerows(rows)
   groups = _group(rows, keys)
@@ -188,20 +241,30 @@ def _group(rows: list[dict], keys: list[str]) -> list[dict]:
   for setting, members in groups.items():
     stats = {c: _mean_std([m[c] for m in members]) for c in
              ("test_error", "test_loss", "train_images_per_second")}
-    out.append({"setting": dict(zip(keys, setting)), "seeds": len(members), **stats})
+    extra = {c: _mean_std([m.get(c) for m in members]) for c in
+             dict.fromkeys(c for m in members for c in m
+                           if c.endswith("_accuracy") and c not in RESULT_COLUMNS)}
+    out.append({"setting": dict(zip(keys, setting)), "seeds": len(members), **stats,
+                "extra": extra})
   return out
 
 
 def markdown_table(groups: list[dict], keys: list[str]) -> str:
-  header = [*keys, "seeds", "test error (%)", "test loss", "train images/s"]
+  """Mean ± std over seeds per setting; other evaluations' accuracies as extra columns."""
+  extra = list(dict.fromkeys(c for g in groups for c in g.get("extra", {})))
+  header = [*keys, "seeds", "test error (%)", "test loss", "train images/s",
+            *(f"{c.removesuffix('_accuracy')} accuracy (%)" for c in extra)]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for g in groups:
     err_m, err_s = g["test_error"]
     loss_m, loss_s = g["test_loss"]
     ips_m, _ = g["train_images_per_second"]
+    extra_cells = [f"{100 * m:.2f} ± {100 * s:.2f}"
+                   for m, s in (g.get("extra", {}).get(c, (float("nan"),) * 2) for c in extra)]
     lines.append("| " + " | ".join([*(str(g["setting"][k]) for k in keys), str(g["seeds"]),
                                     f"{100 * err_m:.2f} ± {100 * err_s:.2f}",
-                                    f"{loss_m:.4f} ± {loss_s:.4f}", f"{ips_m:.0f}"]) + " |")
+                                    f"{loss_m:.4f} ± {loss_s:.4f}", f"{ips_m:.0f}",
+                                    *extra_cells]) + " |")
   return "\n".join(lines) + "\n"
 
 
@@ -304,6 +367,7 @@ def main(argv):
     if not _WORKDIR.value:
       raise UsageError("--workdir is required.")
     workdir = os.path.abspath(_WORKDIR.value)
+    command_line = config_flags.get_override_values(flags.FLAGS["config"])
     if _COLLECT.value:
       collect(points, workdir)
       return
@@ -311,11 +375,11 @@ def main(argv):
       if not 0 <= _INDEX.value < len(points):
         raise UsageError(f"--index={_INDEX.value} is out of range: the sweep has "
                          f"{len(points)} points (0..{len(points) - 1}); see --list.")
-      run_points(_CONFIG.value, [points[_INDEX.value]], workdir)
+      run_points(_CONFIG.value, [points[_INDEX.value]], workdir, command_line)
       return
     for p in points:  # Fail on a bad key before any run starts.
-      apply_overrides(_CONFIG.value, p.overrides, p.seed)
-    run_points(_CONFIG.value, points, workdir)
+      point_config(_CONFIG.value, p, command_line)
+    run_points(_CONFIG.value, points, workdir, command_line)
     collect(points, workdir)
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)

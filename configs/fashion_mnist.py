@@ -7,16 +7,13 @@ Offline, from IDX files (Debian's dataset-fashion-mnist package puts them in
   ... --config.data.source=idx --config.data.dir=/usr/share/datasets/fashion-mnist
 """
 
-import importlib.util
 import pathlib
 
 import ml_collections
 
-# Config files are loaded by path, so the base config is too.
-_spec = importlib.util.spec_from_file_location(
-    "capsjax_configs_mnist", pathlib.Path(__file__).with_name("mnist.py"))
-mnist = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mnist)
+from capsjax.runconfig import import_config_file
+
+mnist = import_config_file(pathlib.Path(__file__).with_name("mnist.py"))
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:

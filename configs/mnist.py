@@ -18,6 +18,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
 
+  c.dataset = "mnist"             # A registered dataset builder (capsjax/datasets).
   c.data = ml_collections.ConfigDict()
   c.data.source = "tfds"          # "tfds": any tensorflow-datasets name; "idx": IDX files.
   c.data.name = "mnist"           # tfds name (ignored by "idx").
@@ -28,8 +29,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.data.train_limit = 0          # Use only the first N training examples (0: all).
   c.data.test_limit = 0           # Use only the first N test examples (0: all).
   c.data.shift_pixels = 2         # Random shifts of up to 2 px with zero padding.
+  c.data.pad = 0                  # Centre digits on a canvas this many px larger per side.
 
   c.model = ml_collections.ConfigDict()
+  c.model.name = "capsnet"        # A registered model (capsjax/models).
   c.model.image_shape = (28, 28, 1)
   c.model.num_classes = 10
   # Conv init (the paper gives none): init_scale>0 draws normal(0, init_scale) cut at
@@ -83,10 +86,17 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.train.checkpoint_every_steps = 500
   c.train.keep_checkpoints = 3       # Latest N; the best by accuracy is kept as well.
   c.train.steps_per_dispatch = 1     # >1: lax.scan over this many steps per call.
+  # Stop once the selection set (validation, else test) reaches this accuracy (e.g. 0.99).
+  c.train.stop_at_accuracy = config_dict.placeholder(float)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.batch_size = 500
   c.eval.num_figure_examples = 8
+
+  # Evaluations (capsjax/evaluators), by name; "test" is the main test set. A held-out
+  # validation split (data.validation_size) is evaluated as "validation" as well.
+  c.evals = ml_collections.ConfigDict()
+  c.evals.test = ml_collections.ConfigDict(dict(type="split", split="test"))
 
   if variant in (None, ""):
     pass

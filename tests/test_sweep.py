@@ -100,3 +100,22 @@ def test_bad_sweep_inputs(tmp_path):
   result = run_sweep(tmp_path / "missing.py", tmp_path / "w", data_dir=data_dir)
   assert result.returncode == 2 and "not found" in result.stderr
   assert "Traceback" not in result.stderr
+
+
+def test_a_point_may_bring_its_own_config_file_with_the_command_line_overrides():
+  points = sweep.expand({"points": [{"config": "configs/mnist_baseline.py:smoke",
+                                     "train.num_steps": 3},
+                                    {"train.num_steps": 3}], "seeds": [2]})
+  assert points[0].name == "config=mnist_baseline_smoke,num_steps=3,seed=2"
+  base = mnist.get_config("smoke")
+  command_line = {"data.test_limit": 7}
+  base.data.test_limit = 7  # absl applied the command line to the base config already.
+  own = sweep.point_config(base, points[0], command_line)
+  assert own.model.name == "baseline_cnn" and own.data.test_limit == 7
+  assert own.train.num_steps == 3 and own.seed == 2
+  assert sweep.point_config(base, points[1], command_line).model.name == "capsnet"
+  with pytest.raises(UsageError, match="does not fit configs/mnist_baseline.py:smoke"):
+    sweep.point_config(base, points[0], {"model.routing.iterations": 1})
+  missing = sweep.expand({"points": [{"config": "configs/nope.py"}]})[0]
+  with pytest.raises(UsageError, match="'configs/nope.py' .* not found"):
+    sweep.point_config(base, missing, {})

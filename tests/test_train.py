@@ -57,12 +57,12 @@ def final_params(workdir):
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from capsjax import checkpointing, train
+  from capsjax import checkpointing, runconfig, steps, tasks
 
-  config = train.load_run_config(str(workdir))
+  task = tasks.Task.from_config(runconfig.load(str(workdir)))
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
-  mesh = train.make_mesh()
-  _, state = train.restore_state(ckpt, ckpt.latest_step(), config, NamedSharding(mesh, P()))
+  state, _ = steps.restore_state(ckpt, ckpt.latest_step(), task,
+                                 NamedSharding(steps.make_mesh(), P()))
   ckpt.close()
   return jax.tree.map(np.asarray, state.params)
 
@@ -117,42 +117,6 @@ def test_stopped_run_resumes_to_the_same_result(idx_dir, full_run, tmp_path):
   assert [r["step"] for r in train_records(tmp_path)] == [2, 4, 6, 8]
   np.testing.assert_allclose([r["loss"] for r in train_records(tmp_path)],
                              [r["loss"] for r in train_records(full_run[0])], rtol=1e-5)
-
-
-def test_config_changes_name_what_a_resume_changes_and_skip_run_length():
-  from capsjax import train
-  import mnist
-
-  before = json.loads(mnist.get_config().to_json_best_effort())
-  after = mnist.get_config()
-  after.train.num_epochs, after.train.eval_every_steps, after.data.dir = 2, 117, "/elsewhere"
-  after.eval.batch_size = 100
-  assert train.config_changes(before, json.loads(after.to_json_best_effort())) == []
-  after.model.routing.iterations, after.optimizer.learning_rate = 1, 2e-3
-  after.model.decoder.hidden = (16, 32)
-  assert train.config_changes(before, json.loads(after.to_json_best_effort())) == [
-      "model.decoder.hidden: [512, 1024] -> [16, 32]",
-      "model.routing.iterations: 3 -> 1",
-      "optimizer.learning_rate: 0.001 -> 0.002"]
-  del before["model"]["routing"]["leaky"]
-  assert "model.routing.leaky: '(unset)' -> False" in train.config_changes(
-      before, json.loads(after.to_json_best_effort()))
-
-
-@pytest.mark.parametrize("validation_size", [0, 1000])
-def test_resume_with_new_seed_warns_of_validation_overlap(tmp_path, capsys, validation_size):
-  from capsjax import train
-  import mnist
-
-  config = mnist.get_config()
-  config.data.validation_size = validation_size
-  (tmp_path / "config.json").write_text(config.to_json_best_effort())
-  config.seed = 3
-  train._record_config(str(tmp_path), config, resumed_step=10)
-  out = capsys.readouterr().out
-  assert "seed: 0 -> 3" in out
-  assert ("validation examples overlap" in out) == bool(validation_size)
-  assert json.loads((tmp_path / "config.before_step_10.json").read_text())["seed"] == 0
 
 
 def test_sigkill_mid_training_resumes_and_finishes(idx_dir, tmp_path):
@@ -322,10 +286,10 @@ def test_training_objective_and_gradients_match_the_paper_written_out():
   from flax import nnx
 
   import mnist
-  from capsjax import models, train
+  from capsjax import models
 
   config = mnist.get_config("smoke")
-  model = models.CapsNet(config.model, rngs=nnx.Rngs(0))
+  model = models.create(config, rngs=nnx.Rngs(0))
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   keys = iter(jax.random.split(jax.random.key(1), 16))
   params = jax.tree_util.tree_map_with_path(
@@ -336,8 +300,10 @@ def test_training_objective_and_gradients_match_the_paper_written_out():
   labels = jnp.asarray([3, 0, 9, 3])
 
   def capsjax_loss(p):
-    margin, recon, _ = train.compute_losses(p, graphdef, images, labels, config, train=True)
-    return jnp.mean(margin + recon)
+    model = nnx.merge(graphdef, p)
+    loss, _ = model.loss(model.apply({"images": images, "labels": labels}, train=True),
+                         {"images": images, "labels": labels})
+    return jnp.mean(loss)
 
   def paper_loss(p):
     return _objective_from_the_paper(p, images, labels, num_classes=10,
@@ -355,3 +321,71 @@ def test_training_objective_and_gradients_match_the_paper_written_out():
     assert np.abs(r).max() > 0, path
     np.testing.assert_allclose(g, r, rtol=1e-3, atol=1e-4 * np.abs(r).max(),
                                err_msg=jax.tree_util.keystr(path))
+
+
+def _smoke(config_module, variant, idx_dir, **train):
+  config = config_module.get_config(variant)
+  config.data.source, config.data.dir = "idx", str(idx_dir)
+  config.train.update(train)
+  return config
+
+
+def test_stop_at_accuracy_stops_at_the_first_evaluation_that_reaches_it(idx_dir, tmp_path,
+                                                                        capsys):
+  import mnist
+  from capsjax import train
+
+  full = train.train_and_evaluate(_smoke(mnist, "smoke", idx_dir, eval_every_steps=2),
+                                  tmp_path / "full")
+  accuracies = [r["accuracy"] for r in map(json.loads, open(tmp_path / "full" / "metrics.jsonl"))
+                if r["kind"] == "test"]
+  assert full["stopped_at_accuracy"] is False and len(accuracies) == 4  # Steps 2, 4, 6, 8.
+  # The first evaluation after step 2 that beats every earlier one: the run must stop there.
+  first = next(k for k in range(1, 4) if accuracies[k] > max(accuracies[:k]))
+  target = accuracies[first]
+  config = _smoke(mnist, "smoke", idx_dir, eval_every_steps=2, stop_at_accuracy=target)
+  capsys.readouterr()
+  stopped = train.train_and_evaluate(config, tmp_path / "stopped")
+  assert stopped["stopped_at_accuracy"] is True and stopped["step"] == 2 * (first + 1)
+  assert (f"Reached config.train.stop_at_accuracy={target}: test accuracy at step "
+          f"{stopped['step']} is" in capsys.readouterr().out)
+  assert stopped["test_accuracy"] == target and stopped["finished"] is True
+  from capsjax import sweep
+  assert sweep.is_finished(str(tmp_path / "stopped"))
+  # A rerun does not train on: the checkpoint already reached the target.
+  again = train.train_and_evaluate(config, tmp_path / "stopped")
+  assert again["step"] == stopped["step"] and again["test_accuracy"] == target
+
+
+def test_baseline_and_affnist_configs_end_to_end(idx_dir, tmp_path, capsys):
+  """Tiny variants of the new configs: every evaluation lands in summary.json and
+  metrics.jsonl; the baseline (no decoder) draws curves but no reconstructions."""
+  import affnist
+  import mnist_baseline
+  from capsjax import train
+  from test_datasets_affnist import write_affnist
+
+  baseline = train.train_and_evaluate(_smoke(mnist_baseline, "smoke", idx_dir),
+                                      tmp_path / "baseline")
+  assert set(baseline["evaluations"]) == {"test"} and baseline["step"] == 8
+  assert "cross_entropy" in baseline["evaluations"]["test"]
+  assert (tmp_path / "baseline" / "training_curves.png").exists()
+  assert not (tmp_path / "baseline" / "reconstructions.png").exists()
+
+  images = np.random.default_rng(0).integers(0, 256, (12, 40, 40), dtype=np.uint8)
+  write_affnist(tmp_path / "test.mat", images, np.arange(12) % 10)
+  for variant in ("smoke", "baseline_smoke"):
+    config = _smoke(affnist, variant, idx_dir)
+    config.evals.affnist.path = str(tmp_path / "test.mat")
+    workdir = tmp_path / variant
+    summary = train.train_and_evaluate(config, workdir)
+    assert set(summary["evaluations"]) == {"test", "test_random_placement", "affine_mnist",
+                                           "affnist"}
+    assert summary["test_accuracy"] == summary["evaluations"]["test"]["accuracy"]
+    assert json.loads((workdir / "summary.json").read_text())["evaluations"] == json.loads(
+        json.dumps(summary["evaluations"]))
+    kinds = {r["kind"] for r in map(json.loads, open(workdir / "metrics.jsonl"))}
+    assert kinds == {"train", "test", "test_random_placement", "affine_mnist", "affnist"}
+    for name in ("affine_mnist_examples.png", "affnist_examples.png"):
+      assert (workdir / name).read_bytes()[:4] == b"\x89PNG", name
+    assert (workdir / "reconstructions.png").exists() == (variant == "smoke")

@@ -1,7 +1,13 @@
-"""CapsNet (Sabour, Frosst & Hinton 2017, Fig. 1 and 2), assembled from a config."""
+"""CapsNet (Sabour, Frosst & Hinton 2017, Fig. 1 and 2), assembled from a config.
+
+Registered as ``config.model.name = "capsnet"``. It owns its objective, the
+margin loss (Eq. 4) plus the reconstruction loss (Sec. 4.1), and its metrics
+(accuracy and, at evaluation, the routing diagnostics).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -9,10 +15,23 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from capsjax import layers, routing
+from capsjax import layers, losses, routing
 from capsjax.errors import UsageError
 
-COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+@dataclasses.dataclass(frozen=True)
+class LossSettings:
+  """``config.loss``: Eq. 4's m+, m- and lambda; the weight of the summed squared errors."""
+  m_plus: float = 0.9
+  m_minus: float = 0.1
+  lam: float = 0.5
+  reconstruction_weight: float = 0.0005
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict | None) -> "LossSettings":
+    if config is None:
+      return cls()
+    return cls(**{f.name: float(config[f.name]) for f in dataclasses.fields(cls)})
 
 
 class CapsNetOutput(NamedTuple):
@@ -31,6 +50,11 @@ class CapsNetOutput(NamedTuple):
   reconstructions: jax.Array | None
   trace: routing.RoutingTrace | None
 
+  @property
+  def scores(self) -> jax.Array:
+    """Class scores for evaluators and ensembles: the capsule lengths."""
+    return self.lengths
+
 
 def validate_model_config(config: ml_collections.ConfigDict) -> None:
   """Raises UsageError (a ValueError) naming the config key for settings that cannot work."""
@@ -44,12 +68,7 @@ def validate_model_config(config: ml_collections.ConfigDict) -> None:
   if r.squash_epsilon < 0:
     raise UsageError(f"config.model.routing.squash_epsilon must be >= 0, "
                      f"got {r.squash_epsilon!r}.")
-  if config.conv_impl not in layers.CONV_IMPLS:
-    raise UsageError(f"config.model.conv_impl must be one of {layers.CONV_IMPLS}, "
-                     f"got {config.conv_impl!r}.")
-  if config.compute_dtype not in COMPUTE_DTYPES:
-    raise UsageError(f"config.model.compute_dtype must be one of "
-                     f"{tuple(COMPUTE_DTYPES)}, got {config.compute_dtype!r}.")
+  layers.check_compute_settings(config)
   h, w, _ = config.image_shape
   after_conv1 = min(h, w) - config.conv1.kernel_size + 1
   if after_conv1 < config.primary.kernel_size:
@@ -76,9 +95,11 @@ class CapsNet(nnx.Module):
   dimensions, so one class serves 28x28 MNIST, 36x36 MultiMNIST and 32x32 RGB.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs,
+               loss: LossSettings | None = None):
+    """``config`` is ``config.model``; ``loss`` the settings of :meth:`loss`."""
     validate_model_config(config)
-    dtype = COMPUTE_DTYPES[config.compute_dtype]
+    dtype = layers.COMPUTE_DTYPES[config.compute_dtype]
     channels = config.image_shape[2]
     self.conv1 = layers.Conv2D(channels, config.conv1.features, config.conv1.kernel_size,
                                config.conv1.stride, impl=config.conv_impl,
@@ -109,6 +130,15 @@ class CapsNet(nnx.Module):
         bias_init=config.decoder.get("bias_init", 0.0), rngs=rngs)
         if config.decoder.enabled else None)
     self.num_classes = config.num_classes
+    self.softmax_axis = r.softmax_axis
+    self.loss_settings = loss or LossSettings()
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> "CapsNet":
+    """From a whole run config: ``config.model`` and ``config.loss``."""
+    return cls(config.model, rngs=rngs, loss=LossSettings.from_config(config.get("loss")))
+
+  validate_config = staticmethod(validate_model_config)
 
   def __call__(self, images: jax.Array, labels: jax.Array | None = None, *,
                train: bool = False, return_trace: bool = False) -> CapsNetOutput:
@@ -149,8 +179,31 @@ class CapsNet(nnx.Module):
       raise ValueError("This CapsNet has no decoder (config.model.decoder.enabled=False).")
     return self.decoder(class_capsules, jax.nn.one_hot(class_ids, self.num_classes))
 
+  # --- The task interface (capsjax.models): what the trainer and evaluators call. ---
 
-def count_params(model: nnx.Module) -> int:
-  """Number of trainable scalars in ``model``."""
-  params = nnx.state(model, nnx.Param)
-  return sum(x.size for x in jax.tree.leaves(params))
+  def apply(self, batch: dict, *, train: bool, rng: jax.Array | None = None) -> CapsNetOutput:
+    """Outputs for a batch; the decoder is masked by the labels in training, by the
+    prediction otherwise, and evaluation also traces routing."""
+    del rng  # CapsNet is deterministic.
+    return self(batch["images"], batch["labels"] if train else None, train=train,
+                return_trace=not train)
+
+  def loss(self, outputs: CapsNetOutput, batch: dict) -> tuple[jax.Array, dict]:
+    """Margin loss (Eq. 4) + weight x summed squared reconstruction error, per example."""
+    s = self.loss_settings
+    margin = losses.margin_loss_per_example(outputs.lengths, batch["labels"], m_plus=s.m_plus,
+                                            m_minus=s.m_minus, lam=s.lam)
+    if outputs.reconstructions is not None and s.reconstruction_weight:
+      recon = losses.reconstruction_loss_per_example(outputs.reconstructions, batch["images"],
+                                                     weight=s.reconstruction_weight)
+    else:
+      recon = jnp.zeros_like(margin)
+    return margin + recon, {"margin_loss": margin, "reconstruction_loss": recon}
+
+  def metrics(self, outputs: CapsNetOutput, batch: dict) -> dict:
+    """Per example: ``accuracy`` (0/1) and, with a routing trace, ``coupling_entropy`` and
+    ``logit_change`` per iteration, ``(batch, iterations)``."""
+    metrics = {"accuracy": (outputs.predictions == batch["labels"]).astype(jnp.float32)}
+    if outputs.trace is not None:
+      metrics.update(routing.routing_diagnostics_per_example(outputs.trace, self.softmax_axis))
+    return metrics

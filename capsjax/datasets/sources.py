@@ -1,29 +1,26 @@
-"""Datasets: read once into host memory, validate, then live on the device.
+"""Image/label data read once into host memory: IDX files or tensorflow-datasets.
 
 Two sources (``config.data.source``):
-  * ``"tfds"``: any tensorflow-datasets name. Online it downloads; offline,
-    ``config.data.dir`` may hold the original archive files, which tfds then
-    uses as its manual dir (it checks their checksums).
+  * ``"tfds"``: any tensorflow-datasets name (``config.data.name``). Online it
+    downloads; offline, ``config.data.dir`` may hold the original archive
+    files, which tfds then uses as its manual dir (it checks their checksums).
   * ``"idx"``: a folder of MNIST-format IDX files (``train-images-idx3-ubyte``,
     ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``,
     ``t10k-labels-idx1-ubyte``, each raw or ``.gz``), read with NumPy alone.
 
-Batching, shuffling and the random shifts run on the device inside the jitted
-train step (:func:`gather_batch`, :func:`random_shift`), so the input pipeline
-never stalls the accelerator.
+:func:`load` validates what it read against the config and holds out the
+validation split; everything here is host-side NumPy.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
-from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from capsjax.datasets import Split
 from capsjax.errors import UsageError
 
 IDX_FILES = {
@@ -35,57 +32,59 @@ IDX_FILES = {
 _IDX_UBYTE = 0x08
 
 
-class Dataset(NamedTuple):
-  """Images ``(n, h, w, c)`` uint8 and labels ``(n,)`` int32, on the host."""
-  train_images: np.ndarray
-  train_labels: np.ndarray
-  validation_images: np.ndarray
-  validation_labels: np.ndarray
-  test_images: np.ndarray
-  test_labels: np.ndarray
+def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed: int = 0,
+         shape_source: str = "config.model.image_shape") -> dict[str, Split]:
+  """Reads ``config`` (``config.data``), validates it and splits off validation.
 
+  ``image_shape`` is the shape the files must have; ``shape_source`` names
+  the setting it comes from, for the error message.
 
-def load(config: ml_collections.ConfigDict, image_shape, num_classes: int,
-         seed: int = 0) -> Dataset:
-  """Loads ``config`` (``config.data``), validates it and splits off validation.
+  Returns:
+    ``{"train", "validation", "test"}`` splits with ``images`` uint8
+    ``(n, *image_shape)`` and ``labels`` int32 ``(n,)``; ``validation`` holds
+    ``config.validation_size`` examples drawn from train with ``seed``.
 
   Raises:
     UsageError: with the path or config key at fault and what to do.
   """
   if config.source == "idx":
-    splits = _load_idx(config.dir)
+    arrays = _load_idx(config.dir)
   elif config.source == "tfds":
-    splits = _load_tfds(config.name, config.dir, config.tfds_data_dir)
+    arrays = _load_tfds(config.name, config.dir, config.tfds_data_dir)
   else:
     raise UsageError(f"config.data.source must be 'tfds' or 'idx', got {config.source!r}.")
   where = config.dir if config.source == "idx" else f"tfds dataset {config.name!r}"
   for split in ("train", "test"):
-    images, labels = splits[split]
-    _check_split(split, images, labels, tuple(image_shape), num_classes, where)
-    if split == "train" and config.train_limit:
-      images, labels = images[:config.train_limit], labels[:config.train_limit]
-    if split == "test" and config.test_limit:
-      images, labels = images[:config.test_limit], labels[:config.test_limit]
-    splits[split] = (images, labels)
+    images, labels = arrays[split]
+    if images.ndim == 3:  # IDX and tfds give grey images without a channel axis.
+      images = images[..., None]
+    check_split(split, images, labels, tuple(image_shape), num_classes, where, shape_source)
+    limit = config.train_limit if split == "train" else config.test_limit
+    if limit:
+      images, labels = images[:limit], labels[:limit]
+    arrays[split] = (images, labels)
 
-  train_images, train_labels = splits["train"]
+  train_images, train_labels = arrays["train"]
   n_val = int(config.validation_size)
   if n_val < 0 or n_val >= len(train_images):
     raise UsageError(f"config.data.validation_size={n_val} must be in [0, "
                      f"{len(train_images)}) for {len(train_images)} training examples.")
   order = np.random.default_rng(seed).permutation(len(train_images))
   val_idx, train_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
-  return Dataset(train_images[train_idx], train_labels[train_idx],
-                 train_images[val_idx], train_labels[val_idx], *splits["test"])
+  split = lambda images, labels: Split({"images": images, "labels": labels})
+  return {"train": split(train_images[train_idx], train_labels[train_idx]),
+          "validation": split(train_images[val_idx], train_labels[val_idx]),
+          "test": split(*arrays["test"])}
 
 
-def _check_split(split, images, labels, image_shape, num_classes, where):
-  if images.ndim == 3:  # IDX and tfds give grey images without a channel axis.
-    images = images[..., None]
+def check_split(split: str, images: np.ndarray, labels: np.ndarray, image_shape: tuple,
+                num_classes: int, where: str,
+                shape_source: str = "config.model.image_shape") -> None:
+  """Raises UsageError, naming ``where``, if images or labels do not fit the config."""
   if images.shape[1:] != image_shape:
     raise UsageError(f"{where}: {split} images have shape {images.shape[1:]}, but "
-                     f"config.model.image_shape is {image_shape}. Set "
-                     f"--config.model.image_shape='{images.shape[1:]}' or use matching data.")
+                     f"{shape_source} is {image_shape}. Use matching data or change that "
+                     "setting.")
   if len(images) != len(labels):
     raise UsageError(f"{where}: {len(images)} {split} images but {len(labels)} labels; "
                      "the files do not belong together.")
@@ -176,58 +175,3 @@ def _load_tfds(name: str, manual_dir: str | None, data_dir: str | None) -> dict:
   return splits
 
 
-# --- On the device, inside the jitted step. ---
-
-def epoch_batch_indices(key: jax.Array, step: jax.Array, num_examples: int,
-                        batch_size: int) -> jax.Array:
-  """Indices of the examples of train ``step``: each epoch is a fresh permutation.
-
-  Epoch e = step // steps_per_epoch uses permutation(fold_in(key, e)); the
-  last ``num_examples % batch_size`` examples of each permutation are dropped.
-  Being a function of the step, the data position resumes exactly.
-  """
-  steps_per_epoch = num_examples // batch_size
-  epoch, position = jnp.divmod(step, steps_per_epoch)
-  permutation = jax.random.permutation(jax.random.fold_in(key, epoch), num_examples)
-  return jax.lax.dynamic_slice(permutation, (position * batch_size,), (batch_size,))
-
-
-def random_shift(key: jax.Array, images: jax.Array, max_shift: int) -> jax.Array:
-  """Shifts each image by up to ``max_shift`` px in x and y, filling with zeros.
-
-  Args:
-    images: ``(batch, h, w, c)``.
-  """
-  if max_shift <= 0:
-    return images
-  batch, h, w, _ = images.shape
-  padded = jnp.pad(images, ((0, 0), (max_shift, max_shift), (max_shift, max_shift), (0, 0)))
-  offsets = jax.random.randint(key, (batch, 2), 0, 2 * max_shift + 1)
-
-  def crop(image, offset):
-    return jax.lax.dynamic_slice(image, (offset[0], offset[1], 0), (h, w, image.shape[-1]))
-
-  return jax.vmap(crop)(padded, offsets)
-
-
-def shift_images(images: np.ndarray, dx: int, dy: int) -> np.ndarray:
-  """Moves every image ``dx`` px right and ``dy`` px down (negative: left, up).
-
-  Pixels shifted out are dropped and the uncovered border is zero, as in
-  training's random shifts; used on the host to measure shift robustness.
-
-  Args:
-    images: ``(n, h, w, c)``.
-  """
-  _, h, w, _ = images.shape
-  if abs(dx) >= w or abs(dy) >= h:
-    raise ValueError(f"shift ({dx}, {dy}) moves a {h}x{w} image out of its frame.")
-  shifted = np.zeros_like(images)
-  shifted[:, max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = \
-      images[:, max(-dy, 0):h - max(dy, 0), max(-dx, 0):w - max(dx, 0)]
-  return shifted
-
-
-def to_float(images: jax.Array) -> jax.Array:
-  """uint8 pixels -> float32 in [0, 1]."""
-  return images.astype(jnp.float32) / 255.0

@@ -1,0 +1,138 @@
+"""Datasets registered by name: ``config.dataset`` picks one, ``config.data`` configures it.
+
+A dataset is a :class:`Builder` subclass registered with :func:`register`. It
+reads its splits once into host memory (:meth:`Builder.load`); the trainer puts
+them on the devices and, inside the jitted step, asks the builder to turn the
+examples of a step into a batch (:meth:`Builder.train_batch`: augmentation,
+synthetic data) or to turn evaluation examples into a batch
+(:meth:`Builder.eval_batch`: deterministic). A batch is a dict with at least
+``images`` (floats, ``(batch, *info.image_shape)``) and ``labels``.
+
+To add a dataset: write a module with a Builder subclass decorated with
+``@datasets.register("name")``, import it at the bottom of this file, and write
+a config file that sets ``config.dataset = "name"``. The train loop does not
+change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Callable, ClassVar
+
+import jax
+import ml_collections
+import numpy as np
+
+from capsjax.errors import UsageError
+from capsjax.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+  """What a model needs to know about the data.
+
+  Attributes:
+    image_shape: ``(h, w, c)`` of the batches' images (after preprocessing).
+    num_classes: labels lie in ``[0, num_classes)``.
+    labels_per_example: 1 for classification, 2 for MultiMNIST-style pairs.
+  """
+  image_shape: tuple[int, int, int]
+  num_classes: int
+  labels_per_example: int = 1
+
+
+@dataclasses.dataclass
+class Split:
+  """One split on the host.
+
+  Attributes:
+    examples: arrays with one row per example (same leading size), e.g.
+      ``images`` uint8 ``(n, h, w, c)`` and ``labels`` int32 ``(n,)``.
+    shared: arrays every example may index (e.g. the base digits that
+      generated pairs refer to); not sliced into batches.
+  """
+  examples: dict[str, np.ndarray]
+  shared: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+  def __len__(self) -> int:
+    return len(next(iter(self.examples.values()))) if self.examples else 0
+
+  def first(self, n: int) -> "Split":
+    """The first ``n`` examples (all if ``n`` is 0 or larger than the split)."""
+    if not n or n >= len(self):
+      return self
+    return Split({k: v[:n] for k, v in self.examples.items()}, self.shared)
+
+
+class Builder:
+  """Base class of dataset builders; see the module docstring.
+
+  Subclasses set ``info`` in ``__init__`` and implement :meth:`load`; the
+  defaults of :meth:`train_batch` and :meth:`eval_batch` serve image/label
+  datasets without augmentation.
+  """
+  name: ClassVar[str] = ""
+  info: DatasetInfo
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    """``config`` is the whole run config (``config.data`` and ``config.model``)."""
+    self.config = config
+
+  def load(self) -> dict[str, Split]:
+    """Host arrays of the splits: ``train``, ``test`` and, if held out, ``validation``."""
+    raise NotImplementedError
+
+  def train_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+    """Per-example shapes and dtypes of the train split (random stand-ins for benchmarks)."""
+    return {"images": jax.ShapeDtypeStruct(self.info.image_shape, np.uint8),
+            "labels": jax.ShapeDtypeStruct((), np.int32)}
+
+  def train_batch(self, key: jax.Array, indices: jax.Array, examples: dict,
+                  shared: dict) -> dict:
+    """The batch of train examples ``indices``, built inside the jitted step.
+
+    Args:
+      key: this step's key for augmentation.
+      indices: ``(batch,)`` rows of the train split.
+      examples, shared: the train split's arrays, on the devices.
+    """
+    del key, shared
+    return {"images": to_float(examples["images"][indices]),
+            "labels": examples["labels"][indices]}
+
+  def eval_batch(self, examples: dict, shared: dict) -> dict:
+    """A deterministic batch from a slice of an evaluation split's examples."""
+    del shared
+    return {"images": to_float(examples["images"]), "labels": examples["labels"]}
+
+
+def to_float(images: jax.Array) -> jax.Array:
+  """uint8 pixels -> float32 in [0, 1]."""
+  return images.astype(np.float32) / 255.0
+
+
+_REGISTRY = Registry("Dataset", "name")
+
+
+def register(name: str) -> Callable[[type[Builder]], type[Builder]]:
+  """Class decorator: makes a Builder available as ``config.dataset = name``."""
+  return _REGISTRY.register(name)
+
+
+def names() -> tuple[str, ...]:
+  return _REGISTRY.names()
+
+
+def get(config: ml_collections.ConfigDict) -> Builder:
+  """The builder ``config.dataset`` names, constructed from ``config``."""
+  name = config.get("dataset", "mnist")
+  if name not in _REGISTRY.classes:
+    raise UsageError(f"config.dataset={name!r} is not a registered dataset; use one of "
+                     f"{names()}.")
+  return _REGISTRY.classes[name](config)
+
+
+# Registration happens on import; keep this at the bottom.
+for _module in ("mnist",):
+  importlib.import_module(f"capsjax.datasets.{_module}")

@@ -1,0 +1,80 @@
+"""Augmentation and batching on the device, inside the jitted train step, plus the
+host-side shifts that evaluation uses to measure shift robustness."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def epoch_batch_indices(key: jax.Array, step: jax.Array, num_examples: int,
+                        batch_size: int) -> jax.Array:
+  """Indices of the examples of train ``step``: each epoch is a fresh permutation.
+
+  Epoch e = step // steps_per_epoch uses permutation(fold_in(key, e)); the
+  last ``num_examples % batch_size`` examples of each permutation are dropped.
+  Being a function of the step, the data position resumes exactly.
+  """
+  steps_per_epoch = num_examples // batch_size
+  epoch, position = jnp.divmod(step, steps_per_epoch)
+  permutation = jax.random.permutation(jax.random.fold_in(key, epoch), num_examples)
+  return jax.lax.dynamic_slice(permutation, (position * batch_size,), (batch_size,))
+
+
+def random_shift(key: jax.Array, images: jax.Array, max_shift: int) -> jax.Array:
+  """Shifts each image by up to ``max_shift`` px in x and y, filling with zeros.
+
+  Args:
+    images: ``(batch, h, w, c)``.
+  """
+  if max_shift <= 0:
+    return images
+  batch, h, w, _ = images.shape
+  padded = jnp.pad(images, ((0, 0), (max_shift, max_shift), (max_shift, max_shift), (0, 0)))
+  offsets = jax.random.randint(key, (batch, 2), 0, 2 * max_shift + 1)
+
+  def crop(image, offset):
+    return jax.lax.dynamic_slice(image, (offset[0], offset[1], 0), (h, w, image.shape[-1]))
+
+  return jax.vmap(crop)(padded, offsets)
+
+
+def shift_images(images: np.ndarray, dx: int, dy: int) -> np.ndarray:
+  """Moves every image ``dx`` px right and ``dy`` px down (negative: left, up).
+
+  Pixels shifted out are dropped and the uncovered border is zero, as in
+  training's random shifts; used on the host to measure shift robustness.
+
+  Args:
+    images: ``(n, h, w, c)``.
+  """
+  _, h, w, _ = images.shape
+  if abs(dx) >= w or abs(dy) >= h:
+    raise ValueError(f"shift ({dx}, {dy}) moves a {h}x{w} image out of its frame.")
+  shifted = np.zeros_like(images)
+  shifted[:, max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = \
+      images[:, max(-dy, 0):h - max(dy, 0), max(-dx, 0):w - max(dx, 0)]
+  return shifted
+
+
+
+def shift_each_image(images: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+  """Moves image k by ``shifts[k] = (dx, dy)`` (host-side; see :func:`shift_images`).
+
+  Args:
+    images: ``(n, h, w, c)``.
+    shifts: ``(n, 2)`` integers.
+  """
+  shifted = np.zeros_like(images)
+  for dx, dy in np.unique(shifts, axis=0):
+    rows = np.flatnonzero((shifts[:, 0] == dx) & (shifts[:, 1] == dy))
+    shifted[rows] = shift_images(images[rows], int(dx), int(dy))
+  return shifted
+
+
+def pad_images(images: np.ndarray, pad: int) -> np.ndarray:
+  """Centres ``(n, h, w, c)`` images on a black canvas ``pad`` px larger on each side."""
+  if pad <= 0:
+    return images
+  return np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)))

@@ -1,0 +1,94 @@
+"""Robustness to affine transforms (paper Sec. 5.2): the real affNIST test set when its files
+are given, and the offline stand-in "affine MNIST" built from the MNIST test digits."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from capsjax import datasets, evaluators, figures
+from capsjax.datasets import affine, affnist
+from capsjax.errors import UsageError
+
+
+def _check_canvas(evaluator: evaluators.Evaluator, shape: tuple) -> None:
+  expected = tuple(evaluator.builder.info.image_shape)
+  if tuple(shape) != expected:
+    raise UsageError(f"config.evals.{evaluator.name}: its images are {tuple(shape)} but the "
+                     f"model takes {expected} (config.model.image_shape).")
+
+
+class _ExamplesFigure:
+  """Draws the first examples of ``self.set`` with the model's predictions."""
+  figure_title = ""
+
+  def draw(self, model, workdir, writer, step):
+    n = min(int(self.config.eval.get("num_figure_examples", 8)) * 2, self.set.size)
+    if n == 0:
+      return
+    batch = self.builder.eval_batch({k: v[:n] for k, v in self.set.host.examples.items()},
+                                    self.set.host.shared)
+    outputs = model.apply(batch, train=False)
+    path = os.path.join(workdir, f"{self.name}_examples.png")
+    figures.save_examples(path, np.asarray(batch["images"]), np.asarray(batch["labels"]),
+                          np.asarray(outputs.predictions), self.figure_title)
+    if writer is not None:
+      writer.write_image(f"{self.name}/examples", step, figures.tile(
+          np.asarray(batch["images"])[None]))
+
+
+@evaluators.register("affine_mnist")
+class AffineMNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
+  """The offline stand-in for affNIST: each test digit under ``transforms_per_digit`` random
+  affine transforms (:mod:`capsjax.datasets.affine`), drawn with ``seed``; the ranges are
+  ``rotation_degrees``, ``shear``, ``scale_min``/``scale_max``. ``config.data.test_limit``
+  limits the number of transformed images."""
+
+  def __init__(self, *args):
+    super().__init__(*args)
+    s, test = self.settings, self.splits["test"]
+    per_digit = int(s.get("transforms_per_digit", 1))
+    if per_digit < 1:
+      raise UsageError(f"config.evals.{self.name}.transforms_per_digit must be >= 1, "
+                       f"got {per_digit}.")
+    limit = int(self.config.data.get("test_limit", 0) or 0)
+    digits = test.first(-(-limit // per_digit) if limit else 0)
+    ranges = affine.AffineRanges(float(s.get("rotation_degrees", 20.0)),
+                                 float(s.get("shear", 0.2)),
+                                 (float(s.get("scale_min", 0.8)), float(s.get("scale_max", 1.2))))
+    canvas = tuple(self.builder.info.image_shape[:2])
+    images, labels = affine.random_affine(digits.examples["images"], digits.examples["labels"],
+                                          per_digit, canvas, ranges, int(s.get("seed", 0)))
+    transformed = self.limited(datasets.Split({"images": images, "labels": labels}))
+    self.set = self.runner.eval_set(transformed, self.builder.eval_batch)
+    self.figure_title = (f"affine MNIST (a stand-in for affNIST, made here): rotation "
+                         f"+-{ranges.rotation_degrees:g} deg, shear +-{ranges.shear:g}, scale "
+                         f"{ranges.scale[0]:g}-{ranges.scale[1]:g}; (label, prediction)")
+
+  def run(self, params) -> dict:
+    return self.runner.evaluate(params, self.set)
+
+
+@evaluators.register("affnist")
+class AffNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
+  """The real affNIST test set from ``path`` (``test.mat`` or the folder of test batches);
+  skipped, with a message, while ``path`` is unset."""
+
+  figure_title = "affNIST test set; (label, prediction)"
+
+  def __init__(self, *args):
+    super().__init__(*args)
+    path = self.settings.get("path")
+    if not path:
+      raise evaluators.SkipEvaluation(
+          f"no affNIST files given; set --config.evals.{self.name}.path=PATH to test.mat or "
+          "the folder of test batches (https://www.cs.toronto.edu/~tijmen/affNIST/).")
+    images, labels = affnist.load(path, self.builder.info.num_classes)
+    _check_canvas(self, images.shape[1:])
+    self.set = self.runner.eval_set(
+        self.limited(datasets.Split({"images": images, "labels": labels})),
+        self.builder.eval_batch)
+
+  def run(self, params) -> dict:
+    return self.runner.evaluate(params, self.set)

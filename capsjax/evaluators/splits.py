@@ -1,0 +1,111 @@
+"""Evaluations of the dataset's own splits: as they are, on a grid of shifts, or shifted once
+at random (a fixed copy)."""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import numpy as np
+
+from capsjax import datasets, evaluators
+from capsjax.datasets import augment
+from capsjax.errors import UsageError
+
+
+def _split(evaluator: evaluators.Evaluator) -> datasets.Split:
+  name = evaluator.settings.get("split", "test")
+  if name not in evaluator.splits:
+    raise UsageError(f"config.evals.{evaluator.name}.split={name!r}: the dataset has the "
+                     f"splits {tuple(evaluator.splits)}.")
+  return evaluator.limited(evaluator.splits[name])
+
+
+def _images_of(evaluator: evaluators.Evaluator, split: datasets.Split) -> np.ndarray:
+  if "images" not in split.examples:
+    raise UsageError(f"config.evals.{evaluator.name}: type {evaluator.type_name!r} moves "
+                     "images, but this dataset's examples hold none.")
+  return split.examples["images"]
+
+
+def _shifted(split: datasets.Split, images: np.ndarray) -> datasets.Split:
+  return datasets.Split({**split.examples, "images": images}, split.shared)
+
+
+@evaluators.register("split")
+class SplitEvaluator(evaluators.Evaluator):
+  """A split of the dataset (``split``: ``test`` or ``validation``) as it is."""
+
+  def __init__(self, *args):
+    super().__init__(*args)
+    self.set = self.runner.eval_set(_split(self), self.builder.eval_batch)
+
+  def run(self, params) -> dict:
+    return self.runner.evaluate(params, self.set)
+
+
+@evaluators.register("shifted")
+class ShiftGridEvaluator(evaluators.Evaluator):
+  """The split moved by every (dx, dy) with ``|dx|, |dy| <= max_shift`` px (zero fill, as
+  the training shifts): ``accuracy`` is the mean over the shifts, ``accuracy_by_shift``
+  maps ``"dx,dy"`` to each one's accuracy."""
+
+  def __init__(self, *args):
+    super().__init__(*args)
+    self.split = _split(self)
+    images = _images_of(self, self.split)
+    self.max_shift = int(self.settings.get("max_shift", 2))
+    largest = min(images.shape[1:3]) - 1
+    if not 0 <= self.max_shift <= largest:
+      raise UsageError(f"max_shift={self.max_shift} (config.evals.{self.name}): use 0 up to "
+                       f"{largest} pixels.")
+    self.shifts = [(dx, dy) for dy in range(-self.max_shift, self.max_shift + 1)
+                   for dx in range(-self.max_shift, self.max_shift + 1)]
+
+  def run(self, params) -> dict:
+    images = self.split.examples["images"]
+    accuracies = {}
+    for n, (dx, dy) in enumerate(self.shifts, 1):
+      moved = self.runner.eval_set(_shifted(self.split, augment.shift_images(images, dx, dy)),
+                                   self.builder.eval_batch)
+      accuracies[f"{dx},{dy}"] = self.runner.evaluate(params, moved)["accuracy"]
+      if jax.process_index() == 0:  # One progress line, as the results are printed once.
+        print(f"\r{self.name}: shift {n}/{len(self.shifts)}",
+              end="" if n < len(self.shifts) else "\n", file=sys.stderr, flush=True)
+    mean = float(np.mean(list(accuracies.values())))
+    return {"accuracy": mean, "error": 1.0 - mean, "accuracy_by_shift": accuracies}
+
+
+def shift_table(accuracies: dict[str, float], max_shift: int) -> str:
+  """Accuracies (%) as a grid: a row per dy, a column per dx."""
+  shifts = range(-max_shift, max_shift + 1)
+  lines = ["test accuracy (%) by shift; rows dy (down +), columns dx (right +):",
+           "dy\\dx " + "".join(f"{dx:>7d}" for dx in shifts)]
+  for dy in shifts:
+    lines.append(f"{dy:>5d} " + "".join(f"{100 * accuracies[f'{dx},{dy}']:>7.2f}"
+                                        for dx in shifts))
+  return "\n".join(lines)
+
+
+@evaluators.register("randomly_shifted")
+class RandomlyShiftedEvaluator(evaluators.Evaluator):
+  """One fixed copy of the split, each image shifted by a random (dx, dy) with
+  ``|dx|, |dy| <= max_shift`` (default ``config.data.shift_pixels``), drawn with ``seed``.
+
+  On expanded MNIST (``data.pad`` = ``shift_pixels`` = 6) this is the test set with every
+  digit at a random position of the 40x40 canvas, like the training images.
+  """
+
+  def __init__(self, *args):
+    super().__init__(*args)
+    split = _split(self)
+    images = _images_of(self, split)
+    max_shift = self.settings.get("max_shift")
+    max_shift = int(self.config.data.shift_pixels if max_shift is None else max_shift)
+    rng = np.random.default_rng(int(self.settings.get("seed", 0)))
+    self.shifts = rng.integers(-max_shift, max_shift + 1, size=(len(split), 2))
+    moved = _shifted(split, augment.shift_each_image(images, self.shifts))
+    self.set = self.runner.eval_set(moved, self.builder.eval_batch)
+
+  def run(self, params) -> dict:
+    return self.runner.evaluate(params, self.set)

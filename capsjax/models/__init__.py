@@ -1,0 +1,61 @@
+"""Models registered by name: ``config.model.name`` picks one.
+
+A model is a Flax NNX module that owns its loss and its metrics; the trainer
+and the evaluators call only this interface:
+
+  ``Model.validate_config(config.model)``
+      raises UsageError, naming the key, for settings that cannot work;
+  ``Model.from_config(config, *, rngs)``
+      builds it from the whole run config (``config.model``, and e.g.
+      ``config.loss``);
+  ``model.apply(batch, *, train, rng=None) -> outputs``
+      the forward pass on a batch dict (``images``, ``labels``, ...); ``rng``
+      drives dropout and other training noise; ``outputs.scores`` are class
+      scores ``(batch, num_classes)`` (evaluators, ensembles);
+  ``model.loss(outputs, batch) -> (per_example, {name: per_example})``
+      the training objective of each example and its named parts;
+  ``model.metrics(outputs, batch) -> {name: per_example}``
+      ``(batch,)`` or ``(batch, k)`` values that evaluators average, at least
+      ``accuracy``.
+
+To add a model: a module with such a class, and one line in :data:`MODELS`.
+"""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+from flax import nnx
+
+from capsjax.errors import UsageError
+from capsjax.models.baseline_cnn import BaselineCNN
+from capsjax.models.capsnet import CapsNet, CapsNetOutput, primary_grid, validate_model_config
+
+MODELS = {
+    "capsnet": CapsNet,
+    "baseline_cnn": BaselineCNN,
+}
+
+
+def get(config: ml_collections.ConfigDict) -> type[nnx.Module]:
+  """The model class ``config.model.name`` names (default ``"capsnet"``)."""
+  name = config.model.get("name", "capsnet")
+  if name not in MODELS:
+    raise UsageError(f"config.model.name={name!r} is not a registered model; use one of "
+                     f"{tuple(MODELS)}.")
+  return MODELS[name]
+
+
+def create(config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> nnx.Module:
+  """The model of ``config``, with fresh parameters from ``rngs``."""
+  return get(config).from_config(config, rngs=rngs)
+
+
+def count_params(model: nnx.Module) -> int:
+  """Number of trainable scalars in ``model``."""
+  params = nnx.state(model, nnx.Param)
+  return sum(x.size for x in jax.tree.leaves(params))
+
+
+__all__ = ["MODELS", "BaselineCNN", "CapsNet", "CapsNetOutput", "count_params", "create", "get",
+           "primary_grid", "validate_model_config"]

@@ -1,0 +1,112 @@
+"""A run's config on disk: ``WORKDIR/config.json``, what a resume changed, and defaults for
+workdirs written by earlier versions."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import types
+
+import ml_collections
+
+from capsjax.errors import UsageError
+
+# Settings a resumed run may change without changing what it computes: its length, how often
+# it logs, evaluates and checkpoints, where the data files live, how convolutions are computed.
+RESUME_NEUTRAL_KEYS = ("train.num_steps", "train.num_epochs", "train.log_every_steps",
+                       "train.eval_every_steps", "train.checkpoint_every_steps",
+                       "train.keep_checkpoints", "train.steps_per_dispatch", "data.dir",
+                       "data.tfds_data_dir", "model.conv_impl", "eval", "evals",
+                       "train.stop_at_accuracy")
+
+# Keys added after the first workdirs were written, with the value that reproduces them.
+_DEFAULTS = {"dataset": "mnist", "model.name": "capsnet", "train.stop_at_accuracy": None,
+             "data.pad": 0}
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+def config_changes(before: dict, after: dict) -> list[str]:
+  """``"key: old -> new"`` for each setting (dotted key) that differs between two resolved
+  configs as JSON dicts, leaving out :data:`RESUME_NEUTRAL_KEYS` and the keys under them."""
+  before, after = _flatten(before), _flatten(after)
+  changes = []
+  for key in sorted(before.keys() | after.keys()):
+    if any(key == k or key.startswith(k + ".") for k in RESUME_NEUTRAL_KEYS):
+      continue
+    old, new = before.get(key, "(unset)"), after.get(key, "(unset)")
+    if old != new:
+      changes.append(f"{key}: {old!r} -> {new!r}")
+  return changes
+
+
+def record(workdir: str, config, resumed_step: int | None, log=print) -> None:
+  """Writes ``WORKDIR/config.json``; when a resumed run changed settings, warns and keeps the
+  earlier file as ``config.before_step_N.json`` so the run's history is not lost."""
+  path = os.path.join(workdir, "config.json")
+  resolved = config.to_json_best_effort(indent=2)
+  if resumed_step is not None and os.path.exists(path):
+    with open(path) as f:
+      earlier = f.read()
+    earlier_config = json.loads(earlier)
+    changes = config_changes(earlier_config, json.loads(resolved))
+    if changes:
+      kept = os.path.join(workdir, f"config.before_step_{resumed_step}.json")
+      with open(kept, "w") as f:
+        f.write(earlier)
+      log(f"Warning: resuming with settings that differ from the run's config.json: "
+          f"{'; '.join(changes)}. The checkpoint's parameters, optimiser state, RNG and data "
+          f"position carry on under the new settings; the earlier config is kept in {kept}.")
+      if earlier_config.get("seed") != config.seed and config.data.validation_size:
+        log("Warning: config.seed draws the validation split, so the new seed's validation "
+            "examples overlap the ones trained on so far.")
+  with open(path, "w") as f:
+    f.write(resolved)
+
+
+def load(workdir: str) -> ml_collections.ConfigDict:
+  """The resolved config a run saved in ``WORKDIR/config.json``, with tuples restored and
+  the keys of later versions filled in with values that reproduce the run."""
+  config_path = os.path.join(workdir, "config.json")
+  if not os.path.exists(config_path):
+    raise UsageError(f"{config_path} not found: --workdir must be a directory that "
+                     "`python -m capsjax.main` wrote.")
+  with open(config_path) as f:
+    raw = json.load(f)
+  for key, value in _DEFAULTS.items():
+    node = raw
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node.setdefault(p, {})
+    node.setdefault(leaf, value)
+  # JSON turns tuples into lists; model configs want tuples back.
+  model = raw["model"]
+  for key, value in model.items():
+    if isinstance(value, list):
+      model[key] = tuple(value)
+  if "decoder" in model:
+    model["decoder"]["hidden"] = tuple(model["decoder"]["hidden"])
+  return ml_collections.ConfigDict(raw)
+
+
+def import_config_file(path: str | os.PathLike) -> types.ModuleType:
+  """Imports a config file by path (config files are not a package), e.g. a base config
+  from the file that extends it: ``import_config_file(pathlib.Path(__file__).with_name(
+  "mnist.py"))``."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise UsageError(f"Config file {path} not found.")
+  spec = importlib.util.spec_from_file_location(f"capsjax_config_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

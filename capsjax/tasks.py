@@ -1,0 +1,54 @@
+"""A task is what a run trains: a dataset builder and a model class, both picked by the config.
+
+``Task.from_config(config)`` looks both up in their registries
+(``config.dataset``, ``config.model.name``) and checks that they fit each other
+before any data is read; the train loop, the evaluate command and the
+benchmark only talk to the task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import ml_collections
+from flax import nnx
+
+from capsjax import datasets, evaluators, models
+from capsjax.errors import UsageError
+
+
+@dataclasses.dataclass
+class Task:
+  config: ml_collections.ConfigDict
+  dataset: datasets.Builder
+  model_class: type[nnx.Module]
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> "Task":
+    """The task of ``config``; raises UsageError naming the key of a setting that cannot run."""
+    model_class = models.get(config)
+    model_class.validate_config(config.model)
+    dataset = datasets.get(config)
+    info = dataset.info
+    if tuple(config.model.image_shape) != tuple(info.image_shape):
+      raise UsageError(f"config.model.image_shape={tuple(config.model.image_shape)} but the "
+                       f"dataset {config.get('dataset', 'mnist')!r} makes images of shape "
+                       f"{tuple(info.image_shape)}; set --config.model.image_shape="
+                       f"'{tuple(info.image_shape)}'.")
+    if config.model.num_classes != info.num_classes:
+      raise UsageError(f"config.model.num_classes={config.model.num_classes} but the dataset "
+                       f"has {info.num_classes} classes.")
+    evaluators.validate(config)
+    return cls(config, dataset, model_class)
+
+  def model(self, rngs: nnx.Rngs) -> nnx.Module:
+    return self.model_class.from_config(self.config, rngs=rngs)
+
+  def graphdef(self):
+    """The model's graph definition, without allocating parameters."""
+    return nnx.graphdef(nnx.eval_shape(lambda: self.model(nnx.Rngs(0))))
+
+  def init_params(self, key: jax.Array) -> dict:
+    """Fresh parameters as a pure dict (what checkpoints and train states hold)."""
+    return nnx.to_pure_dict(nnx.state(self.model(nnx.Rngs(key)), nnx.Param))

@@ -1,0 +1,114 @@
+"""models.baseline_cnn: the paper's baseline CNN against the paper's size and a NumPy forward."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import affnist
+import mnist_baseline
+from capsjax import models
+from capsjax.errors import UsageError
+
+
+def test_paper_parameter_count():
+  config = mnist_baseline.get_config()
+  model = models.create(config, rngs=nnx.Rngs(0))
+  assert isinstance(model, models.BaselineCNN)
+  assert models.count_params(model) == 35_445_522
+
+
+def test_affnist_baseline_has_about_capsnets_size():
+  baseline = models.create(affnist.get_config("baseline"), rngs=nnx.Rngs(0))
+  capsnet = models.create(affnist.get_config(), rngs=nnx.Rngs(0))
+  assert models.count_params(baseline) == 13_471_833
+  assert models.count_params(capsnet) == 13_475_648
+
+
+def tiny_config(**overrides):
+  c = mnist_baseline.get_config("smoke")
+  c.model.image_shape = (5, 5, 1)
+  c.model.conv_features, c.model.kernel_size, c.model.pool = (2,), 3, (2,)
+  c.model.hidden = (3,)
+  c.model.num_classes = 4
+  c.model.update(overrides)
+  return c
+
+
+def numpy_forward(params, images):
+  """SAME 3x3 conv + bias + ReLU, SAME 2x2 max pool, dense ReLU, dense: plain loops."""
+  kernel = np.asarray(params["convs"][0]["kernel"], np.float64)
+  bias = np.asarray(params["convs"][0]["bias"], np.float64)
+  n, h, w, _ = images.shape
+  padded = np.pad(images, ((0, 0), (1, 1), (1, 1), (0, 0)))
+  conv = np.zeros((n, h, w, kernel.shape[-1]))
+  for i in range(h):
+    for j in range(w):
+      conv[:, i, j] = np.einsum("nabc,abcd->nd", padded[:, i:i + 3, j:j + 3], kernel) + bias
+  conv = np.maximum(conv, 0)
+  pooled = np.full((n, 3, 3, conv.shape[-1]), -np.inf)  # SAME: ceil(5 / 2) = 3, no padding
+  for i in range(3):                                    # before; the odd row is alone.
+    for j in range(3):
+      pooled[:, i, j] = conv[:, 2 * i:2 * i + 2, 2 * j:2 * j + 2].max(axis=(1, 2))
+  x = pooled.reshape(n, -1)
+  dense = params["dense"]
+  x = np.maximum(x @ np.asarray(dense[0]["kernel"]) + np.asarray(dense[0]["bias"]), 0)
+  return x @ np.asarray(dense[1]["kernel"]) + np.asarray(dense[1]["bias"])
+
+
+def test_loss_matches_a_hand_computation():
+  config = tiny_config()
+  model = models.create(config, rngs=nnx.Rngs(3))
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  params["convs"][0]["bias"] = jnp.asarray([0.3, -0.2])
+  nnx.update(model, params)
+  images = np.random.default_rng(0).uniform(size=(3, 5, 5, 1))
+  labels = np.array([0, 3, 1])
+  batch = {"images": jnp.asarray(images, jnp.float32), "labels": jnp.asarray(labels)}
+  outputs = model.apply(batch, train=False)
+  loss, parts = model.loss(outputs, batch)
+  logits = numpy_forward(params, images)
+  expected = np.log(np.exp(logits).sum(1)) - logits[np.arange(3), labels]  # -log softmax.
+  np.testing.assert_allclose(np.asarray(outputs.logits), logits, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(loss), expected, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(parts["cross_entropy"]), expected, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(outputs.scores).sum(1), 1.0, rtol=1e-6)
+  accuracy = model.metrics(outputs, batch)["accuracy"]
+  np.testing.assert_array_equal(np.asarray(accuracy), logits.argmax(1) == labels)
+
+
+def test_dropout_only_in_training():
+  config = tiny_config(dropout_rate=0.5, hidden=(64,))  # Wide: some units are always alive.
+  model = models.create(config, rngs=nnx.Rngs(0))
+  batch = {"images": jax.random.uniform(jax.random.key(0), (8, 5, 5, 1)),
+           "labels": jnp.zeros(8, jnp.int32)}
+  evaluation = [model.apply(batch, train=False, rng=jax.random.key(k)).logits for k in (1, 2)]
+  np.testing.assert_array_equal(np.asarray(evaluation[0]), np.asarray(evaluation[1]))
+  np.testing.assert_array_equal(np.asarray(model.apply(batch, train=False).logits),
+                                np.asarray(evaluation[0]))
+  training = [model.apply(batch, train=True, rng=jax.random.key(k)).logits for k in (1, 2)]
+  assert np.abs(np.asarray(evaluation[0])).max() > 0
+  assert not np.allclose(np.asarray(training[0]), np.asarray(training[1]))
+  assert not np.allclose(np.asarray(training[0]), np.asarray(evaluation[0]))
+  no_dropout = models.create(tiny_config(dropout_rate=0.0, hidden=(64,)), rngs=nnx.Rngs(0))
+  np.testing.assert_allclose(
+      np.asarray(no_dropout.apply(batch, train=True, rng=jax.random.key(1)).logits),
+      np.asarray(evaluation[0]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("pool", (2, 2), "pooling size .* for each of the 1 convolutions"),
+    ("dropout_rate", 1.0, "dropout_rate must be in"),
+    ("hidden", (), "hidden must be a non-empty tuple"),
+    ("conv_impl", "fft", "conv_impl must be one of"),
+])
+def test_bad_config_names_the_key(key, value, match):
+  with pytest.raises(UsageError, match=match):
+    models.create(tiny_config(**{key: value}), rngs=nnx.Rngs(0))
+
+
+def test_unknown_model_name():
+  config = tiny_config(name="resnet")
+  with pytest.raises(UsageError, match="config.model.name='resnet' is not a registered model"):
+    models.get(config)

@@ -1,0 +1,68 @@
+"""datasets.affnist: the MATLAB reader on small files written in affNIST's layout."""
+
+import numpy as np
+import pytest
+import scipy.io
+
+from capsjax.datasets import affnist
+from capsjax.errors import UsageError
+
+
+def write_affnist(path, images, labels, **fields):
+  """An affNIST file: struct affNISTdata, image 1600 x N uint8 (a 40x40 image per column),
+  label_int 1 x N, label_one_of_n 10 x N."""
+  struct = {"image": images.reshape(len(images), -1).T.astype(np.uint8),
+            "label_int": labels.reshape(1, -1).astype(np.uint8),
+            "label_one_of_n": np.eye(10, dtype=np.uint8)[labels].T}
+  struct.update(fields)
+  scipy.io.savemat(path, {"affNISTdata": struct})
+
+
+def sample(n, seed):
+  rng = np.random.default_rng(seed)
+  return rng.integers(0, 256, (n, 40, 40), dtype=np.uint8), rng.integers(0, 10, n)
+
+
+def test_reads_a_file_in_the_real_layout(tmp_path):
+  images, labels = sample(5, 0)
+  write_affnist(tmp_path / "test.mat", images, labels)
+  got_images, got_labels = affnist.load(str(tmp_path / "test.mat"))
+  assert got_images.shape == (5, 40, 40, 1) and got_images.dtype == np.uint8
+  np.testing.assert_array_equal(got_images[..., 0], images)
+  np.testing.assert_array_equal(got_labels, labels)
+  assert got_labels.dtype == np.int32
+
+
+def test_reads_a_folder_of_batches_in_numeric_order(tmp_path):
+  parts = [sample(n, seed) for seed, n in enumerate((3, 2, 4))]
+  for name, (images, labels) in zip(("1.mat", "2.mat", "10.mat"), parts):
+    write_affnist(tmp_path / name, images, labels)
+  images, labels = affnist.load(str(tmp_path))
+  np.testing.assert_array_equal(images[..., 0], np.concatenate([p[0] for p in parts]))
+  np.testing.assert_array_equal(labels, np.concatenate([p[1] for p in parts]))
+
+
+def test_clear_errors_name_the_path(tmp_path):
+  with pytest.raises(UsageError, match=f"{tmp_path / 'missing.mat'} not found"):
+    affnist.load(str(tmp_path / "missing.mat"))
+  scipy.io.savemat(tmp_path / "other.mat", {"something": np.zeros(3)})
+  with pytest.raises(UsageError, match=r"other.mat has no struct 'affNISTdata'"):
+    affnist.load(str(tmp_path / "other.mat"))
+  scipy.io.savemat(tmp_path / "nolabels.mat", {"affNISTdata": {"image": np.zeros((1600, 2))}})
+  with pytest.raises(UsageError, match=r"nolabels.mat: the struct affNISTdata lacks \['label_int'\]"):
+    affnist.load(str(tmp_path / "nolabels.mat"))
+  images, labels = sample(3, 1)
+  write_affnist(tmp_path / "range.mat", images, labels, label_int=np.array([[1, 12, 3]]))
+  with pytest.raises(UsageError, match=r"range.mat: labels lie in \[1, 12\]"):
+    affnist.load(str(tmp_path / "range.mat"))
+  scipy.io.savemat(tmp_path / "shape.mat", {"affNISTdata": {"image": np.zeros((784, 2)),
+                                                            "label_int": np.zeros((1, 2))}})
+  with pytest.raises(UsageError, match=r"shape.mat: affNISTdata.image has shape \(784, 2\)"):
+    affnist.load(str(tmp_path / "shape.mat"))
+  (tmp_path / "junk.mat").write_bytes(b"not a mat file at all")
+  with pytest.raises(UsageError, match="junk.mat as a MATLAB file"):
+    affnist.load(str(tmp_path / "junk.mat"))
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  with pytest.raises(UsageError, match="holds no .mat files"):
+    affnist.load(str(empty))

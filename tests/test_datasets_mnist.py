@@ -1,0 +1,85 @@
+"""datasets.mnist: the registered "mnist" builder and expanded MNIST (pad + random placement)."""
+
+import jax
+import numpy as np
+import pytest
+
+import affnist
+import mnist
+from capsjax import datasets
+from capsjax.errors import UsageError
+from helpers import write_idx_dataset
+
+
+@pytest.fixture(scope="module")
+def idx_dir(tmp_path_factory):
+  return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=64, num_test=16)
+
+
+def expanded_config(idx_dir):
+  c = affnist.get_config("smoke")
+  c.data.source, c.data.dir = "idx", str(idx_dir)
+  c.data.train_limit = c.data.test_limit = 0
+  return c
+
+
+def test_registry_picks_the_builder_and_names_unknown_ones(idx_dir):
+  c = mnist.get_config("smoke")
+  assert isinstance(datasets.get(c), datasets.mnist.MNIST) and "mnist" in datasets.names()
+  c.dataset = "imagenet"
+  with pytest.raises(UsageError, match="config.dataset='imagenet' is not a registered"):
+    datasets.get(c)
+
+
+def test_expanded_mnist_centres_digits_on_the_canvas(idx_dir):
+  builder = datasets.get(expanded_config(idx_dir))
+  assert builder.info.image_shape == (40, 40, 1)
+  splits = builder.load()
+  plain = mnist.get_config()
+  plain.data.source, plain.data.dir = "idx", str(idx_dir)
+  digits = datasets.get(plain).load()
+  for name in ("train", "test"):
+    padded = splits[name].examples["images"]
+    assert padded.shape[1:] == (40, 40, 1)
+    np.testing.assert_array_equal(padded[:, 6:34, 6:34], digits[name].examples["images"])
+    assert padded.sum() == digits[name].examples["images"].sum()  # Nothing else on the canvas.
+  test = builder.eval_batch(splits["test"].examples, {})
+  np.testing.assert_allclose(np.asarray(test["images"]),
+                             splits["test"].examples["images"] / 255.0, rtol=1e-6)
+
+
+def test_expanded_placement_in_the_jitted_step_matches_numpy(idx_dir):
+  """Each digit lands wholly inside 40x40 at a uniformly random offset of up to 6 px, the same
+  placement a NumPy re-implementation makes from the same draws."""
+  builder = datasets.get(expanded_config(idx_dir))
+  train = builder.load()["train"]
+  examples = {k: jax.numpy.asarray(v) for k, v in train.examples.items()}
+  key = jax.random.key(7)
+  indices = jax.numpy.asarray(np.tile(np.arange(64), 20))  # 1280 placements.
+  batch = jax.jit(builder.train_batch)(key, indices, examples, {})
+  placed = np.asarray(batch["images"])
+  np.testing.assert_array_equal(np.asarray(batch["labels"]), train.examples["labels"][indices])
+
+  # NumPy: the digit's top-left corner at 12 - offset, offsets drawn as random_shift draws them.
+  offsets = np.asarray(jax.random.randint(key, (len(indices), 2), 0, 13))
+  digits = train.examples["images"][np.asarray(indices), 6:34, 6:34].astype(np.float32) / 255
+  expected = np.zeros((len(indices), 40, 40, 1), np.float32)
+  for k, (oy, ox) in enumerate(offsets):
+    expected[k, 12 - oy:40 - oy, 12 - ox:40 - ox] = digits[k]
+  np.testing.assert_allclose(placed, expected, rtol=1e-6)
+
+  np.testing.assert_allclose(placed.sum((1, 2, 3)), digits.sum((1, 2, 3)), rtol=1e-5)  # Whole.
+  corners = 12 - offsets
+  assert corners.min() == 0 and corners.max() == 12
+  assert len({tuple(c) for c in corners}) == 169  # Every one of the 13 x 13 positions.
+
+
+def test_bad_padding_settings(idx_dir):
+  c = expanded_config(idx_dir)
+  c.data.shift_pixels = 7
+  with pytest.raises(UsageError, match="shift_pixels=7 is larger than config.data.pad=6"):
+    datasets.get(c)
+  c = expanded_config(idx_dir)
+  c.model.image_shape = (44, 44, 1)
+  with pytest.raises(UsageError, match=r"minus 2 x config.data.pad is \(32, 32, 1\)"):
+    datasets.get(c).load()

@@ -1,0 +1,63 @@
+"""runconfig: what a resume changed, the kept config, loading old workdirs' configs."""
+
+import json
+
+import pytest
+
+import mnist
+from capsjax import evaluators, runconfig, tasks
+from capsjax.errors import UsageError
+
+
+def test_config_changes_name_what_a_resume_changes_and_skip_run_length():
+  before = json.loads(mnist.get_config().to_json_best_effort())
+  after = mnist.get_config()
+  after.train.num_epochs, after.train.eval_every_steps, after.data.dir = 2, 117, "/elsewhere"
+  after.eval.batch_size = 100
+  assert runconfig.config_changes(before, json.loads(after.to_json_best_effort())) == []
+  after.model.routing.iterations, after.optimizer.learning_rate = 1, 2e-3
+  after.model.decoder.hidden = (16, 32)
+  assert runconfig.config_changes(before, json.loads(after.to_json_best_effort())) == [
+      "model.decoder.hidden: [512, 1024] -> [16, 32]",
+      "model.routing.iterations: 3 -> 1",
+      "optimizer.learning_rate: 0.001 -> 0.002"]
+  del before["model"]["routing"]["leaky"]
+  assert "model.routing.leaky: '(unset)' -> False" in runconfig.config_changes(
+      before, json.loads(after.to_json_best_effort()))
+
+
+@pytest.mark.parametrize("validation_size", [0, 1000])
+def test_resume_with_new_seed_warns_of_validation_overlap(tmp_path, capsys, validation_size):
+  config = mnist.get_config()
+  config.data.validation_size = validation_size
+  (tmp_path / "config.json").write_text(config.to_json_best_effort())
+  config.seed = 3
+  runconfig.record(str(tmp_path), config, resumed_step=10)
+  out = capsys.readouterr().out
+  assert "seed: 0 -> 3" in out
+  assert ("validation examples overlap" in out) == bool(validation_size)
+  assert json.loads((tmp_path / "config.before_step_10.json").read_text())["seed"] == 0
+
+
+
+
+def test_load_fills_keys_of_later_versions_and_restores_tuples(tmp_path):
+  """A config.json written before datasets, models and evaluations were registries."""
+  old = json.loads(mnist.get_config("smoke").to_json_best_effort())
+  del old["dataset"], old["model"]["name"], old["evals"], old["data"]["pad"]
+  del old["train"]["stop_at_accuracy"]
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  loaded = runconfig.load(str(tmp_path))
+  assert (loaded.dataset, loaded.model.name, loaded.data.pad) == ("mnist", "capsnet", 0)
+  assert loaded.train.stop_at_accuracy is None
+  assert loaded.model.image_shape == (28, 28, 1) and loaded.model.decoder.hidden == (32, 64)
+  assert list(evaluators.eval_settings(loaded)) == ["test"]
+  task = tasks.Task.from_config(loaded)
+  assert task.model_class.__name__ == "CapsNet" and task.dataset.name == "mnist"
+
+
+def test_load_and_import_name_missing_files(tmp_path):
+  with pytest.raises(UsageError, match="config.json not found"):
+    runconfig.load(str(tmp_path))
+  with pytest.raises(UsageError, match="nope.py not found"):
+    runconfig.import_config_file(tmp_path / "nope.py")
