@@ -18,7 +18,7 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from capsjax import hostmemory
+from capsjax import cli
 from capsjax.errors import UsageError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
@@ -150,7 +150,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)
   try:
-    result = run_benchmark(_CONFIG.value, _SECONDS.value, _MATMUL_SIZE.value)
+    result = run_benchmark(cli.config_from_flag(_CONFIG), _SECONDS.value, _MATMUL_SIZE.value)
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
@@ -160,5 +160,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  hostmemory.restart_with_malloc_tuning("capsjax.benchmark")
-  app.run(main)
+  cli.run(main, "capsjax.benchmark")

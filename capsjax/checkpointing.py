@@ -6,18 +6,59 @@ A checkpoint holds two items:
     evaluation metrics at save time.
 
 Saving is asynchronous; a process killed mid-save leaves a temporary folder
-that orbax ignores, and the previous complete checkpoint restores.
+that orbax ignores, and the previous complete checkpoint restores. A
+checkpoint damaged after it was written (truncated files after a crash or a
+full disk) is found when it fails to restore: :meth:`Checkpointer.restore_newest`
+then says which and why, and falls back to the newest one that restores.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import io
 import os
-from typing import Any
+import re
+import sys
+import time
+from typing import Any, Callable
 
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
+from capsjax.errors import UsageError
+
 BEST_METRIC = "accuracy"
+DAMAGED_DIR = "damaged_checkpoints"  # Beside checkpoints/, in the workdir.
+
+
+# What TensorStore's orphaned read completions print (see _tensorstore_noise_dropped).
+_NOISE = re.compile(r"Traceback \(most recent call last\):|File \"[^\"]*asyncio/base_events\.py\", "
+                    r"line \d+, in \w+|self\._check_closed\(\)|raise RuntimeError\('Event loop is "
+                    r"closed'\)|RuntimeError|Event loop is closed|[:\s]")
+
+
+@contextlib.contextmanager
+def _tensorstore_noise_dropped(settle_seconds: float = 0.5):
+  """Keeps stderr clean when a damaged checkpoint fails to restore.
+
+  Orbax reads the arrays concurrently; when one read fails, its event loop closes while the
+  other TensorStore reads are in flight, and each of their completions then prints a
+  traceback ("RuntimeError: Event loop is closed") from a TensorStore thread. Those say
+  nothing the warning does not. Every other line written to stderr meanwhile is passed on.
+  """
+  captured, real = io.StringIO(), sys.stderr
+  sys.stderr = captured
+  try:
+    yield
+  except BaseException:
+    time.sleep(settle_seconds)  # Let the in-flight reads finish and print.
+    raise
+  finally:
+    sys.stderr = real
+    kept = [line for line in captured.getvalue().splitlines(keepends=True)
+            if _NOISE.sub("", line)]
+    real.write("".join(kept))
 
 
 class Checkpointer:
@@ -58,6 +99,56 @@ class Checkpointer:
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
                                       meta=ocp.args.JsonRestore()))
     return restored["state"], dict(restored["meta"])
+
+  def restore_newest(self, abstract_state: Any, log: Callable[[str], None] = print,
+                     move_aside: bool = True, steps: list[int] | None = None):
+    """``(step, state, meta)`` of the newest checkpoint that restores (or the first of
+    ``steps``, in their order), or None if there is none.
+
+    Each newer one that fails is reported with the reason and, with ``move_aside``, moved
+    to ``WORKDIR/damaged_checkpoints/`` (kept, never deleted) so that later runs and the
+    keep-latest policy skip it. If checkpoints exist but none restores, nothing is moved
+    and a UsageError names the directory and what to do.
+    """
+    steps = sorted(self.all_steps(), reverse=True) if steps is None else list(steps)
+    failures = []
+    for step in steps:
+      try:
+        with _tensorstore_noise_dropped():
+          state, meta = self.restore(step, abstract_state)
+      except Exception as e:  # Orbax and TensorStore raise many types for damaged files.
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+        failures.append((step, reason))
+        log(f"Warning: the checkpoint at step {step} in {self.directory} cannot be restored "
+            f"({reason}).")
+        continue
+      for bad_step, _ in failures:
+        if move_aside:
+          log(f"Moved the damaged checkpoint of step {bad_step} to "
+              f"{self.move_aside(bad_step)}; resuming from step {step} instead.")
+        else:
+          log(f"Using the checkpoint at step {step} instead.")
+      return step, state, meta
+    if failures:
+      listed = "; ".join(f"step {s}: {r}" for s, r in failures)
+      raise UsageError(f"None of the checkpoints in {self.directory} can be restored ({listed}). "
+                       "They are left as they are. To start this run over, move that folder "
+                       "away (or use a new --workdir); to recover, restore it from a backup.")
+    return None
+
+  def move_aside(self, step: int) -> str:
+    """Moves checkpoint ``step`` out of the manager's sight; returns where it went."""
+    aside = os.path.join(os.path.dirname(self.directory), DAMAGED_DIR)
+    os.makedirs(aside, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    target = os.path.join(aside, f"{step}-{stamp}")
+    os.replace(os.path.join(self.directory, str(step)), target)
+    self._manager.reload()
+    return target
+
+  def reload(self) -> None:
+    """Re-reads the directory (after another process moved a checkpoint aside)."""
+    self._manager.reload()
 
   def wait(self) -> None:
     """Blocks until pending asynchronous saves are on disk."""

@@ -18,7 +18,7 @@ import sys
 
 from absl import app, flags, logging
 
-from capsjax import hostmemory
+from capsjax import cli
 from capsjax.errors import UsageError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory.", required=True)
@@ -52,12 +52,15 @@ def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | Non
                     SHIFTED: {"type": "shifted", "split": "test", "max_shift": max_shift}}
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                     keep=config.train.keep_checkpoints)
-  step = _pick_checkpoint(ckpt, checkpoint)
+  candidates = _candidates(ckpt, checkpoint)
   train.validate_config(config, jax.device_count())
   task = tasks.Task.from_config(config)
   splits = task.dataset.load()
   mesh = steps.make_mesh()
-  state, _ = steps.restore_state(ckpt, step, task, NamedSharding(mesh, P()))
+  # A damaged checkpoint is reported and the next candidate tried; nothing is moved (a
+  # training run may hold this workdir).
+  step, state, _ = ckpt.restore_newest(steps.abstract_state(task, NamedSharding(mesh, P())),
+                                       log=train.log, move_aside=False, steps=candidates)
   graphdef = task.graphdef()
   evals = evaluators.build_all(config, task.dataset, splits,
                                evaluators.Runner(graphdef, mesh, config.eval.batch_size),
@@ -88,18 +91,21 @@ def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | Non
   return result
 
 
-def _pick_checkpoint(ckpt, checkpoint: str) -> int:
-  steps = ckpt.all_steps()
+def _candidates(ckpt, checkpoint: str) -> list[int]:
+  """The checkpoints to try, in order: the one asked for, then (for best and latest) the
+  others, newest first."""
+  steps = sorted(ckpt.all_steps(), reverse=True)
   if not steps:
     raise UsageError(f"No checkpoint in {ckpt.directory}.")
   if checkpoint == "best":
-    return ckpt.best_step() or ckpt.latest_step()
+    first = ckpt.best_step() or steps[0]
+    return [first] + [s for s in steps if s != first]
   if checkpoint == "latest":
-    return ckpt.latest_step()
+    return steps
   if checkpoint.isdigit() and int(checkpoint) in steps:
-    return int(checkpoint)
+    return [int(checkpoint)]
   raise UsageError(f"--checkpoint={checkpoint!r}: use 'best', 'latest' or one of the saved "
-                   f"steps {steps}.")
+                   f"steps {sorted(steps)}.")
 
 
 def main(argv):
@@ -114,5 +120,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  hostmemory.restart_with_malloc_tuning("capsjax.evaluate")
-  app.run(main)
+  cli.run(main, "capsjax.evaluate")

@@ -14,9 +14,9 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from capsjax import distributed  # Defines the multi-host flags.
-from capsjax import hostmemory
+from capsjax import cli, distributed  # distributed defines the multi-host flags.
 from capsjax.errors import NonFiniteLossError, UsageError
+from capsjax.preemption import Preempted
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/mnist.py.",
                                           lock_config=True)
@@ -32,15 +32,17 @@ def main(argv):
   from capsjax import train  # After jax.distributed.initialize.
 
   try:
-    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    train.train_and_evaluate(cli.config_from_flag(_CONFIG), _WORKDIR.value)
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   except NonFiniteLossError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
+  except Preempted as e:  # Saved; 128 + the signal's number, as if the signal had ended it.
+    print(str(e), file=sys.stderr, flush=True)
+    sys.exit(e.exit_status)
 
 
 if __name__ == "__main__":
-  hostmemory.restart_with_malloc_tuning("capsjax.main")
-  app.run(main)
+  cli.run(main, "capsjax.main")

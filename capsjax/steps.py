@@ -57,14 +57,18 @@ def init_state(task: Task, tx: optax.GradientTransformation) -> TrainState:
                     rng=rng)
 
 
+def abstract_state(task: Task, sharding: NamedSharding) -> TrainState:
+  """Shapes, dtypes and placement of the train state, without allocating it (restores)."""
+  tx = make_optimizer(task.config.optimizer)
+  abstract = jax.eval_shape(lambda: init_state(task, tx))
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                      abstract)
+
+
 def restore_state(ckpt: checkpointing.Checkpointer, step: int, task: Task,
                   sharding: NamedSharding) -> tuple[TrainState, dict]:
   """``(state, meta)`` of checkpoint ``step``, placed on ``sharding``."""
-  tx = make_optimizer(task.config.optimizer)
-  abstract = jax.eval_shape(lambda: init_state(task, tx))
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                          abstract)
-  return ckpt.restore(step, abstract)
+  return ckpt.restore(step, abstract_state(task, sharding))
 
 
 def make_train_step(task: Task, tx: optax.GradientTransformation, num_train: int,

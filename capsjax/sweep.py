@@ -21,6 +21,7 @@ after a full run) writes ``results.csv``, ``results.md`` and plots.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import itertools
@@ -32,10 +33,10 @@ import re
 import sys
 from typing import NamedTuple
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from capsjax import hostmemory
+from capsjax import cli, preemption, workdirs
 from capsjax.errors import UsageError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -175,17 +176,35 @@ def extra_evaluations(summary: dict) -> dict[str, float]:
           if name not in ("test", "validation")}
 
 
-def run_points(config, points: list[Point], workdir: str, command_line: dict | None = None) -> None:
-  """Runs each point not yet finished in ``WORKDIR/<point name>``."""
+def run_points(config, points: list[Point], workdir: str, command_line: dict | None = None,
+               skip_held: bool = True) -> None:
+  """Runs each point not yet finished in ``WORKDIR/<point name>``.
+
+  A point whose workdir another worker holds is skipped (``skip_held``), so several workers
+  can share one sweep directory; every point runs once. SIGTERM or SIGINT during a point
+  saves it and raises :class:`capsjax.preemption.Preempted`; between points, it stops before
+  the next one.
+  """
   from capsjax import train
 
-  for point in points:
-    run_dir = os.path.join(workdir, point.name)
-    if is_finished(run_dir):
-      print(f"[{point.index + 1}/{len(points)}] {point.name}: finished, skipped.", flush=True)
-      continue
-    print(f"[{point.index + 1}/{len(points)}] {point.name}", flush=True)
-    train.train_and_evaluate(point_config(config, point, command_line or {}), run_dir)
+  with preemption.watch() as stop:
+    for point in points:
+      tag = f"[{point.index + 1}/{len(points)}] {point.name}"
+      if stop.signal_name is not None:
+        raise preemption.Preempted(f"Stopped by {stop.signal_name} before {tag}; rerun the "
+                                   "same command to continue the sweep.", stop.signal_name)
+      run_dir = os.path.join(workdir, point.name)
+      if is_finished(run_dir):
+        print(f"{tag}: finished, skipped.", flush=True)
+        continue
+      print(tag, flush=True)
+      try:
+        train.train_and_evaluate(point_config(config, point, command_line or {}), run_dir)
+      except workdirs.WorkdirBusy:
+        if not skip_held:
+          raise
+        print(f"{tag}: held by another worker ({workdirs.Lock(run_dir).holder()}), skipped.",
+              flush=True)
 
 
 def collect(points: list[Point], workdir: str) -> list[dict]:
@@ -206,14 +225,14 @@ def collect(points: list[Point], workdir: str) -> list[dict]:
     row.update(extra_evaluations(summary))
     rows.append(row)
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "results.csv"), "w", newline="") as f:
-    extra = list(dict.fromkeys(k for row in rows for k in row
-                               if k.endswith("_accuracy") and k not in RESULT_COLUMNS))
+  extra = list(dict.fromkeys(k for row in rows for k in row
+                             if k.endswith("_accuracy") and k not in RESULT_COLUMNS))
+  with _replace_atomically(os.path.join(workdir, "results.csv"), newline="") as f:
     writer = csv.DictWriter(f, fieldnames=["run", *keys, "seed", *RESULT_COLUMNS, *extra])
     writer.writeheader()
     writer.writerows(rows)
   groups = _group(rows, keys)
-  with open(os.path.join(workdir, "results.md"), "w") as f:
+  with _replace_atomically(os.path.join(workdir, "results.md")) as f:
     f.write(markdown_table(groups, keys))
     if missing:
       f.write(f"\nNot finished ({len(missing)}): {', '.join(missing)}\n")
@@ -222,6 +241,16 @@ def collect(points: list[Point], workdir: str) -> list[dict]:
     print(f"{len(missing)} of {len(points)} runs not finished: {', '.join(missing)}")
   print(f"Wrote {os.path.join(workdir, 'results.csv')} ({len(rows)} runs) and results.md.")
   return rows
+
+
+@contextlib.contextmanager
+def _replace_atomically(path: str, **open_args):
+  """Writes ``path`` through a temporary file, so that workers collecting at the same time
+  never leave a half-written table."""
+  temporary = f"{path}.{os.getpid()}.tmp"
+  with open(temporary, "w", **open_args) as f:
+    yield f
+  os.replace(temporary, path)
 
 
 def _mean_std(values):
@@ -368,6 +397,7 @@ def main(argv):
       raise UsageError("--workdir is required.")
     workdir = os.path.abspath(_WORKDIR.value)
     command_line = config_flags.get_override_values(flags.FLAGS["config"])
+    config = cli.config_from_flag(_CONFIG)
     if _COLLECT.value:
       collect(points, workdir)
       return
@@ -375,17 +405,19 @@ def main(argv):
       if not 0 <= _INDEX.value < len(points):
         raise UsageError(f"--index={_INDEX.value} is out of range: the sweep has "
                          f"{len(points)} points (0..{len(points) - 1}); see --list.")
-      run_points(_CONFIG.value, [points[_INDEX.value]], workdir, command_line)
+      run_points(config, [points[_INDEX.value]], workdir, command_line, skip_held=False)
       return
     for p in points:  # Fail on a bad key before any run starts.
-      point_config(_CONFIG.value, p, command_line)
-    run_points(_CONFIG.value, points, workdir, command_line)
+      point_config(config, p, command_line)
+    run_points(config, points, workdir, command_line)
     collect(points, workdir)
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+  except preemption.Preempted as e:
+    print(str(e), file=sys.stderr, flush=True)
+    sys.exit(e.exit_status)
 
 
 if __name__ == "__main__":
-  hostmemory.restart_with_malloc_tuning("capsjax.sweep")
-  app.run(main)
+  cli.run(main, "capsjax.sweep")

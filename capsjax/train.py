@@ -18,71 +18,79 @@ import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from capsjax import checkpointing, evaluators, reporting, run_figures, runconfig, steps, tasks
+from capsjax import (checkpointing, evaluators, hardware, preemption, reporting, run_figures,
+                     runconfig, steps, tasks, workdirs)
 from capsjax.errors import NonFiniteLossError, UsageError
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains, evaluates, checkpoints to ``workdir`` and resumes from it.
 
-  Returns the summary that is also written to ``WORKDIR/summary.json``.
+  Holds ``workdir`` against other runs; SIGTERM or SIGINT saves the step reached and
+  raises :class:`capsjax.preemption.Preempted`. Returns the summary that is also written to
+  ``WORKDIR/summary.json``.
   """
-  workdir = os.path.abspath(workdir)
   validate_config(config, jax.device_count())
   task = tasks.Task.from_config(config)  # The dataset builder and the model class.
-  os.makedirs(workdir, exist_ok=True)
-  splits = task.dataset.load()
-  plan = Plan.from_config(config.train, len(splits["train"]))
-  mesh = steps.make_mesh()
-  replicated = NamedSharding(mesh, P())
-  tx = steps.make_optimizer(config.optimizer)
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                    keep=config.train.keep_checkpoints)
-  state, reached = init_or_restore(task, tx, ckpt, plan, workdir, replicated)
-  runner = evaluators.Runner(task.graphdef(), mesh, config.eval.batch_size)
-  evals = evaluators.build_all(config, task.dataset, splits, runner, log=log)
-  select = "validation" if "validation" in evals else "test"  # Best checkpoint, early stop.
-  log(banner(config, plan, splits, evals, state.params))
+  workdir = workdirs.prepare(workdir)
+  with workdirs.hold(workdir), preemption.watch() as stop:
+    splits = task.dataset.load()
+    plan = Plan.from_config(config.train, len(splits["train"]))
+    mesh = steps.make_mesh()
+    replicated = NamedSharding(mesh, P())
+    tx = steps.make_optimizer(config.optimizer)
+    ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                      keep=config.train.keep_checkpoints)
+    state, reached = init_or_restore(task, ckpt, plan, workdir, replicated)
+    runner = evaluators.Runner(task.graphdef(), mesh, config.eval.batch_size)
+    evals = evaluators.build_all(config, task.dataset, splits, runner, log=log)
+    select = "validation" if "validation" in evals else "test"  # Best checkpoint, early stop.
+    log(banner(config, plan, splits, evals, state.params))
+    log(hardware.describe())
+    if warning := hardware.cpu_fallback_warning(jax.default_backend()):
+      log(warning)
 
-  examples, shared = evaluators.put_on_devices(splits["train"], replicated)
-  train_step = steps.make_train_step(task, tx, plan.num_train, mesh)
-  progress = TrainLog(workdir, plan, steps.make_schedule(config.optimizer), ckpt)
-  step = first_step = int(state.step)
-  results = {}
-  while step < plan.num_steps and not reached:
-    n = plan.next_dispatch(step)
-    state, metrics = train_step(state, examples, shared, n)
-    progress.add(step, metrics, state)
-    step += n
-    if not plan.log_due(step) and not plan.checkpoint_due(step):
-      continue
-    progress.flush(step, write=plan.log_due(step))
-    accuracy = None
-    if plan.eval_due(step):
-      results = {select: evals[select].run(state.params)}
-      progress.evaluation(select, step, results[select])
-      accuracy = results[select]["accuracy"]
-      reached = target_reached(config, accuracy, f"{select} accuracy at step {step}")
-    if plan.checkpoint_due(step):
-      ckpt.save(step, state, plan.meta(step, accuracy),
-                None if accuracy is None else {checkpointing.BEST_METRIC: accuracy})
-    progress.restart_timer(step)
+    examples, shared = evaluators.put_on_devices(splits["train"], replicated)
+    train_step = steps.make_train_step(task, tx, plan.num_train, mesh)
+    progress = TrainLog(workdir, plan, steps.make_schedule(config.optimizer), ckpt)
+    step = first_step = int(state.step)
+    results = {}
+    while step < plan.num_steps and not reached:
+      n = plan.next_dispatch(step)
+      state, metrics = train_step(state, examples, shared, n)
+      progress.add(step, metrics, state)
+      step += n
+      if stop.due(step):
+        save_and_stop(stop, step, state, plan, ckpt, progress)
+      if not plan.log_due(step) and not plan.checkpoint_due(step):
+        continue
+      progress.flush(step, write=plan.log_due(step))
+      accuracy = None
+      if plan.eval_due(step):
+        results = {select: evals[select].run(state.params)}
+        progress.evaluation(select, step, results[select])
+        accuracy = results[select]["accuracy"]
+        reached = target_reached(config, accuracy, f"{select} accuracy at step {step}")
+      if plan.checkpoint_due(step):
+        ckpt.save(step, state, plan.meta(step, accuracy),
+                  None if accuracy is None else {checkpointing.BEST_METRIC: accuracy})
+      progress.restart_timer(step)
 
-  for name, evaluator in evals.items():  # Every evaluation of the final parameters.
-    if name not in results:
-      results[name] = evaluator.run(state.params)
-      if step > first_step:  # A rerun of a finished run has logged these already.
-        progress.evaluation(name, step, results[name])
-  ckpt.wait()
-  summary = summarise(config, plan, step, state.params, results, progress, ckpt, reached)
-  if jax.process_index() == 0:
-    run_figures.draw_figures(workdir, task.graphdef(), state.params, task.dataset,
-                             splits["test"], evals, config.eval.num_figure_examples,
-                             progress.writer, step)
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=2)
-  progress.close()
-  ckpt.close()
+    for name, evaluator in evals.items():  # Every evaluation of the final parameters.
+      if name not in results:
+        results[name] = evaluator.run(state.params)
+        if step > first_step:  # A rerun of a finished run has logged these already.
+          progress.evaluation(name, step, results[name])
+    ckpt.wait()
+    summary = summarise(config, plan, step, state.params, results, progress, ckpt, reached)
+    if jax.process_index() == 0:
+      run_figures.draw_figures(workdir, task.graphdef(), state.params, task.dataset,
+                               splits["test"], evals, config.eval.num_figure_examples,
+                               progress.writer, step)
+      with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    progress.close()
+    ckpt.close()
   log(f"Done: step {step}, test accuracy {100 * summary['test_accuracy']:.2f}% "
       f"(error {100 * summary['test_error']:.2f}%). Results in {workdir}.")
   return summary
@@ -194,17 +202,25 @@ class Plan:
     return meta
 
 
-def init_or_restore(task, tx, ckpt, plan: Plan, workdir: str,
+def init_or_restore(task, ckpt, plan: Plan, workdir: str,
                     sharding) -> tuple[steps.TrainState, bool]:
-  """The latest checkpoint of ``ckpt`` (else fresh parameters) and whether it had already
-  reached ``train.stop_at_accuracy``; records the config."""
+  """The newest checkpoint of ``ckpt`` that restores (damaged newer ones are reported and
+  moved aside), else fresh parameters; and whether it had already reached
+  ``train.stop_at_accuracy``. Records the config."""
   config = task.config
-  latest = ckpt.latest_step()
-  reached = False
-  if latest is None:
+  restored = ckpt.restore_newest(steps.abstract_state(task, sharding), log=log,
+                                 move_aside=jax.process_index() == 0)
+  if jax.process_count() > 1:  # Process 0 may have moved damaged checkpoints aside.
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("capsjax: checkpoints restored")
+    ckpt.reload()
+  if restored is None:
+    tx = steps.make_optimizer(config.optimizer)
     state = jax.jit(lambda: steps.init_state(task, tx), out_shardings=sharding)()
+    latest, reached = None, False
   else:
-    state, meta = steps.restore_state(ckpt, latest, task, sharding)
+    latest, state, meta = restored
     log(f"Resuming from the checkpoint at step {latest} (epoch {meta.get('epoch')}, "
         f"position {meta.get('position_in_epoch')}) in {ckpt.directory}.")
     if meta.get("num_train") != plan.num_train or meta.get("batch_size") != plan.batch_size:
@@ -218,6 +234,22 @@ def init_or_restore(task, tx, ckpt, plan: Plan, workdir: str,
   if jax.process_index() == 0:
     runconfig.record(workdir, config, latest, log=log)
   return state, reached
+
+
+def save_and_stop(stop: preemption.StopRequest, step: int, state, plan: Plan, ckpt,
+                  progress: "TrainLog") -> None:
+  """After a stop signal: logs the pending train metrics, saves ``step`` and raises
+  :class:`capsjax.preemption.Preempted`."""
+  stop.saving = True
+  progress.flush(step, write=True)
+  if step not in ckpt.all_steps():
+    ckpt.save(step, state, plan.meta(step, None))
+  ckpt.wait()
+  progress.close()
+  ckpt.close()
+  raise preemption.Preempted(
+      f"Stopped by {stop.signal_name} at step {step}; checkpoint saved in {ckpt.directory}; "
+      "rerun the same command to resume.", stop.signal_name)
 
 
 def _truncate_metrics(workdir: str, step: int) -> None:

@@ -1,5 +1,12 @@
 """Shared test helpers."""
 
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
 import jax
 import numpy as np
 
@@ -64,3 +71,59 @@ def write_idx_dataset(directory, num_train=512, num_test=128, gz=True, seed=0):
               make_images(labels, seed + n))
     write_idx(os.path.join(directory, f"{split}-labels-idx1-ubyte{suffix}"), labels)
   return directory
+
+
+# --- Running `python -m capsjax.main` and reading its workdir. ---
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "configs" / "mnist.py") + ":smoke"
+
+
+def run_main(workdir, *overrides, devices=4, extra_flags=(), timeout=300, data_dir=None,
+             wait=True):
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), TF_CPP_MIN_LOG_LEVEL="3")
+  cmd = [sys.executable, "-m", "capsjax.main", f"--config={SMOKE}", f"--workdir={workdir}",
+         "--config.data.source=idx", *extra_flags]
+  if data_dir is not None:
+    cmd.append(f"--config.data.dir={data_dir}")
+  cmd += list(overrides)
+  if not wait:
+    return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+  return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def read_summary(workdir):
+  with open(os.path.join(workdir, "summary.json")) as f:
+    return json.load(f)
+
+
+def train_records(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [r for r in map(json.loads, f) if r["kind"] == "train"]
+
+
+def checkpoint_steps(workdir):
+  d = os.path.join(workdir, "checkpoints")
+  return sorted(int(n) for n in os.listdir(d) if n.isdigit()) if os.path.isdir(d) else []
+
+
+def final_params(workdir):
+  """Parameters of the latest checkpoint, as NumPy, through capsjax's own restore."""
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from capsjax import checkpointing, runconfig, steps, tasks
+
+  task = tasks.Task.from_config(runconfig.load(str(workdir)))
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+  state, _ = steps.restore_state(ckpt, ckpt.latest_step(), task,
+                                 NamedSharding(steps.make_mesh(), P()))
+  ckpt.close()
+  return jax.tree.map(np.asarray, state.params)
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]

@@ -35,3 +35,19 @@ def test_reconstruction_loss_is_weighted_sum_not_mean():
 def test_reconstruction_loss_shape_mismatch():
   with pytest.raises(ValueError, match="same shape"):
     losses.reconstruction_loss(jnp.zeros((2, 784)), jnp.zeros((2, 28, 28, 1)))
+
+
+def test_margin_loss_with_two_labels_counts_both_as_present():
+  lengths = jnp.asarray([[0.95, 0.5, 0.05, 0.7]])
+  labels = jnp.asarray([[0, 3]])
+  # Present 0.95 -> 0 and 0.7 -> (0.2)^2 = 0.04; absent 0.5 -> 0.5*(0.4)^2 = 0.08, 0.05 -> 0.
+  np.testing.assert_allclose(np.asarray(losses.margin_loss_per_example(lengths, labels)),
+                             [0.04 + 0.08], rtol=1e-6)
+
+
+def test_reconstruction_loss_of_two_digits_adds_their_sums():
+  targets = jnp.zeros((1, 2, 3, 3, 1)).at[0, 1].set(1.0)  # Digit 2 all ones.
+  recon = jnp.full((1, 2, 3, 3, 1), 0.5)
+  # Digit 1: 9 * 0.25; digit 2: 9 * 0.25; sum 4.5, times 0.0005.
+  np.testing.assert_allclose(np.asarray(losses.reconstruction_loss_per_example(recon, targets)),
+                             [4.5 * 0.0005], rtol=1e-6)

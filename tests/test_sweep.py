@@ -119,3 +119,25 @@ def test_a_point_may_bring_its_own_config_file_with_the_command_line_overrides()
   missing = sweep.expand({"points": [{"config": "configs/nope.py"}]})[0]
   with pytest.raises(UsageError, match="'configs/nope.py' .* not found"):
     sweep.point_config(base, missing, {})
+
+
+def test_two_workers_on_one_sweep_directory_run_every_point_once(tmp_path):
+  data_dir = write_idx_dataset(tmp_path / "idx", num_train=64, num_test=32)
+  experiment = write_experiment(tmp_path / "exp.py", '{"points": [{}], "seeds": [0, 1, 2, 3]}')
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
+  workers = [subprocess.Popen(
+      [sys.executable, "-m", "capsjax.sweep", str(experiment), f"--workdir={tmp_path / 'sweep'}",
+       "--config.data.source=idx", f"--config.data.dir={data_dir}",
+       "--config.train.num_steps=2", "--config.data.test_limit=32"],
+      env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for _ in range(2)]
+  outputs = [w.communicate(timeout=600)[0] for w in workers]
+  assert [w.returncode for w in workers] == [0, 0], "\n".join(outputs)
+  lines = [line.rstrip() for o in outputs for line in o.splitlines()]
+  for name in (f"seed={seed}" for seed in range(4)):
+    tried = sum(line.endswith(f"] {name}") for line in lines)
+    held = sum(f"] {name}: held by another worker" in line for line in lines)
+    done = sum(line.endswith(f"] {name}: finished, skipped.") for line in lines)
+    assert (tried - held, held + done) == (1, 1), (name, outputs)  # One ran it, one passed.
+    assert sweep.is_finished(str(tmp_path / "sweep" / name))
+  assert not any("Resuming" in line for line in lines)  # Nobody ran a point a second time.

@@ -4,7 +4,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,59 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from helpers import write_idx_dataset
+from helpers import (checkpoint_steps, final_params, free_port, read_summary, run_main,
+                     train_records, write_idx_dataset)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SMOKE = str(REPO / "configs" / "mnist.py") + ":smoke"
-
-
-@pytest.fixture(scope="module")
-def idx_dir(tmp_path_factory):
-  return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=256, num_test=64)
-
-
-def run_main(workdir, *overrides, devices=4, extra_flags=(), timeout=300, data_dir=None,
-             wait=True):
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), TF_CPP_MIN_LOG_LEVEL="3")
-  cmd = [sys.executable, "-m", "capsjax.main", f"--config={SMOKE}", f"--workdir={workdir}",
-         "--config.data.source=idx", *extra_flags]
-  if data_dir is not None:
-    cmd.append(f"--config.data.dir={data_dir}")
-  cmd += list(overrides)
-  if not wait:
-    return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-  return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-
-
-def read_summary(workdir):
-  with open(os.path.join(workdir, "summary.json")) as f:
-    return json.load(f)
-
-
-def train_records(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [r for r in map(json.loads, f) if r["kind"] == "train"]
-
-
-def checkpoint_steps(workdir):
-  d = os.path.join(workdir, "checkpoints")
-  return sorted(int(n) for n in os.listdir(d) if n.isdigit()) if os.path.isdir(d) else []
-
-
-def final_params(workdir):
-  """Parameters of the latest checkpoint, as NumPy, through capsjax's own restore."""
-  import jax
-  from jax.sharding import NamedSharding, PartitionSpec as P
-
-  from capsjax import checkpointing, runconfig, steps, tasks
-
-  task = tasks.Task.from_config(runconfig.load(str(workdir)))
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
-  state, _ = steps.restore_state(ckpt, ckpt.latest_step(), task,
-                                 NamedSharding(steps.make_mesh(), P()))
-  ckpt.close()
-  return jax.tree.map(np.asarray, state.params)
 
 
 @pytest.fixture(scope="module")
@@ -176,15 +126,9 @@ def _leaves(tree):
   return jax.tree.leaves(tree)
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def test_two_processes_match_one(idx_dir, tmp_path):
   """Two processes joined by jax.distributed (CPU collectives) = one process."""
-  port = _free_port()
+  port = free_port()
   procs = [run_main(tmp_path / "multi", data_dir=idx_dir, devices=1, wait=False,
                     extra_flags=(f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
                                  f"--process_id={i}", "--cpu_collectives=gloo"))

@@ -30,12 +30,30 @@ def random_shift(key: jax.Array, images: jax.Array, max_shift: int) -> jax.Array
   """
   if max_shift <= 0:
     return images
-  batch, h, w, _ = images.shape
+  offsets = jax.random.randint(key, (images.shape[0], 2), 0, 2 * max_shift + 1)
+  return _crop_padded(images, offsets, max_shift)
+
+
+def shift_by(images: jax.Array, shifts: jax.Array, max_shift: int) -> jax.Array:
+  """Moves image k by ``shifts[k] = (dx, dy)`` px (right and down; ``|.| <= max_shift``),
+  filling with zeros: :func:`shift_images` on the device, one shift per image.
+
+  Args:
+    images: ``(batch, h, w, c)``.
+    shifts: ``(batch, 2)`` integers.
+  """
+  if max_shift <= 0:
+    return images
+  return _crop_padded(images, max_shift - shifts[:, ::-1], max_shift)
+
+
+def _crop_padded(images, offsets, max_shift):
+  """Zero-pads by ``max_shift`` and crops each image back at ``offsets[k] = (row, col)``."""
+  _, h, w, c = images.shape
   padded = jnp.pad(images, ((0, 0), (max_shift, max_shift), (max_shift, max_shift), (0, 0)))
-  offsets = jax.random.randint(key, (batch, 2), 0, 2 * max_shift + 1)
 
   def crop(image, offset):
-    return jax.lax.dynamic_slice(image, (offset[0], offset[1], 0), (h, w, image.shape[-1]))
+    return jax.lax.dynamic_slice(image, (offset[0], offset[1], 0), (h, w, c))
 
   return jax.vmap(crop)(padded, offsets)
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import socket
+import urllib.parse
 
 import ml_collections
 import numpy as np
@@ -146,6 +148,28 @@ def _load_idx(directory: str | None) -> dict:
           for split in ("train", "test")}
 
 
+OFFLINE_HINT = ("Offline, set --config.data.dir to a folder with the original archives, or use "
+                "--config.data.source=idx.")
+PROXY_VARIABLES = ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy",
+                   "ALL_PROXY")
+
+
+def check_reachable(urls: list[str], name: str, timeout: float = 5.0) -> None:
+  """Raises UsageError at once if a host of ``urls`` cannot be reached (name lookup and TCP
+  connect within ``timeout`` s). Behind a proxy (``*_proxy`` variables) nothing is checked:
+  only the proxy could tell."""
+  if any(os.environ.get(v) for v in PROXY_VARIABLES):
+    return
+  hosts = sorted({(u.hostname, u.port or (443 if u.scheme == "https" else 80))
+                  for u in map(urllib.parse.urlsplit, urls) if u.hostname})
+  for host, port in hosts:
+    try:
+      socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+      raise UsageError(f"tensorflow-datasets cannot download {name!r}: {host} is not reachable "
+                       f"({type(e).__name__}: {e}). {OFFLINE_HINT}") from e
+
+
 def _load_tfds(name: str, manual_dir: str | None, data_dir: str | None) -> dict:
   import tensorflow_datasets as tfds  # Heavy (TensorFlow); only for this source.
 
@@ -161,13 +185,15 @@ def _load_tfds(name: str, manual_dir: str | None, data_dir: str | None) -> dict:
       raise UsageError(f"config.data.dir={manual_dir!r} does not exist or is not a folder; "
                        "for tfds it must hold the original archive files.")
     download_config = tfds.download.DownloadConfig(manual_dir=manual_dir)
+  elif not builder.is_prepared():
+    # Offline, tfds retries each download with back-off for minutes before it gives up.
+    check_reachable(list(builder.url_infos or ()), name)
   try:
     builder.download_and_prepare(download_config=download_config)
   except Exception as e:  # tfds raises many types; all mean "could not prepare".
     raise UsageError(f"tensorflow-datasets could not prepare {name!r} "
-                     f"(manual dir {manual_dir!r}): {type(e).__name__}: {e}. Offline, set "
-                     "--config.data.dir to a folder with the original archives, or use "
-                     "--config.data.source=idx.") from e
+                     f"(manual dir {manual_dir!r}): {type(e).__name__}: {e}. "
+                     f"{OFFLINE_HINT}") from e
   splits = {}
   for split in ("train", "test"):
     data = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))

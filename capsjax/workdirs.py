@@ -1,0 +1,132 @@
+"""The run's directory: checked before use, and held by one run at a time.
+
+:func:`prepare` turns a bad ``--workdir`` (a file, inside a file, not
+writable) into a clear UsageError. :class:`Lock` is an exclusive ``flock`` on
+``WORKDIR/.capsjax.lock``: the operating system releases it when the process
+ends, however it ends, so a lock left by a killed run never blocks. The file
+records the holder (host, pid, start time, command) for the message a second
+run gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+
+from capsjax.errors import UsageError
+
+LOCK_NAME = ".capsjax.lock"
+
+
+def prepare(workdir: str, flag: str = "--workdir") -> str:
+  """``workdir`` as an absolute path of a writable directory, created if missing."""
+  path = os.path.abspath(os.fspath(workdir))
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise UsageError(f"{flag}={path} is a file, not a directory; choose another path.")
+  parent = path
+  while not os.path.exists(parent):  # The nearest existing ancestor.
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise UsageError(f"{flag}={path} lies inside the file {parent}; choose another path.")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise UsageError(f"Cannot create {flag}={path}: {e.strerror}. Choose a directory you can "
+                     "write to.") from e
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise UsageError(f"{flag}={path} is not writable by this user; choose a directory you can "
+                     "write to.")
+  return path
+
+
+class WorkdirBusy(UsageError):
+  """Another run holds the workdir."""
+
+
+class Lock:
+  """Exclusive hold on a workdir; a context manager, or :meth:`acquire` / :meth:`release`."""
+
+  def __init__(self, workdir: str):
+    self.workdir = workdir
+    self.path = os.path.join(workdir, LOCK_NAME)
+    self._file = None
+
+  def acquire(self) -> "Lock":
+    """Takes the lock at once or raises :class:`WorkdirBusy` naming the holder."""
+    if not self.try_acquire():
+      raise self.busy()
+    return self
+
+  def busy(self) -> WorkdirBusy:
+    """The error a run gets when another holds the workdir."""
+    return WorkdirBusy(f"{self.workdir} is in use by another run ({self.holder()}). Wait for it "
+                       "to finish or stop it, or choose another --workdir. (The lock is "
+                       "released when that process ends, even if it is killed.)")
+
+  def try_acquire(self) -> bool:
+    """Takes the lock if it is free; False if another process holds it."""
+    handle = open(self.path, "a+")
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      handle.close()
+      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        return False
+      raise
+    handle.seek(0)
+    handle.truncate()
+    json.dump({"host": socket.gethostname(), "pid": os.getpid(),
+               "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+               "command": " ".join(sys.argv)}, handle)
+    handle.flush()
+    self._file = handle
+    return True
+
+  def holder(self) -> str:
+    """``host H, pid P, started T`` as the holder recorded it."""
+    try:
+      with open(self.path) as f:
+        info = json.load(f)
+      return (f"host {info['host']}, pid {info['pid']}, started {info['started']}: "
+              f"{info.get('command', '')}")
+    except (OSError, ValueError, KeyError):
+      return "holder unknown"
+
+  def release(self) -> None:
+    if self._file is not None:
+      fcntl.flock(self._file, fcntl.LOCK_UN)
+      self._file.close()
+      self._file = None
+
+  def __enter__(self) -> "Lock":
+    return self.acquire()
+
+  def __exit__(self, *exc) -> None:
+    self.release()
+
+
+@contextlib.contextmanager
+def hold(workdir: str):
+  """Holds ``workdir`` for a run of every process of the job: process 0 takes the
+  :class:`Lock`, and all of them stop with :class:`WorkdirBusy` if it is taken."""
+  import jax
+  import numpy as np
+
+  lock = Lock(workdir)
+  taken = lock.try_acquire() if jax.process_index() == 0 else True
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    taken = bool(multihost_utils.broadcast_one_to_all(np.int32(taken)))
+  if not taken:
+    raise lock.busy()
+  try:
+    yield lock
+  finally:
+    lock.release()

@@ -1,0 +1,75 @@
+"""checkpointing: save and restore, and the fall-back past checkpoints damaged on disk."""
+
+import os
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from capsjax import checkpointing
+from capsjax.errors import UsageError
+
+
+def state_at(step):
+  return {"w": jnp.full((64, 64), float(step)), "step": jnp.asarray(step)}
+
+
+def saved(tmp_path, steps=(1, 2, 3)):
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"), keep=5)
+  for step in steps:
+    ckpt.save(step, state_at(step), {"step": step})
+  ckpt.wait()
+  return ckpt
+
+
+def truncate_data(ckpt, step):
+  """What a crash or a full disk leaves: the array files cut in half."""
+  files = [p for p in pathlib.Path(ckpt.directory, str(step)).rglob("*")
+           if p.is_file() and p.parent.name == "d"]
+  assert files
+  for path in files:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def test_round_trip(tmp_path):
+  ckpt = saved(tmp_path)
+  step, state, meta = ckpt.restore_newest(state_at(0))
+  assert step == 3 and meta == {"step": 3}
+  np.testing.assert_array_equal(np.asarray(state["w"]), 3.0)
+
+
+def test_damaged_newest_is_reported_moved_aside_and_the_previous_restores(tmp_path):
+  ckpt = saved(tmp_path)
+  truncate_data(ckpt, 3)
+  messages = []
+  step, state, _ = ckpt.restore_newest(state_at(0), log=messages.append)
+  assert step == 2 and float(state["w"][0, 0]) == 2.0
+  assert "checkpoint at step 3" in messages[0] and "cannot be restored" in messages[0]
+  assert "Moved the damaged checkpoint of step 3" in messages[1]
+  assert ckpt.all_steps() == [1, 2]
+  aside = os.listdir(tmp_path / checkpointing.DAMAGED_DIR)
+  assert len(aside) == 1 and aside[0].startswith("3-")  # Kept, not deleted.
+  ckpt.save(4, state_at(4), {"step": 4})  # The run goes on past it.
+  ckpt.wait()
+  assert ckpt.latest_step() == 4
+
+
+def test_without_moving_aside_nothing_changes_on_disk(tmp_path):
+  ckpt = saved(tmp_path)
+  truncate_data(ckpt, 3)
+  step, _, _ = ckpt.restore_newest(state_at(0), log=lambda _: None, move_aside=False,
+                                   steps=[3, 1])
+  assert step == 1 and ckpt.all_steps() == [1, 2, 3]
+  assert not (tmp_path / checkpointing.DAMAGED_DIR).exists()
+
+
+def test_none_restores_gives_a_clear_error_and_moves_nothing(tmp_path):
+  ckpt = saved(tmp_path, steps=(1, 2))
+  for step in (1, 2):
+    truncate_data(ckpt, step)
+  with pytest.raises(UsageError, match=r"None of the checkpoints in .*checkpoints can be "
+                                       r"restored \(step 2: .*; step 1: .*\).*move that folder"):
+    ckpt.restore_newest(state_at(0), log=lambda _: None)
+  assert ckpt.all_steps() == [1, 2]
+  assert checkpointing.Checkpointer(str(tmp_path / "empty")).restore_newest(state_at(0)) is None

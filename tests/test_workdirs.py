@@ -1,0 +1,70 @@
+"""workdirs: bad --workdir paths, and the lock that keeps a second run off a workdir."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from capsjax import workdirs
+from capsjax.errors import UsageError
+
+
+def test_prepare_makes_the_directory_and_refuses_bad_paths(tmp_path):
+  made = workdirs.prepare(str(tmp_path / "a" / "b"))
+  assert os.path.isdir(made) and made == str(tmp_path / "a" / "b")
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(UsageError, match="--workdir=.*file is a file, not a directory"):
+    workdirs.prepare(str(tmp_path / "file"))
+  with pytest.raises(UsageError, match="lies inside the file .*file"):
+    workdirs.prepare(str(tmp_path / "file" / "run"))
+
+
+def unwritable_path(tmp_path):
+  """A path this user cannot create: inside a read-only folder or, for root (who may write
+  anywhere), on sysfs, which refuses new folders."""
+  if os.geteuid() != 0:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    return str(locked / "run")
+  if not os.path.isdir("/sys/kernel"):
+    pytest.skip("running as root without sysfs: no unwritable location")
+  return "/sys/capsjax-test-run"
+
+
+def test_prepare_refuses_an_unwritable_place(tmp_path):
+  with pytest.raises(UsageError, match="Cannot create --workdir=|is not writable"):
+    workdirs.prepare(unwritable_path(tmp_path))
+
+
+HOLD = """
+import sys, time
+from capsjax import workdirs
+lock = workdirs.Lock(sys.argv[1]).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_lock_names_its_holder_and_dies_with_it(tmp_path):
+  holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    lock = workdirs.Lock(str(tmp_path))
+    assert not lock.try_acquire()
+    with pytest.raises(workdirs.WorkdirBusy, match=rf"in use by another run \(host .*, pid "
+                                                   rf"{holder.pid}, started "):
+      lock.acquire()
+  finally:
+    holder.kill()  # SIGKILL: no clean-up runs, the OS drops the lock.
+    holder.wait()
+  deadline = time.time() + 10
+  while not lock.try_acquire():  # Released at once in practice; allow a slow machine.
+    assert time.time() < deadline, "the lock outlived its SIGKILLed holder"
+    time.sleep(0.05)
+  assert str(os.getpid()) in lock.holder()
+  lock.release()
+  with workdirs.Lock(str(tmp_path)):  # And again, as a context manager.
+    assert not workdirs.Lock(str(tmp_path)).try_acquire()
