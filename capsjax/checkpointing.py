@@ -100,6 +100,22 @@ class Checkpointer:
                                       meta=ocp.args.JsonRestore()))
     return restored["state"], dict(restored["meta"])
 
+  def candidates(self, which: str) -> list[int]:
+    """The checkpoints to try for ``which`` (``best``, ``latest`` or a step), in order: the one
+    asked for, then (for best and latest) the others, newest first."""
+    steps = sorted(self.all_steps(), reverse=True)
+    if not steps:
+      raise UsageError(f"No checkpoint in {self.directory}.")
+    if which == "best":
+      first = self.best_step() or steps[0]
+      return [first] + [s for s in steps if s != first]
+    if which == "latest":
+      return steps
+    if which.isdigit() and int(which) in steps:
+      return [int(which)]
+    raise UsageError(f"--checkpoint={which!r}: use 'best', 'latest' or one of the saved "
+                     f"steps {sorted(steps)}.")
+
   def restore_newest(self, abstract_state: Any, log: Callable[[str], None] = print,
                      move_aside: bool = True, steps: list[int] | None = None):
     """``(step, state, meta)`` of the newest checkpoint that restores (or the first of

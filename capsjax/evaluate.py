@@ -4,6 +4,8 @@
   python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=latest
   python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=1500
   python -m capsjax.evaluate --workdir=/tmp/run --max_shift=2   # + the shifted test sets
+  python -m capsjax.evaluate --ensemble=/tmp/a,/tmp/b,/tmp/c     # average their class scores
+  python -m capsjax.evaluate --ensemble=/tmp/sweeps/cifar10      # a sweep's finished runs
 
 The config is the one the run saved (WORKDIR/config.json); the data location
 can be changed with ``--data_dir`` (e.g. on another machine). Writes
@@ -21,7 +23,12 @@ from absl import app, flags, logging
 from capsjax import cli
 from capsjax.errors import UsageError
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory.", required=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory.")
+_ENSEMBLE = flags.DEFINE_string(
+    "ensemble", None, "Comma-separated run directories, or one sweep directory (its finished "
+    "runs): evaluate them as an ensemble, averaging their class scores.")
+_OUTPUT = flags.DEFINE_string("output", None, "Where --ensemble writes ensemble.json (default: "
+                              "the sweep directory, or the members' common parent).")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "'best', 'latest' or a step number.")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "Override config.data.dir.")
 _MAX_SHIFT = flags.DEFINE_integer(
@@ -52,7 +59,7 @@ def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | Non
                     SHIFTED: {"type": "shifted", "split": "test", "max_shift": max_shift}}
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                     keep=config.train.keep_checkpoints)
-  candidates = _candidates(ckpt, checkpoint)
+  to_try = ckpt.candidates(checkpoint)
   train.validate_config(config, jax.device_count())
   task = tasks.Task.from_config(config)
   splits = task.dataset.load()
@@ -60,7 +67,7 @@ def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | Non
   # A damaged checkpoint is reported and the next candidate tried; nothing is moved (a
   # training run may hold this workdir).
   step, state, _ = ckpt.restore_newest(steps.abstract_state(task, NamedSharding(mesh, P())),
-                                       log=train.log, move_aside=False, steps=candidates)
+                                       log=train.log, move_aside=False, steps=to_try)
   graphdef = task.graphdef()
   evals = evaluators.build_all(config, task.dataset, splits,
                                evaluators.Runner(graphdef, mesh, config.eval.batch_size),
@@ -91,29 +98,20 @@ def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | Non
   return result
 
 
-def _candidates(ckpt, checkpoint: str) -> list[int]:
-  """The checkpoints to try, in order: the one asked for, then (for best and latest) the
-  others, newest first."""
-  steps = sorted(ckpt.all_steps(), reverse=True)
-  if not steps:
-    raise UsageError(f"No checkpoint in {ckpt.directory}.")
-  if checkpoint == "best":
-    first = ckpt.best_step() or steps[0]
-    return [first] + [s for s in steps if s != first]
-  if checkpoint == "latest":
-    return steps
-  if checkpoint.isdigit() and int(checkpoint) in steps:
-    return [int(checkpoint)]
-  raise UsageError(f"--checkpoint={checkpoint!r}: use 'best', 'latest' or one of the saved "
-                   f"steps {sorted(steps)}.")
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)
   try:
-    evaluate_workdir(_WORKDIR.value, _CHECKPOINT.value, _DATA_DIR.value, _MAX_SHIFT.value)
+    if bool(_WORKDIR.value) == bool(_ENSEMBLE.value):
+      raise UsageError("Give --workdir=DIR (one run) or --ensemble=DIR1,DIR2,... (several).")
+    if _ENSEMBLE.value:
+      from capsjax import ensemble
+
+      ensemble.evaluate_ensemble(_ENSEMBLE.value.split(","), _CHECKPOINT.value,
+                                 _DATA_DIR.value, _OUTPUT.value)
+    else:
+      evaluate_workdir(_WORKDIR.value, _CHECKPOINT.value, _DATA_DIR.value, _MAX_SHIFT.value)
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

@@ -21,6 +21,20 @@ def tile(images: np.ndarray) -> np.ndarray:
   return canvas
 
 
+def displayable(images: np.ndarray) -> np.ndarray:
+  """``(..., h, w, c)`` images as grey or RGB in [0, 1]: channels other than 1 or 3 (e.g.
+  smallNORB's two stereo views) side by side, and values outside [0, 1] (standardised
+  images) stretched to it per image."""
+  images = np.asarray(images, np.float32)
+  if images.shape[-1] not in (1, 3):
+    images = np.concatenate(np.split(images, images.shape[-1], axis=-1), axis=-2)
+  if images.size and (images.min() < 0 or images.max() > 1):
+    low = images.min(axis=(-3, -2, -1), keepdims=True)
+    high = images.max(axis=(-3, -2, -1), keepdims=True)
+    images = (images - low) / np.maximum(high - low, 1e-12)
+  return images
+
+
 def _show(ax, image):
   image = np.clip(image, 0, 1)
   if image.shape[-1] == 1:
@@ -116,5 +130,34 @@ def save_examples(path: str, images: np.ndarray, labels, predictions, title: str
     ax.set_title(f"{int(labels[k])} -> {int(predictions[k])}", fontsize=8,
                  color="red" if wrong else "black")
   fig.suptitle(title, fontsize=8)
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+
+
+def overlay(pair: np.ndarray) -> np.ndarray:
+  """Two grey images ``(..., 2, h, w, 1)`` as one RGB image ``(..., h, w, 3)``: the first in
+  red, the second in green (yellow where they overlap), as in paper Fig. 5."""
+  first, second = pair[..., 0, :, :, 0], pair[..., 1, :, :, 0]
+  return np.clip(np.stack([first, second, np.zeros_like(first)], axis=-1), 0, 1)
+
+
+def save_pair_reconstructions(path: str, images: np.ndarray, reconstructions: np.ndarray,
+                              labels, decoded, title: str) -> None:
+  """Paper Fig. 5: inputs (top) over the two reconstructions overlaid in red and green.
+
+  Args:
+    images: ``(n, h, w, 1)``; reconstructions ``(n, 2, h, w, 1)``.
+    labels: ``(n, 2)`` true classes; decoded ``(n, 2)`` the classes reconstructed (red,
+      green); the column titles show both.
+  """
+  grey = np.repeat(np.clip(images, 0, 1), 3, axis=-1)
+  grid = tile(np.stack([grey, overlay(reconstructions)]))
+  fig, ax = plt.subplots(figsize=(1.3 * len(images), 3.0))
+  _show(ax, grid)
+  width = images.shape[2] + 1
+  for k, (label, shown) in enumerate(zip(labels, decoded)):
+    ax.text(k * width + width / 2, -2, f"{label[0]},{label[1]}\n"
+            f"R{shown[0]} G{shown[1]}", ha="center", va="bottom", fontsize=7)
+  ax.set_title(title, fontsize=8, pad=22)
   fig.savefig(path, dpi=100, bbox_inches="tight")
   plt.close(fig)

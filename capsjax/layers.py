@@ -156,10 +156,10 @@ class PrimaryCapsules(nnx.Module):
   def __init__(self, in_features: int, num_types: int, dim: int, kernel_size: int,
                stride: int, *, squash_epsilon: float = 0.0, impl: str = "auto",
                compute_dtype=jnp.float32, init_scale: float = 0.0, bias_init: float = 0.0,
-               rngs: nnx.Rngs):
+               padding: str = "VALID", rngs: nnx.Rngs):
     self.conv = Conv2D(in_features, num_types * dim, kernel_size, stride, impl=impl,
                        compute_dtype=compute_dtype, init_scale=init_scale,
-                       bias_init=bias_init, rngs=rngs)
+                       bias_init=bias_init, padding=padding, rngs=rngs)
     self.num_types = num_types
     self.dim = dim
     self.squash_epsilon = squash_epsilon

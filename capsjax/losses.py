@@ -14,13 +14,16 @@ def margin_loss_per_example(lengths: jax.Array, labels: jax.Array, *, m_plus: fl
 
   Args:
     lengths: capsule lengths ``|v_k|``, ``(batch, num_classes)``.
-    labels: int class ids ``(batch,)``.
+    labels: int class ids ``(batch,)``, or ``(batch, n)`` for several digits per image
+      (MultiMNIST): every labelled class is present (T_k = 1).
     m_plus, m_minus, lam: the paper's 0.9, 0.1 and 0.5 by default.
 
   Returns:
     ``(batch,)``.
   """
   present = jax.nn.one_hot(labels, lengths.shape[-1], dtype=lengths.dtype)
+  if labels.ndim == 2:
+    present = jnp.minimum(jnp.sum(present, axis=1), 1.0)
   per_class = (present * jnp.square(jnp.maximum(0.0, m_plus - lengths))
                + lam * (1.0 - present) * jnp.square(jnp.maximum(0.0, lengths - m_minus)))
   return jnp.sum(per_class, axis=-1)

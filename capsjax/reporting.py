@@ -71,6 +71,18 @@ def read_metrics(workdir: str) -> list[dict]:
   return records
 
 
+def is_finished(workdir: str) -> bool:
+  """Whether ``WORKDIR/summary.json`` says the run trained all its steps or stopped at
+  ``train.stop_at_accuracy``."""
+  path = os.path.join(workdir, "summary.json")
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    summary = json.load(f)
+  return summary.get("step") == summary.get("num_steps") or bool(
+      summary.get("stopped_at_accuracy"))
+
+
 def format_duration(seconds: float) -> str:
   if not math.isfinite(seconds):
     return "?"

@@ -2,8 +2,10 @@
 
 Every run: training curves and, when the records have them, routing
 diagnostics. Models with a decoder: reconstructions of test examples and the
-latent perturbations of paper Fig. 4. Each evaluator may add its own
-(e.g. affine test examples with predictions).
+latent perturbations of paper Fig. 4; with two digits per image, paper Fig. 5
+(each digit reconstructed from its capsule, overlaid in red and green) and the
+same with a class that is not present (the paper's "*" columns). Each evaluator
+may add its own (e.g. affine test examples with predictions).
 """
 
 from __future__ import annotations
@@ -37,16 +39,19 @@ def draw_figures(workdir: str, graphdef, params, builder, test_split, evaluation
   if getattr(model, "decoder", None) is not None and n:
     batch = builder.eval_batch({k: v[:n] for k, v in test_split.examples.items()},
                                test_split.shared)
-    _draw_reconstructions(workdir, model, batch, writer, step)
+    if np.ndim(batch["labels"]) == 2:
+      _draw_pair_reconstructions(workdir, model, batch, writer, step)
+    else:
+      _draw_reconstructions(workdir, model, batch, writer, step)
   for evaluator in evaluations.values():
     evaluator.draw(model, workdir, writer, step)
 
 
 def _draw_reconstructions(workdir, model, batch, writer, step) -> None:
   """Inputs over their reconstructions, and paper Fig. 4 for the first example."""
-  images = np.asarray(batch["images"])
   out = model.apply(batch, train=False)
-  reconstructions = np.asarray(out.reconstructions)
+  images = figures.displayable(batch["images"])
+  reconstructions = figures.displayable(out.reconstructions)
   figures.save_reconstructions(os.path.join(workdir, "reconstructions.png"), images,
                                reconstructions, np.asarray(batch["labels"]),
                                np.asarray(out.predictions))
@@ -62,8 +67,35 @@ def _draw_reconstructions(workdir, model, batch, writer, step) -> None:
   tweaked = tweaked.at[:, :, label, :].add(jnp.eye(dims)[:, None, :] * deltas[None, :, None])
   decoded = model.decode(tweaked.reshape(-1, *capsule.shape),
                          jnp.full((dims * len(deltas),), label))
-  decoded = np.asarray(decoded).reshape(dims, len(deltas), *decoded.shape[1:])
+  decoded = figures.displayable(decoded)
+  decoded = decoded.reshape(dims, len(deltas), *decoded.shape[1:])
   figures.save_latent_perturbations(os.path.join(workdir, "latent_perturbations.png"),
                                     decoded, label)
   if writer is not None:
     writer.write_image("test/latent_perturbations", step, figures.tile(decoded))
+
+
+def _draw_pair_reconstructions(workdir, model, batch, writer, step) -> None:
+  """Paper Fig. 5 from the predicted classes, and with the second class swapped for the
+  longest capsule of a class that is not in the image."""
+  images, labels = np.asarray(batch["images"]), np.asarray(batch["labels"])
+  out = model.apply(batch, train=False)
+  predicted = np.asarray(out.predictions)
+  figures.save_pair_reconstructions(
+      os.path.join(workdir, "reconstructions.png"), images, np.asarray(out.reconstructions),
+      labels, predicted, "inputs (top) and the two predicted capsules decoded (red, green); "
+      "labels above, then the decoded classes")
+  if writer is not None:
+    writer.write_image("test/reconstructions", step, figures.tile(np.stack(
+        [np.repeat(images, 3, axis=-1), figures.overlay(np.asarray(out.reconstructions))])))
+  absent_lengths = np.where(np.eye(model.num_classes, dtype=bool)[labels].any(axis=1),
+                            -np.inf, np.asarray(out.lengths))
+  forced = np.stack([labels[:, 0], absent_lengths.argmax(axis=1)], axis=1)
+  decoded = np.asarray(model.decode(out.class_capsules, jnp.asarray(forced)))
+  figures.save_pair_reconstructions(
+      os.path.join(workdir, "forced_reconstructions.png"), images, decoded, labels, forced,
+      "a present class (red) and a class not present (green, the paper's *): what the "
+      "capsule of an absent class decodes to")
+  if writer is not None:
+    writer.write_image("test/forced_reconstructions", step, figures.tile(np.stack(
+        [np.repeat(images, 3, axis=-1), figures.overlay(decoded)])))

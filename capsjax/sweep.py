@@ -37,6 +37,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from capsjax import cli, preemption, workdirs
+from capsjax.reporting import is_finished
 from capsjax.errors import UsageError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -156,17 +157,6 @@ def apply_overrides(config, overrides: dict, seed: int):
       raise UsageError(f"Sweep key {key!r} is not in the config.") from e
   config.seed = seed
   return config
-
-
-def is_finished(workdir: str) -> bool:
-  """A run that trained all its steps or stopped at ``train.stop_at_accuracy``."""
-  path = os.path.join(workdir, "summary.json")
-  if not os.path.exists(path):
-    return False
-  with open(path) as f:
-    summary = json.load(f)
-  return summary.get("step") == summary.get("num_steps") or bool(
-      summary.get("stopped_at_accuracy"))
 
 
 def extra_evaluations(summary: dict) -> dict[str, float]:

@@ -112,3 +112,24 @@ def test_unknown_model_name():
   config = tiny_config(name="resnet")
   with pytest.raises(UsageError, match="config.model.name='resnet' is not a registered model"):
     models.get(config)
+
+
+def test_two_labels_use_sigmoids_and_a_two_hot_target():
+  import multimnist
+
+  assert models.count_params(models.create(multimnist.get_config("baseline"),
+                                           rngs=nnx.Rngs(0))) == 24_549_212
+  model = models.create(tiny_config(), rngs=nnx.Rngs(3))
+  images = np.random.default_rng(1).uniform(size=(2, 5, 5, 1))
+  batch = {"images": jnp.asarray(images, jnp.float32), "labels": jnp.asarray([[0, 3], [2, 1]])}
+  outputs = model.apply(batch, train=False)
+  loss, parts = model.loss(outputs, batch)
+  logits = numpy_forward(nnx.to_pure_dict(nnx.state(model, nnx.Param)), images)
+  target = np.zeros((2, 4))
+  target[[0, 0, 1, 1], [0, 3, 2, 1]] = 1
+  p = 1 / (1 + np.exp(-logits))
+  expected = -(target * np.log(p) + (1 - target) * np.log(1 - p)).sum(1)
+  np.testing.assert_allclose(np.asarray(loss), expected, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(outputs.scores), p, rtol=1e-5)
+  assert set(parts) == {"sigmoid_cross_entropy"}
+  assert set(model.metrics(outputs, batch)) == {"accuracy", "at_least_one"}

@@ -164,3 +164,66 @@ def test_image_too_small():
   c.image_shape = (12, 12, 1)
   with pytest.raises(ValueError, match="too small"):
     models.CapsNet(c, rngs=nnx.Rngs(0))
+
+
+def test_multimnist_capsnet_size_and_per_digit_objective():
+  import multimnist
+
+  config = multimnist.get_config()
+  assert models.count_params(models.create(config, rngs=nnx.Rngs(0))) == 11_361_808
+  small = multimnist.get_config("smoke")
+  model = models.create(small, rngs=nnx.Rngs(0))
+  keys = jax.random.split(jax.random.key(5), 2)
+  digits = jax.random.uniform(keys[0], (3, 2, 36, 36, 1))
+  batch = {"images": jnp.minimum(digits.sum(1), 1.0), "labels": jnp.asarray([[1, 7], [0, 3],
+                                                                              [9, 2]]),
+           "digit_images": digits}
+  for train in (True, False):
+    out = model.apply(batch, train=train)
+    loss, parts = model.loss(out, batch)
+    # By hand: Eq. 4 with both classes present, plus each digit decoded from its label's
+    # capsule against its own image, the two sums of squares added, times 0.0005.
+    t = jax.nn.one_hot(batch["labels"], 10).sum(1)
+    lengths = out.lengths
+    margin = jnp.sum(t * jnp.maximum(0, 0.9 - lengths) ** 2
+                     + 0.5 * (1 - t) * jnp.maximum(0, lengths - 0.1) ** 2, axis=-1)
+    recon = sum(jnp.sum((model.decode(out.class_capsules, batch["labels"][:, k])
+                         - digits[:, k]) ** 2, axis=(1, 2, 3)) for k in range(2)) * 0.0005
+    np.testing.assert_allclose(np.asarray(parts["margin_loss"]), np.asarray(margin), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(parts["reconstruction_loss"]), np.asarray(recon),
+                               rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(loss), np.asarray(margin + recon), rtol=1e-5)
+  # At evaluation the figures' reconstructions follow the two longest capsules.
+  out = model.apply(batch, train=False)
+  top2 = np.argsort(-np.asarray(out.lengths), axis=1)[:, :2]
+  np.testing.assert_array_equal(np.sort(np.asarray(out.predictions), 1), np.sort(top2, 1))
+  np.testing.assert_allclose(np.asarray(out.reconstructions),
+                             np.asarray(model.decode(out.class_capsules, out.predictions)),
+                             rtol=1e-6)
+
+
+@pytest.mark.parametrize("name,padding,grid,count", [
+    # CIFAR-10 (24x24x3, 64 primary types): SAME keeps 24 after conv1, ceil(24/2) = 12 after
+    # PrimaryCaps: 12*12*64 = 9216 capsules; VALID: 24-8 = 16, (16-9)//2+1 = 4.
+    ("cifar10", "SAME", (12, 12), 22_476_288),
+    ("cifar10", "VALID", (4, 4), 11_990_528),
+    # SVHN (32x32x3, conv1 64, 16 primary types of 6D, 8D class capsules): VALID 32-8 = 24,
+    # (24-9)//2+1 = 8; SAME 32 then 16.
+    ("svhn", "VALID", (8, 8), 4_720_480),
+    ("svhn", "SAME", (16, 16), 6_195_040),
+])
+def test_padding_shapes_and_sizes_of_the_image_configs(name, padding, grid, count):
+  import importlib
+
+  config = importlib.import_module(name).get_config()
+  config.model.padding = padding
+  model = models.create(config, rngs=nnx.Rngs(0))
+  assert models.primary_grid(config.model) == grid
+  assert model.class_capsules.weights.shape[0] == grid[0] * grid[1] * config.model.primary.num_types
+  assert models.count_params(model) == count
+  image = jnp.zeros((1, *config.model.image_shape))
+  features = model.conv1(image)
+  assert features.shape[1:3] == ((24, 24) if (name, padding) == ("cifar10", "SAME") else
+                                 (16, 16) if name == "cifar10" else
+                                 (32, 32) if padding == "SAME" else (24, 24))
+  assert model(image).lengths.shape == (1, 10)

@@ -333,3 +333,42 @@ def test_baseline_and_affnist_configs_end_to_end(idx_dir, tmp_path, capsys):
     for name in ("affine_mnist_examples.png", "affnist_examples.png"):
       assert (workdir / name).read_bytes()[:4] == b"\x89PNG", name
     assert (workdir / "reconstructions.png").exists() == (variant == "smoke")
+
+
+def test_multimnist_end_to_end_resumes_exactly_and_draws_fig5(idx_dir, tmp_path):
+  """The pairs drawn at each step are a function of the step: a run stopped at step 4 and
+  resumed ends where an uninterrupted one does."""
+  import multimnist
+  from capsjax import train
+
+  full = train.train_and_evaluate(_smoke(multimnist, "smoke", idx_dir), tmp_path / "full")
+  train.train_and_evaluate(_smoke(multimnist, "smoke", idx_dir, num_steps=4),
+                           tmp_path / "resumed")
+  resumed = train.train_and_evaluate(_smoke(multimnist, "smoke", idx_dir), tmp_path / "resumed")
+  assert resumed["step"] == full["step"] == 8
+  assert resumed["test_loss"] == full["test_loss"]
+  assert set(full["evaluations"]["test"]) >= {"accuracy", "at_least_one", "loss",
+                                              "margin_loss", "reconstruction_loss"}
+  for name in ("reconstructions.png", "forced_reconstructions.png"):
+    assert (tmp_path / "full" / name).read_bytes()[:4] == b"\x89PNG", name
+  baseline = train.train_and_evaluate(_smoke(multimnist, "baseline_smoke", idx_dir),
+                                      tmp_path / "baseline")
+  assert "at_least_one" in baseline["evaluations"]["test"]
+  assert not (tmp_path / "baseline" / "reconstructions.png").exists()
+
+
+@pytest.mark.parametrize("name", ["cifar10", "svhn", "smallnorb"])
+def test_image_configs_train_end_to_end_on_mock_data(tmp_path, name):
+  """Our machines cannot download these datasets: tfds's mock data stands in (flax's
+  examples test the same way)."""
+  import importlib
+
+  import tensorflow_datasets as tfds
+  from capsjax import train
+
+  config = importlib.import_module(name).get_config("smoke")
+  with tfds.testing.mock_data(num_examples=64):
+    summary = train.train_and_evaluate(config, tmp_path / name)
+  assert summary["step"] == 8 and 0.0 <= summary["test_accuracy"] <= 1.0
+  assert np.isfinite(summary["test_loss"])
+  assert summary["config"]["model"]["image_shape"] == list(config.model.image_shape)

@@ -134,5 +134,5 @@ def get(config: ml_collections.ConfigDict) -> Builder:
 
 
 # Registration happens on import; keep this at the bottom.
-for _module in ("mnist",):
+for _module in ("images", "mnist", "multimnist"):
   importlib.import_module(f"capsjax.datasets.{_module}")

@@ -35,8 +35,12 @@ _IDX_UBYTE = 0x08
 
 
 def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed: int = 0,
-         shape_source: str = "config.model.image_shape") -> dict[str, Split]:
+         shape_source: str = "config.model.image_shape", image_keys=("image",),
+         label_key: str = "label") -> dict[str, Split]:
   """Reads ``config`` (``config.data``), validates it and splits off validation.
+
+  With tfds, ``image_keys`` name the image features (several: stacked as channels, e.g.
+  smallNORB's two views) and ``label_key`` the label feature.
 
   ``image_shape`` is the shape the files must have; ``shape_source`` names
   the setting it comes from, for the error message.
@@ -52,7 +56,8 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
   if config.source == "idx":
     arrays = _load_idx(config.dir)
   elif config.source == "tfds":
-    arrays = _load_tfds(config.name, config.dir, config.tfds_data_dir)
+    arrays = _load_tfds(config.name, config.dir, config.tfds_data_dir, tuple(image_keys),
+                        label_key)
   else:
     raise UsageError(f"config.data.source must be 'tfds' or 'idx', got {config.source!r}.")
   where = config.dir if config.source == "idx" else f"tfds dataset {config.name!r}"
@@ -170,7 +175,8 @@ def check_reachable(urls: list[str], name: str, timeout: float = 5.0) -> None:
                        f"({type(e).__name__}: {e}). {OFFLINE_HINT}") from e
 
 
-def _load_tfds(name: str, manual_dir: str | None, data_dir: str | None) -> dict:
+def _load_tfds(name: str, manual_dir: str | None, data_dir: str | None,
+               image_keys=("image",), label_key: str = "label") -> dict:
   import tensorflow_datasets as tfds  # Heavy (TensorFlow); only for this source.
 
   try:
@@ -185,7 +191,7 @@ def _load_tfds(name: str, manual_dir: str | None, data_dir: str | None) -> dict:
       raise UsageError(f"config.data.dir={manual_dir!r} does not exist or is not a folder; "
                        "for tfds it must hold the original archive files.")
     download_config = tfds.download.DownloadConfig(manual_dir=manual_dir)
-  elif not builder.is_prepared():
+  elif not builder.is_prepared() and not _tfds_mocked(builder):
     # Offline, tfds retries each download with back-off for minutes before it gives up.
     check_reachable(list(builder.url_infos or ()), name)
   try:
@@ -194,10 +200,22 @@ def _load_tfds(name: str, manual_dir: str | None, data_dir: str | None) -> dict:
     raise UsageError(f"tensorflow-datasets could not prepare {name!r} "
                      f"(manual dir {manual_dir!r}): {type(e).__name__}: {e}. "
                      f"{OFFLINE_HINT}") from e
+  features = builder.info.features
+  missing = [k for k in (*image_keys, label_key) if k not in features]
+  if missing:
+    raise UsageError(f"tfds dataset {name!r} has no feature {missing[0]!r} (it has "
+                     f"{sorted(features.keys())}).")
   splits = {}
   for split in ("train", "test"):
-    data = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
-    splits[split] = (np.asarray(data["image"], np.uint8), np.asarray(data["label"], np.int32))
+    # In batches: batch_size=-1 aborts the process under tfds.testing.mock_data.
+    parts = list(tfds.as_numpy(builder.as_dataset(split=split, batch_size=4096)))
+    images = [np.concatenate([np.asarray(p[k], np.uint8) for p in parts]) for k in image_keys]
+    splits[split] = (images[0] if len(images) == 1 else np.concatenate(images, axis=-1),
+                     np.concatenate([np.asarray(p[label_key], np.int32) for p in parts]))
   return splits
 
 
+def _tfds_mocked(builder) -> bool:
+  """Whether ``tfds.testing.mock_data`` is active (it makes up data; nothing is downloaded)."""
+  method = getattr(type(builder), "download_and_prepare", None)
+  return getattr(method, "__module__", "").startswith("tensorflow_datasets.testing")

@@ -99,6 +99,34 @@ class Runner:
     return metrics
 
 
+  def scores(self, params, eval_set: EvalSet) -> tuple[np.ndarray, np.ndarray]:
+    """The model's class scores ``(n, num_classes)`` and the labels of every example of the
+    set (ensembles average the scores of several models)."""
+    key = ("scores", eval_set.make_batch)
+    if key not in self._steps:
+      self._steps[key] = make_scores_step(self.graphdef, self.mesh, self.batch_size,
+                                          eval_set.make_batch)
+    parts = [self._steps[key](params, eval_set.examples, eval_set.shared,
+                              b * eval_set.batch_size) for b in range(eval_set.num_batches)]
+    scores = np.concatenate([np.asarray(p[0]) for p in parts])[:eval_set.size]
+    labels = np.concatenate([np.asarray(p[1]) for p in parts])[:eval_set.size]
+    return scores, labels
+
+
+def make_scores_step(graphdef, mesh, batch_size: int, make_batch: Callable) -> Callable:
+  """``fn(params, examples, shared, start) -> (scores, labels)`` of one batch."""
+  batch_sharding = NamedSharding(mesh, P("data"))
+
+  @jax.jit
+  def scores_step(params, examples, shared, start):
+    take = lambda a: jax.lax.with_sharding_constraint(
+        jax.lax.dynamic_slice_in_dim(a, start, batch_size), batch_sharding)
+    batch = make_batch(jax.tree.map(take, examples), shared)
+    return nnx.merge(graphdef, params).apply(batch, train=False).scores, batch["labels"]
+
+  return scores_step
+
+
 def make_eval_step(graphdef, mesh, batch_size: int, make_batch: Callable) -> Callable:
   """``fn(params, examples, shared, weights, start) -> sums`` over one batch: ``count``,
   ``loss``, each loss part and each metric, weighted per example (padding weighs 0)."""

@@ -22,13 +22,13 @@ import ml_collections
 import optax
 from flax import nnx
 
-from capsjax import layers
+from capsjax import layers, metrics
 from capsjax.errors import UsageError
 
 
 class BaselineOutput(NamedTuple):
-  """``logits`` and ``scores`` (softmax probabilities) ``(batch, num_classes)``,
-  ``predictions`` ``(batch,)``."""
+  """``logits`` and ``scores`` (softmax probabilities; per-class sigmoids with several labels)
+  ``(batch, num_classes)``, ``predictions`` ``(batch,)`` or ``(batch, n)``."""
   logits: jax.Array
   scores: jax.Array
   predictions: jax.Array
@@ -87,9 +87,10 @@ class BaselineCNN(nnx.Module):
 
   validate_config = staticmethod(validate_config)
 
-  def __call__(self, images: jax.Array, *, train: bool = False,
-               rng: jax.Array | None = None) -> BaselineOutput:
-    """``images`` ``(batch, h, w, c)``; ``rng`` drives dropout when ``train``."""
+  def __call__(self, images: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
+               labels_per_example: int = 1) -> BaselineOutput:
+    """``images`` ``(batch, h, w, c)``; ``rng`` drives dropout when ``train``. With several
+    labels per example the scores are per-class sigmoids and the predictions the top ones."""
     x = images
     for conv, pool in zip(self.convs, self.pool):
       x = jax.nn.relu(conv(x))
@@ -100,17 +101,26 @@ class BaselineCNN(nnx.Module):
       x = jax.nn.relu(layer(x))
     x = self.dropout(x, deterministic=not train, rngs=rng if train else None)
     logits = self.dense[-1](x).astype(jnp.float32)
-    return BaselineOutput(logits, jax.nn.softmax(logits), jnp.argmax(logits, axis=-1))
+    scores = jax.nn.softmax(logits) if labels_per_example == 1 else jax.nn.sigmoid(logits)
+    return BaselineOutput(logits, scores, metrics.predictions(logits, labels_per_example))
 
   # --- The task interface (capsjax.models). ---
 
   def apply(self, batch: dict, *, train: bool, rng: jax.Array | None = None) -> BaselineOutput:
-    return self(batch["images"], train=train, rng=rng)
+    labels = batch["labels"]
+    return self(batch["images"], train=train, rng=rng,
+                labels_per_example=labels.shape[1] if labels.ndim == 2 else 1)
 
   def loss(self, outputs: BaselineOutput, batch: dict) -> tuple[jax.Array, dict]:
-    """Softmax cross-entropy per example."""
-    ce = optax.softmax_cross_entropy_with_integer_labels(outputs.logits, batch["labels"])
-    return ce, {"cross_entropy": ce}
+    """Softmax cross-entropy per example; with several labels per example (MultiMNIST), the
+    per-class sigmoid cross-entropy against the k-hot target, summed over classes."""
+    labels = batch["labels"]
+    if labels.ndim == 1:
+      ce = optax.softmax_cross_entropy_with_integer_labels(outputs.logits, labels)
+      return ce, {"cross_entropy": ce}
+    k_hot = jnp.minimum(jnp.sum(jax.nn.one_hot(labels, outputs.logits.shape[-1]), axis=1), 1.0)
+    bce = jnp.sum(optax.sigmoid_binary_cross_entropy(outputs.logits, k_hot), axis=-1)
+    return bce, {"sigmoid_cross_entropy": bce}
 
   def metrics(self, outputs: BaselineOutput, batch: dict) -> dict:
-    return {"accuracy": (outputs.predictions == batch["labels"]).astype(jnp.float32)}
+    return metrics.label_sets_correct(outputs.scores, batch["labels"])

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from capsjax import layers, losses, routing
+from capsjax import layers, losses, metrics, routing
 from capsjax.errors import UsageError
 
 
@@ -40,15 +40,20 @@ class CapsNetOutput(NamedTuple):
   Attributes:
     class_capsules: v_j, ``(batch, num_classes, capsule_dim)``.
     lengths: ``|v_j|`` in [0, 1), the class probabilities, ``(batch, num_classes)``.
-    predictions: argmax of ``lengths``, ``(batch,)``.
-    reconstructions: ``(batch, h, w, c)`` or None without a decoder.
+    predictions: argmax of ``lengths``, ``(batch,)``; with several labels per example, the
+      classes of the longest capsules, ``(batch, n)``.
+    reconstructions: ``(batch, h, w, c)``, or ``(batch, n, h, w, c)`` (one per digit), or
+      None without a decoder; masked by the labels in training, by the predictions otherwise.
     trace: a :class:`capsjax.routing.RoutingTrace` if asked for, else None.
+    label_reconstructions: with several labels, the reconstructions masked by the labels
+      (the training objective's, also at evaluation); else None.
   """
   class_capsules: jax.Array
   lengths: jax.Array
   predictions: jax.Array
   reconstructions: jax.Array | None
   trace: routing.RoutingTrace | None
+  label_reconstructions: jax.Array | None = None
 
   @property
   def scores(self) -> jax.Array:
@@ -70,19 +75,24 @@ def validate_model_config(config: ml_collections.ConfigDict) -> None:
                      f"got {r.squash_epsilon!r}.")
   layers.check_compute_settings(config)
   h, w, _ = config.image_shape
+  padding = config.get("padding", "VALID")
+  if padding not in layers.PADDINGS:
+    raise UsageError(f"config.model.padding must be one of {layers.PADDINGS}, got {padding!r}.")
   after_conv1 = min(h, w) - config.conv1.kernel_size + 1
-  if after_conv1 < config.primary.kernel_size:
+  if padding == "VALID" and after_conv1 < config.primary.kernel_size:
     raise UsageError(f"config.model.image_shape {tuple(config.image_shape)} is too small "
                      f"for conv1 kernel {config.conv1.kernel_size} followed by the "
                      f"primary-capsule kernel {config.primary.kernel_size}.")
 
 
 def primary_grid(config: ml_collections.ConfigDict) -> tuple[int, int]:
-  """Spatial size of the primary-capsule grid for ``config.image_shape``."""
+  """Spatial size of the primary-capsule grid for ``config.image_shape`` (VALID: shrinks by
+  each kernel; SAME: ``ceil(size / stride)``, as TF)."""
+  same = config.get("padding", "VALID") == "SAME"
   size = []
   for n in config.image_shape[:2]:
-    n = (n - config.conv1.kernel_size) // config.conv1.stride + 1
-    n = (n - config.primary.kernel_size) // config.primary.stride + 1
+    for layer in (config.conv1, config.primary):
+      n = -(-n // layer.stride) if same else (n - layer.kernel_size) // layer.stride + 1
     size.append(n)
   return size[0], size[1]
 
@@ -100,17 +110,18 @@ class CapsNet(nnx.Module):
     """``config`` is ``config.model``; ``loss`` the settings of :meth:`loss`."""
     validate_model_config(config)
     dtype = layers.COMPUTE_DTYPES[config.compute_dtype]
+    padding = config.get("padding", "VALID")  # .get: configs from before the switch.
     channels = config.image_shape[2]
     self.conv1 = layers.Conv2D(channels, config.conv1.features, config.conv1.kernel_size,
                                config.conv1.stride, impl=config.conv_impl,
                                compute_dtype=dtype, init_scale=config.conv1.init_scale,
-                               bias_init=config.conv1.bias_init, rngs=rngs)
+                               bias_init=config.conv1.bias_init, padding=padding, rngs=rngs)
     self.primary_capsules = layers.PrimaryCapsules(
         config.conv1.features, config.primary.num_types, config.primary.dim,
         config.primary.kernel_size, config.primary.stride,
         squash_epsilon=config.routing.squash_epsilon, impl=config.conv_impl,
         compute_dtype=dtype, init_scale=config.primary.init_scale,
-        bias_init=config.primary.bias_init, rngs=rngs)
+        bias_init=config.primary.bias_init, padding=padding, rngs=rngs)
     grid_h, grid_w = primary_grid(config)
     r = config.routing
     self.class_capsules = layers.ClassCapsules(
@@ -141,42 +152,49 @@ class CapsNet(nnx.Module):
   validate_config = staticmethod(validate_model_config)
 
   def __call__(self, images: jax.Array, labels: jax.Array | None = None, *,
-               train: bool = False, return_trace: bool = False) -> CapsNetOutput:
+               train: bool = False, return_trace: bool = False,
+               labels_per_example: int = 1) -> CapsNetOutput:
     """Classifies and reconstructs.
 
     Args:
       images: ``(batch, h, w, c)`` floats in [0, 1].
-      labels: ``(batch,)`` int class ids; required when ``train``.
+      labels: ``(batch,)`` int class ids, or ``(batch, n)`` for n digits per image;
+        required when ``train``.
       train: mask the decoder input by the labels (training, paper Sec. 4.1);
-        otherwise by the predicted class (evaluation).
+        otherwise by the predicted classes (evaluation).
       return_trace: also return the routing trace.
+      labels_per_example: how many classes to predict (and reconstruct) per image.
     """
     features = jax.nn.relu(self.conv1(images))
     primary = self.primary_capsules(features)
     result = self.class_capsules(primary, return_trace=return_trace)
     class_capsules, trace = result if return_trace else (result, None)
     lengths = routing.safe_norm(class_capsules, axis=-1)
-    predictions = jnp.argmax(lengths, axis=-1)
-    reconstructions = None
+    predictions = metrics.predictions(lengths, labels_per_example)
+    reconstructions = label_reconstructions = None
     if self.decoder is not None:
-      if train:
-        if labels is None:
-          raise ValueError("CapsNet(train=True) masks the decoder by the labels: pass labels.")
-        mask_ids = labels
-      else:
-        mask_ids = predictions
-      reconstructions = self.decoder(class_capsules, jax.nn.one_hot(mask_ids, self.num_classes))
-    return CapsNetOutput(class_capsules, lengths, predictions, reconstructions, trace)
+      if train and labels is None:
+        raise ValueError("CapsNet(train=True) masks the decoder by the labels: pass labels.")
+      reconstructions = self.decode(class_capsules, labels if train else predictions)
+      if labels_per_example > 1 and labels is not None:  # Sec. 6: each digit its own target.
+        label_reconstructions = (reconstructions if train
+                                 else self.decode(class_capsules, labels))
+    return CapsNetOutput(class_capsules, lengths, predictions, reconstructions, trace,
+                         label_reconstructions)
 
   def decode(self, class_capsules: jax.Array, class_ids: jax.Array) -> jax.Array:
-    """Decodes given capsule vectors (e.g. perturbed ones, paper Fig. 4).
+    """Decodes given capsule vectors (e.g. perturbed ones, paper Fig. 4), the others masked.
 
     Args:
       class_capsules: ``(batch, num_classes, capsule_dim)``.
-      class_ids: ``(batch,)``, the capsule of each example to decode.
+      class_ids: ``(batch,)``, the capsule of each example to decode; or ``(batch, n)``
+        to decode n capsules one at a time (MultiMNIST), giving ``(batch, n, h, w, c)``.
     """
     if self.decoder is None:
       raise ValueError("This CapsNet has no decoder (config.model.decoder.enabled=False).")
+    if class_ids.ndim == 2:
+      return jnp.stack([self.decode(class_capsules, class_ids[:, k])
+                        for k in range(class_ids.shape[1])], axis=1)
     return self.decoder(class_capsules, jax.nn.one_hot(class_ids, self.num_classes))
 
   # --- The task interface (capsjax.models): what the trainer and evaluators call. ---
@@ -185,25 +203,36 @@ class CapsNet(nnx.Module):
     """Outputs for a batch; the decoder is masked by the labels in training, by the
     prediction otherwise, and evaluation also traces routing."""
     del rng  # CapsNet is deterministic.
-    return self(batch["images"], batch["labels"] if train else None, train=train,
-                return_trace=not train)
+    labels = batch["labels"]
+    return self(batch["images"], labels if train or labels.ndim == 2 else None, train=train,
+                return_trace=not train, labels_per_example=labels.shape[1] if labels.ndim == 2
+                else 1)
 
   def loss(self, outputs: CapsNetOutput, batch: dict) -> tuple[jax.Array, dict]:
-    """Margin loss (Eq. 4) + weight x summed squared reconstruction error, per example."""
+    """Margin loss (Eq. 4) + weight x summed squared reconstruction error, per example.
+
+    With several digits per image (``batch["digit_images"]``, Sec. 6) each digit is
+    reconstructed from the capsule of its label and compared with its own image; the sums
+    are added."""
     s = self.loss_settings
     margin = losses.margin_loss_per_example(outputs.lengths, batch["labels"], m_plus=s.m_plus,
                                             m_minus=s.m_minus, lam=s.lam)
-    if outputs.reconstructions is not None and s.reconstruction_weight:
-      recon = losses.reconstruction_loss_per_example(outputs.reconstructions, batch["images"],
+    if "digit_images" in batch:
+      reconstructions, targets = outputs.label_reconstructions, batch["digit_images"]
+    else:
+      reconstructions, targets = outputs.reconstructions, batch["images"]
+    if reconstructions is not None and s.reconstruction_weight:
+      recon = losses.reconstruction_loss_per_example(reconstructions, targets,
                                                      weight=s.reconstruction_weight)
     else:
       recon = jnp.zeros_like(margin)
     return margin + recon, {"margin_loss": margin, "reconstruction_loss": recon}
 
   def metrics(self, outputs: CapsNetOutput, batch: dict) -> dict:
-    """Per example: ``accuracy`` (0/1) and, with a routing trace, ``coupling_entropy`` and
+    """Per example: ``accuracy`` (0/1; with several labels, the longest capsules are exactly
+    the labels, and ``at_least_one``) and, with a routing trace, ``coupling_entropy`` and
     ``logit_change`` per iteration, ``(batch, iterations)``."""
-    metrics = {"accuracy": (outputs.predictions == batch["labels"]).astype(jnp.float32)}
+    result = metrics.label_sets_correct(outputs.lengths, batch["labels"])
     if outputs.trace is not None:
-      metrics.update(routing.routing_diagnostics_per_example(outputs.trace, self.softmax_axis))
-    return metrics
+      result.update(routing.routing_diagnostics_per_example(outputs.trace, self.softmax_axis))
+    return result

@@ -1,0 +1,179 @@
+"""Natural images through tensorflow-datasets: CIFAR-10, SVHN and smallNORB (paper Sec. 7).
+
+Each is read once with tfds and kept on the device as uint8; the official code's
+preprocessing (Sarasra/models research/capsules/input_data: cifar10_input.py,
+norb_input_record.py) runs inside the jitted step, each part a ``config.data``
+value:
+
+  ``crop``                  random ``crop`` x ``crop`` patch in training, the centre one
+                            at evaluation (0: none)
+  ``flip``                  random left-right flip in training
+  ``brightness``            add a delta uniform in +-``brightness`` (pixel units, 0..255)
+  ``contrast_lower/upper``  scale each channel about its mean by a factor uniform in
+                            [lower, upper] (1, 1: off)
+  ``standardize``           per-image standardisation (train and evaluation), as
+                            ``tf.image.per_image_standardization``
+
+Pixels stay in 0..255 until standardisation, as in the official code, so its
+ranges (brightness 63, contrast 0.2-1.8) apply unchanged. smallNORB's two
+stereo views are the two channels of one image; ``resize`` shrinks its 96x96
+images on the host first (48 in the official code; by averaging pixel blocks,
+where the official code used TF's bilinear resize).
+
+Without network access, point ``config.data.dir`` at the downloaded archives
+(tfds's manual dir) or ``config.data.tfds_data_dir`` at prepared data.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from capsjax import datasets
+from capsjax.datasets import sources
+from capsjax.errors import UsageError
+
+
+def random_crop(key, images, size: int):
+  """A ``size`` x ``size`` patch of each image at a uniformly random position."""
+  batch, h, w, c = images.shape
+  offsets = jax.random.randint(key, (batch, 2), 0, jnp.asarray([h - size + 1, w - size + 1]))
+  return jax.vmap(lambda image, o: jax.lax.dynamic_slice(image, (o[0], o[1], 0),
+                                                         (size, size, c)))(images, offsets)
+
+
+def centre_crop(images, size: int):
+  """The central ``size`` x ``size`` patch (offset ``(h - size) // 2``, as TF's
+  ``resize_image_with_crop_or_pad``)."""
+  top, left = (images.shape[1] - size) // 2, (images.shape[2] - size) // 2
+  return images[:, top:top + size, left:left + size]
+
+
+def random_flip(key, images):
+  """Each image mirrored left-right with probability 1/2."""
+  flip = jax.random.bernoulli(key, 0.5, (images.shape[0],))
+  return jnp.where(flip[:, None, None, None], images[:, :, ::-1], images)
+
+
+def random_brightness(key, images, max_delta: float):
+  """Each image plus one delta uniform in [-max_delta, max_delta]."""
+  delta = jax.random.uniform(key, (images.shape[0], 1, 1, 1), minval=-max_delta,
+                             maxval=max_delta)
+  return images + delta
+
+
+def random_contrast(key, images, lower: float, upper: float):
+  """Each image's channels scaled about their means by one factor uniform in [lower, upper]."""
+  factor = jax.random.uniform(key, (images.shape[0], 1, 1, 1), minval=lower, maxval=upper)
+  mean = jnp.mean(images, axis=(1, 2), keepdims=True)
+  return (images - mean) * factor + mean
+
+
+def standardize(images):
+  """``(x - mean) / max(std, 1 / sqrt(n))`` per image (``tf.image.per_image_standardization``)."""
+  n = np.prod(images.shape[1:])
+  mean = jnp.mean(images, axis=(1, 2, 3), keepdims=True)
+  std = jnp.std(images, axis=(1, 2, 3), keepdims=True)
+  return (images - mean) / jnp.maximum(std, 1.0 / np.sqrt(n))
+
+
+def block_mean(images: np.ndarray, size: int) -> np.ndarray:
+  """Host-side downsampling of ``(n, h, w, c)`` uint8 images to ``size`` x ``size`` by averaging
+  ``h / size`` blocks (h must be a multiple of size)."""
+  n, h, w, c = images.shape
+  if h % size or w % size:
+    raise UsageError(f"config.data.resize={size} must divide the image size {h}x{w}.")
+  blocks = images.reshape(n, size, h // size, size, w // size, c).astype(np.float32)
+  return np.rint(blocks.mean(axis=(2, 4))).astype(np.uint8)
+
+
+class TFDSImages(datasets.Builder):
+  """Base of the natural-image builders; subclasses name the tfds features and the order of
+  the training distortions."""
+  IMAGE_KEYS: ClassVar[tuple[str, ...]] = ("image",)
+  LABEL_KEY: ClassVar[str] = "label"
+  STORED_SHAPE: ClassVar[tuple[int, int, int]] = (32, 32, 3)
+  TRAIN_OPS: ClassVar[tuple[str, ...]] = ("crop", "flip", "brightness", "contrast")
+
+  def __init__(self, config):
+    super().__init__(config)
+    d = config.data
+    if d.source != "tfds":
+      raise UsageError(f"config.dataset={self.name!r} reads tensorflow-datasets only; set "
+                       f"config.data.source='tfds' (got {d.source!r}).")
+    h, w, c = self.STORED_SHAPE
+    self.resize = int(d.get("resize", 0) or 0)
+    if self.resize:
+      h = w = self.resize
+    self.stored_shape = (h, w, c)
+    self.crop = int(d.crop or 0)
+    if not 0 <= self.crop <= min(h, w):
+      raise UsageError(f"config.data.crop={self.crop} must lie in [0, {min(h, w)}] for "
+                       f"{h}x{w} images (0: no crop).")
+    side = self.crop or h
+    self.info = datasets.DatasetInfo((side, side if self.crop else w, c),
+                                     config.model.num_classes)
+
+  def train_spec(self):
+    return {"images": jax.ShapeDtypeStruct(self.stored_shape, np.uint8),
+            "labels": jax.ShapeDtypeStruct((), np.int32)}
+
+  def load(self) -> dict[str, datasets.Split]:
+    h, w, c = self.STORED_SHAPE
+    splits = sources.load(self.config.data, (h, w, c), self.info.num_classes,
+                          seed=self.config.seed, shape_source=f"the {self.name} images",
+                          image_keys=self.IMAGE_KEYS, label_key=self.LABEL_KEY)
+    if self.resize:
+      for split in splits.values():
+        split.examples["images"] = block_mean(split.examples["images"], self.resize)
+    return splits
+
+  def train_batch(self, key, indices, examples, shared):
+    del shared
+    d = self.config.data
+    images = examples["images"][indices].astype(jnp.float32)  # 0..255, as the official code.
+    keys = dict(zip(self.TRAIN_OPS, jax.random.split(key, len(self.TRAIN_OPS))))
+    for op in self.TRAIN_OPS:
+      if op == "crop" and self.crop:
+        images = random_crop(keys[op], images, self.crop)
+      elif op == "flip" and d.flip:
+        images = random_flip(keys[op], images)
+      elif op == "brightness" and d.brightness:
+        images = random_brightness(keys[op], images, float(d.brightness))
+      elif op == "contrast" and (d.contrast_lower, d.contrast_upper) != (1.0, 1.0):
+        images = random_contrast(keys[op], images, float(d.contrast_lower),
+                                 float(d.contrast_upper))
+    return {"images": self._finish(images), "labels": examples["labels"][indices]}
+
+  def eval_batch(self, examples, shared):
+    del shared
+    images = examples["images"].astype(jnp.float32)
+    if self.crop:
+      images = centre_crop(images, self.crop)
+    return {"images": self._finish(images), "labels": examples["labels"]}
+
+  def _finish(self, images):
+    return standardize(images) if self.config.data.standardize else images / 255.0
+
+
+@datasets.register("cifar10")
+class CIFAR10(TFDSImages):
+  """CIFAR-10: 32x32 RGB, 10 classes; crop, flip, brightness, contrast (official order)."""
+
+
+@datasets.register("svhn")
+class SVHN(TFDSImages):
+  """SVHN's cropped digits (tfds ``svhn_cropped``): 32x32 RGB, 10 classes."""
+
+
+@datasets.register("smallnorb")
+class SmallNORB(TFDSImages):
+  """smallNORB: the two 96x96 stereo views as two channels, the 5 categories as labels;
+  brightness and contrast before the crop (official order), no flip."""
+  IMAGE_KEYS = ("image", "image2")
+  LABEL_KEY = "label_category"
+  STORED_SHAPE = (96, 96, 2)
+  TRAIN_OPS = ("brightness", "contrast", "crop")

@@ -1,0 +1,119 @@
+"""Ensembles (paper Sec. 7: CIFAR-10 with 7 models): average the members' class scores.
+
+``python -m capsjax.evaluate --ensemble=DIR1,DIR2,...`` (or one sweep directory, whose
+finished runs are the members) restores each member's checkpoint (best by default),
+computes its class scores (capsule lengths for CapsNet) on the test set, averages them
+over the members, as the official ``evaluate_ensemble`` does with its logits, and
+writes ``ensemble.json``: ``accuracy``, ``error``, and each member's own accuracy.
+Members must share the dataset, the number of classes and the input shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from capsjax.errors import UsageError
+
+# What members must share to be averaged over one test set.
+MUST_MATCH = (("dataset",), ("model", "num_classes"), ("model", "image_shape"))
+
+
+def members_of(paths: list[str]) -> tuple[list[str], str]:
+  """The run directories, and where ensemble.json goes: one sweep directory gives its
+  finished runs and itself; a list gives itself and the runs' common parent."""
+  from capsjax.reporting import is_finished
+
+  paths = [os.path.abspath(p) for p in paths if p]
+  if len(paths) == 1 and not os.path.exists(os.path.join(paths[0], "config.json")):
+    if not os.path.isdir(paths[0]):
+      raise UsageError(f"--ensemble={paths[0]}: no such directory.")
+    runs = sorted(os.path.join(paths[0], n) for n in os.listdir(paths[0])
+                  if is_finished(os.path.join(paths[0], n)))
+    if not runs:
+      raise UsageError(f"--ensemble={paths[0]} is neither a run (no config.json) nor a sweep "
+                       "directory with finished runs.")
+    return runs, paths[0]
+  if len(paths) < 2:
+    raise UsageError("--ensemble needs at least two run directories (or one sweep directory).")
+  return paths, os.path.commonpath(paths)
+
+
+def _setting(config: dict, path: tuple[str, ...]):
+  for key in path:
+    config = config.get(key, {}) if isinstance(config, dict) else {}
+  return config
+
+
+def check_compatible(paths: list[str], configs: list[dict]) -> None:
+  """Raises UsageError naming the member and setting that differ from the first member."""
+  for path, config in zip(paths[1:], configs[1:]):
+    for key in MUST_MATCH:
+      first, other = _setting(configs[0], key), _setting(config, key)
+      if list(np.ravel(first)) != list(np.ravel(other)):
+        raise UsageError(f"Ensemble member {path} has {'.'.join(key)}={other!r}, but "
+                         f"{paths[0]} has {first!r}; all members must share the dataset, "
+                         "the number of classes and the input shape.")
+
+
+def member_scores(members: list[str], checkpoint: str = "best",
+                  data_dir: str | None = None) -> tuple[list[np.ndarray], np.ndarray, list]:
+  """Each member's class scores on the (shared) test set, the labels, and per member its
+  ``{"workdir", "checkpoint_step", "accuracy"}``."""
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from capsjax import checkpointing, evaluators, metrics, runconfig, steps, tasks
+  from capsjax import train
+
+  configs = [runconfig.load(m) for m in members]
+  check_compatible(members, [json.loads(c.to_json_best_effort()) for c in configs])
+  if data_dir:
+    for config in configs:
+      config.data.dir = data_dir
+  mesh = steps.make_mesh()
+  replicated = NamedSharding(mesh, P())
+  first = tasks.Task.from_config(configs[0])
+  test = first.dataset.load()["test"]  # One test set for all (they share the dataset).
+  all_scores, labels, results = [], None, []
+  for n, (member, config) in enumerate(zip(members, configs), 1):
+    train.validate_config(config, jax.device_count())
+    task = tasks.Task.from_config(config)
+    ckpt = checkpointing.Checkpointer(os.path.join(member, "checkpoints"))
+    step, state, _ = ckpt.restore_newest(steps.abstract_state(task, replicated), log=train.log,
+                                         move_aside=False,
+                                         steps=ckpt.candidates(checkpoint))
+    ckpt.close()
+    runner = evaluators.Runner(task.graphdef(), mesh, config.eval.batch_size)
+    scores, labels = runner.scores(state.params, runner.eval_set(test, first.dataset.eval_batch))
+    accuracy = float(np.mean(metrics.label_sets_correct(scores, labels)["accuracy"]))
+    results.append({"workdir": member, "checkpoint_step": step, "accuracy": accuracy})
+    all_scores.append(scores)
+    train.log(f"member {n}/{len(members)}: {member} (step {step}): test accuracy "
+              f"{100 * accuracy:.2f}%")
+  return all_scores, labels, results
+
+
+def evaluate_ensemble(paths: list[str], checkpoint: str = "best", data_dir: str | None = None,
+                      output: str | None = None) -> dict:
+  """Evaluates the runs in ``paths`` as one ensemble; returns what ensemble.json holds."""
+  import jax
+
+  from capsjax import metrics, train
+
+  members, default_output = members_of(paths)
+  all_scores, labels, results = member_scores(members, checkpoint, data_dir)
+  mean_scores = np.mean(all_scores, axis=0)
+  accuracy = float(np.mean(metrics.label_sets_correct(mean_scores, labels)["accuracy"]))
+  result = {"accuracy": accuracy, "error": 1.0 - accuracy, "num_members": len(members),
+            "test_examples": int(len(labels)), "members": results}
+  path = os.path.join(output or default_output, "ensemble.json")
+  if jax.process_index() == 0:
+    with open(path, "w") as f:
+      json.dump(result, f, indent=2)
+    each = ", ".join(f"{100 * r['accuracy']:.2f}%" for r in results)
+    train.log(f"Ensemble of {len(members)}: test accuracy {100 * accuracy:.2f}% (error "
+              f"{100 * (1 - accuracy):.2f}%); members {each}. Written to {path}.")
+  return result

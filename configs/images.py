@@ -1,0 +1,36 @@
+"""Shared by configs/cifar10.py, svhn.py and smallnorb.py: the MNIST setup (optimiser,
+training, evaluation, CapsNet switches) with ``config.data`` for a tfds image dataset.
+
+Not a config by itself (``get_config`` needs the dataset's settings).
+"""
+
+import pathlib
+
+import ml_collections
+from ml_collections import config_dict
+
+from capsjax.runconfig import import_config_file
+
+mnist = import_config_file(pathlib.Path(__file__).with_name("mnist.py"))
+
+
+def image_config(variant: str | None, *, dataset: str, tfds_name: str, image_shape,
+                 num_classes: int, **augment) -> ml_collections.ConfigDict:
+  """The MNIST config with the data of ``dataset`` (capsjax/datasets/images.py)."""
+  if variant not in (None, "", "smoke"):
+    raise ValueError(f"Unknown variant {variant!r} of configs/{dataset}.py; use '' or 'smoke'.")
+  c = mnist.get_config(variant)
+  c.dataset = dataset
+  c.data = ml_collections.ConfigDict(dict(
+      source="tfds", name=tfds_name,
+      dir=config_dict.placeholder(str),            # tfds's manual dir (offline).
+      tfds_data_dir=config_dict.placeholder(str),  # Where tfds keeps prepared data.
+      validation_size=0, train_limit=c.data.train_limit, test_limit=c.data.test_limit,
+      resize=0, crop=0, flip=False, brightness=0.0, contrast_lower=1.0, contrast_upper=1.0,
+      standardize=False,
+  ))
+  c.data.update(augment)
+  c.model.image_shape = tuple(image_shape)
+  c.model.num_classes = num_classes
+  c.model.padding = "VALID"
+  return c

@@ -1,0 +1,97 @@
+"""datasets.images: the distortions against NumPy for a fixed key, the tfds pipelines of
+CIFAR-10, SVHN and smallNORB on tfds.testing.mock_data (our machines cannot download them)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cifar10
+import smallnorb
+import svhn
+from capsjax import datasets
+from capsjax.datasets import images as ops
+from capsjax.errors import UsageError
+
+tfds = pytest.importorskip("tensorflow_datasets")
+
+
+def batch(seed=0, shape=(5, 8, 8, 3)):
+  return np.random.default_rng(seed).uniform(0, 255, shape).astype(np.float32)
+
+
+def test_random_crop_and_centre_crop():
+  x, key = batch(), jax.random.key(3)
+  got = np.asarray(ops.random_crop(key, jnp.asarray(x), 5))
+  offsets = np.asarray(jax.random.randint(key, (5, 2), 0, jnp.asarray([4, 4])))
+  for k, (top, left) in enumerate(offsets):
+    np.testing.assert_array_equal(got[k], x[k, top:top + 5, left:left + 5])
+  assert len({tuple(o) for o in offsets}) > 1
+  np.testing.assert_array_equal(np.asarray(ops.centre_crop(jnp.asarray(x), 4)), x[:, 2:6, 2:6])
+  np.testing.assert_array_equal(np.asarray(ops.centre_crop(jnp.asarray(x), 5)), x[:, 1:6, 1:6])
+
+
+def test_flip_brightness_contrast_standardize():
+  x, key = batch(1), jax.random.key(4)
+  flips = np.asarray(jax.random.bernoulli(key, 0.5, (5,)))
+  got = np.asarray(ops.random_flip(key, jnp.asarray(x)))
+  for k in range(5):
+    np.testing.assert_array_equal(got[k], x[k, :, ::-1] if flips[k] else x[k])
+  assert 0 < flips.sum() < 5
+
+  delta = np.asarray(jax.random.uniform(key, (5, 1, 1, 1), minval=-63, maxval=63))
+  np.testing.assert_allclose(np.asarray(ops.random_brightness(key, jnp.asarray(x), 63.0)),
+                             x + delta, rtol=1e-6)
+  assert np.abs(delta).max() <= 63
+
+  factor = np.asarray(jax.random.uniform(key, (5, 1, 1, 1), minval=0.2, maxval=1.8))
+  mean = x.mean(axis=(1, 2), keepdims=True)  # Per image and channel, as TF's adjust_contrast.
+  np.testing.assert_allclose(np.asarray(ops.random_contrast(key, jnp.asarray(x), 0.2, 1.8)),
+                             (x - mean) * factor + mean, rtol=1e-4, atol=1e-3)
+
+  n = x[0].size
+  expected = (x - x.mean(axis=(1, 2, 3), keepdims=True)) / np.maximum(
+      x.std(axis=(1, 2, 3), keepdims=True), 1 / np.sqrt(n))
+  np.testing.assert_allclose(np.asarray(ops.standardize(jnp.asarray(x))), expected,
+                             rtol=1e-4, atol=1e-4)
+  flat = np.full((1, 4, 4, 2), 7.0, np.float32)  # Zero variance: divided by 1/sqrt(32).
+  np.testing.assert_array_equal(np.asarray(ops.standardize(jnp.asarray(flat))), 0.0)
+
+
+def test_block_mean_downsamples_by_averaging():
+  x = np.arange(2 * 4 * 4 * 1, dtype=np.uint8).reshape(2, 4, 4, 1)
+  got = ops.block_mean(x, 2)
+  np.testing.assert_array_equal(got[0, :, :, 0], [[2, 4], [10, 12]])  # rint of 2.5, 4.5, ...
+  with pytest.raises(UsageError, match="resize=3 must divide"):
+    ops.block_mean(x, 3)
+
+
+@pytest.mark.parametrize("module,shape,classes,stored", [
+    (cifar10, (24, 24, 3), 10, (32, 32, 3)),
+    (svhn, (32, 32, 3), 10, (32, 32, 3)),
+    (smallnorb, (32, 32, 2), 5, (48, 48, 2)),
+])
+def test_pipelines_on_mock_data(module, shape, classes, stored):
+  config = module.get_config("smoke")
+  builder = datasets.get(config)
+  assert builder.info.image_shape == shape and builder.info.num_classes == classes
+  with tfds.testing.mock_data(num_examples=24):
+    splits = builder.load()
+  train, test = splits["train"], splits["test"]
+  assert train.examples["images"].shape == (24, *stored)
+  assert train.examples["images"].dtype == np.uint8
+  assert test.examples["labels"].max() < classes
+  examples = {k: jnp.asarray(v) for k, v in train.examples.items()}
+  got = jax.jit(builder.train_batch)(jax.random.key(0), jnp.arange(8), examples, {})
+  assert got["images"].shape == (8, *shape)
+  evaluated = [np.asarray(jax.jit(builder.eval_batch)(examples, {})["images"]) for _ in range(2)]
+  np.testing.assert_array_equal(*evaluated)  # Evaluation is deterministic.
+  if config.data.standardize:
+    np.testing.assert_allclose(evaluated[0].mean(axis=(1, 2, 3)), 0.0, atol=1e-4)
+
+
+def test_only_the_tfds_source():
+  config = cifar10.get_config("smoke")
+  config.data.source = "idx"
+  with pytest.raises(UsageError, match="reads tensorflow-datasets only"):
+    datasets.get(config)

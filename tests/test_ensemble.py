@@ -1,0 +1,96 @@
+"""ensemble: the mean of the members' class scores, against a hand computation; mismatched
+members refused; the command line."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import mnist
+from capsjax import ensemble, runconfig, steps, tasks, train
+from capsjax.errors import UsageError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def members(idx_dir, tmp_path_factory):
+  root = tmp_path_factory.mktemp("members")
+  for seed in (0, 1):
+    config = mnist.get_config("smoke")
+    config.data.source, config.data.dir, config.seed = "idx", str(idx_dir), seed
+    config.train.num_steps = 4
+    train.train_and_evaluate(config, root / f"seed={seed}")
+  return root
+
+
+def scores_by_hand(workdir, images):
+  """The member's class scores: its latest parameters applied to all images at once."""
+  from capsjax import checkpointing
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  task = tasks.Task.from_config(runconfig.load(str(workdir)))
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+  state, _ = steps.restore_state(ckpt, ckpt.latest_step(), task,
+                                 NamedSharding(steps.make_mesh(), P()))
+  params = jax.tree.map(np.asarray, state.params)
+  return np.asarray(nnx.merge(task.graphdef(), params).apply(
+      {"images": jnp.asarray(images), "labels": jnp.zeros(len(images), jnp.int32)},
+      train=False).lengths)
+
+
+def test_ensemble_averages_the_members_scores(members, idx_dir):
+  result = ensemble.evaluate_ensemble([str(members)], checkpoint="latest")
+  assert result["num_members"] == 2 and len(result["members"]) == 2
+  written = json.loads((members / "ensemble.json").read_text())
+  assert written["accuracy"] == result["accuracy"] and written["error"] == 1 - result["accuracy"]
+
+  test = tasks.Task.from_config(runconfig.load(str(members / "seed=0"))).dataset.load()["test"]
+  images = test.examples["images"].astype(np.float32) / 255
+  labels = test.examples["labels"]
+  by_hand = [scores_by_hand(members / f"seed={s}", images) for s in (0, 1)]
+  mean = (by_hand[0] + by_hand[1]) / 2
+  assert result["accuracy"] == pytest.approx(np.mean(mean.argmax(1) == labels))
+  for member, scores in zip(result["members"], by_hand):
+    assert member["accuracy"] == pytest.approx(np.mean(scores.argmax(1) == labels))
+  scores, _, _ = ensemble.member_scores([str(members / f"seed={s}") for s in (0, 1)],
+                                        checkpoint="latest")
+  for ours, theirs in zip(scores, by_hand):
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-7)
+
+
+def test_members_that_differ_are_refused(members, tmp_path):
+  other = tmp_path / "other"
+  shutil.copytree(members / "seed=1", other)
+  config = json.loads((other / "config.json").read_text())
+  config["model"]["num_classes"] = 12
+  (other / "config.json").write_text(json.dumps(config))
+  with pytest.raises(UsageError, match=r"member .*other has model.num_classes=12, but .* has 10"):
+    ensemble.evaluate_ensemble([str(members / "seed=0"), str(other)])
+  config["model"]["num_classes"], config["dataset"] = 10, "multimnist"
+  (other / "config.json").write_text(json.dumps(config))
+  with pytest.raises(UsageError, match="has dataset='multimnist', but"):
+    ensemble.evaluate_ensemble([str(members / "seed=0"), str(other)])
+  with pytest.raises(UsageError, match="at least two run directories"):
+    ensemble.evaluate_ensemble([str(members / "seed=0")])
+
+
+def test_command_line(members):
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
+  command = [sys.executable, "-m", "capsjax.evaluate",
+             f"--ensemble={members / 'seed=0'},{members / 'seed=1'}", f"--output={members}"]
+  result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert "Ensemble of 2: test accuracy" in result.stdout
+  both = subprocess.run(command + [f"--workdir={members / 'seed=0'}"], env=env, cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert both.returncode == 2 and "Give --workdir=DIR" in both.stderr
