@@ -142,7 +142,7 @@ def random_split(builder, num_examples: int):
                                     (num_examples, *spec.shape)).astype(spec.dtype)
     else:
       examples[name] = rng.integers(0, 256, (num_examples, *spec.shape)).astype(spec.dtype)
-  return datasets.Split(examples)
+  return datasets.Split(examples, builder.train_shared(examples))
 
 
 def main(argv):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import io
+import logging
 import os
 import re
 import sys
@@ -59,6 +60,23 @@ def _tensorstore_noise_dropped(settle_seconds: float = 0.5):
     kept = [line for line in captured.getvalue().splitlines(keepends=True)
             if _NOISE.sub("", line)]
     real.write("".join(kept))
+
+
+class _OrphanedReadFailures(logging.Filter):
+  """Drops asyncio's "Task exception was never retrieved" for Orbax's array reads.
+
+  When a damaged checkpoint fails to restore, the reads that failed after the first one are
+  never awaited; asyncio logs each with a traceback when it is garbage collected, which may
+  be long after the restore (even at exit). They repeat the warning already given.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not (message.startswith("Task exception was never retrieved")
+                and "async_deserialize" in message)
+
+
+_ORPHANED_READ_FILTER = _OrphanedReadFailures()
 
 
 class Checkpointer:
@@ -133,6 +151,7 @@ class Checkpointer:
         with _tensorstore_noise_dropped():
           state, meta = self.restore(step, abstract_state)
       except Exception as e:  # Orbax and TensorStore raise many types for damaged files.
+        logging.getLogger("asyncio").addFilter(_ORPHANED_READ_FILTER)  # Idempotent.
         reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
         failures.append((step, reason))
         log(f"Warning: the checkpoint at step {step} in {self.directory} cannot be restored "

@@ -34,17 +34,38 @@ def draw_figures(workdir: str, graphdef, params, builder, test_split, evaluation
   figures.save_training_curves(os.path.join(workdir, "training_curves.png"), records)
   figures.save_routing_diagnostics(os.path.join(workdir, "routing_diagnostics.png"), records)
   params = jax.tree.map(np.asarray, params)  # Host copy: figures are tiny, skip the mesh.
-  model = nnx.merge(graphdef, params)
+  model = JittedModel(graphdef, params)
   n = min(num_examples, len(test_split))
-  if getattr(model, "decoder", None) is not None and n:
-    batch = builder.eval_batch({k: v[:n] for k, v in test_split.examples.items()},
-                               test_split.shared)
+  if model.decoder is not None and n:
+    batch = jax.jit(builder.eval_batch)({k: v[:n] for k, v in test_split.examples.items()},
+                                        test_split.shared)
     if np.ndim(batch["labels"]) == 2:
       _draw_pair_reconstructions(workdir, model, batch, writer, step)
     else:
       _draw_reconstructions(workdir, model, batch, writer, step)
   for evaluator in evaluations.values():
     evaluator.draw(model, workdir, writer, step)
+
+
+class JittedModel:
+  """A model's ``apply`` (evaluation) and ``decode`` under ``jax.jit``: one compilation each,
+  instead of one per operation when called eagerly."""
+
+  def __init__(self, graphdef, params):
+    model = nnx.merge(graphdef, params)
+    self.decoder = getattr(model, "decoder", None)
+    self.num_classes = getattr(model, "num_classes", None)
+    self._params = params
+    self._apply = jax.jit(lambda p, batch: nnx.merge(graphdef, p).apply(batch, train=False))
+    self._decode = jax.jit(lambda p, capsules, ids: nnx.merge(graphdef, p).decode(capsules, ids))
+
+  def apply(self, batch: dict, *, train: bool = False):
+    if train:
+      raise ValueError("JittedModel draws figures: evaluation only.")
+    return self._apply(self._params, batch)
+
+  def decode(self, class_capsules, class_ids):
+    return self._decode(self._params, class_capsules, class_ids)
 
 
 def _draw_reconstructions(workdir, model, batch, writer, step) -> None:

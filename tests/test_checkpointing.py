@@ -73,3 +73,33 @@ def test_none_restores_gives_a_clear_error_and_moves_nothing(tmp_path):
     ckpt.restore_newest(state_at(0), log=lambda _: None)
   assert ckpt.all_steps() == [1, 2]
   assert checkpointing.Checkpointer(str(tmp_path / "empty")).restore_newest(state_at(0)) is None
+
+
+def test_unawaited_read_failures_of_a_damaged_checkpoint_are_not_logged(tmp_path, caplog):
+  """asyncio logs each never-awaited failed read when it is garbage collected, possibly at
+  exit; after a failed restore those records are dropped, other asyncio errors are not."""
+  import asyncio
+  import gc
+
+  async def async_deserialize():  # Named as Orbax's reader is.
+    raise ValueError("OUT_OF_RANGE: truncated file")
+
+  async def other_coroutine():
+    raise ValueError("an unrelated failure")
+
+  def leave_unawaited(coroutine):
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(coroutine())
+    loop.run_until_complete(asyncio.sleep(0))
+    loop.close()
+    del task
+    gc.collect()
+
+  ckpt = saved(tmp_path, steps=(1, 2))
+  truncate_data(ckpt, 2)
+  assert ckpt.restore_newest(state_at(0), log=lambda _: None)[0] == 1
+  caplog.clear()
+  leave_unawaited(async_deserialize)
+  leave_unawaited(other_coroutine)
+  logged = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+  assert len(logged) == 1 and "other_coroutine" in logged[0], logged

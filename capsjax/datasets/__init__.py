@@ -88,6 +88,11 @@ class Builder:
     return {"images": jax.ShapeDtypeStruct(self.info.image_shape, np.uint8),
             "labels": jax.ShapeDtypeStruct((), np.int32)}
 
+  def train_shared(self, examples: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The ``shared`` arrays of a train split with these ``examples`` (default none)."""
+    del examples
+    return {}
+
   def train_batch(self, key: jax.Array, indices: jax.Array, examples: dict,
                   shared: dict) -> dict:
     """The batch of train examples ``indices``, built inside the jitted step.

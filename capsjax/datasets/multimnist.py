@@ -85,6 +85,10 @@ class MultiMNIST(datasets.Builder):
     return {"images": jax.ShapeDtypeStruct(self.info.image_shape, np.uint8),
             "labels": jax.ShapeDtypeStruct((), np.int32)}
 
+  def train_shared(self, examples):
+    """The partner table: training pairs are drawn from it on the device."""
+    return partner_table(examples["labels"], self.info.num_classes)
+
   def load(self) -> dict[str, datasets.Split]:
     data = self.config.data.copy_and_resolve_references()
     data.test_limit = 0  # It limits the pairs below, not the digits they are made of.
@@ -94,8 +98,8 @@ class MultiMNIST(datasets.Builder):
       images = augment.pad_images(split.examples["images"], self.pad)
       labels = split.examples["labels"]
       if name == "train":
-        splits[name] = datasets.Split({"images": images, "labels": labels},
-                                      partner_table(labels, self.info.num_classes))
+        examples = {"images": images, "labels": labels}
+        splits[name] = datasets.Split(examples, self.train_shared(examples))
         continue
       pairs = self.fixed_pairs(labels, seed=self.pair_seed + (name == "validation"))
       limit = int(self.config.data.test_limit or 0)
