@@ -20,10 +20,11 @@ category. Sources of each setting:
 
 22,476,288 parameters. The length of a run here is config.train.num_epochs (50
 epochs of 390 steps = 19,500 steps, far below the official 600,000); raise it
-for a full reproduction. Expected cost on one GPU, estimated from XLA's FLOP
-count (python -m capsjax.benchmark --config=configs/cifar10.py; 3.6 GFLOP per
-training image, not measured on a GPU here): ~2.6 min per epoch of 50,000
-images at 50 TFLOP/s sustained f32 (an H100 at ~75% of its dense TF32 rate).
+for a full reproduction. Cost: XLA counts 9.45 GFLOP per training image
+(python -m capsjax.benchmark --config=configs/cifar10.py), measured at 9.8 images/s
+on the 2-core development CPU, shared with another job (about 85 min per 50,000). Not measured
+on a GPU here; the FLOP count alone bounds an epoch below by ~10 s at 50 TFLOP/s, and
+routing is memory-bound, so expect several times that.
 
 Variant ``smoke``: a tiny model for a few steps (tests, on tfds.testing.mock_data).
 """

@@ -127,3 +127,12 @@ def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
+
+
+def abstract_model(config):
+  """The model of ``config`` with shapes only (no initialisation run): sizes and output
+  shapes of full-size models at no compute cost."""
+  from flax import nnx
+
+  from capsjax import models
+  return nnx.eval_shape(lambda: models.create(config, rngs=nnx.Rngs(0)))

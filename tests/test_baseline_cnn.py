@@ -10,18 +10,19 @@ import affnist
 import mnist_baseline
 from capsjax import models
 from capsjax.errors import UsageError
+from helpers import abstract_model
 
 
 def test_paper_parameter_count():
   config = mnist_baseline.get_config()
-  model = models.create(config, rngs=nnx.Rngs(0))
+  model = abstract_model(config)
   assert isinstance(model, models.BaselineCNN)
   assert models.count_params(model) == 35_445_522
 
 
 def test_affnist_baseline_has_about_capsnets_size():
-  baseline = models.create(affnist.get_config("baseline"), rngs=nnx.Rngs(0))
-  capsnet = models.create(affnist.get_config(), rngs=nnx.Rngs(0))
+  baseline = abstract_model(affnist.get_config("baseline"))
+  capsnet = abstract_model(affnist.get_config())
   assert models.count_params(baseline) == 13_471_833
   assert models.count_params(capsnet) == 13_475_648
 
@@ -117,8 +118,7 @@ def test_unknown_model_name():
 def test_two_labels_use_sigmoids_and_a_two_hot_target():
   import multimnist
 
-  assert models.count_params(models.create(multimnist.get_config("baseline"),
-                                           rngs=nnx.Rngs(0))) == 24_549_212
+  assert models.count_params(abstract_model(multimnist.get_config("baseline"))) == 24_549_212
   model = models.create(tiny_config(), rngs=nnx.Rngs(3))
   images = np.random.default_rng(1).uniform(size=(2, 5, 5, 1))
   batch = {"images": jnp.asarray(images, jnp.float32), "labels": jnp.asarray([[0, 3], [2, 1]])}

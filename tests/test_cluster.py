@@ -17,8 +17,9 @@ from capsjax.errors import UsageError
 from helpers import checkpoint_steps, final_params, free_port, read_summary, run_main
 from test_checkpointing import truncate_data
 
-LONG = ("--config.train.num_steps=400", "--config.train.log_every_steps=10",
-        "--config.train.checkpoint_every_steps=100")
+LONG_STEPS = 200  # Long enough that a signal sent at step 30 arrives mid-run.
+LONG = (f"--config.train.num_steps={LONG_STEPS}", "--config.train.log_every_steps=10",
+        "--config.train.checkpoint_every_steps=50")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,10 @@ def wait_for_train_step(workdir, step, proc, timeout=240):
   raise AssertionError(f"no train record at step {step} within {timeout} s")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+# SIGINT takes the same path (tests/test_preemption.py checks both handlers), so its
+# end-to-end run is a slow check.
+@pytest.mark.parametrize("signum", [signal.SIGTERM,
+                                    pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_a_signal_saves_the_step_reached_and_the_rerun_ends_as_if_uninterrupted(
     idx_dir, uninterrupted, tmp_path, signum):
   proc = run_main(tmp_path, *LONG, data_dir=idx_dir, devices=1, wait=False)
@@ -53,7 +57,7 @@ def test_a_signal_saves_the_step_reached_and_the_rerun_ends_as_if_uninterrupted(
   assert proc.returncode == 128 + signum, output
   assert f"Stopped by {name} at step " in output and "Traceback" not in output
   stopped = int(output.split(f"Stopped by {name} at step ")[1].split(";")[0])
-  assert 30 <= stopped < 400 and stopped in checkpoint_steps(tmp_path)
+  assert 30 <= stopped < LONG_STEPS and stopped in checkpoint_steps(tmp_path)
   assert f"checkpoint saved in {tmp_path / 'checkpoints'}; rerun the same command" in output
 
   rerun = run_main(tmp_path, *LONG, data_dir=idx_dir, devices=1)

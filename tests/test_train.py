@@ -255,8 +255,8 @@ def test_training_objective_and_gradients_match_the_paper_written_out():
                                      iterations=config.model.routing.iterations)
 
   with jax.default_matmul_precision("highest"):
-    ours, our_grads = jax.value_and_grad(capsjax_loss)(params)
-    ref, ref_grads = jax.value_and_grad(paper_loss)(params)
+    ours, our_grads = jax.jit(jax.value_and_grad(capsjax_loss))(params)
+    ref, ref_grads = jax.jit(jax.value_and_grad(paper_loss))(params)
   assert float(ref) > 0.1  # A fresh model is far from the margins: not a trivial point.
   np.testing.assert_allclose(float(ours), float(ref), rtol=1e-5)
   for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(our_grads),
