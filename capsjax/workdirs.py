@@ -78,6 +78,11 @@ class Lock:
       handle.close()
       if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
         return False
+      if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+        print(f"Warning: the filesystem of {self.workdir} does not support file locks "
+              f"({e.strerror}); this run cannot stop a second one started on the same "
+              "workdir.", file=sys.stderr, flush=True)
+        return True
       raise
     handle.seek(0)
     handle.truncate()

@@ -68,3 +68,21 @@ def test_lock_names_its_holder_and_dies_with_it(tmp_path):
   lock.release()
   with workdirs.Lock(str(tmp_path)):  # And again, as a context manager.
     assert not workdirs.Lock(str(tmp_path)).try_acquire()
+
+
+def test_a_filesystem_without_locks_warns_and_runs_unlocked(tmp_path, monkeypatch, capsys):
+  import errno
+
+  def no_locks(handle, operation):
+    raise OSError(errno.ENOLCK, "No locks available")
+
+  monkeypatch.setattr(workdirs.fcntl, "flock", no_locks)
+  assert workdirs.Lock(str(tmp_path)).try_acquire()
+  assert f"the filesystem of {tmp_path} does not support file locks" in capsys.readouterr().err
+
+  def broken(handle, operation):
+    raise OSError(errno.EIO, "Input/output error")
+
+  monkeypatch.setattr(workdirs.fcntl, "flock", broken)
+  with pytest.raises(OSError):  # Other failures are not hidden.
+    workdirs.Lock(str(tmp_path)).try_acquire()
