@@ -58,7 +58,7 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> di
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from capsjax import datasets, evaluators, steps, tasks, train
+  from capsjax import evaluators, steps, tasks, train
 
   devices = jax.devices()
   train.validate_config(config, len(devices))
@@ -94,9 +94,8 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> di
 
   eval_batch = config.eval.batch_size
   runner = evaluators.Runner(task.graphdef(), mesh, eval_batch)
-  eval_set = runner.eval_set(datasets.Split(
-      {k: v[:eval_batch] for k, v in split.examples.items()}, split.shared),
-      task.dataset.eval_batch)
+  eval_set = runner.eval_set(task.dataset.eval_split_like(split).first(eval_batch),
+                             task.dataset.eval_batch)
   eval_seconds = _time_repeated(lambda: runner.evaluate(holder[0].params, eval_set),
                                 min_seconds / 2)
   eval_rate = eval_batch / eval_seconds

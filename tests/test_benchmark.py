@@ -34,3 +34,15 @@ def test_benchmark_prints_json_last_line():
   # The entry point restarted itself with the host-memory tunables (capsjax/hostmemory.py).
   expected = hostmemory.tuned_environment(env)
   assert report["glibc_tunables"] == (expected or {}).get("GLIBC_TUNABLES", "")
+
+
+def test_benchmark_of_a_dataset_whose_test_split_differs_from_its_train_split():
+  """MultiMNIST's test examples are pair indices into shared digits, its train examples
+  digits: the eval-step timing needs an evaluation split of that layout."""
+  import multimnist  # configs/multimnist.py (tests/conftest.py puts configs/ on the path).
+  from capsjax import benchmark
+
+  report = benchmark.run_benchmark(multimnist.get_config("smoke"), min_seconds=0.05,
+                                   matmul_size=64)
+  assert report["dataset"] == "multimnist"
+  assert report["train_images_per_second"] > 0 and report["eval_images_per_second"] > 0

@@ -120,3 +120,19 @@ def test_bad_settings(idx_dir):
     datasets.get(config(idx_dir, shift_pixels=5))
   with pytest.raises(UsageError, match="pairs_per_digit must be >= 1"):
     datasets.get(config(idx_dir, pairs_per_digit=0))
+
+
+def test_an_evaluation_split_made_from_train_digits_has_the_test_layout(idx_dir):
+  builder = generator.MultiMNIST(config(idx_dir, pairs_per_digit=2))
+  splits = builder.load()
+  made = builder.eval_split_like(splits["train"])
+  assert set(made.examples) == set(splits["test"].examples)
+  assert set(made.shared) == set(splits["test"].shared)
+  assert len(made) == 2 * len(splits["train"])
+  batch = jax.jit(builder.eval_batch)(made.first(16).examples, made.shared)
+  assert batch["images"].shape == (16, 36, 36, 1)
+  assert batch["digit_images"].shape == (16, 2, 36, 36, 1)
+  labels = np.asarray(batch["labels"])
+  assert (labels[:, 0] != labels[:, 1]).all()
+  np.testing.assert_array_equal(labels[:, 0], splits["train"].examples["labels"][
+      np.asarray(made.examples["first"][:16])])

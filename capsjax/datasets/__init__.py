@@ -93,6 +93,12 @@ class Builder:
     del examples
     return {}
 
+  def eval_split_like(self, split: Split) -> Split:
+    """An evaluation split made from a train ``split`` (benchmarks time :meth:`eval_batch` on
+    random stand-ins). The default serves datasets whose evaluation examples look like their
+    train examples."""
+    return split
+
   def train_batch(self, key: jax.Array, indices: jax.Array, examples: dict,
                   shared: dict) -> dict:
     """The batch of train examples ``indices``, built inside the jitted step.

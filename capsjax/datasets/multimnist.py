@@ -89,6 +89,12 @@ class MultiMNIST(datasets.Builder):
     """The partner table: training pairs are drawn from it on the device."""
     return partner_table(examples["labels"], self.info.num_classes)
 
+  def eval_split_like(self, split):
+    """Fixed pairs of a train split's digits, in the layout of the test split."""
+    return datasets.Split(self.fixed_pairs(split.examples["labels"], seed=self.pair_seed),
+                          {"digits": split.examples["images"],
+                           "digit_labels": split.examples["labels"]})
+
   def load(self) -> dict[str, datasets.Split]:
     data = self.config.data.copy_and_resolve_references()
     data.test_limit = 0  # It limits the pairs below, not the digits they are made of.
