@@ -153,9 +153,12 @@ class RoutingTrace(NamedTuple):
       b_ij that iteration r started from (all zero for r = 0).
     coupling: ``(iterations, batch, in_caps, out_caps)``; the c_ij that
       iteration r used.
+    preactivation_norm: ``(iterations, batch, out_caps)``; ``|s_j|`` of iteration r,
+      before the squash (long ``s_j`` saturate it).
   """
   logits: jax.Array
   coupling: jax.Array
+  preactivation_norm: jax.Array | None = None
 
 
 def dynamic_routing(votes: jax.Array,
@@ -217,41 +220,46 @@ def dynamic_routing(votes: jax.Array,
   batch, out_caps, _, in_caps = votes.shape
   votes_routed = jax.lax.stop_gradient(votes) if stop_gradient else votes
 
-  def outputs_from(coupling, votes_):
+  def preactivation_of(coupling, votes_):
     preactivation = jnp.einsum("bjdi,bji->bjd", votes_, coupling)
-    if bias is not None:
-      preactivation = preactivation + bias
-    return squash(preactivation, epsilon=squash_epsilon)
+    return preactivation if bias is None else preactivation + bias
 
   def agreement(outputs):
     return jnp.einsum("bjdi,bjd->bji", votes_routed, outputs)
 
-  def record(trace, r, logits, coupling):
+  def record(trace, r, logits, coupling, preactivation):
     if not return_trace:
       return trace
     to_child_major = lambda x: jnp.transpose(x, (0, 2, 1))
-    return RoutingTrace(logits=trace.logits.at[r].set(to_child_major(logits)),
-                        coupling=trace.coupling.at[r].set(to_child_major(coupling)))
+    return RoutingTrace(
+        logits=trace.logits.at[r].set(to_child_major(logits)),
+        coupling=trace.coupling.at[r].set(to_child_major(coupling)),
+        preactivation_norm=trace.preactivation_norm.at[r].set(safe_norm(preactivation)))
+
+  def iteration(r, trace, logits, coupling):
+    """Eq. 1-2 and the agreement of Procedure 1 (lines 5-7): the next logits."""
+    preactivation = preactivation_of(coupling, votes_routed)
+    trace = record(trace, r, logits, coupling, preactivation)
+    return logits + agreement(squash(preactivation, epsilon=squash_epsilon)), trace
 
   trace = None
   if return_trace:
     empty = jnp.zeros((num_iterations, batch, in_caps, out_caps), votes.dtype)
-    trace = RoutingTrace(logits=empty, coupling=empty)
+    trace = RoutingTrace(logits=empty, coupling=empty,
+                         preactivation_norm=jnp.zeros((num_iterations, batch, out_caps),
+                                                      votes.dtype))
 
   # Iteration 0 starts from b = 0, so its coupling is the uniform constant; written
   # as one, XLA need not constant-fold a softmax over the whole array (seconds).
   logits = jnp.zeros((batch, out_caps, in_caps), votes.dtype)
   size = logits.shape[softmax_index] + int(leaky)
   coupling = jnp.full(logits.shape, 1.0 / size, votes.dtype)
-  trace = record(trace, 0, logits, coupling)
   if num_iterations > 1:
-    logits = agreement(outputs_from(coupling, votes_routed))
+    logits, trace = iteration(0, trace, logits, coupling)
 
   def intermediate_iteration(r, carry):
     logits, trace = carry
-    coupling = _softmax(logits, softmax_index, leaky)
-    trace = record(trace, r, logits, coupling)
-    return logits + agreement(outputs_from(coupling, votes_routed)), trace
+    return iteration(r, trace, logits, _softmax(logits, softmax_index, leaky))
 
   # Static bounds: fori_loop lowers to scan and stays reverse-differentiable.
   # Unrolled: on XLA:CPU a rolled loop stacks per-iteration residuals and runs
@@ -260,8 +268,9 @@ def dynamic_routing(votes: jax.Array,
                                     (logits, trace), unroll=True)
   if num_iterations > 1:
     coupling = _softmax(logits, softmax_index, leaky)
-    trace = record(trace, num_iterations - 1, logits, coupling)
-  outputs = outputs_from(coupling, votes)
+  preactivation = preactivation_of(coupling, votes)
+  trace = record(trace, num_iterations - 1, logits, coupling, preactivation)
+  outputs = squash(preactivation, epsilon=squash_epsilon)
   if return_trace:
     return outputs, trace
   return outputs
@@ -275,7 +284,8 @@ def routing_diagnostics_per_example(trace: RoutingTrace,
     A dict of ``(batch, iterations)`` arrays:
       ``coupling_entropy``: mean entropy (nats) of each child's (or, for
         ``"input"``, each parent's) coupling distribution;
-      ``logit_change``: mean ``|b^r - b^(r-1)|``, 0 for the first iteration.
+      ``logit_change``: mean ``|b^r - b^(r-1)|``, 0 for the first iteration;
+      ``preactivation_norm``: mean ``|s_j|`` over the parents (when the trace has it).
   """
   axis = _softmax_axis_index(softmax_axis) + 1  # +1 for the iteration axis.
   c = trace.coupling
@@ -286,6 +296,8 @@ def routing_diagnostics_per_example(trace: RoutingTrace,
       "coupling_entropy": jnp.mean(entropy.reshape(*entropy.shape[:2], -1), axis=2),
       "logit_change": jnp.mean(change.reshape(*change.shape[:2], -1), axis=2),
   }  # Each (iterations, batch).
+  if trace.preactivation_norm is not None:
+    per_iteration["preactivation_norm"] = jnp.mean(trace.preactivation_norm, axis=2)
   return {k: v.T for k, v in per_iteration.items()}
 
 

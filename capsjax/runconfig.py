@@ -19,7 +19,7 @@ RESUME_NEUTRAL_KEYS = ("train.num_steps", "train.num_epochs", "train.log_every_s
                        "train.eval_every_steps", "train.checkpoint_every_steps",
                        "train.keep_checkpoints", "train.steps_per_dispatch", "data.dir",
                        "data.tfds_data_dir", "model.conv_impl", "eval", "evals",
-                       "train.stop_at_accuracy")
+                       "train.stop_at_accuracy", "train.saturation_warning")
 
 # Keys added after the first workdirs were written, with the value that reproduces them.
 _DEFAULTS = {"dataset": "mnist", "model.name": "capsnet", "train.stop_at_accuracy": None,

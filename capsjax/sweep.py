@@ -159,11 +159,36 @@ def apply_overrides(config, overrides: dict, seed: int):
   return config
 
 
+EXTRA_SUFFIXES = ("_accuracy", "_at_least_one")  # Columns of further evaluations.
+
+
 def extra_evaluations(summary: dict) -> dict[str, float]:
-  """``{"NAME_accuracy": ...}`` for the evaluations besides test and validation."""
-  return {f"{name}_accuracy": metrics.get("accuracy")
-          for name, metrics in summary.get("evaluations", {}).items()
-          if name not in ("test", "validation")}
+  """``{"NAME_accuracy": ...}`` for each evaluation besides test (validation first), and
+  ``NAME_at_least_one`` (test included) where there are several labels per example."""
+  extra = {}
+  evaluations = summary.get("evaluations", {})
+  for name in sorted(evaluations, key=lambda n: n != "validation"):
+    metrics = evaluations[name]
+    if name != "test":
+      extra[f"{name}_accuracy"] = metrics.get("accuracy")
+    if "at_least_one" in metrics:
+      extra[f"{name}_at_least_one"] = metrics["at_least_one"]
+  return extra
+
+
+def _is_extra(column: str) -> bool:
+  return column.endswith(EXTRA_SUFFIXES) and column not in RESULT_COLUMNS
+
+
+def chance_text(chance: dict | None) -> str:
+  """A summary's ``chance`` levels in the table's terms, in %: ``error 90.00`` for one label,
+  ``error 97.78, at least one 37.78`` for two (random guessing)."""
+  if not chance:
+    return "?"
+  text = f"error {100 * (1 - chance['accuracy']):.2f}"
+  if "at_least_one" in chance:
+    text += f", at least one {100 * chance['at_least_one']:.2f}"
+  return text
 
 
 def run_points(config, points: list[Point], workdir: str, command_line: dict | None = None,
@@ -212,13 +237,14 @@ def collect(points: list[Point], workdir: str) -> list[dict]:
     row = {"run": point.name, **{k: label(k, point.overrides.get(k, "")) for k in keys},
            "seed": point.seed}
     row.update({c: summary.get(c) for c in RESULT_COLUMNS})
+    row["chance"] = chance_text(summary.get("chance"))
     row.update(extra_evaluations(summary))
     rows.append(row)
   os.makedirs(workdir, exist_ok=True)
-  extra = list(dict.fromkeys(k for row in rows for k in row
-                             if k.endswith("_accuracy") and k not in RESULT_COLUMNS))
+  extra = list(dict.fromkeys(k for row in rows for k in row if _is_extra(k)))
   with _replace_atomically(os.path.join(workdir, "results.csv"), newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=["run", *keys, "seed", *RESULT_COLUMNS, *extra])
+    writer = csv.DictWriter(f, fieldnames=["run", *keys, "seed", *RESULT_COLUMNS, "chance",
+                                           *extra])
     writer.writeheader()
     writer.writerows(rows)
   groups = _group(rows, keys)
@@ -261,18 +287,18 @@ def _group(rows: list[dict], keys: list[str]) -> list[dict]:
     stats = {c: _mean_std([m[c] for m in members]) for c in
              ("test_error", "test_loss", "train_images_per_second")}
     extra = {c: _mean_std([m.get(c) for m in members]) for c in
-             dict.fromkeys(c for m in members for c in m
-                           if c.endswith("_accuracy") and c not in RESULT_COLUMNS)}
+             dict.fromkeys(c for m in members for c in m if _is_extra(c))}
     out.append({"setting": dict(zip(keys, setting)), "seeds": len(members), **stats,
-                "extra": extra})
+                "chance": members[0].get("chance", "?"), "extra": extra})
   return out
 
 
 def markdown_table(groups: list[dict], keys: list[str]) -> str:
-  """Mean ± std over seeds per setting; other evaluations' accuracies as extra columns."""
+  """Mean ± std over seeds per setting; the chance accuracy beside the test error; other
+  evaluations' accuracies (and at-least-one rates) as extra columns."""
   extra = list(dict.fromkeys(c for g in groups for c in g.get("extra", {})))
-  header = [*keys, "seeds", "test error (%)", "test loss", "train images/s",
-            *(f"{c.removesuffix('_accuracy')} accuracy (%)" for c in extra)]
+  header = [*keys, "seeds", "test error (%)", "chance (%)", "test loss",
+            "train images/s", *(_extra_header(c) for c in extra)]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for g in groups:
     err_m, err_s = g["test_error"]
@@ -282,9 +308,17 @@ def markdown_table(groups: list[dict], keys: list[str]) -> str:
                    for m, s in (g.get("extra", {}).get(c, (float("nan"),) * 2) for c in extra)]
     lines.append("| " + " | ".join([*(str(g["setting"][k]) for k in keys), str(g["seeds"]),
                                     f"{100 * err_m:.2f} ± {100 * err_s:.2f}",
+                                    g.get("chance", "?"),
                                     f"{loss_m:.4f} ± {loss_s:.4f}", f"{ips_m:.0f}",
                                     *extra_cells]) + " |")
   return "\n".join(lines) + "\n"
+
+
+def _extra_header(column: str) -> str:
+  for suffix, words in (("_accuracy", "accuracy"), ("_at_least_one", "at least one")):
+    if column.endswith(suffix):
+      return f"{column.removesuffix(suffix)} {words} (%)"
+  return column
 
 
 def _plot(groups: list[dict], keys: list[str], workdir: str) -> None:

@@ -14,7 +14,7 @@ import jax
 import ml_collections
 from flax import nnx
 
-from capsjax import datasets, evaluators, models
+from capsjax import datasets, evaluators, metrics, models
 from capsjax.errors import UsageError
 
 
@@ -41,6 +41,12 @@ class Task:
                        f"has {info.num_classes} classes.")
     evaluators.validate(config)
     return cls(config, dataset, model_class)
+
+  def chance_levels(self) -> dict[str, float]:
+    """The accuracies of random guessing on this dataset (``accuracy``, and ``at_least_one``
+    with several labels per example): :func:`capsjax.metrics.chance_levels`."""
+    info = self.dataset.info
+    return metrics.chance_levels(info.num_classes, info.labels_per_example)
 
   def model(self, rngs: nnx.Rngs) -> nnx.Module:
     return self.model_class.from_config(self.config, rngs=rngs)

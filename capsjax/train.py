@@ -18,8 +18,8 @@ import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from capsjax import (checkpointing, evaluators, hardware, preemption, reporting, run_figures,
-                     runconfig, steps, tasks, workdirs)
+from capsjax import (checkpointing, evaluators, hardware, monitors, preemption, reporting,
+                     run_figures, runconfig, steps, tasks, workdirs)
 from capsjax.errors import NonFiniteLossError, UsageError
 
 
@@ -45,14 +45,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     runner = evaluators.Runner(task.graphdef(), mesh, config.eval.batch_size)
     evals = evaluators.build_all(config, task.dataset, splits, runner, log=log)
     select = "validation" if "validation" in evals else "test"  # Best checkpoint, early stop.
-    log(banner(config, plan, splits, evals, state.params))
+    log(banner(config, plan, splits, evals, state.params, task.chance_levels()))
     log(hardware.describe())
     if warning := hardware.cpu_fallback_warning(jax.default_backend()):
       log(warning)
 
     examples, shared = evaluators.put_on_devices(splits["train"], replicated)
     train_step = steps.make_train_step(task, tx, plan.num_train, mesh)
-    progress = TrainLog(workdir, plan, steps.make_schedule(config.optimizer), ckpt)
+    progress = TrainLog(workdir, plan, steps.make_schedule(config.optimizer), ckpt,
+                        saturation_watch(task))
     step = first_step = int(state.step)
     results = {}
     while step < plan.num_steps and not reached:
@@ -82,7 +83,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if step > first_step:  # A rerun of a finished run has logged these already.
           progress.evaluation(name, step, results[name])
     ckpt.wait()
-    summary = summarise(config, plan, step, state.params, results, progress, ckpt, reached)
+    summary = summarise(config, plan, step, state.params, results, progress, ckpt, reached,
+                        task.chance_levels())
     if jax.process_index() == 0:
       run_figures.draw_figures(workdir, task.graphdef(), state.params, task.dataset,
                                splits["test"], evals, config.eval.num_figure_examples,
@@ -92,7 +94,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     progress.close()
     ckpt.close()
   log(f"Done: step {step}, test accuracy {100 * summary['test_accuracy']:.2f}% "
-      f"(error {100 * summary['test_error']:.2f}%). Results in {workdir}.")
+      f"(error {100 * summary['test_error']:.2f}%; chance accuracy "
+      f"{100 * summary['chance']['accuracy']:.2f}%). Results in {workdir}.")
   return summary
 
 
@@ -140,7 +143,17 @@ def target_reached(config, accuracy: float | None, what: str) -> bool:
   return reached
 
 
-def banner(config, plan: "Plan", splits: dict, evals: dict, params) -> str:
+def saturation_watch(task) -> monitors.SaturationWatch:
+  """The run's :class:`capsjax.monitors.SaturationWatch` (``config.train.saturation_warning``;
+  configs written before it existed get the defaults)."""
+  settings = task.config.train.get("saturation_warning") or {}
+  return monitors.SaturationWatch(
+      fraction=settings.get("fraction", 0.9), steps=settings.get("steps", 100),
+      settings=getattr(task.model_class, "saturation_settings", ()),
+      chance=task.chance_levels()["accuracy"])
+
+
+def banner(config, plan: "Plan", splits: dict, evals: dict, params, chance: dict) -> str:
   """One line on what this run trains, on what, where."""
   num_params = sum(x.size for x in jax.tree.leaves(params))
   dataset = config.get("dataset", "mnist")
@@ -151,7 +164,8 @@ def banner(config, plan: "Plan", splits: dict, evals: dict, params) -> str:
           f"{len(splits['test'])} test examples; evaluations {', '.join(evals)}; "
           f"{jax.device_count()} {jax.devices()[0].platform} device(s) in "
           f"{jax.process_count()} process(es); {plan.num_steps} steps of batch "
-          f"{plan.batch_size} ({plan.steps_per_epoch} steps per epoch).")
+          f"{plan.batch_size} ({plan.steps_per_epoch} steps per epoch). Chance: "
+          + ", ".join(f"{100 * v:.2f}% {k}" for k, v in chance.items()) + ".")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,8 +281,9 @@ class TrainLog:
   """Train metrics (fetched from the devices only at log points), timing, progress line,
   metrics.jsonl and TensorBoard (process 0 writes)."""
 
-  def __init__(self, workdir: str, plan: Plan, schedule, ckpt):
-    self.plan, self.schedule, self.ckpt = plan, schedule, ckpt
+  def __init__(self, workdir: str, plan: Plan, schedule, ckpt,
+               watch: monitors.SaturationWatch | None = None):
+    self.plan, self.schedule, self.ckpt, self.watch = plan, schedule, ckpt, watch
     is_main = jax.process_index() == 0
     self.writer = reporting.MetricWriter(workdir) if is_main else None
     self.bar = reporting.ProgressBar(plan.num_steps) if is_main else None
@@ -293,8 +308,9 @@ class TrainLog:
     logs their mean."""
     if not self.pending:
       return
-    means, bad_step = _first_nonfinite(self.pending)
+    steps_, host = _host_metrics(self.pending)
     self.pending = []
+    means, bad_step = _first_nonfinite(steps_, host)
     if bad_step is not None:
       self.ckpt.wait()
       good = self.ckpt.latest_step()
@@ -307,6 +323,9 @@ class TrainLog:
       self.seconds += time.perf_counter() - self.timer_start
       self.steps_timed += step - self.timer_step
       self.timer_start, self.timer_step = time.perf_counter(), step
+    warning = self.watch.update(steps_, host) if self.watch is not None else None
+    if warning and self.bar is not None:
+      self.bar.message(warning)
     rate = self.images_per_second() or float("nan")
     if self.writer is not None and write:
       self.writer.write("train", step, {**means, "images_per_second": rate,
@@ -332,17 +351,23 @@ class TrainLog:
       self.writer.close()
 
 
-def _first_nonfinite(pending: list[tuple[int, dict]]) -> tuple[dict, int | None]:
-  """Mean of the pending train metrics, and the first step whose loss is not finite."""
+def _host_metrics(pending: list[tuple[int, dict]]) -> tuple[np.ndarray, dict]:
+  """The steps (1-based: step n's metrics are of the parameters before update n) and the
+  pending train metrics on the host, one row per step."""
   steps_ = np.concatenate([start + 1 + np.arange(len(np.asarray(m["loss"]))) for start, m in pending])
   host = {k: np.concatenate([np.asarray(m[k]) for _, m in pending]) for k in pending[0][1]}
+  return steps_, host
+
+
+def _first_nonfinite(steps_: np.ndarray, host: dict) -> tuple[dict, int | None]:
+  """Mean of the train metrics, and the first step whose loss is not finite."""
   bad = np.flatnonzero(~np.isfinite(host["loss"]))
   means = {k: np.mean(v, axis=0).tolist() for k, v in host.items()}
   return means, (int(steps_[bad[0]]) if bad.size else None)
 
 
 def summarise(config, plan: Plan, step: int, params, results: dict, progress: TrainLog, ckpt,
-              reached: bool) -> dict:
+              reached: bool, chance: dict) -> dict:
   """What ``summary.json`` holds: the main test set at the top level, every evaluation under
   ``evaluations``."""
   summary = {
@@ -351,6 +376,7 @@ def summarise(config, plan: Plan, step: int, params, results: dict, progress: Tr
       "stopped_at_accuracy": bool(reached),
       "test_accuracy": results["test"]["accuracy"], "test_error": results["test"]["error"],
       "test_loss": results["test"].get("loss"),
+      "chance": chance,
       "train_images_per_second": progress.images_per_second(),
       "train_seconds": progress.seconds, "devices": jax.device_count(),
       "platform": jax.devices()[0].platform, "processes": jax.process_count(),

@@ -88,6 +88,9 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.train.steps_per_dispatch = 1     # >1: lax.scan over this many steps per call.
   # Stop once the selection set (validation, else test) reaches this accuracy (e.g. 0.99).
   c.train.stop_at_accuracy = config_dict.placeholder(float)
+  # Warn when this fraction of the class capsules is saturated (longer than 0.95) for this
+  # many consecutive steps (steps=0: never); README, "Saturated class capsules".
+  c.train.saturation_warning = ml_collections.ConfigDict(dict(fraction=0.9, steps=100))
 
   c.eval = ml_collections.ConfigDict()
   c.eval.batch_size = 500

@@ -19,12 +19,14 @@ def np_softmax(x, axis):
   return e / e.sum(axis=axis, keepdims=True)
 
 
-def np_routing(votes, iterations, softmax_axis="output", leaky=False, bias=None):
-  """Procedure 1, written out with explicit loops over i and j."""
+def np_routing(votes, iterations, softmax_axis="output", leaky=False, bias=None,
+               return_norms=False):
+  """Procedure 1, written out with explicit loops over i and j; ``(v, couplings)`` and, with
+  ``return_norms``, ``|s_j|`` of each iteration."""
   batch, in_caps, out_caps, _ = votes.shape
   axis = 2 if softmax_axis == "output" else 1
   b = np.zeros((batch, in_caps, out_caps))
-  couplings = []
+  couplings, preactivation_norms = [], []
   for _ in range(iterations):
     if leaky:
       pad_shape = list(b.shape)
@@ -40,11 +42,12 @@ def np_routing(votes, iterations, softmax_axis="output", leaky=False, bias=None)
         s[:, j] += c[:, i, j, None] * votes[:, i, j]
     if bias is not None:
       s = s + bias
+    preactivation_norms.append(np.sqrt(np.sum(s * s, axis=-1)))
     v = np_squash(s)
     for i in range(in_caps):
       for j in range(out_caps):
         b[:, i, j] += np.sum(votes[:, i, j] * v[:, j], axis=-1)
-  return v, couplings
+  return (v, couplings, preactivation_norms) if return_norms else (v, couplings)
 
 
 def random_votes(seed=0, shape=(3, 7, 4, 5), scale=1.0):
@@ -101,12 +104,17 @@ def test_leaky_coupling_sums_below_one():
   np.testing.assert_allclose(np.asarray(trace.coupling[0]), 1.0 / 5, rtol=1e-6)
 
 
-def test_trace_matches_numpy_couplings():
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_trace_matches_numpy_couplings_and_preactivation_norms(iterations):
   votes = random_votes(4)
-  _, expected = np_routing(votes, 3)
-  _, trace = routing.dynamic_routing(jnp.asarray(votes, jnp.float32), 3, return_trace=True)
-  for r in range(3):
+  bias = np.random.default_rng(9).normal(size=(4, 5)) * 0.1
+  _, expected, norms = np_routing(votes, iterations, bias=bias, return_norms=True)
+  _, trace = routing.dynamic_routing(jnp.asarray(votes, jnp.float32), iterations,
+                                     bias=jnp.asarray(bias, jnp.float32), return_trace=True)
+  assert trace.preactivation_norm.shape == (iterations, 3, 4)
+  for r in range(iterations):
     np.testing.assert_allclose(np.asarray(trace.coupling[r]), expected[r], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(trace.preactivation_norm[r]), norms[r], rtol=1e-5)
 
 
 def test_stop_gradient_changes_gradients_not_outputs():
@@ -178,6 +186,10 @@ def test_diagnostics_hand_computed():
   np.testing.assert_allclose(np.asarray(diag["coupling_entropy"]),
                              [np.log(2), np.log(2) / 2], rtol=1e-6)
   np.testing.assert_allclose(np.asarray(diag["logit_change"]), [0.0, 1.0], rtol=1e-6)
+  assert "preactivation_norm" not in diag  # A trace without norms (hand-made) has none.
+  norms = jnp.asarray([[[3.0, 4.0]], [[1.0, 0.0]]])  # (iterations, batch, parents)
+  diag = routing.routing_diagnostics(routing.RoutingTrace(logits, coupling, norms))
+  np.testing.assert_allclose(np.asarray(diag["preactivation_norm"]), [3.5, 0.5], rtol=1e-6)
 
 
 def test_bad_arguments_raise_clear_errors():

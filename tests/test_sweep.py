@@ -141,3 +141,36 @@ def test_two_workers_on_one_sweep_directory_run_every_point_once(tmp_path):
     assert (tried - held, held + done) == (1, 1), (name, outputs)  # One ran it, one passed.
     assert sweep.is_finished(str(tmp_path / "sweep" / name))
   assert not any("Resuming" in line for line in lines)  # Nobody ran a point a second time.
+
+
+def test_results_table_gives_validation_and_the_chance_level_of_each_accuracy(tmp_path):
+  """Collected from summaries written by hand: a two-label run and a one-label run."""
+  import json
+
+  points = sweep.expand({"points": [{"model.routing.iterations": 1},
+                                    {"model.routing.iterations": 3}], "seeds": [0]})
+  two_labels = {"step": 5, "num_steps": 5, "test_accuracy": 0.3, "test_error": 0.7,
+                "test_loss": 0.5, "chance": {"accuracy": 1 / 45, "at_least_one": 17 / 45},
+                "evaluations": {"test": {"accuracy": 0.3, "at_least_one": 0.9},
+                                "validation": {"accuracy": 0.32, "at_least_one": 0.91}}}
+  one_label = {"step": 5, "num_steps": 5, "test_accuracy": 0.96, "test_error": 0.04,
+               "test_loss": 0.1, "chance": {"accuracy": 0.1},
+               "evaluations": {"test": {"accuracy": 0.96}, "validation": {"accuracy": 0.95}}}
+  for point, summary in zip(points, (two_labels, one_label)):
+    (tmp_path / point.name).mkdir()
+    (tmp_path / point.name / "summary.json").write_text(json.dumps(summary))
+  sweep.collect(points, str(tmp_path))
+  header, _, first, second = (tmp_path / "results.md").read_text().splitlines()
+  cells = lambda line: [c.strip() for c in line.strip("|").split("|")]
+  columns = cells(header)
+  assert columns[:4] == ["model.routing.iterations", "seeds", "test error (%)", "chance (%)"]
+  row = dict(zip(columns, cells(first)))
+  assert row["chance (%)"] == "error 97.78, at least one 37.78"
+  assert row["validation accuracy (%)"].startswith("32.00")
+  assert row["test at least one (%)"].startswith("90.00")
+  assert row["validation at least one (%)"].startswith("91.00")
+  row = dict(zip(columns, cells(second)))
+  assert row["chance (%)"] == "error 90.00" and row["validation accuracy (%)"].startswith("95.00")
+  with open(tmp_path / "results.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert rows[0]["validation_accuracy"] == "0.32" and rows[1]["chance"] == "error 90.00"

@@ -45,6 +45,11 @@ def test_main_end_to_end(full_run):
   assert [r["step"] for r in records if r["kind"] == "train"] == [2, 4, 6, 8]
   test = [r for r in records if r["kind"] == "test"]
   assert len(test) == 1 and len(test[0]["coupling_entropy"]) == 3
+  assert len(test[0]["preactivation_norm"]) == 3
+  for r in records:  # Saturation is logged with every train record and evaluation.
+    assert 0 < r["class_capsule_length"] < 1 and 0 <= r["saturated_fraction"] < 0.5, r
+  assert summary["chance"] == {"accuracy": pytest.approx(0.1)}
+  assert "(saturated)" not in result.stdout + result.stderr  # A healthy run is not warned.
   assert checkpoint_steps(workdir) == [4, 8]
   assert "step 8/8" in result.stderr and "img/s" in result.stderr and "ETA" in result.stderr
 

@@ -151,6 +151,9 @@ class CapsNet(nnx.Module):
 
   validate_config = staticmethod(validate_model_config)
 
+  # What to change when the class capsules saturate (the run's warning names these).
+  saturation_settings = ("model.class_capsules.init_scale", "optimizer.learning_rate")
+
   def __call__(self, images: jax.Array, labels: jax.Array | None = None, *,
                train: bool = False, return_trace: bool = False,
                labels_per_example: int = 1) -> CapsNetOutput:
@@ -230,9 +233,13 @@ class CapsNet(nnx.Module):
 
   def metrics(self, outputs: CapsNetOutput, batch: dict) -> dict:
     """Per example: ``accuracy`` (0/1; with several labels, the longest capsules are exactly
-    the labels, and ``at_least_one``) and, with a routing trace, ``coupling_entropy`` and
-    ``logit_change`` per iteration, ``(batch, iterations)``."""
+    the labels, and ``at_least_one``), the saturation of the class capsules
+    (``class_capsule_length``, ``saturated_fraction``: see
+    :func:`capsjax.metrics.capsule_saturation`) and, with a routing trace,
+    ``coupling_entropy``, ``logit_change`` and ``preactivation_norm`` per iteration,
+    ``(batch, iterations)``."""
     result = metrics.label_sets_correct(outputs.lengths, batch["labels"])
+    result.update(metrics.capsule_saturation(outputs.lengths))
     if outputs.trace is not None:
       result.update(routing.routing_diagnostics_per_example(outputs.trace, self.softmax_axis))
     return result
