@@ -12,14 +12,12 @@ on the device, through the same jitted step that training uses.
 
 import json
 import os
-import sys
 import time
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from capsjax import cli
-from capsjax.errors import UsageError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _SECONDS = flags.DEFINE_float("seconds", 20.0, "Minimum time to measure each rate over.")
@@ -56,24 +54,20 @@ def matmul_gflop_per_s(n: int, min_seconds: float) -> float:
 
 def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> dict:
   import jax
-  from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from capsjax import evaluators, steps, tasks, train
+  from capsjax.runtime import Runtime
 
   devices = jax.devices()
-  train.validate_config(config, len(devices))
-  task = tasks.Task.from_config(config)
-  mesh = steps.make_mesh()
-  replicated = NamedSharding(mesh, P())
-  tx = steps.make_optimizer(config.optimizer)
-  state = jax.jit(lambda: steps.init_state(task, tx), out_shardings=replicated)()
+  runtime = Runtime(config)
   batch = config.train.batch_size
   num_steps = config.train.steps_per_dispatch
   num_examples = max(4 * batch, 1024, config.eval.batch_size)
-  split = random_split(task.dataset, num_examples)
-  examples, shared = evaluators.put_on_devices(split, replicated)
+  split = random_split(runtime.task.dataset, num_examples)
+  runtime.load({"train": split, "test": runtime.task.dataset.eval_split_like(split)})
+  state = runtime.fresh_state()
+  examples, shared = runtime.on_devices(split)
 
-  train_step = steps.make_train_step(task, tx, num_examples, mesh)
+  train_step = runtime.make_train_step()
   start = time.perf_counter()
   compiled = train_step.lower(state, examples, shared, num_steps).compile()
   compile_seconds = time.perf_counter() - start
@@ -93,10 +87,9 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> di
   train_rate = batch * num_steps / train_seconds
 
   eval_batch = config.eval.batch_size
-  runner = evaluators.Runner(task.graphdef(), mesh, eval_batch)
-  eval_set = runner.eval_set(task.dataset.eval_split_like(split).first(eval_batch),
-                             task.dataset.eval_batch)
-  eval_seconds = _time_repeated(lambda: runner.evaluate(holder[0].params, eval_set),
+  eval_set = runtime.runner.eval_set(runtime.splits["test"].first(eval_batch),
+                                     runtime.task.dataset.eval_batch)
+  eval_seconds = _time_repeated(lambda: runtime.runner.evaluate(holder[0].params, eval_set),
                                 min_seconds / 2)
   eval_rate = eval_batch / eval_seconds
 
@@ -148,11 +141,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)
-  try:
+  with cli.clear_errors():
     result = run_benchmark(cli.config_from_flag(_CONFIG), _SECONDS.value, _MATMUL_SIZE.value)
-  except UsageError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
   for key, value in result.items():
     print(f"{key:>24}: {value:.4g}" if isinstance(value, float) else f"{key:>24}: {value}")
   print(json.dumps(result))

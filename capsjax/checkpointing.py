@@ -80,24 +80,35 @@ _ORPHANED_READ_FILTER = _OrphanedReadFailures()
 
 
 class Checkpointer:
-  """Keeps the ``keep`` latest checkpoints and the best one by ``accuracy``."""
+  """Keeps the ``keep`` latest checkpoints and, with ``keep_best``, the best one by the
+  ``accuracy`` its save was given (the validation accuracy: runs without a validation split
+  keep no best checkpoint, so that none is chosen on the test set)."""
 
-  def __init__(self, directory: str, keep: int = 3):
+  def __init__(self, directory: str, keep: int = 3, keep_best: bool = True):
     self.directory = os.path.abspath(directory)
-    policy = checkpoint_managers.AnyPreservationPolicy([
-        checkpoint_managers.LatestN(n=max(1, keep)),
-        checkpoint_managers.BestN(get_metric_fn=lambda m: m[BEST_METRIC], n=1,
-                                  keep_checkpoints_without_metrics=False),
-    ])
+    policies = [checkpoint_managers.LatestN(n=max(1, keep))]
+    if keep_best:
+      policies.append(checkpoint_managers.BestN(get_metric_fn=lambda m: m[BEST_METRIC], n=1,
+                                                keep_checkpoints_without_metrics=False))
+    policy = checkpoint_managers.AnyPreservationPolicy(policies)
+    # best_fn makes Orbax write the metrics and rank by them (best_step); the policy decides
+    # what is kept (with best_fn alone, max_to_keep could delete the newest checkpoint).
     self._manager = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(preservation_policy=policy, create=True),
+        options=ocp.CheckpointManagerOptions(
+            preservation_policy=policy, create=True, best_mode="max",
+            best_fn=(lambda m: m[BEST_METRIC]) if keep_best else None),
         item_names=("state", "meta"))
+    self.keep_best = keep_best
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
   def best_step(self) -> int | None:
+    """The step of the best checkpoint by validation accuracy; None without ``keep_best`` or
+    before any checkpoint was saved with one."""
+    if not self.keep_best:
+      return None
     return self._manager.best_step()
 
   def all_steps(self) -> list[int]:
@@ -125,7 +136,10 @@ class Checkpointer:
     if not steps:
       raise UsageError(f"No checkpoint in {self.directory}.")
     if which == "best":
-      first = self.best_step() or steps[0]
+      first = self.best_step()
+      if first is None:
+        raise UsageError(f"--checkpoint=best: no checkpoint in {self.directory} was ranked on "
+                         "a validation split. Use --checkpoint=latest or a step number.")
       return [first] + [s for s in steps if s != first]
     if which == "latest":
       return steps

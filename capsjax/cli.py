@@ -1,16 +1,17 @@
-"""What every command line shares: flag errors and config files as clear errors (exit 2, no
-traceback), and the restart with the host-memory tunables."""
+"""What every command line shares: flag errors, config files and every error a user can fix
+as one clear message (exit 2, no traceback), and the restart with the host-memory tunables."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Callable
 
 from absl import app, flags
 
-from capsjax import hostmemory
-from capsjax.errors import UsageError
+from capsjax import files, hostmemory
+from capsjax.errors import NonFiniteLossError, UsageError
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -56,3 +57,28 @@ def run(main: Callable[[list[str]], None], module: str) -> None:
   """``app.run(main)`` for ``python -m module``, restarted once with the malloc tunables."""
   hostmemory.restart_with_malloc_tuning(module)
   app.run(main, flags_parser=parse_flags)
+
+
+@contextlib.contextmanager
+def clear_errors():
+  """Ends the command with one line on stderr, no traceback, for what the user can act on:
+  a :class:`UsageError` or a full disk (exit 2), a non-finite loss (exit 1), a stop by a
+  signal after saving (exit 128 + the signal's number, as if the signal had ended it)."""
+  from capsjax.preemption import Preempted
+
+  try:
+    yield
+  except UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  except NonFiniteLossError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+  except Preempted as e:
+    print(str(e), file=sys.stderr, flush=True)
+    sys.exit(e.exit_status)
+  except Exception as e:
+    if not files.is_disk_full(e):
+      raise
+    print(f"error: {files.disk_full(e)}", file=sys.stderr)
+    sys.exit(2)

@@ -1,7 +1,8 @@
 """Ensembles (paper Sec. 7: CIFAR-10 with 7 models): average the members' class scores.
 
 ``python -m capsjax.evaluate --ensemble=DIR1,DIR2,...`` (or one sweep directory, whose
-finished runs are the members) restores each member's checkpoint (best by default),
+finished runs are the members) restores each member's checkpoint (the final one by default;
+``--checkpoint=best`` only for members that held out a validation split),
 computes its class scores (capsule lengths for CapsNet) on the test set, averages them
 over the members, as the official ``evaluate_ensemble`` does with its logits, and
 writes ``ensemble.json``: ``accuracy``, ``error``, and each member's own accuracy.
@@ -58,62 +59,66 @@ def check_compatible(paths: list[str], configs: list[dict]) -> None:
                          "the number of classes and the input shape.")
 
 
-def member_scores(members: list[str], checkpoint: str = "best",
+def member_scores(members: list[str], checkpoint: str = "latest",
                   data_dir: str | None = None) -> tuple[list[np.ndarray], np.ndarray, list]:
   """Each member's class scores on the (shared) test set, the labels, and per member its
-  ``{"workdir", "checkpoint_step", "accuracy"}``."""
-  import jax
-  from jax.sharding import NamedSharding, PartitionSpec as P
-
-  from capsjax import checkpointing, evaluators, metrics, runconfig, steps, tasks
-  from capsjax import train
+  ``{"workdir", "checkpoint_step", "selected_on", "accuracy"}``."""
+  from capsjax import checkpointing, evaluators, metrics, runconfig
+  from capsjax.reporting import log
+  from capsjax.runtime import Runtime, check_no_test_selection
 
   configs = [runconfig.load(m) for m in members]
   check_compatible(members, [json.loads(c.to_json_best_effort()) for c in configs])
-  if data_dir:
-    for config in configs:
+  for member, config in zip(members, configs):
+    try:
+      check_no_test_selection(config, checkpoint)
+    except UsageError as e:
+      raise UsageError(f"Ensemble member {member}: {e}") from e
+    if data_dir:
       config.data.dir = data_dir
-  mesh = steps.make_mesh()
-  replicated = NamedSharding(mesh, P())
-  first = tasks.Task.from_config(configs[0])
-  test = first.dataset.load()["test"]  # One test set for all (they share the dataset).
+  first = Runtime(configs[0]).load()  # One test set for all (they share the dataset).
+  test = first.runner.eval_set(evaluators.limit(first.splits["test"], configs[0]),
+                               first.task.dataset.eval_batch)
   all_scores, labels, results = [], None, []
   for n, (member, config) in enumerate(zip(members, configs), 1):
-    train.validate_config(config, jax.device_count())
-    task = tasks.Task.from_config(config)
-    ckpt = checkpointing.Checkpointer(os.path.join(member, "checkpoints"))
-    step, state, _ = ckpt.restore_newest(steps.abstract_state(task, replicated), log=train.log,
-                                         move_aside=False,
-                                         steps=ckpt.candidates(checkpoint))
+    runtime = first if n == 1 else Runtime(config)
+    ckpt = checkpointing.Checkpointer(os.path.join(member, "checkpoints"),
+                                      keep_best=checkpoint == "best")
+    step, state, _ = runtime.restore(ckpt, steps=ckpt.candidates(checkpoint))
     ckpt.close()
-    runner = evaluators.Runner(task.graphdef(), mesh, config.eval.batch_size)
-    scores, labels = runner.scores(state.params, runner.eval_set(test, first.dataset.eval_batch))
+    scores, labels = runtime.runner.scores(state.params, test)
     accuracy = float(np.mean(metrics.label_sets_correct(scores, labels)["accuracy"]))
-    results.append({"workdir": member, "checkpoint_step": step, "accuracy": accuracy})
+    results.append({"workdir": member, "checkpoint_step": step,
+                    "selected_on": "validation" if checkpoint == "best" else checkpoint,
+                    "accuracy": accuracy})
     all_scores.append(scores)
-    train.log(f"member {n}/{len(members)}: {member} (step {step}): test accuracy "
-              f"{100 * accuracy:.2f}%")
+    log(f"member {n}/{len(members)}: {member} (step {step}): test accuracy "
+        f"{100 * accuracy:.2f}%")
   return all_scores, labels, results
 
 
-def evaluate_ensemble(paths: list[str], checkpoint: str = "best", data_dir: str | None = None,
+def evaluate_ensemble(paths: list[str], checkpoint: str = "latest", data_dir: str | None = None,
                       output: str | None = None) -> dict:
   """Evaluates the runs in ``paths`` as one ensemble; returns what ensemble.json holds."""
   import jax
 
-  from capsjax import metrics, train
+  from capsjax import files, metrics
+  from capsjax.reporting import chance_text, log
 
   members, default_output = members_of(paths)
   all_scores, labels, results = member_scores(members, checkpoint, data_dir)
   mean_scores = np.mean(all_scores, axis=0)
   accuracy = float(np.mean(metrics.label_sets_correct(mean_scores, labels)["accuracy"]))
-  result = {"accuracy": accuracy, "error": 1.0 - accuracy, "num_members": len(members),
-            "test_examples": int(len(labels)), "members": results}
+  chance = metrics.chance_levels(mean_scores.shape[-1], 1 if labels.ndim == 1 else
+                                 labels.shape[-1])
+  result = {"accuracy": accuracy, "error": 1.0 - accuracy, "chance": chance,
+            "num_members": len(members), "test_examples": int(len(labels)),
+            "members": results}
   path = os.path.join(output or default_output, "ensemble.json")
   if jax.process_index() == 0:
-    with open(path, "w") as f:
-      json.dump(result, f, indent=2)
+    files.write_json(path, result)
     each = ", ".join(f"{100 * r['accuracy']:.2f}%" for r in results)
-    train.log(f"Ensemble of {len(members)}: test accuracy {100 * accuracy:.2f}% (error "
-              f"{100 * (1 - accuracy):.2f}%); members {each}. Written to {path}.")
+    log(f"Ensemble of {len(members)}: test accuracy {100 * accuracy:.2f}% (error "
+        f"{100 * (1 - accuracy):.2f}%; chance {chance_text(chance)}); members {each}. "
+        f"Written to {path}.")
   return result

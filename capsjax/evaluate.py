@@ -1,8 +1,8 @@
 """Evaluates a run's saved checkpoint on every evaluation of its config and redraws its figures.
 
-  python -m capsjax.evaluate --workdir=/tmp/run                 # best checkpoint
-  python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=latest
+  python -m capsjax.evaluate --workdir=/tmp/run                 # the final checkpoint
   python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=1500
+  python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=best  # by validation accuracy
   python -m capsjax.evaluate --workdir=/tmp/run --max_shift=2   # + the shifted test sets
   python -m capsjax.evaluate --ensemble=/tmp/a,/tmp/b,/tmp/c     # average their class scores
   python -m capsjax.evaluate --ensemble=/tmp/sweeps/cifar10      # a sweep's finished runs
@@ -10,13 +10,14 @@
 The config is the one the run saved (WORKDIR/config.json); the data location
 can be changed with ``--data_dir`` (e.g. on another machine). Writes
 WORKDIR/evaluation.json: ``test_*`` for the main test set, every evaluation
-under ``evaluations``, and with ``--max_shift`` the grid of shifted test
-accuracies under ``shifted_test_accuracy``.
+under ``evaluations``, the chance levels, how the checkpoint was chosen
+(``selected_on``: ``final``, ``validation`` or ``step N``), and with
+``--max_shift`` the grid of shifted test accuracies under
+``shifted_test_accuracy``. ``--checkpoint=best`` is refused for a run without a
+validation split: its best checkpoint would be chosen on the test set.
 """
 
-import json
 import os
-import sys
 
 from absl import app, flags, logging
 
@@ -29,7 +30,9 @@ _ENSEMBLE = flags.DEFINE_string(
     "runs): evaluate them as an ensemble, averaging their class scores.")
 _OUTPUT = flags.DEFINE_string("output", None, "Where --ensemble writes ensemble.json (default: "
                               "the sweep directory, or the members' common parent).")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "'best', 'latest' or a step number.")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", "latest", "'latest' (the final checkpoint), a step number, or 'best' (by "
+    "validation accuracy; only for runs that held out a validation split).")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "Override config.data.dir.")
 _MAX_SHIFT = flags.DEFINE_integer(
     "max_shift", 0, "Also evaluate the test set shifted by every (dx, dy) with |dx|, |dy| <= "
@@ -38,17 +41,17 @@ _MAX_SHIFT = flags.DEFINE_integer(
 SHIFTED = "shifted_test"  # The name of the --max_shift evaluation.
 
 
-def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | None = None,
+def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | None = None,
                      max_shift: int = 0) -> dict:
   """Restores ``checkpoint`` of ``workdir``, runs every evaluation, redraws figures."""
   import jax
-  from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from capsjax import checkpointing, evaluators, reporting, run_figures, runconfig, steps
-  from capsjax import tasks, train
+  from capsjax import checkpointing, files, reporting, run_figures, runconfig
   from capsjax.evaluators.splits import shift_table
+  from capsjax.runtime import Runtime, check_no_test_selection
 
   config = runconfig.load(workdir)
+  check_no_test_selection(config, checkpoint)
   if data_dir:
     config.data.dir = data_dir
   if max_shift < 0:
@@ -58,35 +61,33 @@ def evaluate_workdir(workdir: str, checkpoint: str = "best", data_dir: str | Non
     config.evals = {**{k: evals[k] for k in evals},
                     SHIFTED: {"type": "shifted", "split": "test", "max_shift": max_shift}}
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                    keep=config.train.keep_checkpoints)
+                                    keep=config.train.keep_checkpoints,
+                                    keep_best=checkpoint == "best")
   to_try = ckpt.candidates(checkpoint)
-  train.validate_config(config, jax.device_count())
-  task = tasks.Task.from_config(config)
-  splits = task.dataset.load()
-  mesh = steps.make_mesh()
+  runtime = Runtime(config).load()
   # A damaged checkpoint is reported and the next candidate tried; nothing is moved (a
   # training run may hold this workdir).
-  step, state, _ = ckpt.restore_newest(steps.abstract_state(task, NamedSharding(mesh, P())),
-                                       log=train.log, move_aside=False, steps=to_try)
-  graphdef = task.graphdef()
-  evals = evaluators.build_all(config, task.dataset, splits,
-                               evaluators.Runner(graphdef, mesh, config.eval.batch_size),
-                               log=train.log)
+  step, state, _ = runtime.restore(ckpt, steps=to_try)
+  evals = runtime.evaluations()
   results = {name: evaluator.run(state.params) for name, evaluator in evals.items()}
-  result = {"checkpoint_step": step, **{f"test_{k}": v for k, v in results["test"].items()},
-            "evaluations": results}
+  selected_on = ("validation" if checkpoint == "best" else
+                 "final" if step == runtime.plan.num_steps else f"step {step}")
+  result = {"checkpoint_step": step, "selected_on": selected_on,
+            **{f"test_{k}": v for k, v in results["test"].items()},
+            "chance": runtime.task.chance_levels(), "evaluations": results}
   if max_shift:
     result["shifted_test_accuracy"] = results[SHIFTED]["accuracy_by_shift"]
   if jax.process_index() == 0:
     writer = reporting.MetricWriter(workdir)
-    run_figures.draw_figures(workdir, graphdef, state.params, task.dataset, splits["test"],
-                             evals, config.eval.num_figure_examples, writer, step)
+    run_figures.draw_figures(workdir, runtime.task.graphdef(), state.params,
+                             runtime.task.dataset, runtime.splits["test"], evals,
+                             config.eval.num_figure_examples, writer, step)
     writer.close()
-    with open(os.path.join(workdir, "evaluation.json"), "w") as f:
-      json.dump(result, f, indent=2)
+    files.write_json(os.path.join(workdir, "evaluation.json"), result)
     test = results["test"]
-    print(f"Checkpoint step {step}: test accuracy {100 * test['accuracy']:.2f}% "
-          f"(error {100 * test['error']:.2f}%)"
+    print(f"Checkpoint step {step} ({selected_on}): test accuracy "
+          f"{100 * test['accuracy']:.2f}% (error {100 * test['error']:.2f}%; chance "
+          f"{reporting.chance_text(result['chance'])})"
           + (f", loss {test['loss']:.4f}" if "loss" in test else "")
           + f". Figures redrawn in {workdir}.")
     for name, metrics in results.items():
@@ -102,7 +103,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)
-  try:
+  with cli.clear_errors():
     if bool(_WORKDIR.value) == bool(_ENSEMBLE.value):
       raise UsageError("Give --workdir=DIR (one run) or --ensemble=DIR1,DIR2,... (several).")
     if _ENSEMBLE.value:
@@ -112,9 +113,6 @@ def main(argv):
                                  _DATA_DIR.value, _OUTPUT.value)
     else:
       evaluate_workdir(_WORKDIR.value, _CHECKPOINT.value, _DATA_DIR.value, _MAX_SHIFT.value)
-  except UsageError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,19 @@ matplotlib.use("Agg")  # No display on servers; must precede pyplot.
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from capsjax import files  # noqa: E402
+
 PERTURBATIONS = np.round(np.arange(-0.25, 0.25 + 1e-9, 0.05), 2)  # Paper, Sec. 5.1: 11 values.
+
+
+def save(fig, path: str) -> None:
+  """Writes ``fig`` as a PNG at ``path`` through a temporary file (a full disk or a crash
+  leaves the earlier figure whole) and closes it."""
+  try:
+    with files.atomic_write(path, "wb") as f:
+      fig.savefig(f, format="png", dpi=100, bbox_inches="tight")
+  finally:
+    plt.close(fig)
 
 
 def tile(images: np.ndarray) -> np.ndarray:
@@ -56,8 +68,7 @@ def save_reconstructions(path: str, images, reconstructions, labels, predictions
   _show(ax, reconstruction_grid(images, reconstructions))
   ax.set_title("inputs (top) and reconstructions (bottom); (label, prediction): "
                + " ".join(f"({l},{p})" for l, p in zip(labels, predictions)), fontsize=8)
-  fig.savefig(path, dpi=100, bbox_inches="tight")
-  plt.close(fig)
+  save(fig, path)
 
 
 def save_latent_perturbations(path: str, decoded: np.ndarray, label: int) -> None:
@@ -68,8 +79,7 @@ def save_latent_perturbations(path: str, decoded: np.ndarray, label: int) -> Non
   ax.set_xlabel("perturbation " + " ".join(f"{p:+.2f}" for p in PERTURBATIONS), fontsize=7)
   ax.set_ylabel("capsule dimension (1 at top)")
   ax.set_title(f"Each dimension of the class-{label} capsule tweaked by -0.25..+0.25")
-  fig.savefig(path, dpi=100, bbox_inches="tight")
-  plt.close(fig)
+  save(fig, path)
 
 
 def save_training_curves(path: str, records: list[dict]) -> None:
@@ -88,8 +98,7 @@ def save_training_curves(path: str, records: list[dict]) -> None:
   for ax in (ax_loss, ax_acc):
     ax.grid(alpha=0.3)
     ax.legend()
-  fig.savefig(path, dpi=100, bbox_inches="tight")
-  plt.close(fig)
+  save(fig, path)
 
 
 def save_routing_diagnostics(path: str, records: list[dict]) -> None:
@@ -110,8 +119,7 @@ def save_routing_diagnostics(path: str, records: list[dict]) -> None:
     ax.set_xticks(iters)
     ax.grid(alpha=0.3)
   fig.suptitle(f"routing diagnostics, {last['kind']} set at step {last['step']}")
-  fig.savefig(path, dpi=100, bbox_inches="tight")
-  plt.close(fig)
+  save(fig, path)
 
 
 def save_examples(path: str, images: np.ndarray, labels, predictions, title: str,
@@ -130,8 +138,7 @@ def save_examples(path: str, images: np.ndarray, labels, predictions, title: str
     ax.set_title(f"{int(labels[k])} -> {int(predictions[k])}", fontsize=8,
                  color="red" if wrong else "black")
   fig.suptitle(title, fontsize=8)
-  fig.savefig(path, dpi=100, bbox_inches="tight")
-  plt.close(fig)
+  save(fig, path)
 
 
 def overlay(pair: np.ndarray) -> np.ndarray:
@@ -159,5 +166,4 @@ def save_pair_reconstructions(path: str, images: np.ndarray, reconstructions: np
     ax.text(k * width + width / 2, -2, f"{label[0]},{label[1]}\n"
             f"R{shown[0]} G{shown[1]}", ha="center", va="bottom", fontsize=7)
   ax.set_title(title, fontsize=8, pad=22)
-  fig.savefig(path, dpi=100, bbox_inches="tight")
-  plt.close(fig)
+  save(fig, path)

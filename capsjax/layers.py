@@ -51,14 +51,13 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto",
     * ``"polyphase"``: a strided convolution written as the sum of
       ``stride**2`` stride-1 convolutions over the polyphase components of
       input and kernel. It is the same function (exact up to float rounding);
-      XLA:CPU computes its input gradient about 17x faster than the strided
-      convolution's (see ../shared/PLATFORM.md).
+      XLA:CPU computes its input gradient far faster than the strided
+      convolution's, whose input gradient it handles poorly.
     * ``"im2col"``: gather the k*k shifted (strided) views of the input into
       a patch matrix and multiply it with the kernel in one 2-D matmul. It
-      costs a patch tensor k*k times the output's size. On the 2-core CPU at
-      batch 128 it is the fastest for both of the paper's convolutions (forward
-      + gradients): PrimaryCaps 0.70 s against 1.87 s polyphase; conv1 (one
-      input channel) 0.07 s against 0.13 s native.
+      costs a patch tensor k*k times the output's size, and on XLA:CPU it was
+      the fastest for both of the paper's convolutions, forward and gradients
+      (README, Performance, has the timings).
     * ``"auto"``: im2col on CPU, native elsewhere (cuDNN and XLA:TPU handle
       strided convolutions well).
   """

@@ -9,14 +9,10 @@ cluster, start one process per host with --distributed (or with
 --coordinator_address, --num_processes and --process_id).
 """
 
-import sys
-
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from capsjax import cli, distributed  # distributed defines the multi-host flags.
-from capsjax.errors import NonFiniteLossError, UsageError
-from capsjax.preemption import Preempted
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/mnist.py.",
                                           lock_config=True)
@@ -31,17 +27,8 @@ def main(argv):
   distributed.initialize_from_flags()
   from capsjax import train  # After jax.distributed.initialize.
 
-  try:
+  with cli.clear_errors():
     train.train_and_evaluate(cli.config_from_flag(_CONFIG), _WORKDIR.value)
-  except UsageError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  except NonFiniteLossError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
-  except Preempted as e:  # Saved; 128 + the signal's number, as if the signal had ended it.
-    print(str(e), file=sys.stderr, flush=True)
-    sys.exit(e.exit_status)
 
 
 if __name__ == "__main__":

@@ -57,12 +57,31 @@ class MetricWriter:
     self._tb.close()
 
 
+def log(text: str) -> None:
+  """Prints on process 0 only (every process of a multi-host job runs the same code)."""
+  import jax
+
+  if jax.process_index() == 0:
+    print(text, flush=True)
+
+
+def chance_text(chance: dict | None) -> str:
+  """Chance levels (``summary["chance"]``) in the terms of results tables, in %: ``error
+  90.00`` for one label, ``error 97.78, at least one 37.78`` for two (random guessing)."""
+  if not chance:
+    return "?"
+  text = f"error {100 * (1 - chance['accuracy']):.2f}"
+  if "at_least_one" in chance:
+    text += f", at least one {100 * chance['at_least_one']:.2f}"
+  return text
+
+
 def read_metrics(workdir: str) -> list[dict]:
   """All records of ``WORKDIR/metrics.jsonl``; a torn last line (crash) is skipped."""
   path = os.path.join(workdir, "metrics.jsonl")
   records = []
   if os.path.exists(path):
-    with open(path) as f:
+    with open(path, errors="replace") as f:  # A damaged line is skipped, not fatal.
       for line in f:
         try:
           records.append(json.loads(line))
@@ -77,8 +96,13 @@ def is_finished(workdir: str) -> bool:
   path = os.path.join(workdir, "summary.json")
   if not os.path.exists(path):
     return False
-  with open(path) as f:
-    summary = json.load(f)
+  try:
+    with open(path) as f:
+      summary = json.load(f)
+  except (OSError, ValueError) as e:  # Damaged: the run is resumed, which rewrites it.
+    log(f"Warning: {path} cannot be read ({type(e).__name__}: {e}); the run counts as "
+        "unfinished, and running it again rewrites it from its last checkpoint.")
+    return False
   return summary.get("step") == summary.get("num_steps") or bool(
       summary.get("stopped_at_accuracy"))
 

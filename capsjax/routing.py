@@ -92,8 +92,8 @@ def _capsule_votes_fwd(capsules, weights):
 def _capsule_votes_bwd(residuals, votes_grad):
   # Both gradients are matmuls batched over children i. Written with the vote
   # gradient child-major, (in_caps, batch, out_caps*out_dim), XLA:CPU transposes
-  # it once; from autodiff of the einsum it made two transposed copies, one of
-  # them 5x slower (0.32 s -> 0.20 s for votes + routing + gradients, batch 128).
+  # it once; from autodiff of the einsum it made two transposed copies (README,
+  # Performance, has the timings).
   capsules, weights = residuals
   in_caps, out_caps, out_dim, in_dim = weights.shape
   grad = jnp.transpose(votes_grad, (1, 0, 2, 3)).reshape(in_caps, -1, out_caps * out_dim)
@@ -212,8 +212,8 @@ def dynamic_routing(votes: jax.Array,
   # logits and coupling (batch, out_caps, in_caps). Both contractions over the
   # votes are then batched matrix-vector products over (batch, j) with no
   # transpose of the votes between iterations; XLA folds the one transpose here
-  # into the einsum that made the votes. On the 2-core CPU this halves the time
-  # of votes + routing + their gradients (0.55 s -> 0.32 s at batch 128).
+  # into the einsum that made the votes (on XLA:CPU it was the faster layout;
+  # README, Performance).
   _softmax_axis_index(softmax_axis)  # Validates early with a clear message.
   softmax_index = {"output": 1, "input": 2}[softmax_axis]
   votes = jnp.transpose(votes, (0, 2, 3, 1))
@@ -262,8 +262,8 @@ def dynamic_routing(votes: jax.Array,
     return iteration(r, trace, logits, _softmax(logits, softmax_index, leaky))
 
   # Static bounds: fori_loop lowers to scan and stays reverse-differentiable.
-  # Unrolled: on XLA:CPU a rolled loop stacks per-iteration residuals and runs
-  # the routing gradient ~1.7x slower; r is small.
+  # Unrolled: a rolled loop stacks per-iteration residuals for the gradient, which
+  # XLA:CPU ran slower; r is small.
   logits, trace = jax.lax.fori_loop(1, num_iterations - 1, intermediate_iteration,
                                     (logits, trace), unroll=True)
   if num_iterations > 1:

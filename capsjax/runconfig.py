@@ -11,6 +11,7 @@ import types
 
 import ml_collections
 
+from capsjax import files
 from capsjax.errors import UsageError
 
 # Settings a resumed run may change without changing what it computes: its length, how often
@@ -23,7 +24,7 @@ RESUME_NEUTRAL_KEYS = ("train.num_steps", "train.num_epochs", "train.log_every_s
 
 # Keys added after the first workdirs were written, with the value that reproduces them.
 _DEFAULTS = {"dataset": "mnist", "model.name": "capsnet", "train.stop_at_accuracy": None,
-             "data.pad": 0}
+             "data.pad": 0, "optimizer.name": "adam", "optimizer.schedule": "exponential"}
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -50,39 +51,67 @@ def config_changes(before: dict, after: dict) -> list[str]:
   return changes
 
 
+DAMAGED_CONFIG_ADVICE = (
+    "It records the run's settings. Restore it from a backup, or move it away to go on with "
+    "the current command's settings (capsjax then writes it anew).")
+
+
+def read_raw(workdir: str) -> dict | None:
+  """``WORKDIR/config.json`` as a dict (None if there is none); damaged: a UsageError."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return None
+  return files.read_json(path, DAMAGED_CONFIG_ADVICE)
+
+
+def comparable(raw: dict) -> dict:
+  """A config as JSON with its optimiser settings resolved (defaults filled in), so that an
+  unset setting and its default are the same setting."""
+  from capsjax import optimizers
+
+  raw = json.loads(json.dumps(raw))
+  if isinstance(raw.get("optimizer"), dict):
+    try:
+      raw["optimizer"] = optimizers.resolve(ml_collections.ConfigDict(raw["optimizer"]))
+    except UsageError:
+      pass  # Compared as written.
+  return raw
+
+
 def record(workdir: str, config, resumed_step: int | None, log=print) -> None:
   """Writes ``WORKDIR/config.json``; when a resumed run changed settings, warns and keeps the
   earlier file as ``config.before_step_N.json`` so the run's history is not lost."""
   path = os.path.join(workdir, "config.json")
   resolved = config.to_json_best_effort(indent=2)
-  if resumed_step is not None and os.path.exists(path):
-    with open(path) as f:
-      earlier = f.read()
-    earlier_config = json.loads(earlier)
-    changes = config_changes(earlier_config, json.loads(resolved))
+  earlier_config = read_raw(workdir) if resumed_step is not None else None
+  if earlier_config is not None:
+    changes = config_changes(comparable(earlier_config), comparable(json.loads(resolved)))
     if changes:
       kept = os.path.join(workdir, f"config.before_step_{resumed_step}.json")
-      with open(kept, "w") as f:
-        f.write(earlier)
+      files.write_json(kept, earlier_config)
       log(f"Warning: resuming with settings that differ from the run's config.json: "
           f"{'; '.join(changes)}. The checkpoint's parameters, optimiser state, RNG and data "
           f"position carry on under the new settings; the earlier config is kept in {kept}.")
       if earlier_config.get("seed") != config.seed and config.data.validation_size:
         log("Warning: config.seed draws the validation split, so the new seed's validation "
             "examples overlap the ones trained on so far.")
-  with open(path, "w") as f:
+  with files.atomic_write(path) as f:
     f.write(resolved)
 
 
 def load(workdir: str) -> ml_collections.ConfigDict:
   """The resolved config a run saved in ``WORKDIR/config.json``, with tuples restored and
   the keys of later versions filled in with values that reproduce the run."""
-  config_path = os.path.join(workdir, "config.json")
-  if not os.path.exists(config_path):
-    raise UsageError(f"{config_path} not found: --workdir must be a directory that "
-                     "`python -m capsjax.main` wrote.")
-  with open(config_path) as f:
-    raw = json.load(f)
+  raw = read_raw(workdir)
+  if raw is None:
+    raise UsageError(f"{os.path.join(workdir, 'config.json')} not found: --workdir must be a "
+                     "directory that `python -m capsjax.main` wrote.")
+  return from_raw(raw)
+
+
+def from_raw(raw: dict) -> ml_collections.ConfigDict:
+  """A ConfigDict from a saved config.json's dict (see :func:`load`)."""
+  raw = json.loads(json.dumps(raw))
   for key, value in _DEFAULTS.items():
     node = raw
     *parents, leaf = key.split(".")
@@ -110,3 +139,37 @@ def import_config_file(path: str | os.PathLike) -> types.ModuleType:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def check_same_model(runtime, workdir: str) -> None:
+  """Raises UsageError when the checkpoints in ``workdir`` cannot hold ``runtime``'s train
+  state: the run there trained a model (or optimiser) of other shapes. The message names the
+  settings that differ from its ``config.json``. Without a readable earlier config there is
+  nothing to compare, and the restore reports what it finds."""
+  import jax
+
+  from capsjax import optimizers, tasks, train_step
+
+  earlier_raw = read_raw(workdir)
+  if earlier_raw is None:
+    return
+  try:
+    earlier = from_raw(earlier_raw)
+    task = tasks.Task.from_config(earlier)
+    tx = optimizers.build(earlier.optimizer).tx
+    before = jax.eval_shape(lambda: train_step.init_state(task, tx))
+  except Exception:  # A config this version cannot build: let the restore speak.
+    return
+  now = runtime.abstract_state()
+  shapes = lambda tree: jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), tree)
+  if (jax.tree.structure(before) == jax.tree.structure(now)
+      and shapes(before) == shapes(now)):
+    return
+  changes = config_changes(comparable(earlier_raw),
+                           comparable(json.loads(runtime.config.to_json_best_effort())))
+  raise UsageError(
+      f"{workdir} holds a run of another model: its checkpoints do not fit this config's "
+      f"parameters or optimiser state. Settings that differ from its config.json: "
+      f"{'; '.join(changes) or '(none written there; the code that builds the model changed)'}."
+      " Use a new --workdir for this config, or rerun with that run's settings to go on "
+      "with it.")

@@ -21,7 +21,6 @@ after a full run) writes ``results.csv``, ``results.md`` and plots.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import importlib.util
 import itertools
@@ -36,13 +35,13 @@ from typing import NamedTuple
 from absl import flags, logging
 from ml_collections import config_flags
 
-from capsjax import cli, preemption, workdirs
-from capsjax.reporting import is_finished
+from capsjax import cli, files, preemption, workdirs
+from capsjax.reporting import chance_text, is_finished
 from capsjax.errors import UsageError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULT_COLUMNS = ("test_accuracy", "test_error", "test_loss", "step", "train_images_per_second",
-                  "num_params")
+RESULT_COLUMNS = ("test_accuracy", "test_error", "test_loss", "step", "selected_on",
+                  "train_images_per_second", "num_params")
 
 
 def load_experiment(path: str):
@@ -52,7 +51,12 @@ def load_experiment(path: str):
   spec = importlib.util.spec_from_file_location(f"capsjax_experiment_{pathlib.Path(path).stem}",
                                                 path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except Exception as e:  # Any error of the experiment file itself: say where it is.
+    where = f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
+    raise UsageError(f"Experiment file {path} could not be imported{where}: "
+                     f"{type(e).__name__}: {e}. Fix the file and rerun.") from e
   for name in ("BASE_CONFIG", "get_sweep"):
     if not hasattr(module, name):
       raise UsageError(f"{path} must define {name}; see capsjax/sweep.py.")
@@ -180,15 +184,6 @@ def _is_extra(column: str) -> bool:
   return column.endswith(EXTRA_SUFFIXES) and column not in RESULT_COLUMNS
 
 
-def chance_text(chance: dict | None) -> str:
-  """A summary's ``chance`` levels in the table's terms, in %: ``error 90.00`` for one label,
-  ``error 97.78, at least one 37.78`` for two (random guessing)."""
-  if not chance:
-    return "?"
-  text = f"error {100 * (1 - chance['accuracy']):.2f}"
-  if "at_least_one" in chance:
-    text += f", at least one {100 * chance['at_least_one']:.2f}"
-  return text
 
 
 def run_points(config, points: list[Point], workdir: str, command_line: dict | None = None,
@@ -242,13 +237,13 @@ def collect(points: list[Point], workdir: str) -> list[dict]:
     rows.append(row)
   os.makedirs(workdir, exist_ok=True)
   extra = list(dict.fromkeys(k for row in rows for k in row if _is_extra(k)))
-  with _replace_atomically(os.path.join(workdir, "results.csv"), newline="") as f:
+  with files.atomic_write(os.path.join(workdir, "results.csv"), newline="") as f:
     writer = csv.DictWriter(f, fieldnames=["run", *keys, "seed", *RESULT_COLUMNS, "chance",
                                            *extra])
     writer.writeheader()
     writer.writerows(rows)
   groups = _group(rows, keys)
-  with _replace_atomically(os.path.join(workdir, "results.md")) as f:
+  with files.atomic_write(os.path.join(workdir, "results.md")) as f:
     f.write(markdown_table(groups, keys))
     if missing:
       f.write(f"\nNot finished ({len(missing)}): {', '.join(missing)}\n")
@@ -257,16 +252,6 @@ def collect(points: list[Point], workdir: str) -> list[dict]:
     print(f"{len(missing)} of {len(points)} runs not finished: {', '.join(missing)}")
   print(f"Wrote {os.path.join(workdir, 'results.csv')} ({len(rows)} runs) and results.md.")
   return rows
-
-
-@contextlib.contextmanager
-def _replace_atomically(path: str, **open_args):
-  """Writes ``path`` through a temporary file, so that workers collecting at the same time
-  never leave a half-written table."""
-  temporary = f"{path}.{os.getpid()}.tmp"
-  with open(temporary, "w", **open_args) as f:
-    yield f
-  os.replace(temporary, path)
 
 
 def _mean_std(values):
@@ -288,16 +273,20 @@ def _group(rows: list[dict], keys: list[str]) -> list[dict]:
              ("test_error", "test_loss", "train_images_per_second")}
     extra = {c: _mean_std([m.get(c) for m in members]) for c in
              dict.fromkeys(c for m in members for c in m if _is_extra(c))}
+    selected = sorted({str(m.get("selected_on") or "final") for m in members})
     out.append({"setting": dict(zip(keys, setting)), "seeds": len(members), **stats,
-                "chance": members[0].get("chance", "?"), "extra": extra})
+                "chance": members[0].get("chance", "?"), "selected_on": ", ".join(selected),
+                "extra": extra})
   return out
 
 
 def markdown_table(groups: list[dict], keys: list[str]) -> str:
-  """Mean ± std over seeds per setting; the chance accuracy beside the test error; other
-  evaluations' accuracies (and at-least-one rates) as extra columns."""
+  """Mean ± std over seeds per setting; beside the test error its chance level and how the
+  numbers were chosen (``selected_on``: ``final``, ``validation`` or ``test`` when a run
+  stopped on test accuracy); other evaluations' accuracies (and at-least-one rates) as
+  extra columns."""
   extra = list(dict.fromkeys(c for g in groups for c in g.get("extra", {})))
-  header = [*keys, "seeds", "test error (%)", "chance (%)", "test loss",
+  header = [*keys, "seeds", "test error (%)", "chance (%)", "selected on", "test loss",
             "train images/s", *(_extra_header(c) for c in extra)]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for g in groups:
@@ -308,7 +297,7 @@ def markdown_table(groups: list[dict], keys: list[str]) -> str:
                    for m, s in (g.get("extra", {}).get(c, (float("nan"),) * 2) for c in extra)]
     lines.append("| " + " | ".join([*(str(g["setting"][k]) for k in keys), str(g["seeds"]),
                                     f"{100 * err_m:.2f} ± {100 * err_s:.2f}",
-                                    g.get("chance", "?"),
+                                    g.get("chance", "?"), g.get("selected_on", "final"),
                                     f"{loss_m:.4f} ± {loss_s:.4f}", f"{ips_m:.0f}",
                                     *extra_cells]) + " |")
   return "\n".join(lines) + "\n"
@@ -325,7 +314,7 @@ def _plot(groups: list[dict], keys: list[str], workdir: str) -> None:
   """For each swept key: test error against its values, one line per other setting."""
   if not groups:
     return
-  from capsjax import figures  # noqa: F401  (selects the Agg backend)
+  from capsjax import figures  # Selects the Agg backend.
   import matplotlib.pyplot as plt
 
   for key in keys:
@@ -348,9 +337,7 @@ def _plot(groups: list[dict], keys: list[str], workdir: str) -> None:
     ax.grid(alpha=0.3)
     if any(others):
       ax.legend(fontsize=8)
-    fig.savefig(os.path.join(workdir, f"test_error_vs_{key.rsplit('.', 1)[-1]}.png"), dpi=100,
-                bbox_inches="tight")
-    plt.close(fig)
+    figures.save(fig, os.path.join(workdir, f"test_error_vs_{key.rsplit('.', 1)[-1]}.png"))
 
 
 def _numeric(values) -> bool:
@@ -406,7 +393,7 @@ _COLLECT = flags.DEFINE_bool("collect", False, "Only collect results of finished
 
 def main(argv):
   logging.set_verbosity(logging.WARNING)
-  try:
+  with cli.clear_errors():
     if len(argv) != 2:
       raise UsageError("Usage: python -m capsjax.sweep EXPERIMENT.py --workdir=DIR "
                        "[--config.KEY=VALUE ...] [--index=K | --list | --collect]")
@@ -435,12 +422,6 @@ def main(argv):
       point_config(config, p, command_line)
     run_points(config, points, workdir, command_line)
     collect(points, workdir)
-  except UsageError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  except preemption.Preempted as e:
-    print(str(e), file=sys.stderr, flush=True)
-    sys.exit(e.exit_status)
 
 
 if __name__ == "__main__":

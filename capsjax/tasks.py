@@ -26,19 +26,13 @@ class Task:
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> "Task":
-    """The task of ``config``; raises UsageError naming the key of a setting that cannot run."""
+    """The task of ``config``; raises UsageError naming the key of a setting that cannot run.
+
+    ``config.model.image_shape`` and ``num_classes`` left unset (None) are filled in from
+    the dataset (:func:`fill_model_shapes`); set, they must agree with it."""
     model_class = models.get(config)
+    dataset = fill_model_shapes(config)
     model_class.validate_config(config.model)
-    dataset = datasets.get(config)
-    info = dataset.info
-    if tuple(config.model.image_shape) != tuple(info.image_shape):
-      raise UsageError(f"config.model.image_shape={tuple(config.model.image_shape)} but the "
-                       f"dataset {config.get('dataset', 'mnist')!r} makes images of shape "
-                       f"{tuple(info.image_shape)}; set --config.model.image_shape="
-                       f"'{tuple(info.image_shape)}'.")
-    if config.model.num_classes != info.num_classes:
-      raise UsageError(f"config.model.num_classes={config.model.num_classes} but the dataset "
-                       f"has {info.num_classes} classes.")
     evaluators.validate(config)
     return cls(config, dataset, model_class)
 
@@ -58,3 +52,25 @@ class Task:
   def init_params(self, key: jax.Array) -> dict:
     """Fresh parameters as a pure dict (what checkpoints and train states hold)."""
     return nnx.to_pure_dict(nnx.state(self.model(nnx.Rngs(key)), nnx.Param))
+
+
+def fill_model_shapes(config: ml_collections.ConfigDict) -> datasets.Builder:
+  """Sets ``config.model.image_shape`` and ``num_classes`` from the dataset builder of
+  ``config`` where they are None; returns the builder. A value the config sets must equal the
+  dataset's (UsageError naming the key and the right value)."""
+  dataset = datasets.get(config)
+  info = dataset.info
+  name = config.get("dataset", "mnist")
+  if config.model.get("image_shape") is None:
+    config.model.image_shape = tuple(info.image_shape)
+  elif tuple(config.model.image_shape) != tuple(info.image_shape):
+    raise UsageError(f"config.model.image_shape={tuple(config.model.image_shape)} but the "
+                     f"dataset {name!r} makes images of shape {tuple(info.image_shape)} (with "
+                     f"these config.data settings); leave config.model.image_shape unset (it "
+                     f"follows the data) or set it to '{tuple(info.image_shape)}'.")
+  if config.model.get("num_classes") is None:
+    config.model.num_classes = int(info.num_classes)
+  elif config.model.num_classes != info.num_classes:
+    raise UsageError(f"config.model.num_classes={config.model.num_classes} but the dataset "
+                     f"{name!r} has {info.num_classes} classes; leave it unset.")
+  return dataset

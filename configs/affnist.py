@@ -55,11 +55,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c = mnist.get_config("smoke" if smoke else None)
   c.data.pad = 6             # 28x28 digits centred on 40x40.
   c.data.shift_pixels = 6    # Then moved up to 6 px: a random position on the canvas.
-  c.model.image_shape = (40, 40, 1)
-
   if variant.startswith("baseline"):
-    c.model = mnist_baseline.baseline_model(c.model.image_shape, pool=(2, 2, 0),
-                                            hidden=(847, 192))
+    c.model = mnist_baseline.baseline_model(pool=(2, 2, 0), hidden=(847, 192))
     del c["loss"]
     if smoke:
       c.model.conv_features, c.model.hidden = (8, 8, 4), (16, 8)

@@ -20,11 +20,11 @@ category. Sources of each setting:
 
 22,476,288 parameters. The length of a run here is config.train.num_epochs (50
 epochs of 390 steps = 19,500 steps, far below the official 600,000); raise it
-for a full reproduction. Cost: XLA counts 9.45 GFLOP per training image
-(python -m capsjax.benchmark --config=configs/cifar10.py), measured at 9.8 images/s
-on the 2-core development CPU, shared with another job (about 85 min per 50,000). Not measured
-on a GPU here; the FLOP count alone bounds an epoch below by ~10 s at 50 TFLOP/s, and
-routing is memory-bound, so expect several times that.
+for a full reproduction.
+
+Cost: XLA counts 9.45 GFLOP per training image
+(python -m capsjax.benchmark --config=configs/cifar10.py); the README's
+Performance table has its speed on the machines we measured.
 
 Variant ``smoke``: a tiny model for a few steps (tests, on tfds.testing.mock_data).
 """
@@ -39,8 +39,7 @@ images = import_config_file(pathlib.Path(__file__).with_name("images.py"))
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  c = images.image_config(variant, dataset="cifar10", tfds_name="cifar10",
-                          image_shape=(24, 24, 3), num_classes=10, crop=24, flip=True,
+  c = images.image_config(variant, dataset="cifar10", tfds_name="cifar10", crop=24, flip=True,
                           brightness=63.0, contrast_lower=0.2, contrast_upper=1.8,
                           standardize=True)
   c.model.padding = "SAME"            # Official code.

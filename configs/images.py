@@ -14,8 +14,8 @@ from capsjax.runconfig import import_config_file
 mnist = import_config_file(pathlib.Path(__file__).with_name("mnist.py"))
 
 
-def image_config(variant: str | None, *, dataset: str, tfds_name: str, image_shape,
-                 num_classes: int, **augment) -> ml_collections.ConfigDict:
+def image_config(variant: str | None, *, dataset: str, tfds_name: str,
+                 **augment) -> ml_collections.ConfigDict:
   """The MNIST config with the data of ``dataset`` (capsjax/datasets/images.py)."""
   if variant not in (None, "", "smoke"):
     raise ValueError(f"Unknown variant {variant!r} of configs/{dataset}.py; use '' or 'smoke'.")
@@ -30,7 +30,5 @@ def image_config(variant: str | None, *, dataset: str, tfds_name: str, image_sha
       standardize=False,
   ))
   c.data.update(augment)
-  c.model.image_shape = tuple(image_shape)
-  c.model.num_classes = num_classes
   c.model.padding = "VALID"
   return c

@@ -13,6 +13,8 @@ Variants (the string after ':'):
 import ml_collections
 from ml_collections import config_dict
 
+from capsjax import optimizers
+
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -27,14 +29,15 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.data.tfds_data_dir = config_dict.placeholder(str)  # Where tfds keeps prepared data.
   c.data.validation_size = 0      # Held out from train; the paper tuned on 10,000.
   c.data.train_limit = 0          # Use only the first N training examples (0: all).
-  c.data.test_limit = 0           # Use only the first N test examples (0: all).
+  c.data.test_limit = 0           # Evaluate a fixed random sample of N examples (0: all).
   c.data.shift_pixels = 2         # Random shifts of up to 2 px with zero padding.
   c.data.pad = 0                  # Centre digits on a canvas this many px larger per side.
 
   c.model = ml_collections.ConfigDict()
   c.model.name = "capsnet"        # A registered model (capsjax/models).
-  c.model.image_shape = (28, 28, 1)
-  c.model.num_classes = 10
+  # Unset: from the dataset (here 28x28x1 and 10 classes, 2 x data.pad px larger if padded).
+  c.model.image_shape = config_dict.placeholder(tuple)
+  c.model.num_classes = config_dict.placeholder(int)
   # Conv init (the paper gives none): init_scale>0 draws normal(0, init_scale) cut at
   # 2 std, init_scale=0 is LeCun normal. conv1 at 0.05 (the official code's) learned
   # fastest of 0.003-0.11 on MNIST (experiments/README.md); the official code's
@@ -69,13 +72,17 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
       reconstruction_weight=0.0005,  # Times the SUM of squared pixel errors.
   ))
 
-  c.optimizer = ml_collections.ConfigDict(dict(
-      learning_rate=1e-3,
-      decay_rate=0.96,     # Exponential decay, official code: 0.96 every 2000 steps.
-      decay_steps=2000,
-      staircase=False,
-      b1=0.9, b2=0.999, eps=1e-8,  # TF's Adam defaults.
-  ))
+  # capsjax/optimizers.py: the paper's Adam, 1e-3 decayed exponentially 0.96 every 2000 steps.
+  # Each optimiser's and schedule's own settings (b1, b2, eps; momentum, nesterov; decay_rate,
+  # decay_steps or decay_epochs, staircase; ...) are unset here, which takes that one's default
+  # (Adam: TF's b1 0.9, b2 0.999, eps 1e-8; exponential: the paper's 0.96 every 2000 steps),
+  # so that e.g. --config.optimizer.name=sgd or --config.optimizer.schedule=cosine alone works.
+  c.optimizer = ml_collections.ConfigDict(optimizers.config_keys())
+  c.optimizer.name = "adam"           # adam | adamw | sgd | rmsprop
+  c.optimizer.learning_rate = 1e-3
+  c.optimizer.schedule = "exponential"  # exponential | cosine | constant | piecewise
+  c.optimizer.weight_decay = config_dict.placeholder(float)  # Unset: 0 (adamw: 1e-4).
+  c.optimizer.clip_norm = 0.0         # > 0: clip gradients to this global norm.
 
   c.train = ml_collections.ConfigDict()
   c.train.batch_size = 128

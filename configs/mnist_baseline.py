@@ -17,18 +17,20 @@ Variants: (none) the paper's baseline; smoke: a tiny one for a few steps.
 import pathlib
 
 import ml_collections
+from ml_collections import config_dict
 
 from capsjax.runconfig import import_config_file
 
 mnist = import_config_file(pathlib.Path(__file__).with_name("mnist.py"))
 
 
-def baseline_model(image_shape, num_classes: int = 10, **overrides) -> ml_collections.ConfigDict:
-  """``config.model`` of the baseline CNN (capsjax/models/baseline_cnn.py)."""
+def baseline_model(**overrides) -> ml_collections.ConfigDict:
+  """``config.model`` of the baseline CNN (capsjax/models/baseline_cnn.py); the image shape
+  and the classes come from the dataset."""
   model = ml_collections.ConfigDict(dict(
       name="baseline_cnn",
-      image_shape=tuple(image_shape),
-      num_classes=num_classes,
+      image_shape=config_dict.placeholder(tuple),
+      num_classes=config_dict.placeholder(int),
       conv_features=(256, 256, 128),  # 5x5, stride 1, SAME, ReLU.
       kernel_size=5,
       pool=(0, 0, 0),                 # Max pooling after each conv (0 or 1: none).
@@ -47,7 +49,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f"Unknown variant {variant!r} of configs/mnist_baseline.py; use '' or "
                      "'smoke'.")
   c = mnist.get_config(variant)
-  c.model = baseline_model(c.model.image_shape, c.model.num_classes)
+  c.model = baseline_model()
   del c["loss"]  # CapsNet's margin/reconstruction settings; the baseline uses cross-entropy.
   # On a CPU the 5x5x256 convolutions run as im2col: 20 MB of patches per 28x28 image, so
   # 500-image evaluation batches would need 10 GB. The batch size does not change results.

@@ -54,11 +54,9 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.data.shift_pixels = 4     # ... each shifted by up to 4 px in x and y.
   c.data.pairs_per_digit = 1000  # Test pairs per test digit (paper: 1,000).
   c.data.pair_seed = 0        # Draws the fixed test (and validation) pairs.
-  c.model.image_shape = (36, 36, 1)
   c.optimizer.decay_steps = 20_000  # Paper: a decay period 10x longer than on MNIST.
   if variant.startswith("baseline"):
-    c.model = mnist_baseline.baseline_model(c.model.image_shape, pool=(2, 0, 0),
-                                            hidden=(530, 192))
+    c.model = mnist_baseline.baseline_model(pool=(2, 0, 0), hidden=(530, 192))
     del c["loss"]
     if smoke:
       c.model.conv_features, c.model.hidden = (8, 8, 4), (16, 8)

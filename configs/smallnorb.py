@@ -14,11 +14,9 @@ reconstructing the standardised image (remake stays on by default there).
 Resizing 96 -> 48 averages 2x2 blocks here (the official code: TF's bilinear
 resize). 9,327,104 parameters.
 
-Cost: XLA counts 2.2 GFLOP per training image (python -m capsjax.benchmark
---config=configs/smallnorb.py), measured at 34.9 images/s on the 2-core
-development CPU, shared with another job (about 12 min per epoch of 24,300
-images). Not measured on a GPU here; the FLOP count alone bounds an epoch below
-by ~1 s at 50 TFLOP/s, and routing is memory-bound, so expect several times that.
+Cost: XLA counts 2.2 GFLOP per training image
+(python -m capsjax.benchmark --config=configs/smallnorb.py); the README's
+Performance table has its speed on the machines we measured.
 
 Variant ``smoke``: a tiny model for a few steps (tests, on tfds.testing.mock_data).
 """
@@ -33,7 +31,6 @@ images = import_config_file(pathlib.Path(__file__).with_name("images.py"))
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  return images.image_config(variant, dataset="smallnorb", tfds_name="smallnorb",
-                             image_shape=(32, 32, 2), num_classes=5, resize=48, crop=32,
-                             brightness=63.0, contrast_lower=0.2, contrast_upper=1.8,
+  return images.image_config(variant, dataset="smallnorb", tfds_name="smallnorb", resize=48,
+                             crop=32, brightness=63.0, contrast_lower=0.2, contrast_upper=1.8,
                              standardize=True)

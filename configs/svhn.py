@@ -14,11 +14,9 @@ the masked class capsules, reconstruction weight 0.0005, Adam 1e-3 decayed
 0.96 every 2000 steps, batch 128), with the 32x32 RGB images in [0, 1] and no
 augmentation (the paper names none). 4,720,480 parameters.
 
-Cost: XLA counts 0.265 GFLOP per training image (python -m capsjax.benchmark
---config=configs/svhn.py), measured at 165 images/s on the 2-core development
-CPU, shared with another job (about 7.4 min per epoch of 73,257 images). Not
-measured on a GPU here; the FLOP count alone bounds an epoch below by ~0.4 s at
-50 TFLOP/s, and routing is memory-bound, so expect several times that.
+Cost: XLA counts 0.265 GFLOP per training image
+(python -m capsjax.benchmark --config=configs/svhn.py); the README's
+Performance table has its speed on the machines we measured.
 
 Variant ``smoke``: a tiny model for a few steps (tests, on tfds.testing.mock_data).
 """
@@ -33,8 +31,7 @@ images = import_config_file(pathlib.Path(__file__).with_name("images.py"))
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  c = images.image_config(variant, dataset="svhn", tfds_name="svhn_cropped",
-                          image_shape=(32, 32, 3), num_classes=10)
+  c = images.image_config(variant, dataset="svhn", tfds_name="svhn_cropped")
   if variant != "smoke":
     c.model.conv1.features = 64        # Paper.
     c.model.primary.num_types = 16     # Paper.

@@ -44,22 +44,17 @@ def measure(config, num_steps: int, every: int) -> list[dict]:
   import jax
   import jax.numpy as jnp
   from flax import nnx
-  from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from capsjax import evaluators, steps, tasks
+  from capsjax.runtime import Runtime
 
-  task = tasks.Task.from_config(config)
-  splits = task.dataset.load()
-  mesh = steps.make_mesh()
-  replicated = NamedSharding(mesh, P())
-  tx = steps.make_optimizer(config.optimizer)
-  state = jax.jit(lambda: steps.init_state(task, tx), out_shardings=replicated)()
-  examples, shared = evaluators.put_on_devices(splits["train"], replicated)
-  num_train = len(splits["train"])
-  graphdef = task.graphdef()
+  runtime = Runtime(config).load()
+  state = runtime.fresh_state()
+  examples, shared = runtime.on_devices(runtime.splits["train"])
+  num_train = runtime.plan.num_train
+  graphdef = runtime.task.graphdef()
   indices = jnp.arange(PROBE_SIZE) * max(1, num_train // PROBE_SIZE) % num_train
-  probe = jax.jit(lambda e, s: task.dataset.train_batch(jax.random.PRNGKey(0), indices, e, s))(
-      examples, shared)
+  probe = jax.jit(lambda e, s: runtime.task.dataset.train_batch(jax.random.PRNGKey(0), indices,
+                                                                e, s))(examples, shared)
 
   @jax.jit
   def lengths(params):
@@ -69,7 +64,7 @@ def measure(config, num_steps: int, every: int) -> list[dict]:
     return (jnp.linalg.norm(primary, axis=-1), outputs.lengths,
             outputs.trace.preactivation_norm[-1])
 
-  train_step = steps.make_train_step(task, tx, num_train, mesh)
+  train_step = runtime.make_train_step()
   rows = []
   for step in range(num_steps + 1):
     if step % every == 0 or step == num_steps:

@@ -58,6 +58,38 @@ def make_images(labels: np.ndarray, seed: int, size: int = 28) -> np.ndarray:
   return images.astype(np.uint8)
 
 
+def shape_images(labels: np.ndarray, seed: int, size: int = 28) -> np.ndarray:
+  """Three clearly different shapes, by label (0: a square outline, 1: a plus, 2: a diagonal
+  line), each at a random offset of up to 3 px, on faint noise."""
+  rng = np.random.default_rng(seed)
+  images = rng.integers(0, 30, size=(len(labels), size, size)).astype(np.uint8)
+  for k, label in enumerate(labels):
+    canvas = np.zeros((size, size), np.uint8)
+    if label == 0:
+      canvas[7:21, 7:21] = 255
+      canvas[10:18, 10:18] = 0
+    elif label == 1:
+      canvas[12:16, 6:22] = 255
+      canvas[6:22, 12:16] = 255
+    else:
+      for i in range(6, 22):
+        canvas[i, i - 1:i + 2] = 255
+    dy, dx = rng.integers(-3, 4, size=2)
+    images[k] = np.maximum(images[k], np.roll(canvas, (dy, dx), axis=(0, 1)))
+  return images
+
+
+def write_shapes_dataset(directory, num_train=384, num_test=96, seed=0):
+  """MNIST-format files of :func:`shape_images`, labels 0-2."""
+  os.makedirs(directory, exist_ok=True)
+  rng = np.random.default_rng(seed)
+  for split, n in (("train", num_train), ("t10k", num_test)):
+    labels = rng.integers(0, 3, size=n).astype(np.uint8)
+    write_idx(os.path.join(directory, f"{split}-images-idx3-ubyte"), shape_images(labels, n))
+    write_idx(os.path.join(directory, f"{split}-labels-idx1-ubyte"), labels)
+  return directory
+
+
 def write_idx_dataset(directory, num_train=512, num_test=128, gz=True, seed=0):
   """A folder of the four MNIST-format files with generated data."""
   import os
@@ -111,14 +143,13 @@ def checkpoint_steps(workdir):
 def final_params(workdir):
   """Parameters of the latest checkpoint, as NumPy, through capsjax's own restore."""
   import jax
-  from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from capsjax import checkpointing, runconfig, steps, tasks
+  from capsjax import checkpointing, runconfig
+  from capsjax.runtime import Runtime
 
-  task = tasks.Task.from_config(runconfig.load(str(workdir)))
+  runtime = Runtime(runconfig.load(str(workdir)))
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
-  state, _ = steps.restore_state(ckpt, ckpt.latest_step(), task,
-                                 NamedSharding(steps.make_mesh(), P()))
+  _, state, _ = runtime.restore(ckpt, steps=[ckpt.latest_step()])
   ckpt.close()
   return jax.tree.map(np.asarray, state.params)
 
@@ -129,10 +160,19 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def resolved(config):
+  """``config`` with ``model.image_shape`` and ``num_classes`` filled in from its dataset, as
+  a run does (configs leave them unset)."""
+  from capsjax import tasks
+
+  tasks.fill_model_shapes(config)
+  return config
+
+
 def abstract_model(config):
   """The model of ``config`` with shapes only (no initialisation run): sizes and output
   shapes of full-size models at no compute cost."""
   from flax import nnx
 
   from capsjax import models
-  return nnx.eval_shape(lambda: models.create(config, rngs=nnx.Rngs(0)))
+  return nnx.eval_shape(lambda: models.create(resolved(config), rngs=nnx.Rngs(0)))

@@ -9,6 +9,7 @@ from flax import nnx
 import affnist
 import mnist_baseline
 from capsjax import models
+from capsjax.models.baseline_cnn import BaselineCNN
 from capsjax.errors import UsageError
 from helpers import abstract_model
 
@@ -16,7 +17,7 @@ from helpers import abstract_model
 def test_paper_parameter_count():
   config = mnist_baseline.get_config()
   model = abstract_model(config)
-  assert isinstance(model, models.BaselineCNN)
+  assert isinstance(model, BaselineCNN)
   assert models.count_params(model) == 35_445_522
 
 

@@ -103,3 +103,29 @@ def test_unawaited_read_failures_of_a_damaged_checkpoint_are_not_logged(tmp_path
   leave_unawaited(other_coroutine)
   logged = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
   assert len(logged) == 1 and "other_coroutine" in logged[0], logged
+
+
+def test_the_best_checkpoint_by_validation_is_kept_ranked_and_restored(tmp_path):
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"), keep=1, keep_best=True)
+  for step, accuracy in [(1, 0.50), (2, 0.90), (3, 0.70), (4, None)]:
+    ckpt.save(step, state_at(step), {"step": step},
+              None if accuracy is None else {checkpointing.BEST_METRIC: accuracy})
+  ckpt.wait()
+  assert ckpt.all_steps() == [2, 4] and ckpt.best_step() == 2   # The best and the latest.
+  assert ckpt.candidates("best") == [2, 4]
+  step, state, _ = ckpt.restore_newest(state_at(0), steps=ckpt.candidates("best"))
+  assert step == 2 and float(state["w"][0, 0]) == 2.0
+  ckpt.close()
+  reopened = checkpointing.Checkpointer(str(tmp_path / "checkpoints"), keep=1)
+  assert reopened.best_step() == 2  # The ranking is on disk.
+
+
+def test_without_a_validation_split_no_checkpoint_is_best(tmp_path):
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"), keep=2, keep_best=False)
+  for step in (1, 2, 3):
+    ckpt.save(step, state_at(step), {"step": step})
+  ckpt.wait()
+  assert ckpt.all_steps() == [2, 3] and ckpt.best_step() is None
+  with pytest.raises(UsageError, match="no checkpoint .* was ranked on a validation split"):
+    ckpt.candidates("best")
+  assert ckpt.candidates("latest") == [3, 2]

@@ -66,3 +66,21 @@ def test_clear_errors_name_the_path(tmp_path):
   empty.mkdir()
   with pytest.raises(UsageError, match="holds no .mat files"):
     affnist.load(str(empty))
+
+
+def test_an_asymmetric_digit_reads_the_right_way_up(tmp_path):
+  """An 'L' written pixel by pixel in the files' documented layout (affNISTdata.image is
+  1600 x N, one image per column, pixel (row r, column c) at entry 40 * r + c; Kaggle's
+  affNIST reader and the dataset page read it so), independently of capsjax's reader: a
+  transposed or flipped reader cannot pass."""
+  column = np.zeros(1600, np.uint8)
+  for r in range(5, 35):            # The stem: column 8, rows 5-34, top to bottom.
+    column[40 * r + 8] = 255
+  for c in range(8, 28):            # The foot: row 34, columns 8-27, to the right.
+    column[40 * 34 + c] = 255
+  scipy.io.savemat(tmp_path / "l.mat", {"affNISTdata": {
+      "image": column[:, None], "label_int": np.array([[1]], np.uint8)}})
+  image = affnist.load(str(tmp_path / "l.mat"))[0][0, :, :, 0]
+  assert np.all(image[5:35, 8] == 255) and np.all(image[34, 8:28] == 255)   # Stem, foot.
+  assert image.sum() == 255 * (30 + 19)                                      # Nothing else.
+  assert image[:20, 20:].sum() == 0 and image[5, 8] == 255 and image[34, 27] == 255

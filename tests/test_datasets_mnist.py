@@ -6,7 +6,7 @@ import pytest
 
 import affnist
 import mnist
-from capsjax import datasets
+from capsjax import datasets, tasks
 from capsjax.errors import UsageError
 from helpers import write_idx_dataset
 
@@ -81,5 +81,6 @@ def test_bad_padding_settings(idx_dir):
     datasets.get(c)
   c = expanded_config(idx_dir)
   c.model.image_shape = (44, 44, 1)
-  with pytest.raises(UsageError, match=r"minus 2 x config.data.pad is \(32, 32, 1\)"):
-    datasets.get(c).load()
+  with pytest.raises(UsageError, match=r"image_shape=\(44, 44, 1\) but the dataset 'mnist' "
+                                       r"makes images of shape \(40, 40, 1\)"):
+    tasks.fill_model_shapes(c)

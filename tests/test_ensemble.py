@@ -8,14 +8,14 @@ import shutil
 import subprocess
 import sys
 
-import jax
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 import mnist
-from capsjax import ensemble, runconfig, steps, tasks, train
+from capsjax import ensemble, runconfig, tasks, train
 from capsjax.errors import UsageError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -34,14 +34,10 @@ def members(idx_dir, tmp_path_factory):
 
 def scores_by_hand(workdir, images):
   """The member's class scores: its latest parameters applied to all images at once."""
-  from capsjax import checkpointing
-  from jax.sharding import NamedSharding, PartitionSpec as P
+  from helpers import final_params
 
   task = tasks.Task.from_config(runconfig.load(str(workdir)))
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
-  state, _ = steps.restore_state(ckpt, ckpt.latest_step(), task,
-                                 NamedSharding(steps.make_mesh(), P()))
-  params = jax.tree.map(np.asarray, state.params)
+  params = final_params(workdir)
   return np.asarray(nnx.merge(task.graphdef(), params).apply(
       {"images": jnp.asarray(images), "labels": jnp.zeros(len(images), jnp.int32)},
       train=False).lengths)

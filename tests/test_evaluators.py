@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 import mnist_baseline
-from capsjax import datasets, evaluators, models, steps
+from capsjax import evaluators, models, runtime, tasks
 from capsjax.errors import UsageError
 from helpers import write_idx_dataset
 from test_datasets_affnist import write_affnist
@@ -29,11 +29,11 @@ def make_config(idx_dir, **evals):
 
 
 def build(config):
-  builder = datasets.get(config)
+  builder = tasks.fill_model_shapes(config)
   splits = builder.load()
   model = models.create(config, rngs=nnx.Rngs(0))
   graphdef, params = nnx.graphdef(model), nnx.to_pure_dict(nnx.state(model, nnx.Param))
-  runner = evaluators.Runner(graphdef, steps.make_mesh(), config.eval.batch_size)
+  runner = runtime.Runner(graphdef, runtime.make_mesh(), config.eval.batch_size)
   messages = []
   built = evaluators.build_all(config, builder, splits, runner, log=messages.append)
   return built, params, model, splits, messages
@@ -90,7 +90,11 @@ def test_affine_sets_and_the_test_limit(idx_dir, tmp_path):
   assert built["affine_mnist"].set.size == 10 and built["test"].set.size == 10
   assert "affnist" not in built and "set --config.evals.affnist.path" in messages[0]
   metrics = built["affine_mnist"].run(params)
-  assert 0 <= metrics["accuracy"] <= 1 and np.isfinite(metrics["loss"])
+  host = built["affine_mnist"].set.host.examples  # The transformed digits, by hand:
+  outputs = model.apply({"images": jnp.asarray(host["images"] / 255.0, jnp.float32),
+                         "labels": jnp.asarray(host["labels"])}, train=False)
+  by_hand = float(np.mean(np.asarray(outputs.predictions) == host["labels"]))
+  assert metrics["accuracy"] == pytest.approx(by_hand) and np.isfinite(metrics["loss"])
   built["affine_mnist"].draw(model, str(tmp_path), None, 0)
   assert (tmp_path / "affine_mnist_examples.png").read_bytes()[:4] == b"\x89PNG"
 

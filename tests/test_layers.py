@@ -60,14 +60,50 @@ def test_unknown_conv_impl():
     layers.conv2d(jnp.zeros((1, 5, 5, 1)), jnp.zeros((3, 3, 1, 1)), 2, "fft")
 
 
-def test_primary_capsules_group_channels_and_squash():
-  layer = layers.PrimaryCapsules(3, num_types=4, dim=5, kernel_size=3, stride=2,
+@pytest.mark.parametrize("impl", ["native", "im2col", "polyphase"])
+@pytest.mark.parametrize("size,kernel", [(10, 9), (12, 5), (7, 3)])
+def test_same_padding_at_stride_2_equals_lax_with_tfs_rule(impl, size, kernel):
+  """``lax.conv_general_dilated(padding="SAME")`` pads as TF does (ceil(size / stride)
+  outputs, the odd zero after): every implementation must give exactly that."""
+  rng = np.random.default_rng(size + kernel)
+  x = jnp.asarray(rng.normal(size=(2, size, size + 1, 3)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(kernel, kernel, 3, 4)), jnp.float32)
+  expected = jax.lax.conv_general_dilated(x, k, (2, 2), "SAME",
+                                          dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  got = layers.conv2d(x, k, 2, impl, padding="SAME")
+  assert got.shape == expected.shape == (2, -(-size // 2), -(-(size + 1) // 2), 4)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-4)
+
+
+def official_primary_capsules(conv_nhwc, num_types, dim):
+  """The official code's PrimaryCaps layout (Sarasra/models research/capsules,
+  capsule_model.py and layers.py), written from it: the conv output, NCHW there, is reshaped
+  to [batch, input_dim=1, num_types, dim, h, w] (so channel ``type * dim + atom``), transposed
+  to [batch, 1, num_types, h, w, dim] and flattened to [batch, num_types * h * w, dim]."""
+  nchw = np.transpose(conv_nhwc, (0, 3, 1, 2))
+  b, _, h, w = nchw.shape
+  six = nchw.reshape(b, 1, num_types, dim, h, w)
+  return np.transpose(six, (0, 1, 2, 4, 5, 3)).reshape(b, num_types * h * w, dim)
+
+
+def test_primary_capsules_group_channels_as_the_official_code():
+  num_types, dim = 4, 5
+  layer = layers.PrimaryCapsules(3, num_types=num_types, dim=dim, kernel_size=3, stride=2,
                                  rngs=nnx.Rngs(0))
   x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 9, 9, 3)), jnp.float32)
-  caps = layer(x)
-  assert caps.shape == (2, 4 * 4 * 4, 5)
-  raw = layer.conv(x).reshape(2, -1, 5)
-  np.testing.assert_allclose(np.asarray(caps), np.asarray(routing.squash(raw)), rtol=1e-6)
+  caps = np.asarray(layer(x))
+  assert caps.shape == (2, 4 * 4 * num_types, dim)
+  official = np.asarray(routing.squash(jnp.asarray(
+      official_primary_capsules(np.asarray(layer.conv(x)), num_types, dim))))
+  # The same capsules (the same channels grouped, squashed), in another order: the official
+  # code lists them type-major (type, y, x), capsjax position-major (y, x, type). The order
+  # only matters for loading official weights (W_ij is per capsule).
+  h = w = 4
+  for t in range(num_types):
+    for y in range(h):
+      for x_ in range(w):
+        np.testing.assert_allclose(caps[:, (y * w + x_) * num_types + t],
+                                   official[:, t * h * w + y * w + x_], rtol=1e-6)
 
 
 def test_class_capsule_votes_are_w_times_u():

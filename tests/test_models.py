@@ -9,21 +9,22 @@ from flax import nnx
 
 import mnist
 from capsjax import losses, models
-from helpers import abstract_model, largest_intermediate
+from capsjax.models import capsnet
+from helpers import abstract_model, largest_intermediate, resolved
 
 
 def paper_config():
-  return mnist.get_config().model
+  return resolved(mnist.get_config()).model
 
 
 def smoke_config():
-  return mnist.get_config("smoke").model
+  return resolved(mnist.get_config("smoke")).model
 
 
 def test_paper_parameter_counts():
   c = paper_config()
   def paper_size(c):
-    return models.count_params(nnx.eval_shape(lambda: models.CapsNet(c, rngs=nnx.Rngs(0))))
+    return models.count_params(nnx.eval_shape(lambda: capsnet.CapsNet(c, rngs=nnx.Rngs(0))))
 
   assert paper_size(c) == 8_215_568
   c.decoder.enabled = False
@@ -31,8 +32,8 @@ def test_paper_parameter_counts():
 
 
 def test_paper_primary_capsule_grid():
-  assert models.primary_grid(paper_config()) == (6, 6)
-  model = models.CapsNet(paper_config(), rngs=nnx.Rngs(0))
+  assert capsnet.primary_grid(paper_config()) == (6, 6)
+  model = capsnet.CapsNet(paper_config(), rngs=nnx.Rngs(0))
   assert model.class_capsules.weights.shape == (1152, 10, 16, 8)
 
 
@@ -40,8 +41,8 @@ def test_config_without_decoder_init_keys_builds_the_default_decoder():
   # config.json of workdirs written before model.decoder.init_scale/bias_init existed.
   old = smoke_config().to_dict()
   del old["decoder"]["init_scale"], old["decoder"]["bias_init"]
-  restored = models.CapsNet(ml_collections.ConfigDict(old), rngs=nnx.Rngs(0))
-  current = models.CapsNet(smoke_config(), rngs=nnx.Rngs(0))
+  restored = capsnet.CapsNet(ml_collections.ConfigDict(old), rngs=nnx.Rngs(0))
+  current = capsnet.CapsNet(smoke_config(), rngs=nnx.Rngs(0))
   for a, b in zip(jax.tree.leaves(nnx.state(restored.decoder)),
                   jax.tree.leaves(nnx.state(current.decoder))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -53,7 +54,7 @@ def test_shapes_come_from_config(image_shape, num_classes, in_caps):
   c = smoke_config()
   c.image_shape = image_shape
   c.num_classes = num_classes
-  model = nnx.eval_shape(lambda: models.CapsNet(c, rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: capsnet.CapsNet(c, rngs=nnx.Rngs(0)))
   assert model.class_capsules.weights.shape[:2] == (in_caps, num_classes)
   out = nnx.eval_shape(lambda m, x, y: m(x, y, train=True), model,
                        jnp.zeros((2, *image_shape)), jnp.asarray([0, 1]))
@@ -62,7 +63,7 @@ def test_shapes_come_from_config(image_shape, num_classes, in_caps):
 
 
 def test_decoder_masks_with_labels_in_training_and_predictions_in_eval():
-  model = models.CapsNet(smoke_config(), rngs=nnx.Rngs(0))
+  model = capsnet.CapsNet(smoke_config(), rngs=nnx.Rngs(0))
   images = jax.random.uniform(jax.random.key(1), (4, 28, 28, 1))
   evaluated = model(images)
   predictions = evaluated.predictions
@@ -83,7 +84,7 @@ def test_decoder_masks_with_labels_in_training_and_predictions_in_eval():
 
 
 def test_jit_forward_and_grad_with_lengths_in_unit_interval():
-  model = models.CapsNet(smoke_config(), rngs=nnx.Rngs(0))
+  model = capsnet.CapsNet(smoke_config(), rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model)
   images = jax.random.uniform(jax.random.key(2), (8, 28, 28, 1))
   labels = jnp.arange(8) % 10
@@ -106,7 +107,7 @@ def test_no_tiled_weights_in_train_step():
   """Nothing of size batch x in_caps x out_caps x out_dim x in_dim is formed."""
   c = smoke_config()
   c.primary.dim, c.class_capsules.dim = 8, 16  # The paper's capsule sizes, small convs.
-  model = models.CapsNet(c, rngs=nnx.Rngs(0))
+  model = capsnet.CapsNet(c, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model)
   batch = 4
   images = jnp.zeros((batch, 28, 28, 1))
@@ -128,7 +129,7 @@ def test_stop_gradient_in_model_changes_gradients_not_outputs():
   results = []
   for stop in (False, True):
     c.routing.stop_gradient = stop
-    graphdef, params = nnx.split(models.CapsNet(c, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(capsnet.CapsNet(c, rngs=nnx.Rngs(0)))
 
     def loss_fn(params):
       out = nnx.merge(graphdef, params)(images, labels, train=True)
@@ -145,9 +146,9 @@ def test_bfloat16_compute_is_close_to_float32():
   c = smoke_config()
   images = jax.random.uniform(jax.random.key(4), (4, 28, 28, 1))
   forward = nnx.jit(lambda model, x: model(x))
-  f32 = forward(models.CapsNet(c, rngs=nnx.Rngs(0)), images)
+  f32 = forward(capsnet.CapsNet(c, rngs=nnx.Rngs(0)), images)
   c.compute_dtype = "bfloat16"
-  bf16 = forward(models.CapsNet(c, rngs=nnx.Rngs(0)), images)
+  bf16 = forward(capsnet.CapsNet(c, rngs=nnx.Rngs(0)), images)
   assert bf16.lengths.dtype == jnp.float32
   np.testing.assert_allclose(np.asarray(bf16.lengths), np.asarray(f32.lengths), atol=0.03)
 
@@ -161,14 +162,14 @@ def test_bad_routing_config(key, value, match):
   c = smoke_config()
   c.routing[key] = value
   with pytest.raises(ValueError, match=match):
-    models.CapsNet(c, rngs=nnx.Rngs(0))
+    capsnet.CapsNet(c, rngs=nnx.Rngs(0))
 
 
 def test_image_too_small():
   c = smoke_config()
   c.image_shape = (12, 12, 1)
   with pytest.raises(ValueError, match="too small"):
-    models.CapsNet(c, rngs=nnx.Rngs(0))
+    capsnet.CapsNet(c, rngs=nnx.Rngs(0))
 
 
 def test_multimnist_capsnet_size_and_per_digit_objective():
@@ -176,7 +177,7 @@ def test_multimnist_capsnet_size_and_per_digit_objective():
 
   config = multimnist.get_config()
   assert models.count_params(abstract_model(config)) == 11_361_808
-  small = multimnist.get_config("smoke")
+  small = resolved(multimnist.get_config("smoke"))
   model = models.create(small, rngs=nnx.Rngs(0))
   keys = jax.random.split(jax.random.key(5), 2)
   digits = jax.random.uniform(keys[0], (3, 2, 36, 36, 1))
@@ -223,7 +224,7 @@ def test_padding_shapes_and_sizes_of_the_image_configs(name, padding, grid, coun
   config = importlib.import_module(name).get_config()
   config.model.padding = padding
   model = abstract_model(config)
-  assert models.primary_grid(config.model) == grid
+  assert capsnet.primary_grid(config.model) == grid
   assert model.class_capsules.weights.shape[0] == grid[0] * grid[1] * config.model.primary.num_types
   assert models.count_params(model) == count
   image = jnp.zeros((1, *config.model.image_shape))

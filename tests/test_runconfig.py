@@ -5,7 +5,7 @@ import json
 import pytest
 
 import mnist
-from capsjax import evaluators, runconfig, tasks
+from capsjax import evaluators, optimizers, runconfig, tasks
 from capsjax.errors import UsageError
 
 
@@ -45,7 +45,10 @@ def test_load_fills_keys_of_later_versions_and_restores_tuples(tmp_path):
   """A config.json written before datasets, models and evaluations were registries."""
   old = json.loads(mnist.get_config("smoke").to_json_best_effort())
   del old["dataset"], old["model"]["name"], old["evals"], old["data"]["pad"]
-  del old["train"]["stop_at_accuracy"]
+  del old["train"]["stop_at_accuracy"], old["optimizer"]
+  old["model"]["image_shape"], old["model"]["num_classes"] = [28, 28, 1], 10  # Written then.
+  old["optimizer"] = {"learning_rate": 0.001, "decay_rate": 0.96, "decay_steps": 2000,
+                      "staircase": False, "b1": 0.9, "b2": 0.999, "eps": 1e-8}
   (tmp_path / "config.json").write_text(json.dumps(old))
   loaded = runconfig.load(str(tmp_path))
   assert (loaded.dataset, loaded.model.name, loaded.data.pad) == ("mnist", "capsnet", 0)
@@ -54,6 +57,8 @@ def test_load_fills_keys_of_later_versions_and_restores_tuples(tmp_path):
   assert list(evaluators.eval_settings(loaded)) == ["test"]
   task = tasks.Task.from_config(loaded)
   assert task.model_class.__name__ == "CapsNet" and task.dataset.name == "mnist"
+  assert optimizers.resolve(loaded.optimizer) == optimizers.resolve(
+      mnist.get_config("smoke").optimizer)  # The same Adam, only written out.
 
 
 def test_load_and_import_name_missing_files(tmp_path):

@@ -1,6 +1,7 @@
 """Sweeps: a 2x2 sweep on the smoke config runs, resumes, and collects."""
 
 import csv
+import json
 import os
 import pathlib
 import subprocess
@@ -76,9 +77,11 @@ def test_two_by_two_sweep_runs_resumes_and_collects(tmp_path):
     rows = list(csv.DictReader(f))
   assert sorted((r["model.routing.iterations"], r["seed"]) for r in rows) == [
       ("1", "0"), ("1", "1"), ("2", "0"), ("2", "1")]
-  for r in rows:
-    assert 0 <= float(r["test_accuracy"]) <= 1 and r["step"] == "2" and int(r["num_params"]) > 0
-    assert float(r["train_images_per_second"]) > 0
+  for r in rows:  # Each row is its run's summary.
+    summary = json.loads((workdir / r["run"] / "summary.json").read_text())
+    assert float(r["test_accuracy"]) == summary["test_accuracy"] and r["step"] == "2"
+    assert int(r["num_params"]) == summary["num_params"] > 0
+    assert float(r["train_images_per_second"]) > 0 and r["chance"] == "error 90.00"
   table = (workdir / "results.md").read_text().splitlines()
   assert table[0].startswith("| model.routing.iterations | seeds | test error (%)")
   assert len(table) == 4 and all("| 2 |" in line for line in table[2:])
@@ -154,6 +157,7 @@ def test_results_table_gives_validation_and_the_chance_level_of_each_accuracy(tm
                 "evaluations": {"test": {"accuracy": 0.3, "at_least_one": 0.9},
                                 "validation": {"accuracy": 0.32, "at_least_one": 0.91}}}
   one_label = {"step": 5, "num_steps": 5, "test_accuracy": 0.96, "test_error": 0.04,
+               "selected_on": "validation", "stopped_at_accuracy": True,
                "test_loss": 0.1, "chance": {"accuracy": 0.1},
                "evaluations": {"test": {"accuracy": 0.96}, "validation": {"accuracy": 0.95}}}
   for point, summary in zip(points, (two_labels, one_label)):
@@ -163,14 +167,16 @@ def test_results_table_gives_validation_and_the_chance_level_of_each_accuracy(tm
   header, _, first, second = (tmp_path / "results.md").read_text().splitlines()
   cells = lambda line: [c.strip() for c in line.strip("|").split("|")]
   columns = cells(header)
-  assert columns[:4] == ["model.routing.iterations", "seeds", "test error (%)", "chance (%)"]
+  assert columns[:5] == ["model.routing.iterations", "seeds", "test error (%)", "chance (%)",
+                         "selected on"]
   row = dict(zip(columns, cells(first)))
-  assert row["chance (%)"] == "error 97.78, at least one 37.78"
+  assert row["chance (%)"] == "error 97.78, at least one 37.78" and row["selected on"] == "final"
   assert row["validation accuracy (%)"].startswith("32.00")
   assert row["test at least one (%)"].startswith("90.00")
   assert row["validation at least one (%)"].startswith("91.00")
   row = dict(zip(columns, cells(second)))
   assert row["chance (%)"] == "error 90.00" and row["validation accuracy (%)"].startswith("95.00")
+  assert row["selected on"] == "validation"
   with open(tmp_path / "results.csv") as f:
     rows = list(csv.DictReader(f))
   assert rows[0]["validation_accuracy"] == "0.32" and rows[1]["chance"] == "error 90.00"

@@ -11,8 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from helpers import (checkpoint_steps, final_params, free_port, read_summary, run_main,
-                     train_records, write_idx_dataset)
+from flax import nnx
+
+from helpers import (abstract_model, checkpoint_steps, final_params, free_port, read_summary,
+                     run_main, train_records, write_idx_dataset)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -34,7 +36,21 @@ def test_main_end_to_end(full_run):
     assert key in summary, key
   assert summary["step"] == 8 and summary["devices"] == 4
   assert summary["config"]["model"]["routing"]["iterations"] == 3
-  assert 0.0 <= summary["test_accuracy"] <= 1.0 and np.isfinite(summary["test_loss"])
+  assert summary["selected_on"] == "final" and "finished" not in summary
+  # The test accuracy by hand: the final parameters on all 64 generated test digits.
+  from capsjax import runconfig
+  from capsjax.datasets.sources import read_idx
+  import glob
+  model = abstract_model(runconfig.load(str(workdir)))
+  model = nnx.merge(nnx.graphdef(model), final_params(workdir))
+  images = read_idx(glob.glob(str(pathlib.Path(summary["config"]["data"]["dir"]) /
+                                 "t10k-images*"))[0])[..., None] / 255.0
+  labels = read_idx(glob.glob(str(pathlib.Path(summary["config"]["data"]["dir"]) /
+                                 "t10k-labels*"))[0])
+  predictions = model.apply({"images": images.astype(np.float32), "labels": labels},
+                            train=False).predictions
+  assert summary["test_accuracy"] == pytest.approx(np.mean(np.asarray(predictions) == labels))
+  assert np.isfinite(summary["test_loss"])
   assert summary["train_images_per_second"] > 0
   for name in ("reconstructions.png", "latent_perturbations.png", "training_curves.png",
                "routing_diagnostics.png"):
@@ -172,7 +188,7 @@ def test_evaluate_command_redraws(full_run):
   assert result.returncode == 0, result.stderr
   assert os.path.exists(workdir / "latent_perturbations.png")
   evaluation = json.load(open(workdir / "evaluation.json"))
-  assert evaluation["checkpoint_step"] == 8
+  assert evaluation["checkpoint_step"] == 8 and evaluation["selected_on"] == "final"
   np.testing.assert_allclose(evaluation["test_loss"], read_summary(workdir)["test_loss"],
                              rtol=1e-5)
   shifted = evaluation["shifted_test_accuracy"]
@@ -183,6 +199,11 @@ def test_evaluate_command_redraws(full_run):
                         "--checkpoint=123"], env=env, cwd=REPO, capture_output=True, text=True,
                        timeout=300)
   assert bad.returncode == 2 and "saved steps [4, 8]" in bad.stderr
+  best = subprocess.run([sys.executable, "-m", "capsjax.evaluate", f"--workdir={workdir}",
+                         "--checkpoint=best"], env=env, cwd=REPO, capture_output=True,
+                        text=True, timeout=300)  # No validation split: it would be test's best.
+  assert best.returncode == 2 and "chosen on the test set" in best.stderr
+  assert "--config.data.validation_size" in best.stderr and "Traceback" not in best.stderr
   negative = subprocess.run([sys.executable, "-m", "capsjax.evaluate", f"--workdir={workdir}",
                              "--max_shift=-1"], env=env, cwd=REPO, capture_output=True,
                             text=True, timeout=300)
@@ -237,7 +258,9 @@ def test_training_objective_and_gradients_match_the_paper_written_out():
   import mnist
   from capsjax import models
 
-  config = mnist.get_config("smoke")
+  from helpers import resolved
+
+  config = resolved(mnist.get_config("smoke"))
   model = models.create(config, rngs=nnx.Rngs(0))
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   keys = iter(jax.random.split(jax.random.key(1), 16))
@@ -296,9 +319,12 @@ def test_stop_at_accuracy_stops_at_the_first_evaluation_that_reaches_it(idx_dir,
   capsys.readouterr()
   stopped = train.train_and_evaluate(config, tmp_path / "stopped")
   assert stopped["stopped_at_accuracy"] is True and stopped["step"] == 2 * (first + 1)
+  out = capsys.readouterr().out
   assert (f"Reached config.train.stop_at_accuracy={target}: test accuracy at step "
-          f"{stopped['step']} is" in capsys.readouterr().out)
-  assert stopped["test_accuracy"] == target and stopped["finished"] is True
+          f"{stopped['step']} is" in out)
+  # No validation split: the stop is chosen on the test set, and the run says so.
+  assert "watches the test accuracy" in out and stopped["selected_on"] == "test"
+  assert stopped["test_accuracy"] == target and stopped["best_checkpoint_step"] is None
   from capsjax import sweep
   assert sweep.is_finished(str(tmp_path / "stopped"))
   # A rerun does not train on: the checkpoint already reached the target.
@@ -369,6 +395,39 @@ def test_image_configs_train_end_to_end_on_mock_data(tmp_path, name):
   config = importlib.import_module(name).get_config("smoke")
   with tfds.testing.mock_data(num_examples=64):
     summary = train.train_and_evaluate(config, tmp_path / name)
-  assert summary["step"] == 8 and 0.0 <= summary["test_accuracy"] <= 1.0
-  assert np.isfinite(summary["test_loss"])
+  assert summary["step"] == 8 and np.isfinite(summary["test_loss"])
+  # The final checkpoint, restored and evaluated again, gives the summary's test accuracy.
+  from capsjax import runconfig
+  from capsjax.runtime import Runtime
+
+  with tfds.testing.mock_data(num_examples=64):
+    runtime = Runtime(runconfig.load(str(tmp_path / name))).load()
+    again = runtime.evaluations()["test"].run(final_params(tmp_path / name))
+  assert again["accuracy"] == summary["test_accuracy"] and summary["selected_on"] == "final"
   assert summary["config"]["model"]["image_shape"] == list(config.model.image_shape)
+
+
+def test_with_a_validation_split_the_best_checkpoint_is_kept_by_validation(idx_dir, tmp_path):
+  """Validation held out: each evaluation ranks a checkpoint; the best by validation accuracy
+  is kept and `evaluate --checkpoint=best` restores it. The test set chose nothing."""
+  result = run_main(tmp_path, "--config.data.validation_size=64", "--config.train.num_steps=12",
+                    "--config.train.eval_every_steps=3", "--config.train.keep_checkpoints=1",
+                    data_dir=idx_dir, devices=1)
+  assert result.returncode == 0, result.stderr
+  records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  validation = {r["step"]: r["accuracy"] for r in records if r["kind"] == "validation"}
+  assert sorted(validation) == [3, 6, 9, 12]
+  assert not [r for r in records if r["kind"] == "test" and r["step"] < 12]  # Test: at the end.
+  best = max(validation, key=lambda s: (validation[s], s))  # Ties: the later (Orbax's order).
+  summary = read_summary(tmp_path)
+  assert summary["best_checkpoint_step"] == best and summary["selected_on"] == "final"
+  assert set(checkpoint_steps(tmp_path)) == {best, 12}
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
+  evaluated = subprocess.run([sys.executable, "-m", "capsjax.evaluate", f"--workdir={tmp_path}",
+                              "--checkpoint=best"], env=env, cwd=REPO, capture_output=True,
+                             text=True, timeout=300)
+  assert evaluated.returncode == 0, evaluated.stderr
+  evaluation = json.load(open(tmp_path / "evaluation.json"))
+  assert evaluation["checkpoint_step"] == best and evaluation["selected_on"] == "validation"
+  np.testing.assert_allclose(evaluation["evaluations"]["validation"]["accuracy"],
+                             validation[best])

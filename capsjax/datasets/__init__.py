@@ -1,6 +1,6 @@
 """Datasets registered by name: ``config.dataset`` picks one, ``config.data`` configures it.
 
-A dataset is a :class:`Builder` subclass registered with :func:`register`. It
+A dataset is a :class:`Builder` subclass named in :data:`DATASETS`. It
 reads its splits once into host memory (:meth:`Builder.load`); the trainer puts
 them on the devices and, inside the jitted step, asks the builder to turn the
 examples of a step into a batch (:meth:`Builder.train_batch`: augmentation,
@@ -8,23 +8,20 @@ synthetic data) or to turn evaluation examples into a batch
 (:meth:`Builder.eval_batch`: deterministic). A batch is a dict with at least
 ``images`` (floats, ``(batch, *info.image_shape)``) and ``labels``.
 
-To add a dataset: write a module with a Builder subclass decorated with
-``@datasets.register("name")``, import it at the bottom of this file, and write
-a config file that sets ``config.dataset = "name"``. The train loop does not
-change.
+To add a dataset: write a module with a Builder subclass, add one line to
+:data:`DATASETS` (``"name": "module:Class"``), and write a config file that sets
+``config.dataset = "name"``. The train loop does not change.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import jax
 import ml_collections
 import numpy as np
 
-from capsjax.errors import UsageError
 from capsjax.registry import Registry
 
 
@@ -63,6 +60,15 @@ class Split:
     if not n or n >= len(self):
       return self
     return Split({k: v[:n] for k, v in self.examples.items()}, self.shared)
+
+  def sample(self, n: int, seed: int = 0) -> "Split":
+    """``n`` examples drawn without replacement with a fixed ``seed``, in their order (all if
+    ``n`` is 0 or larger than the split): a fair sample of a split whatever its order
+    (MultiMNIST's test pairs are digit-major, so its first pairs all share one digit)."""
+    if not n or n >= len(self):
+      return self
+    keep = np.sort(np.random.default_rng(seed).choice(len(self), n, replace=False))
+    return Split({k: v[keep] for k, v in self.examples.items()}, self.shared)
 
 
 class Builder:
@@ -123,27 +129,20 @@ def to_float(images: jax.Array) -> jax.Array:
   return images.astype(np.float32) / 255.0
 
 
-_REGISTRY = Registry("Dataset", "name")
-
-
-def register(name: str) -> Callable[[type[Builder]], type[Builder]]:
-  """Class decorator: makes a Builder available as ``config.dataset = name``."""
-  return _REGISTRY.register(name)
+# name -> "module:Class": one line per dataset.
+DATASETS = Registry("dataset", "config.dataset", {
+    "mnist": "capsjax.datasets.mnist:MNIST",
+    "multimnist": "capsjax.datasets.multimnist:MultiMNIST",
+    "cifar10": "capsjax.datasets.images:CIFAR10",
+    "svhn": "capsjax.datasets.images:SVHN",
+    "smallnorb": "capsjax.datasets.images:SmallNORB",
+}, attribute="name")
 
 
 def names() -> tuple[str, ...]:
-  return _REGISTRY.names()
+  return DATASETS.names()
 
 
 def get(config: ml_collections.ConfigDict) -> Builder:
   """The builder ``config.dataset`` names, constructed from ``config``."""
-  name = config.get("dataset", "mnist")
-  if name not in _REGISTRY.classes:
-    raise UsageError(f"config.dataset={name!r} is not a registered dataset; use one of "
-                     f"{names()}.")
-  return _REGISTRY.classes[name](config)
-
-
-# Registration happens on import; keep this at the bottom.
-for _module in ("images", "mnist", "multimnist"):
-  importlib.import_module(f"capsjax.datasets.{_module}")
+  return DATASETS.get(config.get("dataset", "mnist"))(config)

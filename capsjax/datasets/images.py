@@ -96,6 +96,7 @@ class TFDSImages(datasets.Builder):
   IMAGE_KEYS: ClassVar[tuple[str, ...]] = ("image",)
   LABEL_KEY: ClassVar[str] = "label"
   STORED_SHAPE: ClassVar[tuple[int, int, int]] = (32, 32, 3)
+  NUM_CLASSES: ClassVar[int] = 10
   TRAIN_OPS: ClassVar[tuple[str, ...]] = ("crop", "flip", "brightness", "contrast")
 
   def __init__(self, config):
@@ -114,8 +115,7 @@ class TFDSImages(datasets.Builder):
       raise UsageError(f"config.data.crop={self.crop} must lie in [0, {min(h, w)}] for "
                        f"{h}x{w} images (0: no crop).")
     side = self.crop or h
-    self.info = datasets.DatasetInfo((side, side if self.crop else w, c),
-                                     config.model.num_classes)
+    self.info = datasets.DatasetInfo((side, side if self.crop else w, c), self.NUM_CLASSES)
 
   def train_spec(self):
     return {"images": jax.ShapeDtypeStruct(self.stored_shape, np.uint8),
@@ -159,21 +159,19 @@ class TFDSImages(datasets.Builder):
     return standardize(images) if self.config.data.standardize else images / 255.0
 
 
-@datasets.register("cifar10")
 class CIFAR10(TFDSImages):
   """CIFAR-10: 32x32 RGB, 10 classes; crop, flip, brightness, contrast (official order)."""
 
 
-@datasets.register("svhn")
 class SVHN(TFDSImages):
   """SVHN's cropped digits (tfds ``svhn_cropped``): 32x32 RGB, 10 classes."""
 
 
-@datasets.register("smallnorb")
 class SmallNORB(TFDSImages):
   """smallNORB: the two 96x96 stereo views as two channels, the 5 categories as labels;
   brightness and contrast before the crop (official order), no flip."""
   IMAGE_KEYS = ("image", "image2")
   LABEL_KEY = "label_category"
   STORED_SHAPE = (96, 96, 2)
+  NUM_CLASSES = 5
   TRAIN_OPS = ("brightness", "contrast", "crop")

@@ -20,9 +20,11 @@ from capsjax.datasets import augment, sources
 from capsjax.errors import UsageError
 
 
-@datasets.register("mnist")
 class MNIST(datasets.Builder):
-  """Grey images and one label each; ``config.model.image_shape`` includes the padding."""
+  """28x28 grey images and one of 10 labels each; the batches' images are
+  ``28 + 2 * data.pad`` px square."""
+  FILE_SHAPE = (28, 28, 1)
+  NUM_CLASSES = 10
 
   def __init__(self, config):
     super().__init__(config)
@@ -35,15 +37,13 @@ class MNIST(datasets.Builder):
       raise UsageError(f"config.data.shift_pixels={shift} is larger than config.data.pad={pad}: "
                        "shifts would push digits off the canvas. Use shift_pixels <= pad.")
     self.pad, self.shift = pad, shift
-    h, w, c = config.model.image_shape
-    self.info = datasets.DatasetInfo((h, w, c), config.model.num_classes)
-    self.file_shape = (h - 2 * pad, w - 2 * pad, c)
+    h, w, c = self.FILE_SHAPE
+    self.info = datasets.DatasetInfo((h + 2 * pad, w + 2 * pad, c), self.NUM_CLASSES)
 
   def load(self) -> dict[str, datasets.Split]:
-    source = ("config.model.image_shape minus 2 x config.data.pad" if self.pad
-              else "config.model.image_shape")
-    splits = sources.load(self.config.data, self.file_shape, self.info.num_classes,
-                          seed=self.config.seed, shape_source=source)
+    splits = sources.load(self.config.data, self.FILE_SHAPE, self.info.num_classes,
+                          seed=self.config.seed,
+                          shape_source=f"the {self.name!r} dataset's image shape")
     for split in splits.values():
       split.examples["images"] = augment.pad_images(split.examples["images"], self.pad)
     return splits

@@ -32,6 +32,7 @@ from capsjax.datasets import augment, sources
 from capsjax.errors import UsageError
 
 DIGIT_SHAPE = (28, 28, 1)
+NUM_CLASSES = 10
 
 
 def partner_table(labels: np.ndarray, num_classes: int) -> dict[str, np.ndarray]:
@@ -63,7 +64,6 @@ def merge(first, second):
       np.uint8)
 
 
-@datasets.register("multimnist")
 class MultiMNIST(datasets.Builder):
   """Two overlapping digits per image; see the module docstring."""
 
@@ -78,8 +78,7 @@ class MultiMNIST(datasets.Builder):
     if self.pairs_per_digit < 1:
       raise UsageError(f"config.data.pairs_per_digit must be >= 1, got {self.pairs_per_digit}.")
     side = DIGIT_SHAPE[0] + 2 * self.pad
-    self.info = datasets.DatasetInfo((side, side, 1), config.model.num_classes,
-                                     labels_per_example=2)
+    self.info = datasets.DatasetInfo((side, side, 1), NUM_CLASSES, labels_per_example=2)
 
   def train_spec(self):
     return {"images": jax.ShapeDtypeStruct(self.info.image_shape, np.uint8),
@@ -109,7 +108,7 @@ class MultiMNIST(datasets.Builder):
         continue
       pairs = self.fixed_pairs(labels, seed=self.pair_seed + (name == "validation"))
       limit = int(self.config.data.test_limit or 0)
-      pairs = datasets.Split(pairs).first(limit).examples
+      pairs = datasets.Split(pairs).sample(limit).examples
       splits[name] = datasets.Split(pairs, {"digits": images, "digit_labels": labels})
     return splits
 

@@ -66,9 +66,11 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
     if images.ndim == 3:  # IDX and tfds give grey images without a channel axis.
       images = images[..., None]
     check_split(split, images, labels, tuple(image_shape), num_classes, where, shape_source)
-    limit = config.train_limit if split == "train" else config.test_limit
-    if limit:
-      images, labels = images[:limit], labels[:limit]
+    if split == "train" and config.train_limit:  # The first N: a smaller training set.
+      images, labels = images[:config.train_limit], labels[:config.train_limit]
+    if split == "test" and config.test_limit:  # A fair sample: see Split.sample.
+      sample = Split({"images": images, "labels": labels}).sample(config.test_limit)
+      images, labels = sample.examples["images"], sample.examples["labels"]
     arrays[split] = (images, labels)
 
   train_images, train_labels = arrays["train"]

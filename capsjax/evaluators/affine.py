@@ -38,7 +38,6 @@ class _ExamplesFigure:
           np.asarray(batch["images"])[None]))
 
 
-@evaluators.register("affine_mnist")
 class AffineMNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
   """The offline stand-in for affNIST: each test digit under ``transforms_per_digit`` random
   affine transforms (:mod:`capsjax.datasets.affine`), drawn with ``seed``; the ranges are
@@ -53,7 +52,7 @@ class AffineMNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
       raise UsageError(f"config.evals.{self.name}.transforms_per_digit must be >= 1, "
                        f"got {per_digit}.")
     limit = int(self.config.data.get("test_limit", 0) or 0)
-    digits = test.first(-(-limit // per_digit) if limit else 0)
+    digits = test.sample(-(-limit // per_digit) if limit else 0)
     ranges = affine.AffineRanges(float(s.get("rotation_degrees", 20.0)),
                                  float(s.get("shear", 0.2)),
                                  (float(s.get("scale_min", 0.8)), float(s.get("scale_max", 1.2))))
@@ -70,7 +69,6 @@ class AffineMNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
     return self.runner.evaluate(params, self.set)
 
 
-@evaluators.register("affnist")
 class AffNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
   """The real affNIST test set from ``path`` (``test.mat`` or the folder of test batches);
   skipped, with a message, while ``path`` is unset."""

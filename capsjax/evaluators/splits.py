@@ -32,7 +32,6 @@ def _shifted(split: datasets.Split, images: np.ndarray) -> datasets.Split:
   return datasets.Split({**split.examples, "images": images}, split.shared)
 
 
-@evaluators.register("split")
 class SplitEvaluator(evaluators.Evaluator):
   """A split of the dataset (``split``: ``test`` or ``validation``) as it is."""
 
@@ -44,7 +43,6 @@ class SplitEvaluator(evaluators.Evaluator):
     return self.runner.evaluate(params, self.set)
 
 
-@evaluators.register("shifted")
 class ShiftGridEvaluator(evaluators.Evaluator):
   """The split moved by every (dx, dy) with ``|dx|, |dy| <= max_shift`` px (zero fill, as
   the training shifts): ``accuracy`` is the mean over the shifts, ``accuracy_by_shift``
@@ -87,7 +85,6 @@ def shift_table(accuracies: dict[str, float], max_shift: int) -> str:
   return "\n".join(lines)
 
 
-@evaluators.register("randomly_shifted")
 class RandomlyShiftedEvaluator(evaluators.Evaluator):
   """One fixed copy of the split, each image shifted by a random (dx, dy) with
   ``|dx|, |dy| <= max_shift`` (default ``config.data.shift_pixels``), drawn with ``seed``.

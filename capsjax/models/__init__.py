@@ -18,7 +18,8 @@ and the evaluators call only this interface:
       ``(batch,)`` or ``(batch, k)`` values that evaluators average, at least
       ``accuracy``.
 
-To add a model: a module with such a class, and one line in :data:`MODELS`.
+To add a model: a module with such a class, and one line in :data:`MODELS`
+(:class:`capsjax.registry.Registry`).
 """
 
 from __future__ import annotations
@@ -27,23 +28,18 @@ import jax
 import ml_collections
 from flax import nnx
 
-from capsjax.errors import UsageError
-from capsjax.models.baseline_cnn import BaselineCNN
-from capsjax.models.capsnet import CapsNet, CapsNetOutput, primary_grid, validate_model_config
+from capsjax.registry import Registry
 
-MODELS = {
-    "capsnet": CapsNet,
-    "baseline_cnn": BaselineCNN,
-}
+# name -> "module:Class": one line per model.
+MODELS = Registry("model", "config.model.name", {
+    "capsnet": "capsjax.models.capsnet:CapsNet",
+    "baseline_cnn": "capsjax.models.baseline_cnn:BaselineCNN",
+})
 
 
 def get(config: ml_collections.ConfigDict) -> type[nnx.Module]:
   """The model class ``config.model.name`` names (default ``"capsnet"``)."""
-  name = config.model.get("name", "capsnet")
-  if name not in MODELS:
-    raise UsageError(f"config.model.name={name!r} is not a registered model; use one of "
-                     f"{tuple(MODELS)}.")
-  return MODELS[name]
+  return MODELS.get(config.model.get("name", "capsnet"))
 
 
 def create(config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> nnx.Module:
@@ -57,5 +53,4 @@ def count_params(model: nnx.Module) -> int:
   return sum(x.size for x in jax.tree.leaves(params))
 
 
-__all__ = ["MODELS", "BaselineCNN", "CapsNet", "CapsNetOutput", "count_params", "create", "get",
-           "primary_grid", "validate_model_config"]
+__all__ = ["MODELS", "count_params", "create", "get"]

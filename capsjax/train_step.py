@@ -1,10 +1,10 @@
-"""The train state, the optimiser and the jitted train step: pure functions of a task.
+"""The train state and the jitted train step: pure functions of a task and its optimiser.
 
-Data parallel over a 1-D mesh (axis ``data``): batches are sharded, parameters
-and optimiser state replicated, and XLA adds the gradient all-reduce. The
-train split sits on the devices, replicated; each step picks its examples by
-the epoch's permutation and lets the dataset builder turn them into a batch
-(augmentation, synthetic data), inside the jitted step.
+Data parallel over the runtime's 1-D mesh (axis ``data``): batches are sharded, parameters
+and optimiser state replicated, and XLA adds the gradient all-reduce. The train split sits on
+the devices, replicated; each step picks its examples by the epoch's permutation and lets
+the dataset builder turn them into a batch (augmentation, synthetic data), inside the jitted
+step.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from capsjax import checkpointing
 from capsjax.datasets import augment
 from capsjax.tasks import Task
 
@@ -32,23 +30,6 @@ class TrainState:
   rng: jax.Array         # uint32[2] raw key; per-step keys are fold_in(rng, step).
 
 
-def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
-  """Exponential decay, ``lr * decay_rate ** (step / decay_steps)`` (``config.optimizer``)."""
-  return optax.exponential_decay(config.learning_rate, config.decay_steps,
-                                 config.decay_rate, staircase=config.staircase)
-
-
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Adam (``config.optimizer``) on :func:`make_schedule`."""
-  return optax.adam(make_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps)
-
-
-def make_mesh() -> jax.sharding.Mesh:
-  """A 1-D mesh over every device of the job, axis ``data``."""
-  return jax.make_mesh((jax.device_count(),), ("data",),
-                       axis_types=(jax.sharding.AxisType.Auto,))
-
-
 def init_state(task: Task, tx: optax.GradientTransformation) -> TrainState:
   """Fresh parameters and optimiser state from ``config.seed``."""
   init_key, rng = jax.random.split(jax.random.PRNGKey(task.config.seed))
@@ -57,30 +38,22 @@ def init_state(task: Task, tx: optax.GradientTransformation) -> TrainState:
                     rng=rng)
 
 
-def abstract_state(task: Task, sharding: NamedSharding) -> TrainState:
+def abstract_state(task: Task, tx: optax.GradientTransformation,
+                   sharding: NamedSharding) -> TrainState:
   """Shapes, dtypes and placement of the train state, without allocating it (restores)."""
-  tx = make_optimizer(task.config.optimizer)
   abstract = jax.eval_shape(lambda: init_state(task, tx))
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                       abstract)
-
-
-def restore_state(ckpt: checkpointing.Checkpointer, step: int, task: Task,
-                  sharding: NamedSharding) -> tuple[TrainState, dict]:
-  """``(state, meta)`` of checkpoint ``step``, placed on ``sharding``."""
-  return ckpt.restore(step, abstract_state(task, sharding))
 
 
 def make_train_step(task: Task, tx: optax.GradientTransformation, num_train: int,
                     mesh) -> Callable:
   """``fn(state, examples, shared, num_steps) -> (state, metrics)``, jitted.
 
-  ``num_steps`` (static) train steps run in one dispatch, through ``lax.scan``
-  when more than one; each metric comes back with a leading axis of that
-  length. (On XLA:CPU a scan body runs far slower than the same step alone,
-  ~9 s against 0.7 s at batch 32, so keep ``steps_per_dispatch=1`` there.)
-  The metrics are the batch means of the model's loss, its parts and its
-  metrics.
+  ``num_steps`` (static) train steps run in one dispatch, through ``lax.scan`` when more than
+  one; each metric comes back with a leading axis of that length, and the result equals that
+  many single steps. The metrics are the batch means of the model's loss, its parts and its
+  metrics, computed with the parameters before the step's update.
   """
   graphdef = task.graphdef()
   batch_size = task.config.train.batch_size

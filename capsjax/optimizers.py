@@ -1,0 +1,212 @@
+"""The optimiser and its learning-rate schedule, from ``config.optimizer``, through optax.
+
+Built once per run (:func:`build`) and used by the train step, the learning-rate log and the
+restore. ``config.optimizer``:
+
+``name``
+    ``adam`` (default; the paper's), ``adamw`` (decoupled weight decay), ``sgd`` (with
+    momentum, optionally Nesterov) or ``rmsprop``.
+``learning_rate``
+    the peak rate of the schedule.
+``schedule``
+    ``exponential`` (default; the paper's ``lr * decay_rate ** (step / decay_steps)``),
+    ``cosine`` (from the peak to ``alpha * lr`` over ``decay_steps``, by default the whole run
+    after the warmup), ``constant``, or ``piecewise`` (the rate times each of ``scales`` from
+    the matching entry of ``boundaries`` on, cumulatively, as optax).
+``warmup_steps`` / ``warmup_epochs``
+    a linear warmup from 0 before any schedule (default none).
+``weight_decay``
+    ``adamw``: its decoupled decay (default optax's 1e-4); the others: ``weight_decay *
+    params`` added to the gradient (L2), default 0.
+``clip_norm``
+    clip the gradients to this global norm first (0: no clipping, the default).
+
+Every other key belongs to one optimiser or schedule and is left unset (None) to take that
+one's default (:data:`OPTIMIZERS`, :data:`SCHEDULES`); a key set for an optimiser or schedule
+that does not have it is refused, naming it. So ``--config.optimizer.name=sgd`` alone
+switches to SGD with its defaults. Steps may be given in epochs (``decay_epochs``,
+``warmup_epochs``, ``boundary_epochs``), as the later capsule papers state them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+import optax
+
+from capsjax.errors import UsageError
+
+# Each optimiser's own settings and their defaults (TF's Adam defaults are optax's).
+OPTIMIZERS = {
+    "adam": {"b1": 0.9, "b2": 0.999, "eps": 1e-8},
+    "adamw": {"b1": 0.9, "b2": 0.999, "eps": 1e-8},
+    "sgd": {"momentum": 0.9, "nesterov": False},
+    "rmsprop": {"decay": 0.9, "eps": 1e-8, "momentum": 0.0, "centered": False},
+}
+# Each schedule's own settings and their defaults; exponential's are the paper's (0.96 every
+# 2000 steps). A step count and its epochs twin are alternatives.
+SCHEDULES = {
+    "exponential": {"decay_rate": 0.96, "decay_steps": 2000, "decay_epochs": None,
+                    "staircase": False},
+    "cosine": {"decay_steps": None, "decay_epochs": None, "alpha": 0.0},
+    "constant": {},
+    "piecewise": {"boundaries": None, "boundary_epochs": None, "scales": None},
+}
+COMMON = ("name", "learning_rate", "schedule", "warmup_steps", "warmup_epochs", "weight_decay",
+          "clip_norm")
+EPOCH_TWINS = {"decay_epochs": "decay_steps", "warmup_epochs": "warmup_steps",
+               "boundary_epochs": "boundaries"}
+
+
+def config_keys() -> dict[str, Any]:
+  """Every key ``config.optimizer`` may hold, with None for those of one optimiser or schedule
+  (what a config file writes; ``configs/mnist.py`` does)."""
+  keys = {"name": "adam", "learning_rate": 1e-3, "schedule": "exponential", "warmup_steps": 0,
+          "warmup_epochs": None, "weight_decay": None, "clip_norm": 0.0}
+  for table in (*OPTIMIZERS.values(), *SCHEDULES.values()):
+    keys.update({k: None for k in table})
+  return keys
+
+
+def resolve(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The settings in effect: the chosen optimiser's and schedule's defaults filled in.
+
+  Raises UsageError naming the key for an unknown name or schedule, a setting the chosen
+  optimiser or schedule does not have, a step count given twice (in steps and in epochs) and
+  values that cannot work. Configs written before ``name`` and ``schedule`` existed are Adam
+  with the exponential schedule.
+  """
+  given = {k: config[k] for k in config}
+  name, schedule = given.get("name") or "adam", given.get("schedule") or "exponential"
+  if name not in OPTIMIZERS:
+    raise UsageError(f"config.optimizer.name={name!r} is not an optimiser here; use one of "
+                     f"{tuple(OPTIMIZERS)}.")
+  if schedule not in SCHEDULES:
+    raise UsageError(f"config.optimizer.schedule={schedule!r} is not a schedule here; use one "
+                     f"of {tuple(SCHEDULES)}.")
+  own = {**OPTIMIZERS[name], **SCHEDULES[schedule]}
+  known = set(COMMON) | {k for t in (*OPTIMIZERS.values(), *SCHEDULES.values()) for k in t}
+  for key, value in given.items():
+    if key not in known:
+      raise UsageError(f"config.optimizer.{key} is not an optimiser setting; the settings are "
+                       f"{sorted(known)}.")
+    if value is not None and key not in COMMON and key not in own:
+      raise UsageError(
+          f"config.optimizer.{key}={value!r} is not a setting of optimiser {name!r} with "
+          f"schedule {schedule!r}; theirs are {sorted(own) or 'none'}. Leave it unset.")
+  settings = {"name": name, "schedule": schedule,
+              "learning_rate": float(given.get("learning_rate", 1e-3)),
+              "warmup_steps": int(given.get("warmup_steps") or 0),
+              "warmup_epochs": given.get("warmup_epochs"),
+              "weight_decay": given.get("weight_decay"),
+              "clip_norm": float(given.get("clip_norm") or 0.0)}
+  if settings["weight_decay"] is None:
+    settings["weight_decay"] = 1e-4 if name == "adamw" else 0.0
+  for key, default in own.items():
+    settings[key] = given[key] if given.get(key) is not None else default
+  for epochs, steps in EPOCH_TWINS.items():
+    if settings.get(epochs) is not None and given.get(steps) not in (None, 0):
+      raise UsageError(f"config.optimizer.{steps} and config.optimizer.{epochs} are both set; "
+                       "give the one or the other.")
+  _check_values(settings)
+  return settings
+
+
+def _check_values(s: dict) -> None:
+  positive = [("learning_rate", s["learning_rate"])] + [
+      (k, s[k]) for k in ("decay_steps", "decay_epochs", "b2", "eps") if s.get(k) is not None]
+  for key, value in positive:
+    if not value > 0:
+      raise UsageError(f"config.optimizer.{key} must be > 0, got {value!r}.")
+  for key in ("warmup_steps", "weight_decay", "clip_norm", "warmup_epochs", "momentum", "alpha"):
+    if s.get(key) is not None and s[key] < 0:
+      raise UsageError(f"config.optimizer.{key} must be >= 0, got {s[key]!r}.")
+  if s["schedule"] == "piecewise":
+    bounds = s["boundaries"] if s["boundaries"] is not None else s["boundary_epochs"]
+    if bounds is None or s["scales"] is None or len(tuple(bounds)) != len(tuple(s["scales"])):
+      raise UsageError("The piecewise schedule needs config.optimizer.boundaries (steps) or "
+                       "boundary_epochs, and as many config.optimizer.scales, e.g. "
+                       "boundaries=(10000, 20000) scales=(0.1, 0.1).")
+
+
+def _steps(settings: dict, key: str, steps_per_epoch: int | None):
+  """``settings[key]`` in steps, from it or from its epochs twin (None if neither is set)."""
+  epochs = next((e for e, s in EPOCH_TWINS.items() if s == key), None)
+  if epochs is not None and settings.get(epochs) is not None:
+    if not steps_per_epoch:
+      raise UsageError(f"config.optimizer.{epochs} needs the number of steps per epoch, "
+                       "which this command does not know; give config.optimizer."
+                       f"{key} in steps.")
+    value = settings[epochs]
+    if isinstance(value, (tuple, list)):
+      return tuple(int(round(v * steps_per_epoch)) for v in value)
+    return max(1, int(round(value * steps_per_epoch)))
+  return settings.get(key)
+
+
+def make_schedule(settings: dict, steps_per_epoch: int | None = None,
+                  num_steps: int | None = None) -> optax.Schedule:
+  """The learning rate at each step, from :func:`resolve`'s settings."""
+  lr = settings["learning_rate"]
+  warmup = _steps(settings, "warmup_steps", steps_per_epoch) or 0
+  name = settings["schedule"]
+  if name == "exponential":
+    schedule = optax.exponential_decay(lr, _steps(settings, "decay_steps", steps_per_epoch),
+                                       settings["decay_rate"], staircase=settings["staircase"])
+  elif name == "cosine":
+    length = _steps(settings, "decay_steps", steps_per_epoch)
+    if length is None:
+      if num_steps is None:
+        raise UsageError("The cosine schedule decays over the whole run by default, whose "
+                         "length this command does not know; set config.optimizer.decay_steps.")
+      length = max(1, num_steps - warmup)
+    schedule = optax.cosine_decay_schedule(lr, length, alpha=settings["alpha"])
+  elif name == "piecewise":
+    bounds = _steps(settings, "boundaries", steps_per_epoch)
+    schedule = optax.piecewise_constant_schedule(
+        lr, {int(b): float(s) for b, s in zip(bounds, settings["scales"])})
+  else:
+    schedule = optax.constant_schedule(lr)
+  if warmup:
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), schedule], [warmup])
+  return schedule
+
+
+def _transform(settings: dict, schedule: optax.Schedule) -> optax.GradientTransformation:
+  s = settings
+  if s["name"] == "adam":
+    return optax.adam(schedule, b1=s["b1"], b2=s["b2"], eps=s["eps"])
+  if s["name"] == "adamw":
+    return optax.adamw(schedule, b1=s["b1"], b2=s["b2"], eps=s["eps"],
+                       weight_decay=s["weight_decay"])
+  if s["name"] == "sgd":
+    return optax.sgd(schedule, momentum=s["momentum"] or None, nesterov=s["nesterov"])
+  return optax.rmsprop(schedule, decay=s["decay"], eps=s["eps"], momentum=s["momentum"] or None,
+                       centered=s["centered"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+  """What :func:`build` makes: the optax transformation, its schedule and the settings in
+  effect (``summary.json`` records them)."""
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  settings: dict
+
+
+def build(config: ml_collections.ConfigDict, steps_per_epoch: int | None = None,
+          num_steps: int | None = None) -> Optimizer:
+  """The optimiser of ``config`` (``config.optimizer``): clipping, L2 decay (not for adamw,
+  which decays its own way), then the optimiser on the schedule. With neither clipping nor
+  decay it is exactly ``optax.adam(...)`` etc., so checkpoints of earlier runs restore."""
+  settings = resolve(config)
+  schedule = make_schedule(settings, steps_per_epoch, num_steps)
+  parts = []
+  if settings["clip_norm"] > 0:
+    parts.append(optax.clip_by_global_norm(settings["clip_norm"]))
+  if settings["weight_decay"] > 0 and settings["name"] != "adamw":
+    parts.append(optax.add_decayed_weights(settings["weight_decay"]))
+  tx = _transform(settings, schedule)
+  return Optimizer(optax.chain(*parts, tx) if parts else tx, schedule, settings)
