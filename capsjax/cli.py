@@ -4,6 +4,7 @@ as one clear message (exit 2, no traceback), and the restart with the host-memor
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import sys
 from typing import Callable
@@ -14,9 +15,16 @@ from capsjax import files, hostmemory
 from capsjax.errors import NonFiniteLossError, UsageError
 
 
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with a bad flag value (e.g. an unknown config variant or key) as
   ``error: ...`` and exit status 2."""
+  missing = _missing_config_file(argv)
+  if missing:  # Else ml_collections fails on the first --config.* override, with a traceback.
+    print(f"error: {missing}", file=sys.stderr)
+    sys.exit(2)
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
@@ -33,9 +41,78 @@ def parse_flags(argv: list[str]) -> list[str]:
     texts = [" ".join(str(c.args[0] if c.args else c).replace("\\n", " ").replace("\\'", "")
                       .split()).strip("'\"") for c in chain]
     detail = next((t for t in texts if "Did you mean" in t), texts[-1])
-    print(f"error: a --config.* override names a key the config does not have: {detail}",
-          file=sys.stderr)
+    detail = detail.split("Did you mean")[0].strip().rstrip(".")
+    print(f"error: a --config.* override names a key the config does not have: {detail}."
+          f"{suggest_keys(argv)}", file=sys.stderr)
     sys.exit(2)
+
+
+def _config_spec(argv: list[str], name: str = "config") -> str | None:
+  """The value of ``--config=PATH[:variant]`` (or ``--config PATH``) in ``argv``."""
+  for k, arg in enumerate(argv):
+    if arg.startswith(f"--{name}="):
+      return arg.split("=", 1)[1]
+    if arg == f"--{name}" and k + 1 < len(argv):
+      return argv[k + 1]
+  return None
+
+
+def missing_config_message(spec: str, flag: str = "--config") -> str:
+  """The error for a config path that does not exist: relative to where, and where the
+  configs are."""
+  path = spec.split(":")[0]
+  message = (f"{flag}={spec}: the file {path} does not exist; a relative path is read from "
+             f"the current directory ({os.getcwd()}).")
+  if os.path.isdir(CONFIGS):
+    names = sorted(n for n in os.listdir(CONFIGS) if n.endswith(".py") and n != "images.py")
+    close = difflib.get_close_matches(os.path.basename(path), names, n=1)
+    example = os.path.join(CONFIGS, close[0] if close else "mnist.py")
+    message += (f" capsjax's configs are in {CONFIGS} ({', '.join(names)}), e.g. "
+                f"{flag}={example}{(':' + spec.split(':', 1)[1]) if ':' in spec else ''}.")
+  return message
+
+
+def _missing_config_file(argv: list[str]) -> str | None:
+  spec = _config_spec(argv)
+  if spec and not os.path.isfile(spec.split(":")[0]):
+    return missing_config_message(spec)
+  return None
+
+
+def suggest_keys(argv: list[str]) -> str:
+  """`` Did you mean --config.train.num_steps?`` for an override whose key the config lacks:
+  keys of any section that end the same way, else the closest spellings."""
+  spec = _config_spec(argv)
+  if not spec:
+    return ""
+  try:
+    from capsjax import runconfig
+
+    path, _, variant = spec.partition(":")
+    config = runconfig.import_config_file(path).get_config(variant or None)
+    keys = sorted(_flat_keys(config.to_dict()))
+  except Exception:  # The config itself is at fault; the message above says so.
+    return ""
+  asked = [a.split("=", 1)[0][len("--config."):] for a in argv if a.startswith("--config.")]
+  for key in asked:
+    if key in keys or any(k.startswith(key + ".") for k in keys):
+      continue
+    last = key.rsplit(".", 1)[-1]
+    matches = [k for k in keys if k.rsplit(".", 1)[-1] == last]
+    matches = matches or difflib.get_close_matches(key, keys, n=2, cutoff=0.6)
+    if matches:
+      return " Did you mean " + " or ".join(f"--config.{m}" for m in matches) + "?"
+  return ""
+
+
+def _flat_keys(tree: dict, prefix: str = "") -> list[str]:
+  keys = []
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      keys += _flat_keys(value, f"{prefix}{key}.")
+    else:
+      keys.append(f"{prefix}{key}")
+  return keys
 
 
 def config_from_flag(holder):
@@ -44,8 +121,7 @@ def config_from_flag(holder):
   flag = flags.FLAGS[holder.name]
   path = (flag.config_filename or "").split(":")[0]
   if path and not os.path.isfile(path):
-    raise UsageError(f"--{holder.name}={flag.config_filename}: the file {path} does not exist "
-                     "(e.g. --config=configs/mnist.py).")
+    raise UsageError(missing_config_message(flag.config_filename, f"--{holder.name}"))
   try:
     return holder.value
   except (OSError, ImportError, SyntaxError, AttributeError, ValueError, TypeError) as e:

@@ -10,16 +10,22 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("args,message", [
-    (("--config=configs/nope.py",), "the file configs/nope.py does not exist"),
-    (("--config=configs/mnist.py:bogus",), "Unknown variant 'bogus' of configs/mnist.py"),
+@pytest.mark.parametrize("args,message,cwd", [
+    (("--config=configs/nope.py",), "the file configs/nope.py does not exist", REPO),
+    (("--config=configs/nope.py", "--config.train.num_steps=3"),  # An override too.
+     "the file configs/nope.py does not exist; a relative path is read from the current", REPO),
+    (("--config=configs/mnist.py:smoke",),  # From elsewhere: where the configs are.
+     f"capsjax's configs are in {REPO / 'configs'}", "/"),
+    (("--config=configs/mnist.py:bogus",), "Unknown variant 'bogus' of configs/mnist.py", REPO),
     (("--config=configs/mnist.py", "--config.train.num_step=3"),
-     'Did you mean "num_steps" instead of "num_step"?'),
+     "does not have: num_step. Did you mean --config.train.num_steps", REPO),
+    (("--config=configs/mnist.py", "--config.num_steps=3"),  # Another section.
+     "does not have: num_steps. Did you mean --config.train.num_steps?", REPO),
 ])
-def test_bad_config_flags(tmp_path, args, message):
+def test_bad_config_flags(tmp_path, args, message, cwd):
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
   result = subprocess.run([sys.executable, "-m", "capsjax.main", *args,
-                           f"--workdir={tmp_path / 'run'}"], env=env, cwd=REPO,
+                           f"--workdir={tmp_path / 'run'}"], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=120)
   assert result.returncode == 2, result.stderr
   assert message in result.stderr and result.stderr.startswith("error: ")

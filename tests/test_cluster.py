@@ -133,8 +133,9 @@ def test_bad_workdir_paths(idx_dir, tmp_path, where, message):
 
 def test_offline_download_fails_at_once_with_the_offline_advice():
   with pytest.raises(UsageError, match=r"cannot download 'mnist': capsjax-test.invalid is not "
-                                       r"reachable .*--config.data.source=idx"):
-    sources.check_reachable(["https://capsjax-test.invalid/mnist.gz"], "mnist", timeout=2)
+                                       r"reachable .*\. Offline, do this\."):
+    sources.check_reachable(["https://capsjax-test.invalid/mnist.gz"], "mnist", timeout=2,
+                            hint="Offline, do this.")
 
 
 def _reachable(host):

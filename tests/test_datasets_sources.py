@@ -129,3 +129,25 @@ def test_tfds_offline_from_manual_dir_matches_idx(tmp_path):
                                 np.bincount(from_idx["test"].examples["labels"]))
   pixel_sum = lambda ds: ds["test"].examples["images"].astype(np.int64).sum()
   assert pixel_sum(from_tfds) == pixel_sum(from_idx)
+
+
+def test_offline_advice_names_what_each_dataset_can_use():
+  import types
+
+  cifar = types.SimpleNamespace(url_infos={"https://www.cs.toronto.edu/~kriz/"
+                                           "cifar-10-binary.tar.gz": None})
+  hint = sources.offline_hint(cifar, idx_ok=False)
+  assert "cifar-10-binary.tar.gz" in hint and "--config.data.tfds_data_dir" in hint
+  assert "source=idx" not in hint  # CIFAR-10 cannot be read from IDX files.
+  assert "--config.data.source=idx" in sources.offline_hint(cifar, idx_ok=True)
+
+
+def test_a_manual_dir_without_the_archives_fails_at_once_naming_them(tmp_path):
+  """Without this check tfds would try to download them, retrying for minutes offline."""
+  (tmp_path / "manual").mkdir()
+  c = data_config(str(tmp_path / "manual"), source="tfds", name="mnist",
+                  tfds_data_dir=str(tmp_path / "prepared"))
+  with pytest.raises(UsageError, match=r"lacks the files tfds needs for 'mnist': "
+                                       r"t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz, "
+                                       r"train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz"):
+    sources.load(c, (28, 28, 1), 10)

@@ -70,6 +70,29 @@ def test_main_end_to_end(full_run):
   assert "step 8/8" in result.stderr and "img/s" in result.stderr and "ETA" in result.stderr
 
 
+
+def test_tensorboard_reads_the_events_a_run_writes(full_run):
+  """The README says `tensorboard --logdir=WORKDIR`: TensorBoard's own reader must load the
+  scalars (train, test, per-iteration routing diagnostics) and the figures a run writes."""
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+  workdir, _ = full_run
+  events = EventAccumulator(str(workdir / "tensorboard"), size_guidance={"images": 0})
+  events.Reload()
+  scalars = set(events.Tags()["scalars"])
+  for tag in ("train/loss", "train/accuracy", "train/learning_rate",
+              "train/saturated_fraction", "test/accuracy", "test/coupling_entropy/1",
+              "test/preactivation_norm/3"):
+    assert tag in scalars, (tag, sorted(scalars))
+  assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6, 8]
+  records = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  final_test = [r for r in records if r["kind"] == "test"][-1]
+  assert events.Scalars("test/accuracy")[-1].value == pytest.approx(final_test["accuracy"])
+  images = set(events.Tags()["images"])
+  for tag in ("test/reconstructions", "test/latent_perturbations"):
+    assert tag in images, (tag, sorted(images))
+    image = events.Images(tag)[-1]
+    assert image.encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n" and image.width > 0
+
 def test_stopped_run_resumes_to_the_same_result(idx_dir, full_run, tmp_path):
   first = run_main(tmp_path, "--config.train.num_steps=4", data_dir=idx_dir)
   assert first.returncode == 0, first.stderr

@@ -125,7 +125,7 @@ class TFDSImages(datasets.Builder):
     h, w, c = self.STORED_SHAPE
     splits = sources.load(self.config.data, (h, w, c), self.info.num_classes,
                           seed=self.config.seed, shape_source=f"the {self.name} images",
-                          image_keys=self.IMAGE_KEYS, label_key=self.LABEL_KEY)
+                          image_keys=self.IMAGE_KEYS, label_key=self.LABEL_KEY, idx_ok=False)
     if self.resize:
       for split in splits.values():
         split.examples["images"] = block_mean(split.examples["images"], self.resize)

@@ -36,11 +36,12 @@ _IDX_UBYTE = 0x08
 
 def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed: int = 0,
          shape_source: str = "config.model.image_shape", image_keys=("image",),
-         label_key: str = "label") -> dict[str, Split]:
+         label_key: str = "label", idx_ok: bool = True) -> dict[str, Split]:
   """Reads ``config`` (``config.data``), validates it and splits off validation.
 
   With tfds, ``image_keys`` name the image features (several: stacked as channels, e.g.
-  smallNORB's two views) and ``label_key`` the label feature.
+  smallNORB's two views) and ``label_key`` the label feature. ``idx_ok``: whether the
+  dataset can also be read from IDX files (the offline advice then mentions them).
 
   ``image_shape`` is the shape the files must have; ``shape_source`` names
   the setting it comes from, for the error message.
@@ -57,7 +58,7 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
     arrays = _load_idx(config.dir)
   elif config.source == "tfds":
     arrays = _load_tfds(config.name, config.dir, config.tfds_data_dir, tuple(image_keys),
-                        label_key)
+                        label_key, idx_ok)
   else:
     raise UsageError(f"config.data.source must be 'tfds' or 'idx', got {config.source!r}.")
   where = config.dir if config.source == "idx" else f"tfds dataset {config.name!r}"
@@ -155,13 +156,26 @@ def _load_idx(directory: str | None) -> dict:
           for split in ("train", "test")}
 
 
-OFFLINE_HINT = ("Offline, set --config.data.dir to a folder with the original archives, or use "
-                "--config.data.source=idx.")
+def offline_hint(builder, idx_ok: bool) -> str:
+  """What an offline user can do for this tfds dataset: its manual-dir files, prepared data,
+  and (for MNIST-format datasets) IDX files."""
+  names = manual_files(builder)
+  hint = ("Offline, put tfds's files for it" + (f" ({', '.join(names)})" if names else "")
+          + " in a folder and pass --config.data.dir=FOLDER, or point "
+          "--config.data.tfds_data_dir at a folder where tfds already prepared it")
+  return hint + (", or use --config.data.source=idx --config.data.dir=FOLDER with MNIST-format "
+                 "IDX files." if idx_ok else ".")
+
+
+def manual_files(builder) -> list[str]:
+  """The file names tfds looks for in a manual dir: its download URLs' last parts."""
+  return sorted(os.path.basename(urllib.parse.urlsplit(u).path) for u in (builder.url_infos or ()))
+
 PROXY_VARIABLES = ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy",
                    "ALL_PROXY")
 
 
-def check_reachable(urls: list[str], name: str, timeout: float = 5.0) -> None:
+def check_reachable(urls: list[str], name: str, timeout: float = 5.0, hint: str = "") -> None:
   """Raises UsageError at once if a host of ``urls`` cannot be reached (name lookup and TCP
   connect within ``timeout`` s). Behind a proxy (``*_proxy`` variables) nothing is checked:
   only the proxy could tell."""
@@ -174,11 +188,11 @@ def check_reachable(urls: list[str], name: str, timeout: float = 5.0) -> None:
       socket.create_connection((host, port), timeout=timeout).close()
     except OSError as e:
       raise UsageError(f"tensorflow-datasets cannot download {name!r}: {host} is not reachable "
-                       f"({type(e).__name__}: {e}). {OFFLINE_HINT}") from e
+                       f"({type(e).__name__}: {e}). {hint}") from e
 
 
 def _load_tfds(name: str, manual_dir: str | None, data_dir: str | None,
-               image_keys=("image",), label_key: str = "label") -> dict:
+               image_keys=("image",), label_key: str = "label", idx_ok: bool = True) -> dict:
   import tensorflow_datasets as tfds  # Heavy (TensorFlow); only for this source.
 
   try:
@@ -188,20 +202,27 @@ def _load_tfds(name: str, manual_dir: str | None, data_dir: str | None,
                      "See https://www.tensorflow.org/datasets/catalog, or use "
                      "--config.data.source=idx for IDX files.") from e
   download_config = None
+  hint = offline_hint(builder, idx_ok)
+  needed = not builder.is_prepared() and not _tfds_mocked(builder)
   if manual_dir:
     if not os.path.isdir(manual_dir):
       raise UsageError(f"config.data.dir={manual_dir!r} does not exist or is not a folder; "
                        "for tfds it must hold the original archive files.")
+    missing = [f for f in manual_files(builder) if not os.path.exists(os.path.join(manual_dir, f))]
+    if needed and missing:  # Else tfds would try to download them, retrying for minutes.
+      raise UsageError(f"config.data.dir={manual_dir!r} lacks the files tfds needs for {name!r}: "
+                       f"{', '.join(missing)}. Put the original files there (tfds checks their "
+                       f"checksums)" + (", or use --config.data.source=idx for IDX files." if
+                                       idx_ok else "."))
     download_config = tfds.download.DownloadConfig(manual_dir=manual_dir)
-  elif not builder.is_prepared() and not _tfds_mocked(builder):
+  elif needed:
     # Offline, tfds retries each download with back-off for minutes before it gives up.
-    check_reachable(list(builder.url_infos or ()), name)
+    check_reachable(list(builder.url_infos or ()), name, hint=hint)
   try:
     builder.download_and_prepare(download_config=download_config)
   except Exception as e:  # tfds raises many types; all mean "could not prepare".
     raise UsageError(f"tensorflow-datasets could not prepare {name!r} "
-                     f"(manual dir {manual_dir!r}): {type(e).__name__}: {e}. "
-                     f"{OFFLINE_HINT}") from e
+                     f"(manual dir {manual_dir!r}): {type(e).__name__}: {e}. {hint}") from e
   features = builder.info.features
   missing = [k for k in (*image_keys, label_key) if k not in features]
   if missing:
