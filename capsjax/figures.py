@@ -83,12 +83,21 @@ def save_latent_perturbations(path: str, decoded: np.ndarray, label: int) -> Non
 
 
 def save_training_curves(path: str, records: list[dict]) -> None:
-  """Loss and accuracy against step for the train, validation and test records."""
+  save(training_curves(records), path)
+
+
+def training_curves(records: list[dict]):
+  """Loss and error against step for the train, validation and test records of
+  ``metrics.jsonl``: a figure with two axes, one line per kind. The train line is drawn
+  without markers only when it has many points: a short run's one or two train records would
+  otherwise not show."""
   fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
   for kind, style in (("train", "-"), ("validation", "o-"), ("test", "s-")):
     rows = [r for r in records if r.get("kind") == kind and "loss" in r]
     if not rows:
       continue
+    if kind == "train" and len(rows) < 50:
+      style = ".-"
     steps = [r["step"] for r in rows]
     ax_loss.plot(steps, [r["loss"] for r in rows], style, label=kind, markersize=3)
     ax_acc.plot(steps, [100 * (1 - r["accuracy"]) for r in rows], style, label=kind,
@@ -98,7 +107,7 @@ def save_training_curves(path: str, records: list[dict]) -> None:
   for ax in (ax_loss, ax_acc):
     ax.grid(alpha=0.3)
     ax.legend()
-  save(fig, path)
+  return fig
 
 
 def save_routing_diagnostics(path: str, records: list[dict]) -> None:

@@ -38,6 +38,9 @@ class MetricWriter:
       value = np.asarray(value)
       record[key] = value.tolist()
       if value.ndim == 0:
+        if not np.isfinite(value):  # E.g. a rate with no timed step yet: left out, not NaN.
+          record[key] = None
+          continue
         self._tb.add_scalar(f"{kind}/{key}", float(value), step)
       else:  # Per-iteration routing diagnostics: one scalar per entry.
         for k, v in enumerate(value.reshape(-1)):
@@ -114,6 +117,17 @@ def format_duration(seconds: float) -> str:
   return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def count_progress(prefix: str, n: int, total: int, stream=None) -> None:
+  """``prefix n/total``: redrawn in place on a terminal, one line per update otherwise (a log
+  file then reads line by line)."""
+  stream = stream or sys.stderr
+  if hasattr(stream, "isatty") and stream.isatty():
+    stream.write(f"\r{prefix} {n}/{total}" + ("\n" if n >= total else ""))
+  else:
+    stream.write(f"{prefix} {n}/{total}\n")
+  stream.flush()
+
+
 class ProgressBar:
   """``step 1200/23400 [##---] 5% | loss 0.031 | acc 98.4% | 160 img/s | ETA 0:38:10``.
 
@@ -131,9 +145,10 @@ class ProgressBar:
     frac = min(1.0, step / self.total)
     filled = int(round(frac * self.width))
     eta = (self.total - step) * seconds_per_step
+    rate = f"{images_per_second:.0f}" if math.isfinite(images_per_second) else "?"
     line = (f"step {step}/{self.total} [{'#' * filled}{'-' * (self.width - filled)}] "
             f"{100 * frac:3.0f}% | loss {loss:.4f} | acc {100 * accuracy:.1f}% | "
-            f"{images_per_second:.0f} img/s | ETA {format_duration(eta)}")
+            f"{rate} img/s | ETA {format_duration(eta)}")
     if self.interactive:
       self.stream.write("\r" + line)
     else:

@@ -255,12 +255,20 @@ def collect(points: list[Point], workdir: str) -> list[dict]:
 
 
 def _mean_std(values):
+  """Mean and sample std; the std is None for a single value (no spread to report)."""
   values = [v for v in values if v is not None]
   if not values:
-    return float("nan"), float("nan")
+    return float("nan"), None
   mean = sum(values) / len(values)
-  std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-  return mean, std
+  if len(values) == 1:
+    return mean, None
+  return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _mean_pm(mean: float, std: float | None, scale: float = 100.0, digits: int = 2) -> str:
+  """``89.50 ± 0.30`` over several seeds; ``89.50`` for one (the seeds column says so)."""
+  text = f"{scale * mean:.{digits}f}"
+  return text if std is None else f"{text} ± {scale * std:.{digits}f}"
 
 
 def _group(rows: list[dict], keys: list[str]) -> list[dict]:
@@ -281,7 +289,7 @@ def _group(rows: list[dict], keys: list[str]) -> list[dict]:
 
 
 def markdown_table(groups: list[dict], keys: list[str]) -> str:
-  """Mean ± std over seeds per setting; beside the test error its chance level and how the
+  """Mean ± std over seeds per setting (the mean alone for one seed); beside the test error its chance level and how the
   numbers were chosen (``selected_on``: ``final``, ``validation`` or ``test`` when a run
   stopped on test accuracy); other evaluations' accuracies (and at-least-one rates) as
   extra columns."""
@@ -293,12 +301,11 @@ def markdown_table(groups: list[dict], keys: list[str]) -> str:
     err_m, err_s = g["test_error"]
     loss_m, loss_s = g["test_loss"]
     ips_m, _ = g["train_images_per_second"]
-    extra_cells = [f"{100 * m:.2f} ± {100 * s:.2f}"
-                   for m, s in (g.get("extra", {}).get(c, (float("nan"),) * 2) for c in extra)]
+    extra_cells = [_mean_pm(*g.get("extra", {}).get(c, (float("nan"), None))) for c in extra]
     lines.append("| " + " | ".join([*(str(g["setting"][k]) for k in keys), str(g["seeds"]),
-                                    f"{100 * err_m:.2f} ± {100 * err_s:.2f}",
+                                    _mean_pm(err_m, err_s),
                                     g.get("chance", "?"), g.get("selected_on", "final"),
-                                    f"{loss_m:.4f} ± {loss_s:.4f}", f"{ips_m:.0f}",
+                                    _mean_pm(loss_m, loss_s, 1.0, 4), f"{ips_m:.0f}",
                                     *extra_cells]) + " |")
   return "\n".join(lines) + "\n"
 
@@ -328,7 +335,7 @@ def _plot(groups: list[dict], keys: list[str], workdir: str) -> None:
       xs = [g["setting"][key] for g in members]
       ax.errorbar(range(len(xs)) if not _numeric(xs) else [float(x) for x in xs],
                   [100 * g["test_error"][0] for g in members],
-                  yerr=[100 * g["test_error"][1] for g in members], marker="o", capsize=3,
+                  yerr=[100 * (g["test_error"][1] or 0.0) for g in members], marker="o", capsize=3,
                   label=", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(others, label))
                   or None)
       if not _numeric(xs):

@@ -36,8 +36,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   ``WORKDIR/summary.json``.
   """
   runtime = Runtime(config)  # The dataset builder, the model class, the mesh.
+  created = not os.path.isdir(workdir)
   workdir = workdirs.prepare(workdir)
-  with workdirs.hold(workdir), preemption.watch() as stop:
+  with workdirs.hold(workdir, tidy_failed_start=True, created=created), \
+       preemption.watch() as stop:
     plan = runtime.load().plan
     validation = len(runtime.splits.get("validation", ())) > 0
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
@@ -131,9 +133,7 @@ def banner(runtime: Runtime, evals: dict, params) -> str:
   """One line on what this run trains, on what, where, and what chance would score."""
   config, plan, splits = runtime.config, runtime.plan, runtime.splits
   num_params = sum(x.size for x in jax.tree.leaves(params))
-  dataset = config.get("dataset", "mnist")
-  if config.data.get("pad"):
-    dataset += f" (padded by {config.data.pad} px)"
+  dataset = dataset_label(config)
   chance = runtime.task.chance_levels()
   return (f"capsjax: {config.model.get('name', 'capsnet')} ({num_params:,} parameters) on "
           f"{dataset}: {plan.num_train} train, {len(splits.get('validation', ()))} validation, "
@@ -143,6 +143,19 @@ def banner(runtime: Runtime, evals: dict, params) -> str:
           f"{plan.batch_size} ({plan.steps_per_epoch} steps per epoch); "
           f"{runtime.optimizer.settings['name']} with a {runtime.optimizer.settings['schedule']}"
           f" learning rate. Chance: {reporting.chance_text(chance)}.")
+
+
+def dataset_label(config: ml_collections.ConfigDict) -> str:
+  """What the run trains on, for the banner: the dataset builder's name, or for the ``mnist``
+  builder (which reads MNIST and Fashion-MNIST) the config's ``data.name``."""
+  dataset = config.get("dataset", "mnist")
+  if dataset == "mnist" and config.data.get("name"):
+    dataset = config.data.name
+  if config.data.get("source") == "idx":
+    dataset += f" (IDX files in {config.data.dir})"
+  if config.data.get("pad"):
+    dataset += f" (padded by {config.data.pad} px)"
+  return dataset
 
 
 def init_or_restore(runtime: Runtime, ckpt, workdir: str):

@@ -65,7 +65,10 @@ class TrainLog:
       self.bar.message(warning)
     rate = self.images_per_second() or float("nan")
     if self.writer is not None and write:
-      self.writer.write("train", step, {**means, "images_per_second": rate,
+      # No rate until a step after the compiling one is timed (e.g. the first log of a resumed
+      # run): the key is left out rather than logged as NaN.
+      timing = {"images_per_second": rate} if rate == rate else {}
+      self.writer.write("train", step, {**means, **timing,
                                         "learning_rate": float(self.schedule(step))})
       self.bar.update(step, means["loss"], means.get("accuracy", float("nan")), rate,
                       self.plan.batch_size / rate if rate == rate and rate > 0 else float("nan"))

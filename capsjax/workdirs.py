@@ -117,9 +117,14 @@ class Lock:
 
 
 @contextlib.contextmanager
-def hold(workdir: str):
+def hold(workdir: str, tidy_failed_start: bool = False, created: bool = False):
   """Holds ``workdir`` for a run of every process of the job: process 0 takes the
-  :class:`Lock`, and all of them stop with :class:`WorkdirBusy` if it is taken."""
+  :class:`Lock`, and all of them stop with :class:`WorkdirBusy` if it is taken.
+
+  ``tidy_failed_start``: when the run fails before it logged or saved anything, process 0
+  removes what it left (:func:`remove_failed_start`; the workdir itself too if ``created``),
+  so that a mistyped flag does not leave a workdir holding only a lock file.
+  """
   import jax
   import numpy as np
 
@@ -133,5 +138,44 @@ def hold(workdir: str):
     raise lock.busy()
   try:
     yield lock
+  except BaseException:
+    if tidy_failed_start and jax.process_index() == 0:
+      remove_failed_start(workdir, created)  # Under the lock: no other run is in it.
+    raise
   finally:
     lock.release()
+
+
+# What a run writes before its first logged step: nothing else is removed.
+_START_FILES = (LOCK_NAME, "config.json", "metrics.jsonl")
+_START_DIRS = ("tensorboard", "checkpoints")
+
+
+def remove_failed_start(workdir: str, created: bool) -> bool:
+  """Removes what a run that failed before its first logged step left in ``workdir``: its
+  lock file, config.json, an empty metrics.jsonl, TensorBoard event files and an empty
+  checkpoints folder; then the workdir if ``created`` and it is empty. Leaves everything when
+  the workdir holds a checkpoint, a summary or a logged metric (a run to resume or read).
+  Returns whether it removed the files."""
+  path = lambda name: os.path.join(workdir, name)
+  metrics = path("metrics.jsonl")
+  checkpoints = path("checkpoints")
+  if (os.path.exists(path("summary.json"))
+      or (os.path.exists(metrics) and os.path.getsize(metrics) > 0)
+      or (os.path.isdir(checkpoints) and os.listdir(checkpoints))):
+    return False
+  tensorboard = path("tensorboard")
+  if os.path.isdir(tensorboard) and not all(
+      n.startswith("events.out.tfevents") for n in os.listdir(tensorboard)):
+    return False
+  for name in _START_DIRS:
+    if os.path.isdir(path(name)):
+      for n in os.listdir(path(name)):
+        os.remove(os.path.join(path(name), n))
+      os.rmdir(path(name))
+  for name in _START_FILES:
+    if os.path.exists(path(name)):
+      os.remove(path(name))
+  if created and not os.listdir(workdir):
+    os.rmdir(workdir)
+  return True

@@ -142,8 +142,9 @@ def test_offline_advice_names_what_each_dataset_can_use():
   assert "--config.data.source=idx" in sources.offline_hint(cifar, idx_ok=True)
 
 
-def test_a_manual_dir_without_the_archives_fails_at_once_naming_them(tmp_path):
-  """Without this check tfds would try to download them, retrying for minutes offline."""
+def test_a_manual_dir_without_the_archives_fails_at_once_naming_them(tmp_path, caplog):
+  """Without this check tfds would try to download them, retrying for minutes offline. And
+  tfds's own "Variant folder ... has no dataset_info.json" is not shown before the error."""
   (tmp_path / "manual").mkdir()
   c = data_config(str(tmp_path / "manual"), source="tfds", name="mnist",
                   tfds_data_dir=str(tmp_path / "prepared"))
@@ -151,3 +152,4 @@ def test_a_manual_dir_without_the_archives_fails_at_once_naming_them(tmp_path):
                                        r"t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz, "
                                        r"train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz"):
     sources.load(c, (28, 28, 1), 10)
+  assert not [r for r in caplog.records if "dataset_info.json" in r.getMessage()]

@@ -85,6 +85,7 @@ def test_two_by_two_sweep_runs_resumes_and_collects(tmp_path):
   table = (workdir / "results.md").read_text().splitlines()
   assert table[0].startswith("| model.routing.iterations | seeds | test error (%)")
   assert len(table) == 4 and all("| 2 |" in line for line in table[2:])
+  assert all(" ± " in line for line in table[2:])  # Two seeds: a spread.
   assert (workdir / "test_error_vs_iterations.png").exists()
 
   again = run_sweep(experiment, workdir, data_dir=data_dir)
@@ -171,7 +172,9 @@ def test_results_table_gives_validation_and_the_chance_level_of_each_accuracy(tm
                          "selected on"]
   row = dict(zip(columns, cells(first)))
   assert row["chance (%)"] == "error 97.78, at least one 37.78" and row["selected on"] == "final"
-  assert row["validation accuracy (%)"].startswith("32.00")
+  # One seed: the mean alone (a "± 0.00" would read as a measured spread).
+  assert row["seeds"] == "1" and row["test error (%)"] == "70.00"
+  assert row["validation accuracy (%)"] == "32.00" and row["test loss"] == "0.5000"
   assert row["test at least one (%)"].startswith("90.00")
   assert row["validation at least one (%)"].startswith("91.00")
   row = dict(zip(columns, cells(second)))

@@ -86,3 +86,53 @@ def test_a_filesystem_without_locks_warns_and_runs_unlocked(tmp_path, monkeypatc
   monkeypatch.setattr(workdirs.fcntl, "flock", broken)
   with pytest.raises(OSError):  # Other failures are not hidden.
     workdirs.Lock(str(tmp_path)).try_acquire()
+
+
+def _failing_start(workdir):
+  """A smoke run whose data folder lacks the MNIST files: it fails while loading, before its
+  first step."""
+  import mnist as mnist_config
+  from capsjax import train
+
+  config = mnist_config.get_config("smoke")
+  config.data.source, config.data.dir = "idx", str(workdir.parent / "no_data")
+  (workdir.parent / "no_data").mkdir(exist_ok=True)
+  with pytest.raises(UsageError, match="has no train-images"):
+    train.train_and_evaluate(config, str(workdir))
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_workdir_behind(tmp_path):
+  _failing_start(tmp_path / "new_run")
+  assert not (tmp_path / "new_run").exists()  # Before: a folder holding only the lock file.
+  mine = tmp_path / "existing"
+  mine.mkdir()
+  (mine / "notes.txt").write_text("the user's")
+  _failing_start(mine)
+  assert sorted(os.listdir(mine)) == ["notes.txt"]  # Only what the run made is removed.
+
+
+def test_remove_failed_start_keeps_anything_worth_resuming_or_reading(tmp_path):
+  def started(name, **extra):
+    workdir = tmp_path / name
+    (workdir / "tensorboard").mkdir(parents=True)
+    (workdir / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"header")
+    (workdir / "checkpoints").mkdir()
+    (workdir / workdirs.LOCK_NAME).write_text("{}")
+    (workdir / "config.json").write_text("{}")
+    (workdir / "metrics.jsonl").write_text("")
+    for path, text in extra.items():
+      (workdir / path.replace("__", "/")).write_text(text)
+    return workdir
+
+  empty = started("empty")
+  assert workdirs.remove_failed_start(str(empty), created=True) and not empty.exists()
+  kept = started("kept_folder")
+  assert workdirs.remove_failed_start(str(kept), created=False) and os.listdir(kept) == []
+  for name, extra in (("logged", {"metrics.jsonl": '{"step": 2}\n'}),
+                      ("saved", {"checkpoints__2": "x"}),
+                      ("summarised", {"summary.json": "{}"}),
+                      ("foreign_tensorboard", {"tensorboard__notes": "x"})):
+    workdir = started(name, **extra)
+    before = sorted(str(p) for p in workdir.rglob("*"))
+    assert not workdirs.remove_failed_start(str(workdir), created=True), name
+    assert sorted(str(p) for p in workdir.rglob("*")) == before, name

@@ -14,7 +14,9 @@ validation split; everything here is host-side NumPy.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import logging
 import os
 import socket
 import urllib.parse
@@ -22,8 +24,9 @@ import urllib.parse
 import ml_collections
 import numpy as np
 
-from capsjax.datasets import Split
+from capsjax.datasets import Split, known_files
 from capsjax.errors import UsageError
+from capsjax.reporting import log
 
 IDX_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -56,6 +59,10 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
   """
   if config.source == "idx":
     arrays = _load_idx(config.dir)
+    warning = known_files.mismatch_warning(config.get("name"), arrays["train"][0][..., 0],
+                                           config.dir)
+    if warning:
+      log(warning)
   elif config.source == "tfds":
     arrays = _load_tfds(config.name, config.dir, config.tfds_data_dir, tuple(image_keys),
                         label_key, idx_ok)
@@ -191,6 +198,20 @@ def check_reachable(urls: list[str], name: str, timeout: float = 5.0, hint: str 
                        f"({type(e).__name__}: {e}). {hint}") from e
 
 
+@contextlib.contextmanager
+def _quiet_absl():
+  """Hides absl's (tfds's) warnings for the block: ``is_prepared`` warns "Variant folder ...
+  has no dataset_info.json" for a dataset not yet prepared, which says nothing to a user whose
+  run then prepares it or stops with its own clear error."""
+  logger = logging.getLogger("absl")
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
 def _load_tfds(name: str, manual_dir: str | None, data_dir: str | None,
                image_keys=("image",), label_key: str = "label", idx_ok: bool = True) -> dict:
   import tensorflow_datasets as tfds  # Heavy (TensorFlow); only for this source.
@@ -203,7 +224,8 @@ def _load_tfds(name: str, manual_dir: str | None, data_dir: str | None,
                      "--config.data.source=idx for IDX files.") from e
   download_config = None
   hint = offline_hint(builder, idx_ok)
-  needed = not builder.is_prepared() and not _tfds_mocked(builder)
+  with _quiet_absl():
+    needed = not builder.is_prepared() and not _tfds_mocked(builder)
   if manual_dir:
     if not os.path.isdir(manual_dir):
       raise UsageError(f"config.data.dir={manual_dir!r} does not exist or is not a folder; "

@@ -3,12 +3,11 @@ at random (a fixed copy)."""
 
 from __future__ import annotations
 
-import sys
 
 import jax
 import numpy as np
 
-from capsjax import datasets, evaluators
+from capsjax import datasets, evaluators, reporting
 from capsjax.datasets import augment
 from capsjax.errors import UsageError
 
@@ -67,9 +66,8 @@ class ShiftGridEvaluator(evaluators.Evaluator):
       moved = self.runner.eval_set(_shifted(self.split, augment.shift_images(images, dx, dy)),
                                    self.builder.eval_batch)
       accuracies[f"{dx},{dy}"] = self.runner.evaluate(params, moved)["accuracy"]
-      if jax.process_index() == 0:  # One progress line, as the results are printed once.
-        print(f"\r{self.name}: shift {n}/{len(self.shifts)}",
-              end="" if n < len(self.shifts) else "\n", file=sys.stderr, flush=True)
+      if jax.process_index() == 0:
+        reporting.count_progress(f"{self.name}: shift", n, len(self.shifts))
     mean = float(np.mean(list(accuracies.values())))
     return {"accuracy": mean, "error": 1.0 - mean, "accuracy_by_shift": accuracies}
 
