@@ -5,7 +5,6 @@ import gzip
 import hashlib
 import os
 
-import numpy as np
 import pytest
 
 import fashion_mnist
