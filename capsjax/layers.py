@@ -150,22 +150,30 @@ class PrimaryCapsules(nnx.Module):
 
   With the paper's settings the 256 channels of a 9x9 stride-2 convolution are
   32 capsule types of 8 dimensions; on a 6x6 grid that is 1152 capsules.
+
+  ``output_scale`` multiplies the convolution (before its bias) ahead of the squash: 1 in the
+  paper; the official code's PrimaryCaps (``conv_slim_capsule`` with one input capsule and one
+  routing iteration) couples it with softmax(0) = 1/num_types over the types, i.e. 1/32.
   """
 
   def __init__(self, in_features: int, num_types: int, dim: int, kernel_size: int,
                stride: int, *, squash_epsilon: float = 0.0, impl: str = "auto",
                compute_dtype=jnp.float32, init_scale: float = 0.0, bias_init: float = 0.0,
-               padding: str = "VALID", rngs: nnx.Rngs):
+               padding: str = "VALID", output_scale: float = 1.0, rngs: nnx.Rngs):
     self.conv = Conv2D(in_features, num_types * dim, kernel_size, stride, impl=impl,
                        compute_dtype=compute_dtype, init_scale=init_scale,
                        bias_init=bias_init, padding=padding, rngs=rngs)
     self.num_types = num_types
     self.dim = dim
     self.squash_epsilon = squash_epsilon
+    self.output_scale = output_scale
 
   def __call__(self, features: jax.Array) -> jax.Array:
     """``(batch, h, w, in_features)`` -> capsules ``(batch, h'*w'*num_types, dim)``."""
     x = self.conv(features)
+    if self.output_scale != 1.0:  # Official code: coupling x conv + bias.
+      bias = self.conv.bias[...]
+      x = (x - bias) * self.output_scale + bias
     capsules = x.reshape(x.shape[0], -1, self.dim)
     return routing.squash(capsules, epsilon=self.squash_epsilon)
 

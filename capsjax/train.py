@@ -141,8 +141,8 @@ def banner(runtime: Runtime, evals: dict, params) -> str:
           f"{jax.device_count()} {jax.devices()[0].platform} device(s) in "
           f"{jax.process_count()} process(es); {plan.num_steps} steps of batch "
           f"{plan.batch_size} ({plan.steps_per_epoch} steps per epoch); "
-          f"{runtime.optimizer.settings['name']} with a {runtime.optimizer.settings['schedule']}"
-          f" learning rate. Chance: {reporting.chance_text(chance)}.")
+          f"{runtime.optimizer.settings['name']}, {runtime.optimizer.settings['schedule']}"
+          f" learning-rate schedule. Chance: {reporting.chance_text(chance)}.")
 
 
 def dataset_label(config: ml_collections.ConfigDict) -> str:

@@ -45,8 +45,11 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # slower here, so PrimaryCaps is LeCun.
   c.model.conv1 = ml_collections.ConfigDict(
       dict(features=256, kernel_size=9, stride=1, init_scale=0.05, bias_init=0.0))
+  # output_scale: the convolution times this before the squash; 1 in the paper, 1/32 in the
+  # official code (its PrimaryCaps couples each output with softmax(0) over the 32 types).
   c.model.primary = ml_collections.ConfigDict(
-      dict(num_types=32, dim=8, kernel_size=9, stride=2, init_scale=0.0, bias_init=0.0))
+      dict(num_types=32, dim=8, kernel_size=9, stride=2, init_scale=0.0, bias_init=0.0,
+           output_scale=1.0))
   c.model.class_capsules = ml_collections.ConfigDict(dict(
       dim=16,
       init_scale=0.1,    # W_ij ~ normal(0, 0.1) cut at 2 std (official code; paper silent).

@@ -106,6 +106,21 @@ def test_primary_capsules_group_channels_as_the_official_code():
                                    official[:, t * h * w + y * w + x_], rtol=1e-6)
 
 
+def test_primary_output_scale_scales_the_convolution_before_its_bias():
+  """The official code's PrimaryCaps: softmax(0) over the types (1/num_types) times the
+  convolution, plus the bias, then squash."""
+  num_types, dim = 4, 5
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 9, 9, 3)), jnp.float32)
+  plain = layers.PrimaryCapsules(3, num_types=num_types, dim=dim, kernel_size=3, stride=2,
+                                 bias_init=0.3, rngs=nnx.Rngs(0))
+  scaled = layers.PrimaryCapsules(3, num_types=num_types, dim=dim, kernel_size=3, stride=2,
+                                  bias_init=0.3, output_scale=1 / num_types, rngs=nnx.Rngs(0))
+  conv = np.asarray(plain.conv(x)) - 0.3  # Same kernels: same seed.
+  expected = routing.squash(jnp.asarray((conv / num_types + 0.3).reshape(2, -1, dim)))
+  np.testing.assert_allclose(np.asarray(scaled(x)), np.asarray(expected), rtol=1e-5, atol=1e-6)
+  assert not np.allclose(np.asarray(plain(x)), np.asarray(expected), atol=1e-3)
+
+
 def test_class_capsule_votes_are_w_times_u():
   layer = layers.ClassCapsules(6, 3, 4, 5, rngs=nnx.Rngs(0))
   u = np.random.default_rng(0).normal(size=(2, 6, 3))

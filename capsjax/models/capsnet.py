@@ -64,6 +64,10 @@ class CapsNetOutput(NamedTuple):
 def validate_model_config(config: ml_collections.ConfigDict) -> None:
   """Raises UsageError (a ValueError) naming the config key for settings that cannot work."""
   r = config.routing
+  scale = config.primary.get("output_scale", 1.0)
+  if not isinstance(scale, (int, float)) or not scale > 0:
+    raise UsageError(f"config.model.primary.output_scale must be a number > 0 (1: the paper, "
+                     f"1/32: the official code), got {scale!r}.")
   if not isinstance(r.iterations, int) or r.iterations < 1:
     raise UsageError(f"config.model.routing.iterations must be an integer >= 1, "
                      f"got {r.iterations!r}.")
@@ -121,7 +125,8 @@ class CapsNet(nnx.Module):
         config.primary.kernel_size, config.primary.stride,
         squash_epsilon=config.routing.squash_epsilon, impl=config.conv_impl,
         compute_dtype=dtype, init_scale=config.primary.init_scale,
-        bias_init=config.primary.bias_init, padding=padding, rngs=rngs)
+        bias_init=config.primary.bias_init, padding=padding,
+        output_scale=config.primary.get("output_scale", 1.0), rngs=rngs)  # .get: old configs.
     grid_h, grid_w = primary_grid(config)
     r = config.routing
     self.class_capsules = layers.ClassCapsules(
@@ -152,7 +157,8 @@ class CapsNet(nnx.Module):
   validate_config = staticmethod(validate_model_config)
 
   # What to change when the class capsules saturate (the run's warning names these).
-  saturation_settings = ("model.class_capsules.init_scale", "optimizer.learning_rate")
+  saturation_settings = ("model.class_capsules.init_scale", "model.primary.output_scale",
+                         "optimizer.learning_rate")
 
   def __call__(self, images: jax.Array, labels: jax.Array | None = None, *,
                train: bool = False, return_trace: bool = False,

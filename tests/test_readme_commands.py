@@ -1,0 +1,157 @@
+"""Every command in the READMEs' shell blocks pastes and runs: the capsjax invocations parse.
+
+Each `python -m capsjax.X ...` and `python experiments/X.py ...` line (with its `\\`
+continuations) of a ```bash block in README.md and experiments/README.md is checked without
+running it: no optional-part brackets or `...` placeholders a shell would choke on, every flag
+defined by that command, every `--config=FILE[:VARIANT]` a config file with that variant, and
+every `--config.KEY=...` override a key of that config (for a sweep, of its experiment's
+BASE_CONFIG).
+"""
+
+import functools
+import json
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from capsjax import runconfig
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DOCS = ("README.md", "experiments/README.md", "docs/performance.md")
+
+
+def shell_commands(text: str) -> list[str]:
+  """The lines of the ```bash blocks of a markdown text, continuations joined and the block's
+  own variables (``D="--config..."``) expanded."""
+  commands = []
+  for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+    variables, current = {}, ""
+    for line in block.splitlines():
+      if line.rstrip().endswith("\\"):
+        current += line.rstrip()[:-1] + " "
+        continue
+      line, current = current + line, ""
+      assignment = re.fullmatch(r"\s*([A-Za-z_]\w*)=(.*)", line)
+      if assignment:
+        variables[assignment[1]] = " ".join(shlex.split(assignment[2]))
+        continue
+      for name, value in variables.items():
+        line = re.sub(rf"\$({name}\b|{{{name}}})", value, line)
+      commands.append(line.strip())
+  return [c for c in commands if c]
+
+
+def capsjax_invocations(doc: str) -> list[tuple[str, list[str]]]:
+  """``(target, arguments)`` of each capsjax command of ``doc``: target is ``capsjax.X`` or
+  an ``experiments/*.py`` script."""
+  found = []
+  for command in shell_commands((REPO / doc).read_text()):
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    words = list(lexer)
+    for i, word in enumerate(words):
+      if word != "python" or i + 1 >= len(words):
+        continue
+      rest = words[i + 1:]
+      for end, w in enumerate(rest):  # The command ends at a shell operator.
+        if w in (";", "&", "&&", "|", "||"):
+          rest = rest[:end]
+          break
+      if rest[0] == "-m" and rest[1].startswith("capsjax."):
+        found.append((rest[1], rest[2:]))
+      elif rest[0].startswith("experiments/") and rest[0].endswith(".py"):
+        found.append((rest[0], rest[1:]))
+  return found
+
+
+ALL = [(doc, target, args) for doc in DOCS for target, args in capsjax_invocations(doc)]
+
+
+@functools.cache
+def defined_flags(target: str) -> frozenset[str]:
+  """The absl flags a command defines (imported in a fresh process: each defines --config)."""
+  load = (f"import importlib; importlib.import_module({target!r})" if target.startswith("capsjax.")
+          else f"import runpy; runpy.run_path({str(REPO / target)!r}, run_name='readme_check')")
+  out = subprocess.run(
+      [sys.executable, "-c", f"{load}; from absl import flags; import json; "
+                             "print(json.dumps(sorted(flags.FLAGS)))"],
+      capture_output=True, text=True, cwd=REPO, check=True).stdout
+  return frozenset(json.loads(out.splitlines()[-1]))
+
+
+def config_has_key(config, dotted: str) -> bool:
+  node = config
+  for part in dotted.split("."):
+    if not hasattr(node, "keys") or part not in node.keys():
+      return False
+    node = node[part]
+  return True
+
+
+def test_the_readmes_have_capsjax_commands():
+  targets = {target for _, target, _ in ALL}
+  assert {"capsjax.main", "capsjax.evaluate", "capsjax.sweep", "capsjax.benchmark"} <= targets
+  assert len(ALL) > 30
+
+
+@pytest.mark.parametrize("doc,target,args", ALL,
+                         ids=[f"{d}:{t}:{i}" for i, (d, t, _) in enumerate(ALL)])
+def test_command_parses(doc, target, args):
+  line = " ".join([target, *args])
+  for word in args:  # What bash would run or choke on: [optional] parts, ... placeholders.
+    assert not re.search(r"[\[\]|]|^\.\.\.$", word), f"{doc}: `{word}` in `{line}`"
+  flags = defined_flags(target)
+  config_file, overrides, positional = None, [], []
+  for word in args:
+    if not word.startswith("-"):
+      positional.append(word)
+      continue
+    name, _, value = word.lstrip("-").partition("=")
+    if name.startswith("config."):
+      overrides.append(name[len("config."):])
+      continue
+    assert name in flags or (name.startswith("no") and name[2:] in flags), (
+        f"{doc}: {target} has no flag --{name} (`{line}`)")
+    if name == "config":
+      config_file = value
+  if target == "capsjax.sweep":
+    assert len(positional) == 1, f"{doc}: `{line}` names no single experiment file"
+    experiment = REPO / positional[0]
+    assert experiment.exists(), f"{doc}: {positional[0]} does not exist"
+    config_file = config_file or runconfig.import_config_file(experiment).BASE_CONFIG
+  else:
+    assert not positional, f"{doc}: unexpected arguments {positional} in `{line}`"
+  if config_file is None:
+    assert not overrides, f"{doc}: --config.* without --config in `{line}`"
+    return
+  path, _, variant = config_file.partition(":")
+  assert (REPO / path).exists(), f"{doc}: {path} does not exist (`{line}`)"
+  config = runconfig.import_config_file(REPO / path).get_config(variant or None)
+  for key in overrides:
+    assert config_has_key(config, key), f"{doc}: {path} has no key {key} (`{line}`)"
+
+
+@pytest.mark.parametrize("args", [
+    ["--config=configs/multimnist.py[:baseline]", "--workdir=/tmp/w"],  # Seen in the README.
+    ["--config=configs/mnist.py:nope", "--workdir=/tmp/w"],
+    ["--config=configs/nope.py", "--workdir=/tmp/w"],
+    ["--config=configs/mnist.py", "--workdir=/tmp/w", "--config.num_steps=5"],
+    ["--config=configs/mnist.py", "--workdir=/tmp/w", "--epochs=5"],
+    ["--config=configs/mnist.py", "--workdir=/tmp/w", "..."],
+])
+def test_the_check_catches_what_would_not_run(args):
+  with pytest.raises((AssertionError, ValueError)):
+    test_command_parses("README.md", "capsjax.main", args)
+
+
+def test_commands_are_read_as_bash_reads_them():
+  text = ('```bash\nD="--config.data.source=idx --config.data.dir=/m"\n'
+          'python -m capsjax.main --config=configs/mnist.py \\\n    --workdir=/w $D & done; wait\n'
+          '```\n')
+  (command,) = shell_commands(text)
+  assert command.startswith("python -m capsjax.main --config=configs/mnist.py")
+  assert "--config.data.dir=/m" in command
