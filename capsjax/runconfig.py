@@ -24,7 +24,8 @@ RESUME_NEUTRAL_KEYS = ("train.num_steps", "train.num_epochs", "train.log_every_s
 
 # Keys added after the first workdirs were written, with the value that reproduces them.
 _DEFAULTS = {"dataset": "mnist", "model.name": "capsnet", "train.stop_at_accuracy": None,
-             "data.pad": 0, "optimizer.name": "adam", "optimizer.schedule": "exponential"}
+             "data.pad": 0, "optimizer.name": "adam", "optimizer.schedule": "exponential",
+             "model.primary.output_scale": 1.0}
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -39,13 +40,16 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 
 def config_changes(before: dict, after: dict) -> list[str]:
   """``"key: old -> new"`` for each setting (dotted key) that differs between two resolved
-  configs as JSON dicts, leaving out :data:`RESUME_NEUTRAL_KEYS` and the keys under them."""
+  configs as JSON dicts, leaving out :data:`RESUME_NEUTRAL_KEYS` and the keys under them, and
+  keys added since ``before`` was written whose value reproduces it."""
   before, after = _flatten(before), _flatten(after)
   changes = []
   for key in sorted(before.keys() | after.keys()):
     if any(key == k or key.startswith(k + ".") for k in RESUME_NEUTRAL_KEYS):
       continue
     old, new = before.get(key, "(unset)"), after.get(key, "(unset)")
+    if key not in before and key in _DEFAULTS and new == _DEFAULTS[key]:
+      continue  # Added since that run was written, at the value that reproduces it.
     if old != new:
       changes.append(f"{key}: {old!r} -> {new!r}")
   return changes

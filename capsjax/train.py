@@ -101,8 +101,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     progress.close()
     ckpt.close()
   log(f"Done: step {step}, test accuracy {100 * summary['test_accuracy']:.2f}% "
-      f"(error {100 * summary['test_error']:.2f}%; by chance "
-      f"{reporting.chance_text(summary['chance'])}%). Results in {workdir}.")
+      f"(error {100 * summary['test_error']:.2f}%; chance, in %: "
+      f"{reporting.chance_text(summary['chance'])}). Results in {workdir}.")
   return summary
 
 

@@ -24,6 +24,13 @@ def test_config_changes_name_what_a_resume_changes_and_skip_run_length():
   del before["model"]["routing"]["leaky"]
   assert "model.routing.leaky: '(unset)' -> False" in runconfig.config_changes(
       before, json.loads(after.to_json_best_effort()))
+  # A key added since, at the value that reproduces the earlier run, is no change ...
+  del before["model"]["primary"]["output_scale"]
+  changes = runconfig.config_changes(before, json.loads(after.to_json_best_effort()))
+  assert not [c for c in changes if "output_scale" in c]
+  after.model.primary.output_scale = 1 / 32  # ... at another value it is.
+  assert "model.primary.output_scale: '(unset)' -> 0.03125" in runconfig.config_changes(
+      before, json.loads(after.to_json_best_effort()))
 
 
 @pytest.mark.parametrize("validation_size", [0, 1000])
