@@ -90,7 +90,7 @@ def suggest_keys(argv: list[str]) -> str:
 
     path, _, variant = spec.partition(":")
     config = runconfig.import_config_file(path).get_config(variant or None)
-    keys = sorted(_flat_keys(config.to_dict()))
+    keys = sorted(runconfig.flatten(config.to_dict()))
   except Exception:  # The config itself is at fault; the message above says so.
     return ""
   asked = [a.split("=", 1)[0][len("--config."):] for a in argv if a.startswith("--config.")]
@@ -103,16 +103,6 @@ def suggest_keys(argv: list[str]) -> str:
     if matches:
       return " Did you mean " + " or ".join(f"--config.{m}" for m in matches) + "?"
   return ""
-
-
-def _flat_keys(tree: dict, prefix: str = "") -> list[str]:
-  keys = []
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      keys += _flat_keys(value, f"{prefix}{key}.")
-    else:
-      keys.append(f"{prefix}{key}")
-  return keys
 
 
 def config_from_flag(holder):

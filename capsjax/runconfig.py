@@ -28,11 +28,12 @@ _DEFAULTS = {"dataset": "mnist", "model.name": "capsnet", "train.stop_at_accurac
              "model.primary.output_scale": 1.0}
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
+def flatten(tree: dict, prefix: str = "") -> dict:
+  """A nested dict as ``{"dotted.key": value}``."""
   flat = {}
   for key, value in tree.items():
     if isinstance(value, dict):
-      flat.update(_flatten(value, f"{prefix}{key}."))
+      flat.update(flatten(value, f"{prefix}{key}."))
     else:
       flat[f"{prefix}{key}"] = value
   return flat
@@ -42,7 +43,7 @@ def config_changes(before: dict, after: dict) -> list[str]:
   """``"key: old -> new"`` for each setting (dotted key) that differs between two resolved
   configs as JSON dicts, leaving out :data:`RESUME_NEUTRAL_KEYS` and the keys under them, and
   keys added since ``before`` was written whose value reproduces it."""
-  before, after = _flatten(before), _flatten(after)
+  before, after = flatten(before), flatten(after)
   changes = []
   for key in sorted(before.keys() | after.keys()):
     if any(key == k or key.startswith(k + ".") for k in RESUME_NEUTRAL_KEYS):
