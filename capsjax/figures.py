@@ -110,24 +110,47 @@ def training_curves(records: list[dict]):
   return fig
 
 
+# Axis labels of the diagnostics the routers in capsjax.routing supply; others by their name.
+DIAGNOSTIC_LABELS = {
+    "coupling_entropy": "mean entropy of c_i (nats)",
+    "coupling_max": "mean largest c_ij",
+    "logit_change": "mean |b^r - b^(r-1)|",
+    "preactivation_norm": "mean |s_j|",
+    "agreement": "mean agreement",
+    "pose_change": "mean |p^r - p^(r-1)|",
+    "parent_activation_max": "mean largest parent activation",
+}
+
+
+def routing_diagnostic_names(record: dict) -> list[str]:
+  """The per-iteration routing diagnostics of a metrics record: its list-valued entries
+  (one value per routing iteration), in the record's order."""
+  return [k for k, v in record.items() if isinstance(v, list) and v
+          and all(isinstance(x, (int, float)) for x in v)]
+
+
 def save_routing_diagnostics(path: str, records: list[dict]) -> None:
-  """Per routing iteration: mean coupling entropy and mean |logit change| (cf. Fig. A.1),
-  from the last evaluation record that has them."""
-  rows = [r for r in records if "coupling_entropy" in r]
+  """One panel per routing diagnostic the router supplied (cf. Fig. A.1), over its
+  iterations, from the last evaluation record that has any; nothing if none has."""
+  rows = [r for r in records if routing_diagnostic_names(r)]
   if not rows:
     return
   last = rows[-1]
-  iters = np.arange(1, len(last["coupling_entropy"]) + 1)
-  fig, (ax_e, ax_c) = plt.subplots(1, 2, figsize=(10, 3.8))
-  ax_e.plot(iters, last["coupling_entropy"], "o-")
-  ax_e.set(xlabel="routing iteration", ylabel="mean entropy of c_i (nats)",
-           title="coupling entropy")
-  ax_c.plot(iters[1:], last["logit_change"][1:], "o-")
-  ax_c.set(xlabel="routing iteration", ylabel="mean |b^r - b^(r-1)|", title="logit change")
-  for ax in (ax_e, ax_c):
+  names = routing_diagnostic_names(last)
+  cols = min(len(names), 3)
+  nrows = -(-len(names) // cols)
+  fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
+  for ax, name in zip(axes.ravel(), names):
+    values = last[name]
+    iters = np.arange(1, len(values) + 1)
+    ax.plot(iters, values, "o-")
+    ax.set(xlabel="routing iteration", ylabel=DIAGNOSTIC_LABELS.get(name, name), title=name)
     ax.set_xticks(iters)
     ax.grid(alpha=0.3)
+  for ax in axes.ravel()[len(names):]:
+    ax.axis("off")
   fig.suptitle(f"routing diagnostics, {last['kind']} set at step {last['step']}")
+  fig.tight_layout()
   save(fig, path)
 
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from capsjax import routing
+from capsjax import routing as routing_lib
 from capsjax.errors import UsageError
 
 CONV_IMPLS = ("auto", "native", "polyphase", "im2col")
@@ -175,43 +175,77 @@ class PrimaryCapsules(nnx.Module):
       bias = self.conv.bias[...]
       x = (x - bias) * self.output_scale + bias
     capsules = x.reshape(x.shape[0], -1, self.dim)
-    return routing.squash(capsules, epsilon=self.squash_epsilon)
+    return routing_lib.squash(capsules, epsilon=self.squash_epsilon)
 
 
 class ClassCapsules(nnx.Module):
-  """Fully connected capsule layer ("DigitCaps"): votes by W_ij, then routing.
+  """Fully connected capsule layer ("DigitCaps"): votes by W_ij, then a router.
 
   W has one ``(out_dim, in_dim)`` matrix per (child i, parent j) pair; the votes
   u_hat_{j|i} = W_ij u_i (paper, Eq. 2) are formed by one einsum, without
-  tiling W over the batch.
+  tiling W over the batch. The router (:mod:`capsjax.routing`) turns them into parents;
+  its own learned parameters, if it declares any, are created here (``router_params``).
+
+  ``routing``: ``{"name": ..., **settings}`` with every setting of that router filled in
+  (:func:`capsjax.routing.resolve`); None: dynamic routing with the keyword switches below.
   """
 
   def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, *,
                init_scale: float = 0.1, use_bias: bool = False, bias_init: float = 0.1,
                routing_iterations: int = 3, softmax_axis: str = "output",
                stop_gradient: bool = False, leaky: bool = False,
-               squash_epsilon: float = 0.0, rngs: nnx.Rngs):
+               squash_epsilon: float = 0.0, routing: dict | None = None, rngs: nnx.Rngs):
+    if routing is None:
+      routing = {"name": "dynamic", "iterations": routing_iterations,
+                 "softmax_axis": softmax_axis, "stop_gradient": stop_gradient, "leaky": leaky,
+                 "squash_epsilon": squash_epsilon}
+    routing = dict(routing)
+    router = routing_lib.get(routing.pop("name"))
+    # Hashable statics (a name and settings as sorted pairs) for NNX's graph definition.
+    self.router_name = router.name
+    self.routing_items = tuple(sorted(routing.items()))
+    if use_bias and not router.uses_parent_bias:
+      raise UsageError(f"config.model.class_capsules.use_bias adds a bias to s_j, which router "
+                       f"{router.name!r} does not form; leave it False.")
     init = nnx.initializers.truncated_normal(stddev=init_scale)
     self.weights = nnx.Param(init(rngs.params(), (in_caps, out_caps, out_dim, in_dim)))
     self.bias = nnx.data(
         nnx.Param(jnp.full((out_caps, out_dim), bias_init)) if use_bias else None)
-    self.routing_iterations = routing_iterations
-    self.softmax_axis = softmax_axis
-    self.stop_gradient = stop_gradient
-    self.leaky = leaky
-    self.squash_epsilon = squash_epsilon
+    specs = router.parameters(in_caps, in_dim, out_caps, out_dim, routing)
+    # None without parameters: the parameter tree (and checkpoints) of dynamic routing stay
+    # as they were before routers had parameters.
+    self.router_params = nnx.data(nnx.Dict(
+        {name: nnx.Param(spec.create(rngs.params())) for name, spec in specs.items()})
+        if specs else None)
+
+  @property
+  def router(self) -> routing_lib.Router:
+    return routing_lib.get(self.router_name)
+
+  @property
+  def routing_settings(self) -> dict:
+    return dict(self.routing_items)
 
   def votes(self, capsules: jax.Array) -> jax.Array:
     """``(batch, in_caps, in_dim)`` -> ``(batch, in_caps, out_caps, out_dim)``."""
-    return routing.capsule_votes(capsules, self.weights[...])
+    return routing_lib.capsule_votes(capsules, self.weights[...])
 
-  def __call__(self, capsules: jax.Array, return_trace: bool = False):
-    """``(batch, in_caps, in_dim)`` -> ``(batch, out_caps, out_dim)`` [, trace]."""
-    return routing.dynamic_routing(
-        self.votes(capsules), self.routing_iterations,
-        softmax_axis=self.softmax_axis, stop_gradient=self.stop_gradient,
-        leaky=self.leaky, bias=None if self.bias is None else self.bias[...],
-        squash_epsilon=self.squash_epsilon, return_trace=return_trace)
+  def route(self, capsules: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
+            diagnostics: bool = False) -> routing_lib.RoutingResult:
+    """``(batch, in_caps, in_dim)`` -> :class:`capsjax.routing.RoutingResult` (parents
+    ``(batch, out_caps, out_dim)``, their activations or None, diagnostics)."""
+    params = {} if self.router_params is None else {
+        name: p[...] for name, p in self.router_params.items()}
+    if self.bias is not None:
+      params["bias"] = self.bias[...]
+    return self.router.route(
+        self.votes(capsules), inputs=capsules, activations=routing_lib.safe_norm(capsules),
+        params=params, rng=rng, settings=self.routing_settings, train=train,
+        diagnostics=diagnostics)
+
+  def __call__(self, capsules: jax.Array) -> jax.Array:
+    """``(batch, in_caps, in_dim)`` -> parents ``(batch, out_caps, out_dim)`` (evaluation)."""
+    return self.route(capsules).capsules
 
 
 class Decoder(nnx.Module):

@@ -35,6 +35,7 @@ from typing import Any
 
 import ml_collections
 import optax
+from ml_collections import config_dict
 
 from capsjax.errors import UsageError
 
@@ -60,13 +61,22 @@ EPOCH_TWINS = {"decay_epochs": "decay_steps", "warmup_epochs": "warmup_steps",
                "boundary_epochs": "boundaries"}
 
 
+# The types of the settings whose default is None (the others' types are their defaults').
+_TYPES = {"decay_epochs": float, "boundaries": tuple, "boundary_epochs": tuple,
+          "scales": tuple}
+
+
 def config_keys() -> dict[str, Any]:
-  """Every key ``config.optimizer`` may hold, with None for those of one optimiser or schedule
-  (what a config file writes; ``configs/mnist.py`` does)."""
+  """Every key ``config.optimizer`` may hold, unset for those of one optimiser or schedule
+  (what a config file writes; ``configs/mnist.py`` does). Unset keys are typed placeholders,
+  so that the command line can set them (``--config.optimizer.decay_steps=500``)."""
   keys = {"name": "adam", "learning_rate": 1e-3, "schedule": "exponential", "warmup_steps": 0,
-          "warmup_epochs": None, "weight_decay": None, "clip_norm": 0.0}
+          "warmup_epochs": config_dict.placeholder(float),
+          "weight_decay": config_dict.placeholder(float), "clip_norm": 0.0}
   for table in (*OPTIMIZERS.values(), *SCHEDULES.values()):
-    keys.update({k: None for k in table})
+    for key, default in table.items():
+      kind = type(default) if default is not None else _TYPES.get(key, float)
+      keys.setdefault(key, config_dict.placeholder(kind))
   return keys
 
 

@@ -25,7 +25,11 @@ RESUME_NEUTRAL_KEYS = ("train.num_steps", "train.num_epochs", "train.log_every_s
 # Keys added after the first workdirs were written, with the value that reproduces them.
 _DEFAULTS = {"dataset": "mnist", "model.name": "capsnet", "train.stop_at_accuracy": None,
              "data.pad": 0, "optimizer.name": "adam", "optimizer.schedule": "exponential",
-             "model.primary.output_scale": 1.0}
+             "model.primary.output_scale": 1.0, "model.routing.name": "dynamic",
+             "model.class_capsules.scores": "auto",
+             # The settings of routers other than dynamic, unset in a dynamic run.
+             **{f"model.routing.{key}": None for key in (
+                 "logit_scale", "eval_seed", "agreement_scale", "layer_norm_epsilon")}}
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -42,8 +46,9 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 def config_changes(before: dict, after: dict) -> list[str]:
   """``"key: old -> new"`` for each setting (dotted key) that differs between two resolved
   configs as JSON dicts, leaving out :data:`RESUME_NEUTRAL_KEYS` and the keys under them, and
-  keys added since ``before`` was written whose value reproduces it."""
-  before, after = flatten(before), flatten(after)
+  keys added since ``before`` was written whose value reproduces it. Optimiser and router
+  settings are compared resolved (:func:`comparable`)."""
+  before, after = flatten(comparable(before)), flatten(comparable(after))
   changes = []
   for key in sorted(before.keys() | after.keys()):
     if any(key == k or key.startswith(k + ".") for k in RESUME_NEUTRAL_KEYS):
@@ -70,9 +75,9 @@ def read_raw(workdir: str) -> dict | None:
 
 
 def comparable(raw: dict) -> dict:
-  """A config as JSON with its optimiser settings resolved (defaults filled in), so that an
-  unset setting and its default are the same setting."""
-  from capsjax import optimizers
+  """A config as JSON with its optimiser and router settings resolved (defaults filled in),
+  so that an unset setting and its default are the same setting."""
+  from capsjax import optimizers, routing
 
   raw = json.loads(json.dumps(raw))
   if isinstance(raw.get("optimizer"), dict):
@@ -80,6 +85,13 @@ def comparable(raw: dict) -> dict:
       raw["optimizer"] = optimizers.resolve(ml_collections.ConfigDict(raw["optimizer"]))
     except UsageError:
       pass  # Compared as written.
+  section = raw.get("model", {}).get("routing")
+  if isinstance(section, dict):
+    try:
+      router, settings = routing.resolve(section)
+      section.update({"name": router.name, **settings})
+    except UsageError:
+      pass
   return raw
 
 
@@ -90,7 +102,7 @@ def record(workdir: str, config, resumed_step: int | None, log=print) -> None:
   resolved = config.to_json_best_effort(indent=2)
   earlier_config = read_raw(workdir) if resumed_step is not None else None
   if earlier_config is not None:
-    changes = config_changes(comparable(earlier_config), comparable(json.loads(resolved)))
+    changes = config_changes(earlier_config, json.loads(resolved))
     if changes:
       kept = os.path.join(workdir, f"config.before_step_{resumed_step}.json")
       files.write_json(kept, earlier_config)
@@ -170,8 +182,7 @@ def check_same_model(runtime, workdir: str) -> None:
   if (jax.tree.structure(before) == jax.tree.structure(now)
       and shapes(before) == shapes(now)):
     return
-  changes = config_changes(comparable(earlier_raw),
-                           comparable(json.loads(runtime.config.to_json_best_effort())))
+  changes = config_changes(earlier_raw, json.loads(runtime.config.to_json_best_effort()))
   raise UsageError(
       f"{workdir} holds a run of another model: its checkpoints do not fit this config's "
       f"parameters or optimiser state. Settings that differ from its config.json: "

@@ -13,7 +13,7 @@ Variants (the string after ':'):
 import ml_collections
 from ml_collections import config_dict
 
-from capsjax import optimizers
+from capsjax import optimizers, routing
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
@@ -55,14 +55,22 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
       init_scale=0.1,    # W_ij ~ normal(0, 0.1) cut at 2 std (official code; paper silent).
       use_bias=False,    # A bias on s_j (official code has one, the paper not).
       bias_init=0.1,
+      # Class scores: "auto" = the router's parent activations where it computes them
+      # (self_routing), else the capsule lengths (paper); or "lengths" / "activations".
+      scores="auto",
   ))
-  c.model.routing = ml_collections.ConfigDict(dict(
-      iterations=3,
-      softmax_axis="output",  # "output": over parents j (paper); "input": over children i.
-      stop_gradient=False,    # Stop gradients through intermediate iterations.
-      leaky=False,            # Leaky routing (extra zero logit), as in the official code.
-      squash_epsilon=0.0,     # Eq. 1 exactly; public code often uses 1e-7..1e-9.
-  ))
+  # The router (capsjax/routing) and its settings. Each setting is unset here and takes the
+  # chosen router's default, which is its paper's (the run's config.json records the values in
+  # effect), so --config.model.routing.name=uniform alone switches router. Dynamic routing's
+  # (paper, Procedure 1):
+  #   iterations=3          r; inverted_dot_product: 2, its first pass uniform.
+  #   softmax_axis="output" over parents j (paper); "input": over children i.
+  #   stop_gradient=False   True: no gradient through the intermediate iterations.
+  #   leaky=False           True: the official code's extra zero logit (leaky routing).
+  #   squash_epsilon=0.0    Eq. 1 exactly; public code often uses 1e-7..1e-9.
+  # Routers: dynamic | uniform | random | self_attention | inverted_dot_product | self_routing.
+  c.model.routing = ml_collections.ConfigDict(routing.config_keys())
+  c.model.routing.name = "dynamic"
   # Decoder init: LeCun, biases 0 (Flax's default); the official code's 0.1 / 0.1 measured
   # the same after one epoch (experiments/README.md).
   c.model.decoder = ml_collections.ConfigDict(

@@ -105,6 +105,18 @@ def write_idx_dataset(directory, num_train=512, num_test=128, gz=True, seed=0):
   return directory
 
 
+def parse_config_flags(*args, config="configs/mnist.py"):
+  """The config as ``python -m capsjax.main --config=CONFIG ARGS`` parses it (in process)."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  argv = ["prog", f"--config={REPO / config}", *args]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
+  values(argv)
+  return values.config
+
+
 # --- Running `python -m capsjax.main` and reading its workdir. ---
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -11,6 +11,7 @@ import pytest
 import mnist
 from capsjax import optimizers
 from capsjax.errors import UsageError
+from helpers import parse_config_flags
 
 
 def config(**settings):
@@ -120,3 +121,12 @@ def test_an_unknown_key_is_refused():
   c = ml_collections.ConfigDict({**optimizers.config_keys(), "beta1": 0.9})
   with pytest.raises(UsageError, match="optimizer.beta1 is not an optimiser setting"):
     optimizers.resolve(c)
+
+
+def test_unset_settings_can_be_set_from_the_command_line():
+  config = parse_config_flags("--config.optimizer.decay_steps=500",
+                              "--config.optimizer.name=sgd", "--config.optimizer.nesterov=True",
+                              "--config.optimizer.weight_decay=1e-4")
+  settings = optimizers.resolve(config.optimizer)
+  assert (settings["decay_steps"], settings["nesterov"], settings["weight_decay"]) == (
+      500, True, 1e-4)

@@ -21,9 +21,13 @@ def test_config_changes_name_what_a_resume_changes_and_skip_run_length():
       "model.decoder.hidden: [512, 1024] -> [16, 32]",
       "model.routing.iterations: 3 -> 1",
       "optimizer.learning_rate: 0.001 -> 0.002"]
-  del before["model"]["routing"]["leaky"]
-  assert "model.routing.leaky: '(unset)' -> False" in runconfig.config_changes(
+  del before["model"]["conv1"]["bias_init"]
+  assert "model.conv1.bias_init: '(unset)' -> 0.0" in runconfig.config_changes(
       before, json.loads(after.to_json_best_effort()))
+  # An unset router setting is its default: the same setting.
+  before["model"]["routing"]["leaky"] = False
+  assert not [c for c in runconfig.config_changes(before, json.loads(
+      after.to_json_best_effort())) if "leaky" in c]
   # A key added since, at the value that reproduces the earlier run, is no change ...
   del before["model"]["primary"]["output_scale"]
   changes = runconfig.config_changes(before, json.loads(after.to_json_best_effort()))

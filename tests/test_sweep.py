@@ -48,7 +48,7 @@ def test_apply_overrides_sets_values_and_rejects_unknown_keys():
   base = mnist.get_config("smoke")
   config = sweep.apply_overrides(base, {"model.routing.iterations": 5}, seed=7)
   assert config.model.routing.iterations == 5 and config.seed == 7
-  assert base.model.routing.iterations == 3  # The base is not modified.
+  assert base.model.routing.iterations is None  # The base is not modified (unset: default).
   with pytest.raises(UsageError, match="model.routing.iteratons"):
     sweep.apply_overrides(base, {"model.routing.iteratons": 5}, seed=0)
 

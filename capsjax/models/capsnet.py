@@ -39,44 +39,53 @@ class CapsNetOutput(NamedTuple):
 
   Attributes:
     class_capsules: v_j, ``(batch, num_classes, capsule_dim)``.
-    lengths: ``|v_j|`` in [0, 1), the class probabilities, ``(batch, num_classes)``.
-    predictions: argmax of ``lengths``, ``(batch,)``; with several labels per example, the
-      classes of the longest capsules, ``(batch, n)``.
+    lengths: ``|v_j|``, ``(batch, num_classes)``; in [0, 1) for squashing routers.
+    predictions: argmax of ``scores``, ``(batch,)``; with several labels per example, the
+      classes of the highest scores, ``(batch, n)``.
     reconstructions: ``(batch, h, w, c)``, or ``(batch, n, h, w, c)`` (one per digit), or
       None without a decoder; masked by the labels in training, by the predictions otherwise.
-    trace: a :class:`capsjax.routing.RoutingTrace` if asked for, else None.
+    diagnostics: the router's per-example, per-iteration measurements ``{name: (batch,
+      iterations)}`` if asked for, else None.
     label_reconstructions: with several labels, the reconstructions masked by the labels
       (the training objective's, also at evaluation); else None.
+    class_scores: the class probabilities the margin loss and the predictions use: the
+      lengths, or the router's parent activations (``model.class_capsules.scores``).
   """
   class_capsules: jax.Array
   lengths: jax.Array
   predictions: jax.Array
   reconstructions: jax.Array | None
-  trace: routing.RoutingTrace | None
+  diagnostics: dict | None
   label_reconstructions: jax.Array | None = None
+  class_scores: jax.Array | None = None
 
   @property
   def scores(self) -> jax.Array:
-    """Class scores for evaluators and ensembles: the capsule lengths."""
-    return self.lengths
+    """Class scores for the loss, evaluators and ensembles."""
+    return self.lengths if self.class_scores is None else self.class_scores
+
+
+SCORES = ("auto", "lengths", "activations")
 
 
 def validate_model_config(config: ml_collections.ConfigDict) -> None:
-  """Raises UsageError (a ValueError) naming the config key for settings that cannot work."""
-  r = config.routing
+  """Raises UsageError (a ValueError) naming the config key for settings that cannot work;
+  fills ``config.routing`` with the chosen router's settings (:func:`capsjax.routing.fill`)."""
+  router, _ = routing.fill(config.routing)
   scale = config.primary.get("output_scale", 1.0)
   if not isinstance(scale, (int, float)) or not scale > 0:
     raise UsageError(f"config.model.primary.output_scale must be a number > 0 (1: the paper, "
                      f"1/32: the official code), got {scale!r}.")
-  if not isinstance(r.iterations, int) or r.iterations < 1:
-    raise UsageError(f"config.model.routing.iterations must be an integer >= 1, "
-                     f"got {r.iterations!r}.")
-  if r.softmax_axis not in routing.SOFTMAX_AXES:
-    raise UsageError(f"config.model.routing.softmax_axis must be one of "
-                     f"{routing.SOFTMAX_AXES}, got {r.softmax_axis!r}.")
-  if r.squash_epsilon < 0:
-    raise UsageError(f"config.model.routing.squash_epsilon must be >= 0, "
-                     f"got {r.squash_epsilon!r}.")
+  scores = config.class_capsules.get("scores", "auto")
+  if scores not in SCORES:
+    raise UsageError(f"config.model.class_capsules.scores must be one of {SCORES}, "
+                     f"got {scores!r}.")
+  if scores == "activations" and not router.yields_activations:
+    raise UsageError(f"config.model.class_capsules.scores='activations' but router "
+                     f"{router.name!r} computes no parent activations; use 'lengths' or 'auto'.")
+  if config.class_capsules.use_bias and not router.uses_parent_bias:
+    raise UsageError(f"config.model.class_capsules.use_bias adds a bias to s_j, which router "
+                     f"{router.name!r} does not form; leave it False.")
   layers.check_compute_settings(config)
   h, w, _ = config.image_shape
   padding = config.get("padding", "VALID")
@@ -116,6 +125,7 @@ class CapsNet(nnx.Module):
     dtype = layers.COMPUTE_DTYPES[config.compute_dtype]
     padding = config.get("padding", "VALID")  # .get: configs from before the switch.
     channels = config.image_shape[2]
+    router, settings = routing.resolve(config.routing)
     self.conv1 = layers.Conv2D(channels, config.conv1.features, config.conv1.kernel_size,
                                config.conv1.stride, impl=config.conv_impl,
                                compute_dtype=dtype, init_scale=config.conv1.init_scale,
@@ -123,21 +133,18 @@ class CapsNet(nnx.Module):
     self.primary_capsules = layers.PrimaryCapsules(
         config.conv1.features, config.primary.num_types, config.primary.dim,
         config.primary.kernel_size, config.primary.stride,
-        squash_epsilon=config.routing.squash_epsilon, impl=config.conv_impl,
+        squash_epsilon=settings.get("squash_epsilon", 0.0), impl=config.conv_impl,
         compute_dtype=dtype, init_scale=config.primary.init_scale,
         bias_init=config.primary.bias_init, padding=padding,
         output_scale=config.primary.get("output_scale", 1.0), rngs=rngs)  # .get: old configs.
     grid_h, grid_w = primary_grid(config)
-    r = config.routing
     self.class_capsules = layers.ClassCapsules(
         grid_h * grid_w * config.primary.num_types, config.primary.dim,
         config.num_classes, config.class_capsules.dim,
         init_scale=config.class_capsules.init_scale,
         use_bias=config.class_capsules.use_bias,
         bias_init=config.class_capsules.bias_init,
-        routing_iterations=r.iterations, softmax_axis=r.softmax_axis,
-        stop_gradient=r.stop_gradient, leaky=r.leaky,
-        squash_epsilon=r.squash_epsilon, rngs=rngs)
+        routing={"name": router.name, **settings}, rngs=rngs)
     # .get: config.json of workdirs written before the decoder init keys existed.
     self.decoder = nnx.data(layers.Decoder(
         config.num_classes, config.class_capsules.dim, config.decoder.hidden,
@@ -146,7 +153,9 @@ class CapsNet(nnx.Module):
         bias_init=config.decoder.get("bias_init", 0.0), rngs=rngs)
         if config.decoder.enabled else None)
     self.num_classes = config.num_classes
-    self.softmax_axis = r.softmax_axis
+    scores = config.class_capsules.get("scores", "auto")  # .get: configs before the switch.
+    self.scores_are_activations = router.yields_activations and scores != "lengths"
+    self.measures_saturation = router.squashes and not self.scores_are_activations
     self.loss_settings = loss or LossSettings()
 
   @classmethod
@@ -161,8 +170,8 @@ class CapsNet(nnx.Module):
                          "optimizer.learning_rate")
 
   def __call__(self, images: jax.Array, labels: jax.Array | None = None, *,
-               train: bool = False, return_trace: bool = False,
-               labels_per_example: int = 1) -> CapsNetOutput:
+               train: bool = False, diagnostics: bool = False,
+               labels_per_example: int = 1, rng: jax.Array | None = None) -> CapsNetOutput:
     """Classifies and reconstructs.
 
     Args:
@@ -171,15 +180,18 @@ class CapsNet(nnx.Module):
         required when ``train``.
       train: mask the decoder input by the labels (training, paper Sec. 4.1);
         otherwise by the predicted classes (evaluation).
-      return_trace: also return the routing trace.
+      diagnostics: also return the router's per-iteration measurements.
       labels_per_example: how many classes to predict (and reconstruct) per image.
+      rng: the key of routers that draw in training (``random``).
     """
     features = jax.nn.relu(self.conv1(images))
     primary = self.primary_capsules(features)
-    result = self.class_capsules(primary, return_trace=return_trace)
-    class_capsules, trace = result if return_trace else (result, None)
+    routed = self.class_capsules.route(primary, train=train, rng=rng, diagnostics=diagnostics)
+    class_capsules = routed.capsules
     lengths = routing.safe_norm(class_capsules, axis=-1)
-    predictions = metrics.predictions(lengths, labels_per_example)
+    class_scores = routed.activations if self.scores_are_activations else None
+    predictions = metrics.predictions(lengths if class_scores is None else class_scores,
+                                      labels_per_example)
     reconstructions = label_reconstructions = None
     if self.decoder is not None:
       if train and labels is None:
@@ -188,8 +200,9 @@ class CapsNet(nnx.Module):
       if labels_per_example > 1 and labels is not None:  # Sec. 6: each digit its own target.
         label_reconstructions = (reconstructions if train
                                  else self.decode(class_capsules, labels))
-    return CapsNetOutput(class_capsules, lengths, predictions, reconstructions, trace,
-                         label_reconstructions)
+    return CapsNetOutput(class_capsules, lengths, predictions, reconstructions,
+                         routed.diagnostics if diagnostics else None, label_reconstructions,
+                         class_scores)
 
   def decode(self, class_capsules: jax.Array, class_ids: jax.Array) -> jax.Array:
     """Decodes given capsule vectors (e.g. perturbed ones, paper Fig. 4), the others masked.
@@ -210,12 +223,12 @@ class CapsNet(nnx.Module):
 
   def apply(self, batch: dict, *, train: bool, rng: jax.Array | None = None) -> CapsNetOutput:
     """Outputs for a batch; the decoder is masked by the labels in training, by the
-    prediction otherwise, and evaluation also traces routing."""
-    del rng  # CapsNet is deterministic.
+    prediction otherwise, and evaluation also measures routing. ``rng`` is used only by
+    routers that draw (``random``)."""
     labels = batch["labels"]
     return self(batch["images"], labels if train or labels.ndim == 2 else None, train=train,
-                return_trace=not train, labels_per_example=labels.shape[1] if labels.ndim == 2
-                else 1)
+                diagnostics=not train, labels_per_example=labels.shape[1] if labels.ndim == 2
+                else 1, rng=rng)
 
   def loss(self, outputs: CapsNetOutput, batch: dict) -> tuple[jax.Array, dict]:
     """Margin loss (Eq. 4) + weight x summed squared reconstruction error, per example.
@@ -224,7 +237,7 @@ class CapsNet(nnx.Module):
     reconstructed from the capsule of its label and compared with its own image; the sums
     are added."""
     s = self.loss_settings
-    margin = losses.margin_loss_per_example(outputs.lengths, batch["labels"], m_plus=s.m_plus,
+    margin = losses.margin_loss_per_example(outputs.scores, batch["labels"], m_plus=s.m_plus,
                                             m_minus=s.m_minus, lam=s.lam)
     if "digit_images" in batch:
       reconstructions, targets = outputs.label_reconstructions, batch["digit_images"]
@@ -238,14 +251,15 @@ class CapsNet(nnx.Module):
     return margin + recon, {"margin_loss": margin, "reconstruction_loss": recon}
 
   def metrics(self, outputs: CapsNetOutput, batch: dict) -> dict:
-    """Per example: ``accuracy`` (0/1; with several labels, the longest capsules are exactly
-    the labels, and ``at_least_one``), the saturation of the class capsules
-    (``class_capsule_length``, ``saturated_fraction``: see
-    :func:`capsjax.metrics.capsule_saturation`) and, with a routing trace,
-    ``coupling_entropy``, ``logit_change`` and ``preactivation_norm`` per iteration,
-    ``(batch, iterations)``."""
-    result = metrics.label_sets_correct(outputs.lengths, batch["labels"])
-    result.update(metrics.capsule_saturation(outputs.lengths))
-    if outputs.trace is not None:
-      result.update(routing.routing_diagnostics_per_example(outputs.trace, self.softmax_axis))
+    """Per example: ``accuracy`` (0/1; with several labels, the highest scores are exactly
+    the labels, and ``at_least_one``); for routers that squash the class capsules, their
+    saturation (``class_capsule_length``, ``saturated_fraction``: see
+    :func:`capsjax.metrics.capsule_saturation`); and, when measured (evaluation), the router's
+    diagnostics under its names (dynamic routing: ``coupling_entropy``, ``coupling_max``,
+    ``logit_change``, ``preactivation_norm``), ``(batch, iterations)`` each."""
+    result = metrics.label_sets_correct(outputs.scores, batch["labels"])
+    if self.measures_saturation:
+      result.update(metrics.capsule_saturation(outputs.lengths))
+    if outputs.diagnostics:
+      result.update(outputs.diagnostics)
     return result

@@ -1,8 +1,7 @@
-"""Dynamic routing between capsules as pure JAX functions (no Flax).
+"""Dynamic routing (router ``"dynamic"``): Procedure 1 of Sabour, Frosst & Hinton (2017).
 
-Implements Procedure 1 of Sabour, Frosst & Hinton (2017), "Dynamic Routing
-Between Capsules", together with the switches on which public
-implementations disagree. Every switch defaults to the paper's behaviour.
+Implements "Dynamic Routing Between Capsules", Procedure 1, together with the switches on
+which public implementations disagree. Every switch defaults to the paper's behaviour.
 
 Shapes used throughout:
 
@@ -23,87 +22,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from capsjax.errors import UsageError
+from capsjax.routing.core import (Router, RoutingResult, check_iterations, coupling_statistics,
+                                  safe_norm, squash)
+
 SOFTMAX_AXES = ("output", "input")
-
-
-def safe_norm(x: jax.Array, axis: int = -1, epsilon: float = 0.0,
-              keepdims: bool = False) -> jax.Array:
-  """Euclidean norm ``sqrt(sum(x**2) + epsilon)`` with a finite gradient at 0.
-
-  ``jnp.linalg.norm`` has a NaN gradient at the zero vector (0/0). Here the
-  square root only ever sees positive numbers, and the zero vector gets norm
-  ``sqrt(epsilon)`` and gradient 0 (the subgradient of minimum norm).
-
-  Args:
-    x: any array.
-    axis: the vector axis.
-    epsilon: added under the square root; 0 gives the exact norm.
-    keepdims: keep the reduced axis with size 1.
-
-  Returns:
-    The norms, ``x``'s shape without ``axis`` (or with size 1 there).
-  """
-  squared = jnp.sum(jnp.square(x), axis=axis, keepdims=keepdims) + epsilon
-  positive = squared > 0
-  return jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1.0)), 0.0)
-
-
-def squash(s: jax.Array, axis: int = -1, epsilon: float = 0.0) -> jax.Array:
-  """The squashing non-linearity, Eq. 1: ``v = |s|^2/(1+|s|^2) * s/|s|``.
-
-  Short vectors shrink to almost zero length and long vectors to a length
-  just below 1; the direction is kept.
-
-  Args:
-    s: capsule pre-activations, vectors along ``axis``.
-    axis: the capsule-vector axis.
-    epsilon: added under the square root of ``|s|`` in the denominator, as many
-      public implementations do (1e-7, 1e-8, 1e-9 are common). The paper's
-      Eq. 1 has none, which is the default 0; the gradient is finite at the
-      zero vector either way.
-
-  Returns:
-    ``v`` with the shape of ``s``; ``|v| < 1``.
-  """
-  squared = jnp.sum(jnp.square(s), axis=axis, keepdims=True)
-  norm = safe_norm(s, axis=axis, epsilon=epsilon, keepdims=True)
-  scale = squared / (1.0 + squared) / jnp.where(norm > 0, norm, 1.0)
-  return scale * s
-
-
-@jax.custom_vjp
-def capsule_votes(capsules: jax.Array, weights: jax.Array) -> jax.Array:
-  """Prediction vectors u_hat_{j|i} = W_ij u_i (paper, Eq. 2), W not tiled over the batch.
-
-  Args:
-    capsules: child capsules u_i, ``(batch, in_caps, in_dim)``.
-    weights: W_ij, ``(in_caps, out_caps, out_dim, in_dim)``.
-
-  Returns:
-    votes, ``(batch, in_caps, out_caps, out_dim)``.
-  """
-  return jnp.einsum("bik,ijdk->bijd", capsules, weights)
-
-
-def _capsule_votes_fwd(capsules, weights):
-  return capsule_votes(capsules, weights), (capsules, weights)
-
-
-def _capsule_votes_bwd(residuals, votes_grad):
-  # Both gradients are matmuls batched over children i. Written with the vote
-  # gradient child-major, (in_caps, batch, out_caps*out_dim), XLA:CPU transposes
-  # it once; from autodiff of the einsum it made two transposed copies (README,
-  # Performance, has the timings).
-  capsules, weights = residuals
-  in_caps, out_caps, out_dim, in_dim = weights.shape
-  grad = jnp.transpose(votes_grad, (1, 0, 2, 3)).reshape(in_caps, -1, out_caps * out_dim)
-  capsules_grad = jnp.einsum("ibe,iek->bik", grad,
-                             weights.reshape(in_caps, out_caps * out_dim, in_dim))
-  weights_grad = jnp.einsum("ibk,ibe->iek", jnp.transpose(capsules, (1, 0, 2)), grad)
-  return capsules_grad, weights_grad.reshape(weights.shape)
-
-
-capsule_votes.defvjp(_capsule_votes_fwd, _capsule_votes_bwd)
 
 
 def coupling_coefficients(logits: jax.Array, softmax_axis: str = "output",
@@ -284,16 +207,17 @@ def routing_diagnostics_per_example(trace: RoutingTrace,
     A dict of ``(batch, iterations)`` arrays:
       ``coupling_entropy``: mean entropy (nats) of each child's (or, for
         ``"input"``, each parent's) coupling distribution;
+      ``coupling_max``: the mean of the largest coefficient of each distribution;
       ``logit_change``: mean ``|b^r - b^(r-1)|``, 0 for the first iteration;
       ``preactivation_norm``: mean ``|s_j|`` over the parents (when the trace has it).
   """
-  axis = _softmax_axis_index(softmax_axis) + 1  # +1 for the iteration axis.
-  c = trace.coupling
-  entropy = -jnp.sum(jnp.where(c > 0, c * jnp.log(jnp.where(c > 0, c, 1.0)), 0.0), axis=axis)
+  axis = _softmax_axis_index(softmax_axis)
+  stats = jax.vmap(lambda c: coupling_statistics(c, axis))(trace.coupling)
   logits = trace.logits
   change = jnp.abs(jnp.concatenate([jnp.zeros_like(logits[:1]), jnp.diff(logits, axis=0)]))
   per_iteration = {
-      "coupling_entropy": jnp.mean(entropy.reshape(*entropy.shape[:2], -1), axis=2),
+      "coupling_entropy": stats["coupling_entropy"],
+      "coupling_max": stats["coupling_max"],
       "logit_change": jnp.mean(change.reshape(*change.shape[:2], -1), axis=2),
   }  # Each (iterations, batch).
   if trace.preactivation_norm is not None:
@@ -315,3 +239,48 @@ def routing_diagnostics(trace: RoutingTrace, softmax_axis: str = "output",
     weights = jnp.ones(trace.coupling.shape[1], trace.coupling.dtype)
   return {k: jnp.sum(v * weights[:, None], axis=0) / jnp.maximum(jnp.sum(weights), 1e-12)
           for k, v in per_example.items()}
+
+
+SETTINGS = {
+    "iterations": 3,            # r (paper: 3 for MNIST).
+    "softmax_axis": "output",   # Over parents j (paper); "input": over children i.
+    "stop_gradient": False,     # Paper: gradients flow through every iteration.
+    "leaky": False,             # The official code's extra zero logit; paper: none.
+    "squash_epsilon": 0.0,      # Eq. 1 exactly.
+}
+
+
+def check(settings: dict) -> None:
+  """UsageError naming the setting for values Procedure 1 cannot run with."""
+  check_iterations(settings["iterations"])
+  if settings["softmax_axis"] not in SOFTMAX_AXES:
+    raise UsageError(f"config.model.routing.softmax_axis must be one of {SOFTMAX_AXES}, "
+                     f"got {settings['softmax_axis']!r}.")
+  if not settings["squash_epsilon"] >= 0:
+    raise UsageError(f"config.model.routing.squash_epsilon must be >= 0, "
+                     f"got {settings['squash_epsilon']!r}.")
+
+
+def route(votes, *, inputs=None, activations=None, params=None, rng=None, settings,
+          train=False, diagnostics=False) -> RoutingResult:
+  """The router interface (:mod:`capsjax.routing`) over :func:`dynamic_routing`.
+
+  ``params["bias"]``, if present, is the bias on s_j (``model.class_capsules.use_bias``).
+  Diagnostics per iteration: ``coupling_entropy``, ``coupling_max``, ``logit_change`` and
+  ``preactivation_norm`` (mean |s_j|; long s_j saturate the squash).
+  """
+  del inputs, activations, rng, train  # Procedure 1 needs only the votes.
+  s = settings
+  result = dynamic_routing(votes, s["iterations"], softmax_axis=s["softmax_axis"],
+                           stop_gradient=s["stop_gradient"], leaky=s["leaky"],
+                           bias=(params or {}).get("bias"), squash_epsilon=s["squash_epsilon"],
+                           return_trace=diagnostics)
+  if not diagnostics:
+    return RoutingResult(result, None, {})
+  capsules, trace = result
+  return RoutingResult(capsules, None,
+                       routing_diagnostics_per_example(trace, s["softmax_axis"]))
+
+
+ROUTER = Router(name="dynamic", settings=SETTINGS, route=route, check=check,
+                uses_parent_bias=True)

@@ -1,0 +1,144 @@
+"""Routing algorithms behind one interface; ``config.model.routing.name`` picks one.
+
+Every router is a pure JAX function (no Flax), registered by name in :data:`ROUTERS`::
+
+    route(votes, *, inputs, activations, params, rng, settings, train, diagnostics)
+        -> RoutingResult(capsules, activations, diagnostics)
+
+* ``votes``: u_hat_{j|i} = W_ij u_i, ``(batch, in_caps, out_caps, out_dim)``
+  (:func:`capsule_votes`; W is the layer's, the same for every router).
+* ``inputs``: the child capsules u_i, ``(batch, in_caps, in_dim)``; ``activations``: theirs,
+  ``(batch, in_caps)`` (their lengths, for vector capsules). Most routers ignore both.
+* ``params``: the router's own learned parameters, ``{name: array}``, created by the layer
+  from the shapes the router declares (:class:`ParamSpec`); the bias on s_j
+  (``model.class_capsules.use_bias``) comes as ``params["bias"]`` for the routers that form
+  s_j as a weighted sum and squash it.
+* ``rng``: a key for routers that draw (``random``) in training; None at evaluation.
+* ``settings``: the router's settings, every one filled in (:func:`resolve`).
+* ``train``: training or evaluation; ``diagnostics``: also measure, per example and per
+  iteration, what the router can (coupling entropy and largest coefficient, logit or pose
+  change, agreement, |s_j|): ``{name: (batch, iterations)}``. Runs log them under these
+  names; the routing figure draws whatever a router supplies.
+* Returns the parents ``(batch, out_caps, out_dim)``, their activations ``(batch, out_caps)``
+  for routers that compute them (else None: the capsule lengths are the scores), and the
+  diagnostics (``{}`` unless asked for).
+
+The routers (each module's docstring has its paper's equations and every place where the
+reference code and the paper differ):
+
+================================  =========================================================
+``dynamic`` (default)             Procedure 1 of Sabour et al. 2017, with its switches.
+``uniform``                       c_ij = 1/out_caps, no iteration (the "no routing" control).
+``random``                        c_i = softmax of Gaussian logits (Paik et al. 2019's control).
+``self_attention``                Efficient-CapsNet (Mazzia et al. 2021), one pass.
+``inverted_dot_product``          Tsai et al. 2020, LayerNorm'd poses, no squash.
+``self_routing``                  Hahn et al. 2019, a learned routing matrix per child.
+================================  =========================================================
+
+Settings: ``config.model.routing`` holds ``name`` and every router's settings
+(:func:`config_keys`), unset (None) in the config files so that each takes the chosen
+router's default (the paper's value), as ``config.optimizer`` does; the run fills them in, so
+``config.json`` shows what ran. A setting that is misspelled, or set for a router that does
+not have it, is refused naming it and the router's settings. So
+``--config.model.routing.name=uniform`` alone switches router, and
+``--config.model.routing.iterations=1`` keeps its meaning.
+
+To add a router: a module with ``ROUTER = Router(...)`` (:class:`Router`) and one line in
+:data:`ROUTERS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+from ml_collections import config_dict
+
+from capsjax.errors import UsageError
+from capsjax.registry import Registry
+from capsjax.routing.core import (ParamSpec, Router, RoutingResult, capsule_votes,
+                                  coupling_statistics, exp_squash, safe_norm, squash)
+from capsjax.routing.dynamic import (SOFTMAX_AXES, RoutingTrace, coupling_coefficients,
+                                     dynamic_routing, routing_diagnostics,
+                                     routing_diagnostics_per_example)
+
+# name -> "module:ROUTER": one line per router.
+ROUTERS = Registry("router", "config.model.routing.name", {
+    "dynamic": "capsjax.routing.dynamic:ROUTER",
+    "uniform": "capsjax.routing.uniform:ROUTER",
+    "random": "capsjax.routing.random_coupling:ROUTER",
+    "self_attention": "capsjax.routing.self_attention:ROUTER",
+    "inverted_dot_product": "capsjax.routing.inverted_dot_product:ROUTER",
+    "self_routing": "capsjax.routing.self_routing:ROUTER",
+})
+DEFAULT = "dynamic"
+
+
+def get(name: str) -> Router:
+  """The router registered as ``name``; UsageError naming the choices if none."""
+  return ROUTERS.get(name)
+
+
+def all_settings() -> dict[str, list[str]]:
+  """Every setting any router has -> the routers that have it."""
+  table: dict[str, list[str]] = {}
+  for name in ROUTERS.names():
+    for key in get(name).settings:
+      table.setdefault(key, []).append(name)
+  return table
+
+
+def config_keys() -> dict[str, Any]:
+  """What ``config.model.routing`` holds in a config file: ``name`` and every router's
+  settings, unset (the chosen router's default). Unset keys are placeholders typed by their
+  defaults, so that the command line can set them."""
+  keys: dict[str, Any] = {"name": DEFAULT}
+  for key, routers in all_settings().items():
+    keys[key] = config_dict.placeholder(type(get(routers[0]).settings[key]))
+  return keys
+
+
+def resolve(config) -> tuple[Router, dict[str, Any]]:
+  """The router of ``config`` (``config.model.routing``, a ConfigDict or dict) and its
+  settings with the defaults filled in.
+
+  Raises UsageError naming the key for an unknown router, a misspelled setting, a setting the
+  chosen router does not have (set, i.e. not None), and values the router cannot use. Configs
+  written before ``name`` existed are dynamic routing.
+  """
+  given = {k: config[k] for k in config}
+  name = given.pop("name", None) or DEFAULT
+  router = get(name)
+  known = all_settings()
+  own = sorted(router.settings) or "none"
+  for key, value in given.items():
+    if key not in known:
+      raise UsageError(f"config.model.routing.{key} is not a routing setting; router {name!r} "
+                       f"has {own} (every router's: {sorted(known)}).")
+    if value is not None and key not in router.settings:
+      raise UsageError(f"config.model.routing.{key}={value!r} is not a setting of router "
+                       f"{name!r} (it is {', '.join(known[key])}'s); {name!r} has {own}. Leave "
+                       f"it unset.")
+  settings = {key: given[key] if given.get(key) is not None else default
+              for key, default in router.settings.items()}
+  router.check(settings)
+  return router, settings
+
+
+def fill(config: ml_collections.ConfigDict) -> tuple[Router, dict[str, Any]]:
+  """:func:`resolve`, and writes the settings in effect into ``config`` (``name`` too), so that
+  the run's ``config.json`` records them."""
+  router, settings = resolve(config)
+  with config.unlocked():
+    config.name = router.name
+    for key, value in settings.items():
+      config[key] = value
+  return router, settings
+
+
+__all__ = [
+    "DEFAULT", "ROUTERS", "SOFTMAX_AXES", "ParamSpec", "Router", "RoutingResult",
+    "RoutingTrace", "all_settings", "capsule_votes", "config_keys", "coupling_coefficients",
+    "coupling_statistics", "dynamic_routing", "exp_squash", "fill", "get", "resolve",
+    "routing_diagnostics", "routing_diagnostics_per_example", "safe_norm", "squash",
+]

@@ -1,0 +1,228 @@
+"""What every router shares: norms, the two squashes, the votes, the router interface.
+
+Pure JAX, no Flax. Shapes: votes ``(batch, in_caps, out_caps, out_dim)``, coupling
+``(batch, in_caps, out_caps)``, parent capsules ``(batch, out_caps, out_dim)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+def safe_norm(x: jax.Array, axis: int = -1, epsilon: float = 0.0,
+              keepdims: bool = False) -> jax.Array:
+  """Euclidean norm ``sqrt(sum(x**2) + epsilon)`` with a finite gradient at 0.
+
+  ``jnp.linalg.norm`` has a NaN gradient at the zero vector (0/0). Here the
+  square root only ever sees positive numbers, and the zero vector gets norm
+  ``sqrt(epsilon)`` and gradient 0 (the subgradient of minimum norm).
+
+  Args:
+    x: any array.
+    axis: the vector axis.
+    epsilon: added under the square root; 0 gives the exact norm.
+    keepdims: keep the reduced axis with size 1.
+
+  Returns:
+    The norms, ``x``'s shape without ``axis`` (or with size 1 there).
+  """
+  squared = jnp.sum(jnp.square(x), axis=axis, keepdims=keepdims) + epsilon
+  positive = squared > 0
+  return jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1.0)), 0.0)
+
+
+def squash(s: jax.Array, axis: int = -1, epsilon: float = 0.0) -> jax.Array:
+  """The squashing non-linearity, Eq. 1: ``v = |s|^2/(1+|s|^2) * s/|s|``.
+
+  Short vectors shrink to almost zero length and long vectors to a length
+  just below 1; the direction is kept.
+
+  Args:
+    s: capsule pre-activations, vectors along ``axis``.
+    axis: the capsule-vector axis.
+    epsilon: added under the square root of ``|s|`` in the denominator, as many
+      public implementations do (1e-7, 1e-8, 1e-9 are common). The paper's
+      Eq. 1 has none, which is the default 0; the gradient is finite at the
+      zero vector either way.
+
+  Returns:
+    ``v`` with the shape of ``s``; ``|v| < 1``.
+  """
+  squared = jnp.sum(jnp.square(s), axis=axis, keepdims=True)
+  norm = safe_norm(s, axis=axis, epsilon=epsilon, keepdims=True)
+  scale = squared / (1.0 + squared) / jnp.where(norm > 0, norm, 1.0)
+  return scale * s
+
+
+def exp_squash(s: jax.Array, axis: int = -1) -> jax.Array:
+  """Efficient-CapsNet's squash (Mazzia et al. 2021, Eq. 5): ``v = (1 - e^{-|s|}) s/|s|``.
+
+  Steeper near zero than Eq. 1. Written as ``-expm1(-|s|)/|s| * s``, whose factor tends to 1 at
+  the zero vector, so value and gradient are finite there without the reference code's fuzz
+  factor (``eps = 1e-20`` in ``(1 - 1/(e^{|s|} + eps)) s/(|s| + eps)``).
+
+  Returns:
+    ``v`` with the shape of ``s``; ``|v| < 1``.
+  """
+  norm = safe_norm(s, axis=axis, keepdims=True)
+  positive = norm > 0
+  safe = jnp.where(positive, norm, 1.0)
+  return jnp.where(positive, -jnp.expm1(-safe) / safe, 1.0) * s
+
+
+@jax.custom_vjp
+def capsule_votes(capsules: jax.Array, weights: jax.Array) -> jax.Array:
+  """Prediction vectors u_hat_{j|i} = W_ij u_i (paper, Eq. 2), W not tiled over the batch.
+
+  Args:
+    capsules: child capsules u_i, ``(batch, in_caps, in_dim)``.
+    weights: W_ij, ``(in_caps, out_caps, out_dim, in_dim)``.
+
+  Returns:
+    votes, ``(batch, in_caps, out_caps, out_dim)``.
+  """
+  return jnp.einsum("bik,ijdk->bijd", capsules, weights)
+
+
+def _capsule_votes_fwd(capsules, weights):
+  return capsule_votes(capsules, weights), (capsules, weights)
+
+
+def _capsule_votes_bwd(residuals, votes_grad):
+  # Both gradients are matmuls batched over children i. Written with the vote
+  # gradient child-major, (in_caps, batch, out_caps*out_dim), XLA:CPU transposes
+  # it once; from autodiff of the einsum it made two transposed copies
+  # (docs/performance.md has the timings).
+  capsules, weights = residuals
+  in_caps, out_caps, out_dim, in_dim = weights.shape
+  grad = jnp.transpose(votes_grad, (1, 0, 2, 3)).reshape(in_caps, -1, out_caps * out_dim)
+  capsules_grad = jnp.einsum("ibe,iek->bik", grad,
+                             weights.reshape(in_caps, out_caps * out_dim, in_dim))
+  weights_grad = jnp.einsum("ibk,ibe->iek", jnp.transpose(capsules, (1, 0, 2)), grad)
+  return capsules_grad, weights_grad.reshape(weights.shape)
+
+
+capsule_votes.defvjp(_capsule_votes_fwd, _capsule_votes_bwd)
+
+
+def coupling_statistics(coupling: jax.Array, axis: int = 2) -> dict[str, jax.Array]:
+  """Per example: the mean entropy (nats) of the coupling distributions along ``axis`` and
+  the mean of their largest coefficient.
+
+  Args:
+    coupling: ``(batch, in_caps, out_caps)``, each distribution along ``axis``.
+
+  Returns:
+    ``coupling_entropy`` and ``coupling_max``, ``(batch,)`` each. Uniform over n parents gives
+    ``log n`` and ``1/n``; a one-hot coupling 0 and 1.
+  """
+  c = coupling
+  entropy = -jnp.sum(jnp.where(c > 0, c * jnp.log(jnp.where(c > 0, c, 1.0)), 0.0), axis=axis)
+  peak = jnp.max(c, axis=axis)
+  return {"coupling_entropy": jnp.mean(entropy.reshape(c.shape[0], -1), axis=1),
+          "coupling_max": jnp.mean(peak.reshape(c.shape[0], -1), axis=1)}
+
+
+def coupled_parents(votes: jax.Array, coupling: jax.Array, *, bias: jax.Array | None = None,
+                    squash_epsilon: float = 0.0, diagnostics: bool = False):
+  """One pass without agreement: ``v_j = squash(sum_i c_ij u_hat_{j|i} + bias)`` (Eq. 1-2).
+
+  Args:
+    votes: ``(batch, in_caps, out_caps, out_dim)``; coupling ``(batch, in_caps, out_caps)``.
+    bias: optional ``(out_caps, out_dim)`` on s_j.
+
+  Returns:
+    A :class:`RoutingResult`; its diagnostics (one iteration, when asked for):
+    ``coupling_entropy``, ``coupling_max``, ``preactivation_norm`` (mean |s_j|).
+  """
+  preactivation = jnp.einsum("bijd,bij->bjd", votes, coupling)
+  if bias is not None:
+    preactivation = preactivation + bias
+  capsules = squash(preactivation, epsilon=squash_epsilon)
+  if not diagnostics:
+    return RoutingResult(capsules, None, {})
+  measured = coupling_statistics(coupling)
+  measured["preactivation_norm"] = jnp.mean(safe_norm(preactivation), axis=1)
+  return RoutingResult(capsules, None, {k: v[:, None] for k, v in measured.items()})
+
+
+def check_iterations(value) -> None:
+  """UsageError unless ``config.model.routing.iterations`` is an integer >= 1."""
+  from capsjax.errors import UsageError
+
+  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    raise UsageError(f"config.model.routing.iterations must be an integer >= 1, "
+                     f"got {value!r}.")
+
+
+def per_iteration(rows: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
+  """``[{name: (batch,)}, ...]``, one dict per iteration, as ``{name: (batch, iterations)}``."""
+  return {k: jnp.stack([row[k] for row in rows], axis=1) for k in rows[0]}
+
+
+class RoutingResult(NamedTuple):
+  """What a router returns.
+
+  Attributes:
+    capsules: the parent capsules (poses), ``(batch, out_caps, out_dim)``.
+    activations: the parents' activations ``(batch, out_caps)`` for routers that compute them
+      (``self_routing``), else None (the model then scores by capsule lengths).
+    diagnostics: ``{name: (batch, iterations)}`` per-example, per-iteration measurements
+      (coupling entropy, logit or pose change, ...), only when asked for; else ``{}``.
+  """
+  capsules: jax.Array
+  activations: jax.Array | None
+  diagnostics: dict[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+  """A learned parameter a router declares; the layer creates it.
+
+  Attributes:
+    shape: its shape.
+    init: ``"zeros"``, ``"ones"``, or a callable ``(key, shape) -> array``.
+  """
+  shape: tuple[int, ...]
+  init: Any = "zeros"
+
+  def create(self, key: jax.Array) -> jax.Array:
+    if self.init == "zeros":
+      return jnp.zeros(self.shape, jnp.float32)
+    if self.init == "ones":
+      return jnp.ones(self.shape, jnp.float32)
+    return self.init(key, self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Router:
+  """A routing algorithm, as registered in :data:`capsjax.routing.ROUTERS`.
+
+  Attributes:
+    name: its registered name (``config.model.routing.name``).
+    settings: each setting it reads and its default (the paper's value); what
+      ``config.model.routing`` may set for it.
+    route: ``route(votes, *, inputs, activations, params, rng, settings, train,
+      diagnostics) -> RoutingResult``; see :mod:`capsjax.routing`.
+    parameters: ``parameters(in_caps, in_dim, out_caps, out_dim, settings) ->
+      {name: ParamSpec}``, the learned parameters it needs (most need none).
+    check: ``check(settings)`` raises UsageError naming a setting whose value cannot work.
+    uses_parent_bias: whether a bias on the parents' s_j (``model.class_capsules.use_bias``)
+      means anything to it.
+    yields_activations: whether it computes the parents' activations (else their lengths
+      are the class scores).
+    squashes: whether the parents' lengths are squashed into [0, 1) (then their saturation is
+      measured and watched).
+  """
+  name: str
+  settings: dict[str, Any]
+  route: Callable[..., RoutingResult]
+  parameters: Callable[..., dict[str, ParamSpec]] = lambda *args: {}
+  check: Callable[[dict], None] = lambda settings: None
+  uses_parent_bias: bool = False
+  yields_activations: bool = False
+  squashes: bool = True

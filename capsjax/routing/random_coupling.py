@@ -1,0 +1,65 @@
+"""Random coupling (router ``"random"``): Paik et al. 2019's second control.
+
+Paik, Kwak & Kim 2019 ("Capsule networks need an improved routing algorithm", arXiv
+1907.13327) compare routing algorithms with baselines that "assign the connection strengths
+uniformly or randomly". Here the coupling comes from a softmax over parents of Gaussian
+logits, with no agreement and no iteration::
+
+    b_ij ~ normal(0, logit_scale**2)          # fresh per example and training step
+    c_i  = softmax_j(b_i)
+    s_j  = sum_i c_ij u_hat_{j|i} (+ bias)
+    v_j  = squash(s_j)                         # Eq. 1 of Sabour et al.
+
+At evaluation the logits come from a fixed key (``eval_seed``), so every evaluation of the same
+batch sees the same coupling. The text gives no distribution for its random strengths; the
+Gaussian logit and its scale 1 are ours (``logit_scale``; 0 is the uniform control).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from capsjax.errors import UsageError
+from capsjax.routing.core import Router, RoutingResult, coupled_parents
+
+SETTINGS = {
+    "logit_scale": 1.0,     # Std of the Gaussian logits (0: uniform coupling).
+    "eval_seed": 0,         # The fixed key of the evaluation coupling.
+    "squash_epsilon": 0.0,  # Eq. 1 exactly.
+}
+
+
+def check(settings: dict) -> None:
+  for key in ("logit_scale", "squash_epsilon"):
+    if not settings[key] >= 0:
+      raise UsageError(f"config.model.routing.{key} must be >= 0, got {settings[key]!r}.")
+  if not isinstance(settings["eval_seed"], int):
+    raise UsageError(f"config.model.routing.eval_seed must be an integer, "
+                     f"got {settings['eval_seed']!r}.")
+
+
+def route(votes, *, inputs=None, activations=None, params=None, rng=None, settings,
+          train=False, diagnostics=False) -> RoutingResult:
+  """Parents from randomly coupled votes.
+
+  Args:
+    votes: ``(batch, in_caps, out_caps, out_dim)``.
+    params: optional ``{"bias": (out_caps, out_dim)}``, a bias on s_j.
+    rng: the key of this training step (required when ``train``).
+
+  Returns:
+    Parents ``(batch, out_caps, out_dim)``; diagnostics (one iteration): ``coupling_entropy``,
+    ``coupling_max``, ``preactivation_norm``.
+  """
+  del inputs, activations
+  if train and rng is None:
+    raise ValueError("The random router needs a key in training (rng=...).")
+  key = rng if train else jax.random.PRNGKey(settings["eval_seed"])
+  logits = settings["logit_scale"] * jax.random.normal(key, votes.shape[:3], votes.dtype)
+  return coupled_parents(votes, jax.nn.softmax(logits, axis=2),
+                         bias=(params or {}).get("bias"),
+                         squash_epsilon=settings["squash_epsilon"], diagnostics=diagnostics)
+
+
+ROUTER = Router(name="random", settings=SETTINGS, route=route, check=check,
+                uses_parent_bias=True)

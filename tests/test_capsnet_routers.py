@@ -1,0 +1,182 @@
+"""CapsNet with each router: today's model unchanged under ``dynamic``, router parameters in
+the parameter tree, class scores, and the settings a router cannot use refused."""
+
+import json
+import pathlib
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import mnist
+from capsjax import layers, models, train
+from capsjax.errors import UsageError
+from capsjax.models import capsnet
+from helpers import read_summary, resolved, run_main, write_idx_dataset
+
+NAMES = ("dynamic", "uniform", "random", "self_attention", "inverted_dot_product",
+         "self_routing")
+
+
+def smoke_config(router="dynamic"):
+  config = resolved(mnist.get_config("smoke"))
+  config.model.routing.name = router
+  return config.model
+
+
+def _batch(n=4):
+  images = jnp.asarray(np.random.RandomState(0).rand(n, 28, 28, 1), jnp.float32)
+  return {"images": images, "labels": jnp.arange(n) % 10}
+
+
+def test_dynamic_is_todays_class_capsule_layer_bit_for_bit():
+  c = smoke_config()
+  model = capsnet.CapsNet(c, rngs=nnx.Rngs(0))
+  assert set(nnx.to_pure_dict(nnx.state(model.class_capsules, nnx.Param))) == {"weights"}
+  in_caps = model.class_capsules.weights.shape[0]
+  legacy = layers.ClassCapsules(  # The keyword switches of the layer before routers.
+      in_caps, c.primary.dim, c.num_classes, c.class_capsules.dim, routing_iterations=3,
+      rngs=nnx.Rngs(0))
+  legacy.weights = nnx.Param(model.class_capsules.weights[...])
+  primary = jnp.asarray(np.random.RandomState(1).normal(size=(2, in_caps, c.primary.dim)),
+                        jnp.float32)
+  np.testing.assert_array_equal(np.asarray(model.class_capsules(primary)),
+                                np.asarray(legacy(primary)))
+
+
+@pytest.mark.parametrize("name,extra", [
+    ("dynamic", 0), ("uniform", 0), ("random", 0),
+    ("self_attention", 10 * 144),                  # b: (out_caps, in_caps).
+    ("inverted_dot_product", 3 * 8 + 1),           # LayerNorm scale, offset; readout w, c.
+    ("self_routing", 144 * 10 * 4 + 144 * 10),     # W_route (in, out, in_dim), b_route.
+])
+def test_router_parameters_are_model_parameters(name, extra):
+  base = models.count_params(capsnet.CapsNet(smoke_config(), rngs=nnx.Rngs(0)))
+  model = capsnet.CapsNet(smoke_config(name), rngs=nnx.Rngs(0))
+  assert model.class_capsules.weights.shape[0] == 144  # 6x6 grid x 4 types (smoke).
+  assert models.count_params(model) == base + extra
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_router_trains_and_evaluates_in_the_model(name):
+  model = capsnet.CapsNet(smoke_config(name), rngs=nnx.Rngs(0))
+  batch = _batch()
+  graphdef, params = nnx.split(model, nnx.Param)
+
+  def objective(p):
+    m = nnx.merge(graphdef, p)
+    return jnp.mean(m.loss(m.apply(batch, train=True, rng=jax.random.PRNGKey(0)), batch)[0])
+
+  grads = jax.jit(jax.grad(objective))(params)
+  assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
+  outputs = model.apply(batch, train=False)
+  metrics = model.metrics(outputs, batch)
+  assert outputs.scores.shape == (4, 10)
+  measured = set(metrics) - {"accuracy", "class_capsule_length", "saturated_fraction"}
+  assert "coupling_entropy" in measured and all(metrics[k].ndim == 2 for k in measured)
+  # Saturation is watched where the squash bounds the scores.
+  assert ("saturated_fraction" in metrics) == (name not in ("inverted_dot_product",
+                                                             "self_routing"))
+
+
+def test_self_routing_scores_by_parent_activations_unless_told_lengths():
+  batch = _batch()
+  model = capsnet.CapsNet(smoke_config("self_routing"), rngs=nnx.Rngs(0))
+  outputs = model.apply(batch, train=False)
+  routed = model.class_capsules.route(model.primary_capsules(jax.nn.relu(
+      model.conv1(batch["images"]))))
+  np.testing.assert_allclose(np.asarray(outputs.scores), np.asarray(routed.activations),
+                             rtol=1e-6)
+  c = smoke_config("self_routing")
+  c.class_capsules.scores = "lengths"
+  by_lengths = capsnet.CapsNet(c, rngs=nnx.Rngs(0)).apply(batch, train=False)
+  np.testing.assert_array_equal(np.asarray(by_lengths.scores), np.asarray(by_lengths.lengths))
+
+
+@pytest.mark.parametrize("router,key,value,match", [
+    ("dynamic", "class_capsules.scores", "activations", "computes no parent activations"),
+    ("dynamic", "class_capsules.scores", "probabilities", "scores must be one of"),
+    ("self_attention", "class_capsules.use_bias", True, "does not form"),
+    ("uniform", "routing.iterations", 2, "iterations=2 is not a setting of router 'uniform'"),
+])
+def test_settings_the_router_cannot_use_are_refused(router, key, value, match):
+  c = smoke_config(router)
+  section, name = key.split(".")
+  c[section][name] = value
+  with pytest.raises(UsageError, match=match):
+    capsnet.CapsNet(c, rngs=nnx.Rngs(0))
+
+
+DATA = pathlib.Path(__file__).with_name("data")
+
+
+def test_dynamic_gives_the_outputs_of_the_code_before_routers():
+  """tests/data/dynamic_reference.npz: the smoke CapsNet (nnx.Rngs(0)) on fixed images, saved
+  by the code before the routing package. Same parameters and the same operations; the
+  tolerance allows only for XLA picking other vector widths on another CPU."""
+  reference = np.load(DATA / "dynamic_reference.npz")
+  model = capsnet.CapsNet(smoke_config(), rngs=nnx.Rngs(0))
+  got = model(jnp.asarray(reference["images"])).class_capsules
+  np.testing.assert_allclose(np.asarray(got), reference["class_capsules"], rtol=1e-6,
+                             atol=1e-7)
+
+
+def test_a_run_written_before_routers_resumes(tmp_path, capsys):
+  """tests/data/pre_router_run: a tiny run's config.json and step-2 checkpoint, written by the
+  code before the routing package; this code resumes it and trains on."""
+  workdir = tmp_path / "run"
+  shutil.copytree(DATA / "pre_router_run", workdir)
+  config = mnist.get_config("smoke")
+  config.model.conv1.features = 4
+  config.model.primary.num_types, config.model.primary.dim = 2, 2
+  config.model.class_capsules.dim = 2
+  config.model.decoder.hidden = (4, 4)
+  config.train.num_steps, config.train.checkpoint_every_steps = 3, 2
+  config.data.train_limit, config.data.test_limit = 64, 32
+  config.data.source = "idx"
+  config.data.dir = str(write_idx_dataset(tmp_path / "idx", 128, 64))
+  before = json.loads((workdir / "config.json").read_text())
+  assert "name" not in before["model"]["routing"]  # Written before routers had names.
+  summary = train.train_and_evaluate(config, str(workdir))
+  assert "Resuming from the checkpoint at step 2" in capsys.readouterr().out
+  assert summary["step"] == 3
+  assert not list(workdir.glob("config.before_step_*.json"))  # No setting changed.
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_batch_sharded_on_four_devices_gives_the_loss_of_one_device(name):
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+  model = capsnet.CapsNet(smoke_config(name), rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model, nnx.Param)
+  batch = _batch(8)
+
+  @jax.jit
+  def loss(p, b):
+    m = nnx.merge(graphdef, p)
+    return jnp.mean(m.loss(m.apply(b, train=True, rng=jax.random.PRNGKey(0)), b)[0])
+
+  losses = []
+  for devices in (jax.devices()[:1], jax.devices()[:4]):
+    mesh = Mesh(np.asarray(devices), ("batch",))
+    sharded = jax.device_put(batch, NamedSharding(mesh, P("batch")))
+    losses.append(float(loss(jax.device_put(params, NamedSharding(mesh, P())), sharded)))
+  assert len(jax.devices()) >= 4
+  np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=() if n == "self_attention" else pytest.mark.slow) for n in NAMES])
+def test_the_smoke_config_runs_end_to_end_with_each_router(tmp_path, name):
+  """``python -m capsjax.main --config=configs/mnist.py:smoke`` with the router named on the
+  command line alone (one router in the default run; all with ``-m slow``)."""
+  data = write_idx_dataset(tmp_path / "idx", 64, 32)
+  result = run_main(tmp_path / "run", f"--config.model.routing.name={name}",
+                    "--config.train.num_steps=2", data_dir=data)
+  assert result.returncode == 0, result.stdout + result.stderr
+  summary = read_summary(tmp_path / "run")
+  assert summary["config"]["model"]["routing"]["name"] == name
+  assert "coupling_entropy" in summary["evaluations"]["test"]
