@@ -264,6 +264,25 @@ def test_inverted_dot_product_first_pass_by_hand():
                              atol=1e-6)
 
 
+def test_self_routing_by_hand():
+  # Children u_1 = (3, 4), u_2 = (0, 1): activations |u_i| = 5 and 1. Child 1's routing bias
+  # (ln 3, 0) couples it (3/4, 1/4); child 2's zeros (1/2, 1/2). c_ij a_i: (3.75, 1.25) and
+  # (0.5, 0.5); per parent 4.25 and 1.75, so a = (4.25, 1.75) / 6 = (0.708333, 0.291667).
+  # Votes: parent 1 gets (6, 0) and (0, 6): p_1 = (3.75 (6,0) + 0.5 (0,6)) / 4.25 =
+  # (5.294118, 0.705882); parent 2 gets (0, 0) and (12, 0): p_2 = 0.5 (12, 0) / 1.75 =
+  # (3.428571, 0).
+  votes = _two_by_two([[[6, 0], [0, 0]], [[0, 6], [12, 0]]])
+  children = jnp.asarray([[[3, 4], [0, 1]]], jnp.float32)
+  params = {"route_weights": jnp.zeros((2, 2, 2)),
+            "route_bias": jnp.asarray([[np.log(3), 0], [0, 0]], jnp.float32)}
+  got = routing.get("self_routing").route(votes, inputs=children,
+                                          activations=routing.safe_norm(children),
+                                          params=params)
+  np.testing.assert_allclose(np.asarray(got.activations[0]), [0.708333, 0.291667], atol=1e-5)
+  np.testing.assert_allclose(np.asarray(got.capsules[0]),
+                             [[5.294118, 0.705882], [3.428571, 0.0]], atol=1e-5)
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("scale", [0.0, 1e3])
 def test_finite_jitted_gradients_at_zero_and_very_large_votes(name, scale):
