@@ -89,7 +89,7 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> di
   eval_batch = config.eval.batch_size
   eval_set = runtime.runner.eval_set(runtime.splits["test"].first(eval_batch),
                                      runtime.task.dataset.eval_batch)
-  eval_seconds = _time_repeated(lambda: runtime.runner.evaluate(holder[0].params, eval_set),
+  eval_seconds = _time_repeated(lambda: runtime.runner.evaluate(holder[0].variables, eval_set),
                                 min_seconds / 2)
   eval_rate = eval_batch / eval_seconds
 

@@ -22,7 +22,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
@@ -122,8 +122,27 @@ class Checkpointer:
                                 meta=ocp.args.JsonSave(meta)),
         metrics=metrics or None, force=True)
 
-  def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
-    """Restores ``step`` into the structure and shardings of ``abstract_state``."""
+  def restore(self, step: int, abstract_state: Any,
+              older_forms: Sequence[tuple[Any, Callable]] = ()) -> tuple[Any, dict]:
+    """Restores ``step`` into the structure and shardings of ``abstract_state``.
+
+    ``older_forms``: ``[(abstract, upgrade)]``, earlier layouts of the state (e.g. before a
+    field was added); a checkpoint whose tree does not match ``abstract_state`` is restored into
+    the first that matches and passed through its ``upgrade``."""
+    try:
+      return self._restore(step, abstract_state)
+    except ValueError as e:
+      if "tree structures do not match" not in str(e):
+        raise
+      for abstract, upgrade in older_forms:
+        try:
+          state, meta = self._restore(step, abstract)
+        except ValueError:
+          continue
+        return upgrade(state), meta
+      raise
+
+  def _restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
     restored = self._manager.restore(
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
                                       meta=ocp.args.JsonRestore()))
@@ -149,7 +168,8 @@ class Checkpointer:
                      f"steps {sorted(steps)}.")
 
   def restore_newest(self, abstract_state: Any, log: Callable[[str], None] = print,
-                     move_aside: bool = True, steps: list[int] | None = None):
+                     move_aside: bool = True, steps: list[int] | None = None,
+                     older_forms: Sequence[tuple[Any, Callable]] = ()):
     """``(step, state, meta)`` of the newest checkpoint that restores (or the first of
     ``steps``, in their order), or None if there is none.
 
@@ -163,7 +183,7 @@ class Checkpointer:
     for step in steps:
       try:
         with _tensorstore_noise_dropped():
-          state, meta = self.restore(step, abstract_state)
+          state, meta = self.restore(step, abstract_state, older_forms)
       except Exception as e:  # Orbax and TensorStore raise many types for damaged files.
         logging.getLogger("asyncio").addFilter(_ORPHANED_READ_FILTER)  # Idempotent.
         reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"

@@ -86,7 +86,7 @@ def member_scores(members: list[str], checkpoint: str = "latest",
                                       keep_best=checkpoint == "best")
     step, state, _ = runtime.restore(ckpt, steps=ckpt.candidates(checkpoint))
     ckpt.close()
-    scores, labels = runtime.runner.scores(state.params, test)
+    scores, labels = runtime.runner.scores(state.variables, test)
     accuracy = float(np.mean(metrics.label_sets_correct(scores, labels)["accuracy"]))
     results.append({"workdir": member, "checkpoint_step": step,
                     "selected_on": "validation" if checkpoint == "best" else checkpoint,

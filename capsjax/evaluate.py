@@ -69,7 +69,7 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
   # training run may hold this workdir).
   step, state, _ = runtime.restore(ckpt, steps=to_try)
   evals = runtime.evaluations()
-  results = {name: evaluator.run(state.params) for name, evaluator in evals.items()}
+  results = {name: evaluator.run(state.variables) for name, evaluator in evals.items()}
   selected_on = ("validation" if checkpoint == "best" else
                  "final" if step == runtime.plan.num_steps else f"step {step}")
   result = {"checkpoint_step": step, "selected_on": selected_on,
@@ -79,7 +79,7 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
     result["shifted_test_accuracy"] = results[SHIFTED]["accuracy_by_shift"]
   if jax.process_index() == 0:
     writer = reporting.MetricWriter(workdir)
-    run_figures.draw_figures(workdir, runtime.task.graphdef(), state.params,
+    run_figures.draw_figures(workdir, runtime.task.graphdef(), state.variables,
                              runtime.task.dataset, runtime.splits["test"], evals,
                              config.eval.num_figure_examples, writer, step)
     writer.close()

@@ -129,9 +129,12 @@ class Conv2D(nnx.Module):
 
   def __init__(self, in_features: int, out_features: int, kernel_size: int, stride: int,
                *, impl: str = "auto", compute_dtype=jnp.float32, init_scale: float = 0.0,
-               bias_init: float = 0.0, padding: str = "VALID", rngs: nnx.Rngs):
-    self.kernel = nnx.Param(kernel_init(init_scale)(
-        rngs.params(), (kernel_size, kernel_size, in_features, out_features)))
+               bias_init: float = 0.0, padding: str = "VALID",
+               initializer: nnx.Initializer | None = None, rngs: nnx.Rngs):
+    """``initializer``, if given, draws the kernel instead of :func:`kernel_init`."""
+    init = initializer or kernel_init(init_scale)
+    self.kernel = nnx.Param(init(rngs.params(),
+                                 (kernel_size, kernel_size, in_features, out_features)))
     self.bias = nnx.Param(jnp.full((out_features,), bias_init, jnp.float32))
     self.stride = stride
     self.impl = impl
@@ -194,7 +197,10 @@ class ClassCapsules(nnx.Module):
                init_scale: float = 0.1, use_bias: bool = False, bias_init: float = 0.1,
                routing_iterations: int = 3, softmax_axis: str = "output",
                stop_gradient: bool = False, leaky: bool = False,
-               squash_epsilon: float = 0.0, routing: dict | None = None, rngs: nnx.Rngs):
+               squash_epsilon: float = 0.0, routing: dict | None = None,
+               initializer: nnx.Initializer | None = None, rngs: nnx.Rngs):
+    """``initializer``, if given, draws W (shape ``(in_caps, out_caps, out_dim, in_dim)``)
+    instead of the truncated normal of std ``init_scale``."""
     if routing is None:
       routing = {"name": "dynamic", "iterations": routing_iterations,
                  "softmax_axis": softmax_axis, "stop_gradient": stop_gradient, "leaky": leaky,
@@ -207,7 +213,7 @@ class ClassCapsules(nnx.Module):
     if use_bias and not router.uses_parent_bias:
       raise UsageError(f"config.model.class_capsules.use_bias adds a bias to s_j, which router "
                        f"{router.name!r} does not form; leave it False.")
-    init = nnx.initializers.truncated_normal(stddev=init_scale)
+    init = initializer or nnx.initializers.truncated_normal(stddev=init_scale)
     self.weights = nnx.Param(init(rngs.params(), (in_caps, out_caps, out_dim, in_dim)))
     self.bias = nnx.data(
         nnx.Param(jnp.full((out_caps, out_dim), bias_init)) if use_bias else None)
@@ -251,18 +257,22 @@ class ClassCapsules(nnx.Module):
 class Decoder(nnx.Module):
   """Reconstruction network: masked class capsules -> image (paper, Fig. 2).
 
-  Kernels by :func:`kernel_init` (``init_scale``; the official code uses 0.1),
-  biases start at ``bias_init`` (official code: 0.1).
+  Kernels by :func:`kernel_init` (``init_scale``; the official code uses 0.1), or one
+  initializer per layer (``initializers``); biases start at ``bias_init`` (official code: 0.1).
   """
 
   def __init__(self, num_classes: int, capsule_dim: int, hidden: Sequence[int],
                image_shape: Sequence[int], *, compute_dtype=jnp.float32,
-               init_scale: float = 0.0, bias_init: float = 0.0, rngs: nnx.Rngs):
+               init_scale: float = 0.0, bias_init: float = 0.0,
+               initializers: Sequence[nnx.Initializer] | None = None, rngs: nnx.Rngs):
     sizes = [num_classes * capsule_dim, *hidden, math.prod(image_shape)]
+    inits = initializers or [kernel_init(init_scale)] * (len(sizes) - 1)
+    if len(inits) != len(sizes) - 1:
+      raise ValueError(f"Decoder: {len(inits)} initializers for {len(sizes) - 1} layers.")
     self.layers = nnx.List([
-        nnx.Linear(a, b, dtype=compute_dtype, kernel_init=kernel_init(init_scale),
+        nnx.Linear(a, b, dtype=compute_dtype, kernel_init=init,
                    bias_init=nnx.initializers.constant(bias_init), rngs=rngs)
-        for a, b in zip(sizes, sizes[1:])])
+        for a, b, init in zip(sizes, sizes[1:], inits)])
     self.image_shape = tuple(image_shape)
 
   def __call__(self, class_capsules: jax.Array, mask: jax.Array) -> jax.Array:

@@ -87,8 +87,9 @@ class Runtime:
     """``(step, state, meta)`` of the newest checkpoint that restores (or the first of
     ``steps``), or None when there is none; see
     :meth:`capsjax.checkpointing.Checkpointer.restore_newest`."""
-    return checkpointer.restore_newest(self.abstract_state(), log=log, move_aside=move_aside,
-                                       steps=steps)
+    abstract = self.abstract_state()
+    return checkpointer.restore_newest(abstract, log=log, move_aside=move_aside, steps=steps,
+                                       older_forms=train_step.older_forms(abstract))
 
   def make_train_step(self) -> Callable:
     """The jitted train step over the loaded train split."""

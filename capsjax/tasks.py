@@ -51,7 +51,14 @@ class Task:
 
   def init_params(self, key: jax.Array) -> dict:
     """Fresh parameters as a pure dict (what checkpoints and train states hold)."""
-    return nnx.to_pure_dict(nnx.state(self.model(nnx.Rngs(key)), nnx.Param))
+    return self.init_variables(key)[0]
+
+  def init_variables(self, key: jax.Array) -> tuple[dict, dict]:
+    """Fresh ``(params, model_state)`` as pure dicts: the trainable parameters, and every other
+    variable of the model (BatchNorm statistics; ``{}`` for stateless models)."""
+    model = self.model(nnx.Rngs(key))
+    return (nnx.to_pure_dict(nnx.state(model, nnx.Param)),
+            nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))
 
 
 def fill_model_shapes(config: ml_collections.ConfigDict) -> datasets.Builder:

@@ -75,7 +75,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       progress.flush(step, write=plan.log_due(step))
       accuracy = None
       if plan.eval_due(step):
-        results = {watched: evals[watched].run(state.params)}
+        results = {watched: evals[watched].run(state.variables)}
         progress.evaluation(watched, step, results[watched])
         accuracy = results[watched]["accuracy"]
         reached = target_reached(config, accuracy, f"{watched} accuracy at step {step}")
@@ -87,7 +87,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
     for name, evaluator in evals.items():  # Every evaluation of the final parameters.
       if name not in results:
-        results[name] = evaluator.run(state.params)
+        results[name] = evaluator.run(state.variables)
         if step > first_step:  # A rerun of a finished run has logged these already.
           progress.evaluation(name, step, results[name])
     ckpt.wait()
@@ -95,7 +95,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                         selected_on=(watched if reached else "final"))
     if jax.process_index() == 0:  # The summary first: figures can be redrawn by evaluate.
       files.write_json(os.path.join(workdir, "summary.json"), summary)
-      run_figures.draw_figures(workdir, runtime.task.graphdef(), state.params,
+      run_figures.draw_figures(workdir, runtime.task.graphdef(), state.variables,
                                runtime.task.dataset, runtime.splits["test"], evals,
                                config.eval.num_figure_examples, progress.writer, step)
     progress.close()

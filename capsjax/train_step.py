@@ -1,7 +1,15 @@
 """The train state and the jitted train step: pure functions of a task and its optimiser.
 
 Data parallel over the runtime's 1-D mesh (axis ``data``): batches are sharded, parameters
-and optimiser state replicated, and XLA adds the gradient all-reduce. The train split sits on
+and optimiser state replicated, and XLA adds the gradient all-reduce.
+
+Models with state: the train state carries the model's variables that are not parameters
+(BatchNorm's running statistics) in ``model_state``, beside ``params``; the step merges both
+into the model, runs it in training mode and keeps what the forward pass wrote. Because the
+batch is one global array sharded over the mesh, a BatchNorm's batch mean and variance are
+reduced over the whole global batch (XLA inserts the cross-device reduction): this is
+synchronised BatchNorm, the same statistics as on one device. Stateless models (CapsNet, the
+baseline CNN) have ``model_state == {}``. The train split sits on
 the devices, replicated; each step picks its examples by the epoch's permutation and lets
 the dataset builder turn them into a batch (augmentation, synthetic data), inside the jitted
 step.
@@ -28,14 +36,51 @@ class TrainState:
   params: Any            # Pure dict of arrays (nnx.split -> to_pure_dict).
   opt_state: Any
   rng: jax.Array         # uint32[2] raw key; per-step keys are fold_in(rng, step).
+  # The model's other variables (BatchNorm statistics), a pure dict; {} for stateless models.
+  # Last and defaulted: checkpoints written before it existed restore with {}.
+  model_state: Any = struct.field(default_factory=dict)
+
+  @property
+  def variables(self) -> dict:
+    """Parameters and model state in one pure dict: what ``nnx.merge(graphdef, .)`` takes to
+    rebuild the model for evaluation (every evaluator, ``evaluate``, ensembles, figures)."""
+    return merge_variables(self.params, self.model_state)
+
+
+@struct.dataclass
+class StatelessTrainState:
+  """The train state as checkpoints written before ``model_state`` existed hold it."""
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array
+
+
+def older_forms(abstract: TrainState) -> list[tuple[Any, Callable]]:
+  """``[(abstract, upgrade)]``: the earlier layouts a checkpoint of this state may have, each
+  with the function that turns it into a :class:`TrainState`. A stateless model's checkpoint
+  from before ``model_state`` restores as :class:`StatelessTrainState`."""
+  if jax.tree.leaves(abstract.model_state):
+    return []
+  old = StatelessTrainState(abstract.step, abstract.params, abstract.opt_state, abstract.rng)
+  return [(old, lambda s: TrainState(s.step, s.params, s.opt_state, s.rng, {}))]
+
+
+def merge_variables(params: dict, model_state: dict) -> dict:
+  """The nested dicts ``params`` and ``model_state`` as one (their leaves never collide)."""
+  merged = dict(params)
+  for key, value in model_state.items():
+    merged[key] = (merge_variables(merged[key], value)
+                   if isinstance(value, dict) and key in merged else value)
+  return merged
 
 
 def init_state(task: Task, tx: optax.GradientTransformation) -> TrainState:
-  """Fresh parameters and optimiser state from ``config.seed``."""
+  """Fresh parameters, model state and optimiser state from ``config.seed``."""
   init_key, rng = jax.random.split(jax.random.PRNGKey(task.config.seed))
-  params = task.init_params(init_key)
+  params, model_state = task.init_variables(init_key)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                    rng=rng)
+                    rng=rng, model_state=model_state)
 
 
 def abstract_state(task: Task, tx: optax.GradientTransformation,
@@ -53,39 +98,61 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, num_train: int
   ``num_steps`` (static) train steps run in one dispatch, through ``lax.scan`` when more than
   one; each metric comes back with a leading axis of that length, and the result equals that
   many single steps. The metrics are the batch means of the model's loss, its parts and its
-  metrics, computed with the parameters before the step's update.
+  metrics, computed with the parameters before the step's update; the model state becomes
+  what the training forward pass wrote (BatchNorm: running statistics updated with the
+  global batch's).
   """
   graphdef = task.graphdef()
   batch_size = task.config.train.batch_size
   batch_sharding = NamedSharding(mesh, P("data"))
   shard = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
 
-  def loss_fn(params, batch, rng):
-    model = nnx.merge(graphdef, params)
+  def loss_fn(params, model_state, batch, rng):
+    model = nnx.merge(graphdef, params, model_state)
     outputs = model.apply(batch, train=True, rng=rng)
     loss, parts = model.loss(outputs, batch)
     per_example = {"loss": loss, **parts, **model.metrics(outputs, batch)}
     metrics = {k: jnp.mean(v.astype(jnp.float32), axis=0) for k, v in per_example.items()}
-    return metrics["loss"], metrics
+    new_model_state = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
+    return metrics["loss"], (metrics, new_model_state)
 
-  def one_step(state: TrainState, examples, shared):
+  steps_per_epoch = num_train // batch_size
+
+  def epoch_permutations(state: TrainState):
+    """The permutations of the first epoch of a dispatch and the next, drawn once for all of
+    its steps (a dispatch of at most an epoch's steps touches at most two epochs)."""
+    data_key = jax.random.split(jax.random.fold_in(state.rng, 0))[0]
+    first_epoch = state.step // steps_per_epoch
+    return first_epoch, jnp.stack([augment.epoch_permutation(data_key, first_epoch + e,
+                                                             num_train) for e in (0, 1)])
+
+  def one_step(state: TrainState, examples, shared, permutations=None):
     data_key, augment_key = jax.random.split(jax.random.fold_in(state.rng, 0))
-    indices = shard(augment.epoch_batch_indices(data_key, state.step, num_train, batch_size))
+    if permutations is None:
+      indices = augment.epoch_batch_indices(data_key, state.step, num_train, batch_size)
+    else:  # The same indices, from the dispatch's permutations.
+      first_epoch, orders = permutations
+      order = orders[state.step // steps_per_epoch - first_epoch]
+      indices = augment.batch_from_permutation(order, state.step, batch_size)
+    indices = shard(indices)
     batch = task.dataset.train_batch(jax.random.fold_in(augment_key, state.step), indices,
                                      examples, shared)
     batch = jax.tree.map(shard, batch)
     noise_key = jax.random.fold_in(jax.random.fold_in(state.rng, 1), state.step)
-    grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params, batch, noise_key)
+    grads, (metrics, model_state) = jax.grad(loss_fn, has_aux=True)(
+        state.params, state.model_state, batch, noise_key)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                         model_state=model_state), metrics
 
   @functools.partial(jax.jit, static_argnums=3, donate_argnums=0)
   def train_step(state, examples, shared, num_steps: int):
     if num_steps == 1:
       state, metrics = one_step(state, examples, shared)
       return state, jax.tree.map(lambda m: m[None], metrics)
-    return jax.lax.scan(lambda s, _: one_step(s, examples, shared), state, None,
+    permutations = epoch_permutations(state) if num_steps <= steps_per_epoch else None
+    return jax.lax.scan(lambda s, _: one_step(s, examples, shared, permutations), state, None,
                         length=num_steps)
 
   return train_step

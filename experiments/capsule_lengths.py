@@ -60,15 +60,15 @@ def measure(config, num_steps: int, every: int) -> list[dict]:
   def lengths(params, probe):  # The batch as an argument: as a constant XLA would fold it.
     model = nnx.merge(graphdef, params)
     outputs = model.apply(probe, train=False)
-    primary = model.primary_capsules(jax.nn.relu(model.conv1(probe["images"])))
+    primary = model.primary(probe["images"])
     return (jnp.linalg.norm(primary, axis=-1), outputs.lengths,
-            outputs.trace.preactivation_norm[-1])
+            outputs.diagnostics["preactivation_norm"][:, -1])
 
   train_step = runtime.make_train_step()
   rows = []
   for step in range(num_steps + 1):
     if step % every == 0 or step == num_steps:
-      primary, v, s = (np.asarray(x) for x in lengths(state.params, probe))
+      primary, v, s = (np.asarray(x) for x in lengths(state.variables, probe))
       rows.append({"step": step, "primary_length": float(primary.mean()),
                    "primary_longer_than_0.5": float(np.mean(primary > 0.5)),
                    "length_mean": float(v.mean()), "length_std": float(v.std()),

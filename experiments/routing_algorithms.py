@@ -12,7 +12,9 @@ uniform control) at 0.29% against 0.25% for 3, with reconstruction.
   python -m capsjax.sweep experiments/routing_algorithms.py --workdir=/tmp/routing_algorithms \\
       --config.data.source=idx --config.data.dir=/path/to/mnist --config.train.num_steps=468
 
-Points 0-5 are the six routers at their defaults; 6-9 the other iteration counts.
+Points 0-5 are the six routers at their defaults; 6-9 the other iteration counts; 10
+self-attention with W_ij ~ normal(0, 0.03), the init chosen on validation by
+experiments/self_attention_init.py (at the default 0.1 it saturates on this backbone).
 """
 
 BASE_CONFIG = "configs/mnist.py"
@@ -26,4 +28,6 @@ def get_sweep():
   iterations = [{"model.routing.name": name, "model.routing.iterations": r}
                 for name, default in (("dynamic", 3), ("inverted_dot_product", 2))
                 for r in (1, 2, 3) if r != default]
-  return {"points": defaults + iterations, "seeds": [0]}
+  learning_self_attention = [{"model.routing.name": "self_attention",
+                              "model.class_capsules.init_scale": 0.03}]
+  return {"points": defaults + iterations + learning_self_attention, "seeds": [0]}

@@ -124,9 +124,9 @@ SMOKE = str(REPO / "configs" / "mnist.py") + ":smoke"
 
 
 def run_main(workdir, *overrides, devices=4, extra_flags=(), timeout=300, data_dir=None,
-             wait=True):
+             wait=True, config=SMOKE):
   env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), TF_CPP_MIN_LOG_LEVEL="3")
-  cmd = [sys.executable, "-m", "capsjax.main", f"--config={SMOKE}", f"--workdir={workdir}",
+  cmd = [sys.executable, "-m", "capsjax.main", f"--config={config}", f"--workdir={workdir}",
          "--config.data.source=idx", *extra_flags]
   if data_dir is not None:
     cmd.append(f"--config.data.dir={data_dir}")
@@ -154,16 +154,21 @@ def checkpoint_steps(workdir):
 
 def final_params(workdir):
   """Parameters of the latest checkpoint, as NumPy, through capsjax's own restore."""
+  return final_state(workdir).params
+
+
+def final_state(workdir):
+  """The train state of the latest checkpoint, as NumPy, through capsjax's own restore."""
   import jax
 
   from capsjax import checkpointing, runconfig
   from capsjax.runtime import Runtime
 
-  runtime = Runtime(runconfig.load(str(workdir)))
+  runtime = Runtime(runconfig.load(str(workdir))).load()  # Epoch-based schedules need it.
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
   _, state, _ = runtime.restore(ckpt, steps=[ckpt.latest_step()])
   ckpt.close()
-  return jax.tree.map(np.asarray, state.params)
+  return jax.tree.map(np.asarray, state)
 
 
 def free_port() -> int:

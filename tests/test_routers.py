@@ -235,6 +235,27 @@ def test_uniform_by_hand():
   np.testing.assert_allclose(np.asarray(got[0]), [[15 / 26, 20 / 26], [0, 0]], rtol=1e-6)
 
 
+def test_random_by_hand():
+  # With logit_scale 0 every logit is 0: the uniform hand case, v_1 = (15/26, 20/26).
+  votes = _two_by_two([[[3, 4], [0, 0]], [[3, 4], [0, 0]]])
+  router = routing.get("random")
+  flat = router.route(votes, settings={"logit_scale": 0.0, "eval_seed": 0,
+                                       "squash_epsilon": 0.0}).capsules
+  np.testing.assert_allclose(np.asarray(flat[0]), [[15 / 26, 20 / 26], [0, 0]], rtol=1e-6)
+  # At evaluation the logits are logit_scale x normal(PRNGKey(eval_seed), (batch, in, out))
+  # (the router's documented draw). Child i couples c_i1 = 1 / (1 + e^{b_i2 - b_i1}) to
+  # parent 1, so s_1 = (c_11 + c_21)(3, 4), |s_1| = 5 (c_11 + c_21), and Eq. 1 gives
+  # v_1 = |s_1|^2 / (1 + |s_1|^2) (3, 4) / 5; parent 2 gets only zero votes.
+  b = 2.0 * np.asarray(jax.random.normal(jax.random.PRNGKey(7), (1, 2, 2)), np.float64)[0]
+  c1 = 1 / (1 + np.exp(b[:, 1] - b[:, 0]))
+  norm = 5 * c1.sum()
+  expected = norm ** 2 / (1 + norm ** 2) * np.array([3, 4]) / 5
+  got = router.route(votes, settings={"logit_scale": 2.0, "eval_seed": 7,
+                                      "squash_epsilon": 0.0}).capsules
+  np.testing.assert_allclose(np.asarray(got[0]), [expected, [0, 0]], rtol=1e-5, atol=1e-7)
+  assert not np.isclose(c1.sum(), 1.0, atol=0.05)  # The draw is not the uniform coupling.
+
+
 def test_self_attention_by_hand():
   # Parent 1 gets (1,0) and (0,1), parent 2 gets (1,0) twice. Sums over children: (1,1) and
   # (2,0); A_i1 = 1/sqrt(2) for both children, A_i2 = 2/sqrt(2) = sqrt(2). Each child:

@@ -16,9 +16,21 @@ def epoch_batch_indices(key: jax.Array, step: jax.Array, num_examples: int,
   last ``num_examples % batch_size`` examples of each permutation are dropped.
   Being a function of the step, the data position resumes exactly.
   """
-  steps_per_epoch = num_examples // batch_size
-  epoch, position = jnp.divmod(step, steps_per_epoch)
-  permutation = jax.random.permutation(jax.random.fold_in(key, epoch), num_examples)
+  epoch = step // (num_examples // batch_size)
+  return batch_from_permutation(epoch_permutation(key, epoch, num_examples), step, batch_size)
+
+
+def epoch_permutation(key: jax.Array, epoch: jax.Array, num_examples: int) -> jax.Array:
+  """The order of the examples in ``epoch``: ``permutation(fold_in(key, epoch))``."""
+  return jax.random.permutation(jax.random.fold_in(key, epoch), num_examples)
+
+
+def batch_from_permutation(permutation: jax.Array, step: jax.Array,
+                           batch_size: int) -> jax.Array:
+  """The indices of train ``step`` in its epoch's ``permutation`` (:func:`epoch_permutation`):
+  :func:`epoch_batch_indices` for callers that draw the permutation once for many steps (a
+  permutation of 60,000 costs more than a small model's step on a CPU)."""
+  position = step % (permutation.shape[0] // batch_size)
   return jax.lax.dynamic_slice(permutation, (position * batch_size,), (batch_size,))
 
 

@@ -11,12 +11,19 @@ shift then places each digit at a uniformly random position of the canvas: the
 paper's "expanded MNIST" for the affNIST experiment (each 28x28 digit on a
 40x40 background; the official code builds it with ``--pad=6 --shift=6``).
 The test split stays centred.
+
+Efficient-CapsNet's augmentation (:mod:`capsjax.datasets.digit_augment`: rotation, shift
+within the digit's margins, squeeze, erasure; ``config.data.rotation_degrees``,
+``margin_shift``, ``squeeze``, ``erase_size``, all off by default) runs before the shifts,
+in training only.
 """
 
 from __future__ import annotations
 
+import jax
+
 from capsjax import datasets
-from capsjax.datasets import augment, sources
+from capsjax.datasets import augment, digit_augment, sources
 from capsjax.errors import UsageError
 
 
@@ -37,6 +44,10 @@ class MNIST(datasets.Builder):
       raise UsageError(f"config.data.shift_pixels={shift} is larger than config.data.pad={pad}: "
                        "shifts would push digits off the canvas. Use shift_pixels <= pad.")
     self.pad, self.shift = pad, shift
+    self.digit_augment = digit_augment.Settings.from_config(d)
+    problem = digit_augment.validate(self.digit_augment)
+    if problem:
+      raise UsageError(problem)
     h, w, c = self.FILE_SHAPE
     self.info = datasets.DatasetInfo((h + 2 * pad, w + 2 * pad, c), self.NUM_CLASSES)
 
@@ -51,5 +62,8 @@ class MNIST(datasets.Builder):
   def train_batch(self, key, indices, examples, shared):
     del shared
     images = datasets.to_float(examples["images"][indices])
+    if self.digit_augment.active:
+      digit_key, key = jax.random.split(key)
+      images = digit_augment.augment(digit_key, images, self.digit_augment)
     return {"images": augment.random_shift(key, images, self.shift),
             "labels": examples["labels"][indices]}

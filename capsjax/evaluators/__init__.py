@@ -57,6 +57,8 @@ class Evaluator:
     return limit(split, self.config)
 
   def run(self, params) -> dict:
+    """The named metrics of the model with ``params``: every variable of the model, parameters
+    and state (``TrainState.variables``), as ``nnx.merge`` takes them."""
     raise NotImplementedError
 
   def draw(self, model, workdir: str, writer, step: int) -> None:

@@ -18,6 +18,10 @@ and the evaluators call only this interface:
       ``(batch,)`` or ``(batch, k)`` values that evaluators average, at least
       ``accuracy``.
 
+Variables that are not ``nnx.Param`` (BatchNorm statistics) are the model's state: the train
+step keeps what ``apply(train=True)`` writes to them (:mod:`capsjax.train_step`), and
+evaluation merges them back with the parameters.
+
 To add a model: a module with such a class, and one line in :data:`MODELS`
 (:class:`capsjax.registry.Registry`).
 """
@@ -34,6 +38,7 @@ from capsjax.registry import Registry
 MODELS = Registry("model", "config.model.name", {
     "capsnet": "capsjax.models.capsnet:CapsNet",
     "baseline_cnn": "capsjax.models.baseline_cnn:BaselineCNN",
+    "efficient_capsnet": "capsjax.models.efficient_capsnet:EfficientCapsNet",
 })
 
 

@@ -184,8 +184,7 @@ class CapsNet(nnx.Module):
       labels_per_example: how many classes to predict (and reconstruct) per image.
       rng: the key of routers that draw in training (``random``).
     """
-    features = jax.nn.relu(self.conv1(images))
-    primary = self.primary_capsules(features)
+    primary = self.primary(images, train=train)
     routed = self.class_capsules.route(primary, train=train, rng=rng, diagnostics=diagnostics)
     class_capsules = routed.capsules
     lengths = routing.safe_norm(class_capsules, axis=-1)
@@ -203,6 +202,12 @@ class CapsNet(nnx.Module):
     return CapsNetOutput(class_capsules, lengths, predictions, reconstructions,
                          routed.diagnostics if diagnostics else None, label_reconstructions,
                          class_scores)
+
+  def primary(self, images: jax.Array, *, train: bool = False) -> jax.Array:
+    """Conv1 (ReLU) and PrimaryCaps: ``(batch, h, w, c)`` -> ``(batch, in_caps, in_dim)``.
+    Models that share CapsNet's head with another backbone override this."""
+    del train
+    return self.primary_capsules(jax.nn.relu(self.conv1(images)))
 
   def decode(self, class_capsules: jax.Array, class_ids: jax.Array) -> jax.Array:
     """Decodes given capsule vectors (e.g. perturbed ones, paper Fig. 4), the others masked.
