@@ -49,10 +49,6 @@ class Task:
     """The model's graph definition, without allocating parameters."""
     return nnx.graphdef(nnx.eval_shape(lambda: self.model(nnx.Rngs(0))))
 
-  def init_params(self, key: jax.Array) -> dict:
-    """Fresh parameters as a pure dict (what checkpoints and train states hold)."""
-    return self.init_variables(key)[0]
-
   def init_variables(self, key: jax.Array) -> tuple[dict, dict]:
     """Fresh ``(params, model_state)`` as pure dicts: the trainable parameters, and every other
     variable of the model (BatchNorm statistics; ``{}`` for stateless models)."""

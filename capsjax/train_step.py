@@ -118,16 +118,20 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, num_train: int
 
   steps_per_epoch = num_train // batch_size
 
+  def step_keys(state: TrainState):
+    """The run's data key (epoch permutations) and augmentation key (folded with the step)."""
+    return jax.random.split(jax.random.fold_in(state.rng, 0))
+
   def epoch_permutations(state: TrainState):
     """The permutations of the first epoch of a dispatch and the next, drawn once for all of
     its steps (a dispatch of at most an epoch's steps touches at most two epochs)."""
-    data_key = jax.random.split(jax.random.fold_in(state.rng, 0))[0]
+    data_key, _ = step_keys(state)
     first_epoch = state.step // steps_per_epoch
     return first_epoch, jnp.stack([augment.epoch_permutation(data_key, first_epoch + e,
                                                              num_train) for e in (0, 1)])
 
   def one_step(state: TrainState, examples, shared, permutations=None):
-    data_key, augment_key = jax.random.split(jax.random.fold_in(state.rng, 0))
+    data_key, augment_key = step_keys(state)
     if permutations is None:
       indices = augment.epoch_batch_indices(data_key, state.step, num_train, batch_size)
     else:  # The same indices, from the dispatch's permutations.

@@ -76,13 +76,7 @@ def validate_model_config(config: ml_collections.ConfigDict) -> None:
   if not isinstance(scale, (int, float)) or not scale > 0:
     raise UsageError(f"config.model.primary.output_scale must be a number > 0 (1: the paper, "
                      f"1/32: the official code), got {scale!r}.")
-  scores = config.class_capsules.get("scores", "auto")
-  if scores not in SCORES:
-    raise UsageError(f"config.model.class_capsules.scores must be one of {SCORES}, "
-                     f"got {scores!r}.")
-  if scores == "activations" and not router.yields_activations:
-    raise UsageError(f"config.model.class_capsules.scores='activations' but router "
-                     f"{router.name!r} computes no parent activations; use 'lengths' or 'auto'.")
+  check_scores(config, router)
   if config.class_capsules.use_bias and not router.uses_parent_bias:
     raise UsageError(f"config.model.class_capsules.use_bias adds a bias to s_j, which router "
                      f"{router.name!r} does not form; leave it False.")
@@ -96,6 +90,17 @@ def validate_model_config(config: ml_collections.ConfigDict) -> None:
     raise UsageError(f"config.model.image_shape {tuple(config.image_shape)} is too small "
                      f"for conv1 kernel {config.conv1.kernel_size} followed by the "
                      f"primary-capsule kernel {config.primary.kernel_size}.")
+
+
+def check_scores(config: ml_collections.ConfigDict, router: routing.Router) -> None:
+  """Raises UsageError for a ``config.class_capsules.scores`` the router cannot give."""
+  scores = config.class_capsules.get("scores", "auto")
+  if scores not in SCORES:
+    raise UsageError(f"config.model.class_capsules.scores must be one of {SCORES}, "
+                     f"got {scores!r}.")
+  if scores == "activations" and not router.yields_activations:
+    raise UsageError(f"config.model.class_capsules.scores='activations' but router "
+                     f"{router.name!r} computes no parent activations; use 'lengths' or 'auto'.")
 
 
 def primary_grid(config: ml_collections.ConfigDict) -> tuple[int, int]:
@@ -152,6 +157,12 @@ class CapsNet(nnx.Module):
         init_scale=config.decoder.get("init_scale", 0.0),
         bias_init=config.decoder.get("bias_init", 0.0), rngs=rngs)
         if config.decoder.enabled else None)
+    self.set_head(config, router, loss)
+
+  def set_head(self, config: ml_collections.ConfigDict, router: routing.Router,
+               loss: LossSettings | None) -> None:
+    """What the class scores, the loss and the metrics need (shared with models that reuse
+    this head on another backbone)."""
     self.num_classes = config.num_classes
     scores = config.class_capsules.get("scores", "auto")  # .get: configs before the switch.
     self.scores_are_activations = router.yields_activations and scores != "lengths"

@@ -42,7 +42,7 @@ from flax import nnx
 
 from capsjax import layers, routing
 from capsjax.errors import UsageError
-from capsjax.models.capsnet import SCORES, CapsNet, LossSettings
+from capsjax.models.capsnet import CapsNet, LossSettings, check_scores
 
 POSITIONS = ("after_relu", "before_relu")
 
@@ -105,10 +105,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if init != "he_normal" and not (isinstance(init, (int, float)) and init > 0):
     raise UsageError(f"config.model.class_capsules.init must be 'he_normal' (the reference) or "
                      f"a std > 0, got {init!r}.")
-  scores = config.class_capsules.get("scores", "auto")
-  if scores not in SCORES or (scores == "activations" and not router.yields_activations):
-    raise UsageError(f"config.model.class_capsules.scores={scores!r}: use one of {SCORES} "
-                     f"('activations' only with a router that computes them).")
+  check_scores(config, router)
 
 
 class DepthwisePrimaryCapsules(nnx.Module):
@@ -168,11 +165,7 @@ class EfficientCapsNet(CapsNet):
         initializers=[he_normal()] * len(config.decoder.hidden)
         + [nnx.initializers.glorot_normal()], rngs=rngs)
         if config.decoder.enabled else None)
-    self.num_classes = config.num_classes
-    scores = config.class_capsules.get("scores", "auto")
-    self.scores_are_activations = router.yields_activations and scores != "lengths"
-    self.measures_saturation = router.squashes and not self.scores_are_activations
-    self.loss_settings = loss or LossSettings()
+    self.set_head(config, router, loss)
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, *,
