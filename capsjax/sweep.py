@@ -21,11 +21,8 @@ after a full run) writes ``results.csv``, ``results.md`` and plots.
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 import itertools
-import json
-import math
 import os
 import pathlib
 import re
@@ -35,13 +32,12 @@ from typing import NamedTuple
 from absl import flags, logging
 from ml_collections import config_flags
 
-from capsjax import cli, files, preemption, workdirs
-from capsjax.reporting import chance_text, is_finished
+from capsjax import cli, preemption, workdirs
+from capsjax.reporting import is_finished
+from capsjax.sweep_results import CONFIG_KEY, collect, config_label, format_value
 from capsjax.errors import UsageError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULT_COLUMNS = ("test_accuracy", "test_error", "test_loss", "step", "selected_on",
-                  "train_images_per_second", "num_params")
 
 
 def load_experiment(path: str):
@@ -101,22 +97,9 @@ def point_name(setting: dict, seed: int) -> str:
   """A folder name such as ``iterations=3,reconstruction_weight=0.0005,seed=0``."""
   short = [k.rsplit(".", 1)[-1] for k in setting]
   keys = short if len(set(short)) == len(short) else list(setting)
-  values = [_config_label(v) if k == CONFIG_KEY else _format(v) for k, v in setting.items()]
+  values = [config_label(v) if k == CONFIG_KEY else format_value(v) for k, v in setting.items()]
   parts = [f"{k}={v}" for k, v in zip(keys, values)] + [f"seed={seed}"]
   return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", ",".join(parts))
-
-
-def _format(value) -> str:
-  return ("-".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value))
-
-
-CONFIG_KEY = "config"  # A point's own config file instead of the base config.
-
-
-def _config_label(spec: str) -> str:
-  """``configs/affnist.py:baseline`` -> ``affnist:baseline`` (point names, tables)."""
-  path, _, variant = spec.partition(":")
-  return pathlib.Path(path).stem + (f":{variant}" if variant else "")
 
 
 def load_config_file(spec: str, experiment_path: str | None = None):
@@ -163,28 +146,6 @@ def apply_overrides(config, overrides: dict, seed: int):
   return config
 
 
-EXTRA_SUFFIXES = ("_accuracy", "_at_least_one")  # Columns of further evaluations.
-
-
-def extra_evaluations(summary: dict) -> dict[str, float]:
-  """``{"NAME_accuracy": ...}`` for each evaluation besides test (validation first), and
-  ``NAME_at_least_one`` (test included) where there are several labels per example."""
-  extra = {}
-  evaluations = summary.get("evaluations", {})
-  for name in sorted(evaluations, key=lambda n: n != "validation"):
-    metrics = evaluations[name]
-    if name != "test":
-      extra[f"{name}_accuracy"] = metrics.get("accuracy")
-    if "at_least_one" in metrics:
-      extra[f"{name}_at_least_one"] = metrics["at_least_one"]
-  return extra
-
-
-def _is_extra(column: str) -> bool:
-  return column.endswith(EXTRA_SUFFIXES) and column not in RESULT_COLUMNS
-
-
-
 
 def run_points(config, points: list[Point], workdir: str, command_line: dict | None = None,
                skip_held: bool = True) -> None:
@@ -215,151 +176,6 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
           raise
         print(f"{tag}: held by another worker ({workdirs.Lock(run_dir).holder()}), skipped.",
               flush=True)
-
-
-def collect(points: list[Point], workdir: str) -> list[dict]:
-  """Writes results.csv, results.md and plots from the finished runs' summaries."""
-  keys = list(dict.fromkeys(k for p in points for k in p.overrides))
-  rows, missing = [], []
-  for point in points:
-    path = os.path.join(workdir, point.name, "summary.json")
-    if not is_finished(os.path.join(workdir, point.name)):
-      missing.append(point.name)
-      continue
-    with open(path) as f:
-      summary = json.load(f)
-    label = lambda k, v: _config_label(v) if k == CONFIG_KEY and v else _format(v)
-    row = {"run": point.name, **{k: label(k, point.overrides.get(k, "")) for k in keys},
-           "seed": point.seed}
-    row.update({c: summary.get(c) for c in RESULT_COLUMNS})
-    row["chance"] = chance_text(summary.get("chance"))
-    row.update(extra_evaluations(summary))
-    rows.append(row)
-  os.makedirs(workdir, exist_ok=True)
-  extra = list(dict.fromkeys(k for row in rows for k in row if _is_extra(k)))
-  with files.atomic_write(os.path.join(workdir, "results.csv"), newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=["run", *keys, "seed", *RESULT_COLUMNS, "chance",
-                                           *extra])
-    writer.writeheader()
-    writer.writerows(rows)
-  groups = _group(rows, keys)
-  with files.atomic_write(os.path.join(workdir, "results.md")) as f:
-    f.write(markdown_table(groups, keys))
-    if missing:
-      f.write(f"\nNot finished ({len(missing)}): {', '.join(missing)}\n")
-  _plot(groups, keys, workdir)
-  if missing:
-    print(f"{len(missing)} of {len(points)} runs not finished: {', '.join(missing)}")
-  print(f"Wrote {os.path.join(workdir, 'results.csv')} ({len(rows)} runs) and results.md.")
-  return rows
-
-
-def _mean_std(values):
-  """Mean and sample std; the std is None for a single value (no spread to report)."""
-  values = [v for v in values if v is not None]
-  if not values:
-    return float("nan"), None
-  mean = sum(values) / len(values)
-  if len(values) == 1:
-    return mean, None
-  return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-
-
-def _mean_pm(mean: float, std: float | None, scale: float = 100.0, digits: int = 2) -> str:
-  """``89.50 ± 0.30`` over several seeds; ``89.50`` for one (the seeds column says so)."""
-  text = f"{scale * mean:.{digits}f}"
-  return text if std is None else f"{text} ± {scale * std:.{digits}f}"
-
-
-def _group(rows: list[dict], keys: list[str]) -> list[dict]:
-  groups: dict[tuple, list[dict]] = {}
-  for row in rows:
-    groups.setdefault(tuple(row[k] for k in keys), []).append(row)
-  out = []
-  for setting, members in groups.items():
-    stats = {c: _mean_std([m[c] for m in members]) for c in
-             ("test_error", "test_loss", "train_images_per_second")}
-    extra = {c: _mean_std([m.get(c) for m in members]) for c in
-             dict.fromkeys(c for m in members for c in m if _is_extra(c))}
-    selected = sorted({str(m.get("selected_on") or "final") for m in members})
-    out.append({"setting": dict(zip(keys, setting)), "seeds": len(members), **stats,
-                "chance": members[0].get("chance", "?"), "selected_on": ", ".join(selected),
-                "extra": extra})
-  return out
-
-
-def markdown_table(groups: list[dict], keys: list[str]) -> str:
-  """Mean ± std over seeds per setting (the mean alone for one seed); beside the test error its chance level and how the
-  numbers were chosen (``selected_on``: ``final``, ``validation`` or ``test`` when a run
-  stopped on test accuracy); other evaluations' accuracies (and at-least-one rates) as
-  extra columns."""
-  extra = list(dict.fromkeys(c for g in groups for c in g.get("extra", {})))
-  header = [*keys, "seeds", "test error (%)", "chance (%)", "selected on", "test loss",
-            "train images/s", *(_extra_header(c) for c in extra)]
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  for g in groups:
-    err_m, err_s = g["test_error"]
-    loss_m, loss_s = g["test_loss"]
-    ips_m, _ = g["train_images_per_second"]
-    extra_cells = [_mean_pm(*g.get("extra", {}).get(c, (float("nan"), None))) for c in extra]
-    lines.append("| " + " | ".join([*(str(g["setting"][k]) for k in keys), str(g["seeds"]),
-                                    _mean_pm(err_m, err_s),
-                                    g.get("chance", "?"), g.get("selected_on", "final"),
-                                    _mean_pm(loss_m, loss_s, 1.0, 4), f"{ips_m:.0f}",
-                                    *extra_cells]) + " |")
-  return "\n".join(lines) + "\n"
-
-
-def _extra_header(column: str) -> str:
-  for suffix, words in (("_accuracy", "accuracy"), ("_at_least_one", "at least one")):
-    if column.endswith(suffix):
-      return f"{column.removesuffix(suffix)} {words} (%)"
-  return column
-
-
-def _plot(groups: list[dict], keys: list[str], workdir: str) -> None:
-  """For each swept key: test error against its values, one line per other setting."""
-  if not groups:
-    return
-  from capsjax import figures  # Selects the Agg backend.
-  import matplotlib.pyplot as plt
-
-  for key in keys:
-    others = [k for k in keys if k != key]
-    lines: dict[tuple, list] = {}
-    for g in groups:
-      lines.setdefault(tuple(g["setting"][k] for k in others), []).append(g)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, members in lines.items():
-      members.sort(key=lambda g: _sort_key(g["setting"][key]))
-      xs = [g["setting"][key] for g in members]
-      ax.errorbar(range(len(xs)) if not _numeric(xs) else [float(x) for x in xs],
-                  [100 * g["test_error"][0] for g in members],
-                  yerr=[100 * (g["test_error"][1] or 0.0) for g in members], marker="o", capsize=3,
-                  label=", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(others, label))
-                  or None)
-      if not _numeric(xs):
-        ax.set_xticks(range(len(xs)), xs)
-    ax.set(xlabel=key, ylabel="test error (%)", title=f"test error vs {key} (mean ± std, seeds)")
-    ax.grid(alpha=0.3)
-    if any(others):
-      ax.legend(fontsize=8)
-    figures.save(fig, os.path.join(workdir, f"test_error_vs_{key.rsplit('.', 1)[-1]}.png"))
-
-
-def _numeric(values) -> bool:
-  try:
-    [float(v) for v in values]
-    return True
-  except (TypeError, ValueError):
-    return False
-
-
-def _sort_key(value):
-  try:
-    return (0, float(value), "")
-  except (TypeError, ValueError):
-    return (1, 0.0, str(value))
 
 
 # --- Command line ------------------------------------------------------------------

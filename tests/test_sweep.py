@@ -183,3 +183,32 @@ def test_results_table_gives_validation_and_the_chance_level_of_each_accuracy(tm
   with open(tmp_path / "results.csv") as f:
     rows = list(csv.DictReader(f))
   assert rows[0]["validation_accuracy"] == "0.32" and rows[1]["chance"] == "error 90.00"
+
+
+def test_results_show_the_value_each_run_used_and_mark_settings_that_do_not_apply(tmp_path):
+  """A router sweep: the default dynamic point reads its 3 iterations from its config.json
+  (the router's default, resolved); uniform has no iterations and reads "–"."""
+  points = sweep.expand({"points": [{"model.routing.name": "dynamic"},
+                                    {"model.routing.name": "uniform"},
+                                    {"model.routing.name": "dynamic",
+                                     "model.routing.iterations": 1}], "seeds": [0]})
+  for point, error in zip(points, (0.01, 0.02, 0.03)):
+    run = tmp_path / point.name
+    run.mkdir()
+    routing = {"name": point.overrides["model.routing.name"],
+               "iterations": point.overrides.get("model.routing.iterations")}
+    (run / "config.json").write_text(json.dumps({"model": {"routing": routing}}))
+    (run / "summary.json").write_text(json.dumps(
+        {"step": 5, "num_steps": 5, "test_accuracy": 1 - error, "test_error": error,
+         "test_loss": 0.1, "chance": {"accuracy": 0.1}}))
+  sweep.collect(points, str(tmp_path))
+  lines = (tmp_path / "results.md").read_text().splitlines()
+  cells = lambda line: [c.strip() for c in line.strip("|").split("|")]
+  assert [cells(line)[:2] for line in lines[2:5]] == [["dynamic", "3"], ["uniform", "–"],
+                                                      ["dynamic", "1"]]
+  assert any(line.startswith("–: the setting does not apply") for line in lines[5:])
+  with open(tmp_path / "results.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert [r["model.routing.iterations"] for r in rows] == ["3", "", "1"]
+  for key in ("name", "iterations"):
+    assert (tmp_path / f"test_error_vs_{key}.png").stat().st_size > 0

@@ -195,7 +195,9 @@ def dynamic_routing(votes: jax.Array,
   trace = record(trace, num_iterations - 1, logits, coupling, preactivation)
   outputs = squash(preactivation, epsilon=squash_epsilon)
   if return_trace:
-    return outputs, trace
+    # With one iteration the whole trace is a constant (b = 0, uniform c); the barrier keeps
+    # XLA from constant-folding the diagnostics over it at compile time (seconds per batch).
+    return outputs, jax.lax.optimization_barrier(trace)
   return outputs
 
 

@@ -1,0 +1,251 @@
+"""A sweep's results: ``results.csv``, ``results.md`` and plots from its finished runs.
+
+One row per run and one table line per setting (mean ± std over seeds). A key that a point
+does not set shows the value the run used (its ``config.json``, routers' defaults resolved),
+so ``dynamic`` reads 3 iterations beside ``dynamic, 1``; ``–`` marks a setting that does not
+apply to that run (a router without iterations). Plots: test error against each swept key,
+one marker series per setting of the other keys.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import pathlib
+
+from capsjax import files
+from capsjax.reporting import chance_text, is_finished
+
+RESULT_COLUMNS = ("test_accuracy", "test_error", "test_loss", "step", "selected_on",
+                  "train_images_per_second", "num_params")
+CONFIG_KEY = "config"  # A point's own config file instead of the base config.
+NOT_APPLICABLE = "–"  # In results.md: the run's config has no value for the key.
+
+
+def format_value(value) -> str:
+  return ("-".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value))
+
+
+def config_label(spec: str) -> str:
+  """``configs/affnist.py:baseline`` -> ``affnist:baseline`` (point names, tables)."""
+  path, _, variant = spec.partition(":")
+  return pathlib.Path(path).stem + (f":{variant}" if variant else "")
+
+
+def value_in_effect(run_config: dict | None, key: str) -> str:
+  """The value of dotted ``key`` in a run's saved config (router and optimiser defaults
+  filled in); "" where the run has none (the setting does not apply, or no config.json)."""
+  from capsjax import runconfig
+
+  if run_config is None or key == CONFIG_KEY:
+    return ""
+  node = runconfig.comparable(run_config)
+  for part in key.split("."):
+    if not isinstance(node, dict) or part not in node:
+      return ""
+    node = node[part]
+  return "" if node is None else format_value(node)
+
+
+EXTRA_SUFFIXES = ("_accuracy", "_at_least_one")  # Columns of further evaluations.
+
+
+def extra_evaluations(summary: dict) -> dict[str, float]:
+  """``{"NAME_accuracy": ...}`` for each evaluation besides test (validation first), and
+  ``NAME_at_least_one`` (test included) where there are several labels per example."""
+  extra = {}
+  evaluations = summary.get("evaluations", {})
+  for name in sorted(evaluations, key=lambda n: n != "validation"):
+    metrics = evaluations[name]
+    if name != "test":
+      extra[f"{name}_accuracy"] = metrics.get("accuracy")
+    if "at_least_one" in metrics:
+      extra[f"{name}_at_least_one"] = metrics["at_least_one"]
+  return extra
+
+
+def _is_extra(column: str) -> bool:
+  return column.endswith(EXTRA_SUFFIXES) and column not in RESULT_COLUMNS
+
+
+def collect(points: list, workdir: str) -> list[dict]:
+  """Writes results.csv, results.md and plots from the finished runs' summaries.
+
+  ``points``: the sweep's :class:`capsjax.sweep.Point` s; each run is ``WORKDIR/point.name``.
+  """
+  from capsjax import runconfig
+
+  keys = list(dict.fromkeys(k for p in points for k in p.overrides))
+  rows, missing = [], []
+  for point in points:
+    path = os.path.join(workdir, point.name, "summary.json")
+    if not is_finished(os.path.join(workdir, point.name)):
+      missing.append(point.name)
+      continue
+    with open(path) as f:
+      summary = json.load(f)
+    run_config = runconfig.read_raw(os.path.join(workdir, point.name))
+    row = {"run": point.name, "seed": point.seed}
+    for k in keys:
+      if k not in point.overrides:
+        row[k] = value_in_effect(run_config, k)
+      elif k == CONFIG_KEY:
+        row[k] = config_label(point.overrides[k])
+      else:
+        row[k] = format_value(point.overrides[k])
+    row.update({c: summary.get(c) for c in RESULT_COLUMNS})
+    row["chance"] = chance_text(summary.get("chance"))
+    row.update(extra_evaluations(summary))
+    rows.append(row)
+  os.makedirs(workdir, exist_ok=True)
+  extra = list(dict.fromkeys(k for row in rows for k in row if _is_extra(k)))
+  with files.atomic_write(os.path.join(workdir, "results.csv"), newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=["run", *keys, "seed", *RESULT_COLUMNS, "chance",
+                                           *extra])
+    writer.writeheader()
+    writer.writerows(rows)
+  groups = _group(rows, keys)
+  with files.atomic_write(os.path.join(workdir, "results.md")) as f:
+    f.write(markdown_table(groups, keys))
+    if missing:
+      f.write(f"\nNot finished ({len(missing)}): {', '.join(missing)}\n")
+  _plot(groups, keys, workdir)
+  if missing:
+    print(f"{len(missing)} of {len(points)} runs not finished: {', '.join(missing)}")
+  print(f"Wrote {os.path.join(workdir, 'results.csv')} ({len(rows)} runs) and results.md.")
+  return rows
+
+
+def _mean_std(values):
+  """Mean and sample std; the std is None for a single value (no spread to report)."""
+  values = [v for v in values if v is not None]
+  if not values:
+    return float("nan"), None
+  mean = sum(values) / len(values)
+  if len(values) == 1:
+    return mean, None
+  return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _mean_pm(mean: float, std: float | None, scale: float = 100.0, digits: int = 2) -> str:
+  """``89.50 ± 0.30`` over several seeds; ``89.50`` for one (the seeds column says so)."""
+  text = f"{scale * mean:.{digits}f}"
+  return text if std is None else f"{text} ± {scale * std:.{digits}f}"
+
+
+def _group(rows: list[dict], keys: list[str]) -> list[dict]:
+  groups: dict[tuple, list[dict]] = {}
+  for row in rows:
+    groups.setdefault(tuple(row[k] for k in keys), []).append(row)
+  out = []
+  for setting, members in groups.items():
+    stats = {c: _mean_std([m[c] for m in members]) for c in
+             ("test_error", "test_loss", "train_images_per_second")}
+    extra = {c: _mean_std([m.get(c) for m in members]) for c in
+             dict.fromkeys(c for m in members for c in m if _is_extra(c))}
+    selected = sorted({str(m.get("selected_on") or "final") for m in members})
+    out.append({"setting": dict(zip(keys, setting)), "seeds": len(members), **stats,
+                "chance": members[0].get("chance", "?"), "selected_on": ", ".join(selected),
+                "extra": extra})
+  return out
+
+
+def markdown_table(groups: list[dict], keys: list[str]) -> str:
+  """Mean ± std over seeds per setting (the mean alone for one seed); beside the test error its chance level and how the
+  numbers were chosen (``selected_on``: ``final``, ``validation`` or ``test`` when a run
+  stopped on test accuracy); other evaluations' accuracies (and at-least-one rates) as
+  extra columns."""
+  extra = list(dict.fromkeys(c for g in groups for c in g.get("extra", {})))
+  header = [*keys, "seeds", "test error (%)", "chance (%)", "selected on", "test loss",
+            "train images/s", *(_extra_header(c) for c in extra)]
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  for g in groups:
+    err_m, err_s = g["test_error"]
+    loss_m, loss_s = g["test_loss"]
+    ips_m, _ = g["train_images_per_second"]
+    extra_cells = [_mean_pm(*g.get("extra", {}).get(c, (float("nan"), None))) for c in extra]
+    lines.append("| " + " | ".join([*(g["setting"][k] or NOT_APPLICABLE for k in keys),
+                                    str(g["seeds"]),
+                                    _mean_pm(err_m, err_s),
+                                    g.get("chance", "?"), g.get("selected_on", "final"),
+                                    _mean_pm(loss_m, loss_s, 1.0, 4), f"{ips_m:.0f}",
+                                    *extra_cells]) + " |")
+  if any(not g["setting"][k] for g in groups for k in keys):
+    lines.append(f"\n{NOT_APPLICABLE}: the setting does not apply to that run (e.g. a router "
+                 "without it); keys a point does not set show the value the run used.")
+  return "\n".join(lines) + "\n"
+
+
+def _extra_header(column: str) -> str:
+  for suffix, words in (("_accuracy", "accuracy"), ("_at_least_one", "at least one")):
+    if column.endswith(suffix):
+      return f"{column.removesuffix(suffix)} {words} (%)"
+  return column
+
+
+def _plot(groups: list[dict], keys: list[str], workdir: str) -> None:
+  """For each swept key: test error against its values, one series per setting of the other
+  keys; runs to which the key does not apply are left out of that plot. Numeric values are
+  joined by lines; categories (router names), in the sweep's order, share one axis and are
+  drawn as markers side by side. The error axis is logarithmic when the errors span more than a factor of ten."""
+  if not groups:
+    return
+  from capsjax import figures  # Selects the Agg backend.
+  import matplotlib.pyplot as plt
+
+  for key in keys:
+    applicable = [g for g in groups if g["setting"][key]]
+    if not applicable:
+      continue
+    others = [k for k in keys if k != key]
+    values = list(dict.fromkeys(g["setting"][key] for g in applicable))  # The sweep's order.
+    numeric = _numeric(values)
+    if numeric:
+      values.sort(key=float)
+    position = ({v: float(v) for v in values} if numeric else
+                {v: float(i) for i, v in enumerate(values)})
+    series: dict[tuple, list] = {}
+    for g in applicable:
+      series.setdefault(tuple(g["setting"][k] for k in others), []).append(g)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(values)), 4))
+    errors = []
+    for i, (label, members) in enumerate(series.items()):
+      members.sort(key=lambda g: _sort_key(g["setting"][key]))
+      offset = 0.0 if numeric else 0.1 * (i - (len(series) - 1) / 2)
+      ys = [100 * g["test_error"][0] for g in members]
+      errors += ys
+      ax.errorbar([position[g["setting"][key]] + offset for g in members], ys,
+                  yerr=[100 * (g["test_error"][1] or 0.0) for g in members], marker="o",
+                  capsize=3, linestyle="-" if numeric else "none",
+                  label=", ".join(f"{k.rsplit('.', 1)[-1]}={v or NOT_APPLICABLE}"
+                                  for k, v in zip(others, label)) or None)
+    if not numeric or len(values) <= 10:  # Ticks at the swept values only.
+      ax.set_xticks([position[v] for v in values], values,
+                    rotation=20 if not numeric and len(values) > 4 else 0)
+    positive = [e for e in errors if e > 0]
+    if positive and max(positive) > 10 * min(positive):
+      ax.set_yscale("log")
+    ax.set(xlabel=key, ylabel="test error (%)", title=f"test error vs {key} (mean ± std, seeds)")
+    ax.grid(alpha=0.3)
+    if others:
+      ax.legend(fontsize=8)
+    figures.save(fig, os.path.join(workdir, f"test_error_vs_{key.rsplit('.', 1)[-1]}.png"))
+
+
+def _numeric(values) -> bool:
+  try:
+    [float(v) for v in values]
+    return True
+  except (TypeError, ValueError):
+    return False
+
+
+def _sort_key(value):
+  try:
+    return (0, float(value), "")
+  except (TypeError, ValueError):
+    return (1, 0.0, str(value))
+
+
