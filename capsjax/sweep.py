@@ -146,7 +146,6 @@ def apply_overrides(config, overrides: dict, seed: int):
   return config
 
 
-
 def run_points(config, points: list[Point], workdir: str, command_line: dict | None = None,
                skip_held: bool = True) -> None:
   """Runs each point not yet finished in ``WORKDIR/<point name>``.

@@ -35,13 +35,12 @@ def config_label(spec: str) -> str:
 
 
 def value_in_effect(run_config: dict | None, key: str) -> str:
-  """The value of dotted ``key`` in a run's saved config (router and optimiser defaults
-  filled in); "" where the run has none (the setting does not apply, or no config.json)."""
-  from capsjax import runconfig
-
+  """The value of dotted ``key`` in a run's saved config, its router and optimiser defaults
+  filled in (:func:`capsjax.runconfig.comparable`); "" where the run has none (the setting
+  does not apply, or no config.json)."""
   if run_config is None or key == CONFIG_KEY:
     return ""
-  node = runconfig.comparable(run_config)
+  node = run_config
   for part in key.split("."):
     if not isinstance(node, dict) or part not in node:
       return ""
@@ -87,6 +86,7 @@ def collect(points: list, workdir: str) -> list[dict]:
     with open(path) as f:
       summary = json.load(f)
     run_config = runconfig.read_raw(os.path.join(workdir, point.name))
+    run_config = runconfig.comparable(run_config) if run_config is not None else None
     row = {"run": point.name, "seed": point.seed}
     for k in keys:
       if k not in point.overrides:
