@@ -111,8 +111,8 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> di
       "compile_seconds": compile_seconds,
       "temp_memory_bytes": temp_bytes,
       "device": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
-      "model": config.model.get("name", "capsnet"),
-      "dataset": config.get("dataset", "mnist"),
+      "model": runtime.config.model.name,
+      "dataset": runtime.config.dataset,
       "conv_impl": config.model.conv_impl,
       "compute_dtype": config.model.compute_dtype,
       "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),  # See capsjax/hostmemory.py.

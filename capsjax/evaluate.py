@@ -79,9 +79,8 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
     result["shifted_test_accuracy"] = results[SHIFTED]["accuracy_by_shift"]
   if jax.process_index() == 0:
     writer = reporting.MetricWriter(workdir)
-    run_figures.draw_figures(workdir, runtime.task.graphdef(), state.variables,
-                             runtime.task.dataset, runtime.splits["test"], evals,
-                             config.eval.num_figure_examples, writer, step)
+    run_figures.draw_figures(workdir, runtime.task, state.variables, runtime.splits["test"],
+                             evals, config.eval.num_figure_examples, writer, step)
     writer.close()
     files.write_json(os.path.join(workdir, "evaluation.json"), result)
     test = results["test"]

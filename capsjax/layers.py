@@ -7,7 +7,7 @@ The layers only hold parameters; the capsule maths lives in
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -148,6 +148,46 @@ class Conv2D(nnx.Module):
     return y.astype(jnp.float32) + self.bias[...]
 
 
+class Capsules(NamedTuple):
+  """A layer of capsules: what primary capsule layers return and class capsules take.
+
+  Attributes:
+    poses: ``(batch, num_capsules, dim)``: vectors (Sabour et al. 2017), or ``p x p`` pose
+      matrices flattened to ``p * p`` (Hinton et al. 2018).
+    activations: ``(batch, num_capsules)``: the vectors' lengths, or a matrix capsule's
+      logistic activation.
+  """
+  poses: jax.Array
+  activations: jax.Array
+
+
+def vector_capsules(poses: jax.Array) -> Capsules:
+  """Vector capsules, their lengths as activations."""
+  return Capsules(poses, routing_lib.safe_norm(poses))
+
+
+def vector_vote_weights(in_caps: int, in_dim: int, out_caps: int, out_dim: int) -> tuple:
+  """The shape of W_ij for :func:`capsjax.routing.capsule_votes` (u_hat = W_ij u_i)."""
+  return (in_caps, out_caps, out_dim, in_dim)
+
+
+def matrix_vote_weights(in_caps: int, in_dim: int, out_caps: int, out_dim: int) -> tuple:
+  """The shape of W_ij for :func:`capsjax.routing.matrix_votes` (V_ij = M_i W_ij): ``p x p``
+  with ``in_dim = out_dim = p * p``."""
+  p = math.isqrt(in_dim)
+  if p * p != in_dim or out_dim != in_dim:
+    raise ValueError(f"matrix votes need square poses of one size: in_dim={in_dim}, "
+                     f"out_dim={out_dim}.")
+  return (in_caps, out_caps, p, p)
+
+
+# How votes are formed: name -> (the shape of W from the layer's sizes, the vote function).
+VOTES: dict[str, tuple[Callable, Callable]] = {
+    "vector": (vector_vote_weights, routing_lib.capsule_votes),
+    "matrix": (matrix_vote_weights, routing_lib.matrix_votes),
+}
+
+
 class PrimaryCapsules(nnx.Module):
   """A convolution whose channels are grouped into capsules, then squashed.
 
@@ -171,23 +211,27 @@ class PrimaryCapsules(nnx.Module):
     self.squash_epsilon = squash_epsilon
     self.output_scale = output_scale
 
-  def __call__(self, features: jax.Array) -> jax.Array:
-    """``(batch, h, w, in_features)`` -> capsules ``(batch, h'*w'*num_types, dim)``."""
+  def __call__(self, features: jax.Array) -> Capsules:
+    """``(batch, h, w, in_features)`` -> vector capsules: poses ``(batch, h'*w'*num_types,
+    dim)``, squashed, and their lengths."""
     x = self.conv(features)
     if self.output_scale != 1.0:  # Official code: coupling x conv + bias.
       bias = self.conv.bias[...]
       x = (x - bias) * self.output_scale + bias
     capsules = x.reshape(x.shape[0], -1, self.dim)
-    return routing_lib.squash(capsules, epsilon=self.squash_epsilon)
+    return vector_capsules(routing_lib.squash(capsules, epsilon=self.squash_epsilon))
 
 
 class ClassCapsules(nnx.Module):
   """Fully connected capsule layer ("DigitCaps"): votes by W_ij, then a router.
 
-  W has one ``(out_dim, in_dim)`` matrix per (child i, parent j) pair; the votes
-  u_hat_{j|i} = W_ij u_i (paper, Eq. 2) are formed by one einsum, without
-  tiling W over the batch. The router (:mod:`capsjax.routing`) turns them into parents;
-  its own learned parameters, if it declares any, are created here (``router_params``).
+  ``votes`` says how a child votes for a parent: ``"vector"``, u_hat_{j|i} = W_ij u_i (Sabour
+  et al., Eq. 2; one ``(out_dim, in_dim)`` matrix per (child i, parent j)), or ``"matrix"``,
+  V_ij = M_i W_ij (Hinton et al. 2018; one ``p x p`` transform per pair, poses of ``p * p``);
+  or a pair ``(weight_shape, vote_fn)`` as in :data:`VOTES`. Votes are formed without tiling
+  W over the batch. The router (:mod:`capsjax.routing`) turns them into parents, so every
+  router runs on either kind; its own learned parameters, if it declares any, are created
+  here (``router_params``).
 
   ``routing``: ``{"name": ..., **settings}`` with every setting of that router filled in
   (:func:`capsjax.routing.resolve`); None: dynamic routing with the keyword switches below.
@@ -198,9 +242,14 @@ class ClassCapsules(nnx.Module):
                routing_iterations: int = 3, softmax_axis: str = "output",
                stop_gradient: bool = False, leaky: bool = False,
                squash_epsilon: float = 0.0, routing: dict | None = None,
-               initializer: nnx.Initializer | None = None, rngs: nnx.Rngs):
-    """``initializer``, if given, draws W (shape ``(in_caps, out_caps, out_dim, in_dim)``)
-    instead of the truncated normal of std ``init_scale``."""
+               initializer: nnx.Initializer | None = None,
+               votes: str | tuple[Callable, Callable] = "vector", rngs: nnx.Rngs):
+    """``initializer``, if given, draws W (shape ``(in_caps, out_caps, out_dim, in_dim)`` for
+    vector votes) instead of the truncated normal of std ``init_scale``."""
+    if isinstance(votes, str) and votes not in VOTES:
+      raise ValueError(f"ClassCapsules votes must be one of {tuple(VOTES)} or a pair "
+                       f"(weight_shape, vote_fn), got {votes!r}.")
+    weight_shape, self.vote_fn = VOTES[votes] if isinstance(votes, str) else votes
     if routing is None:
       routing = {"name": "dynamic", "iterations": routing_iterations,
                  "softmax_axis": softmax_axis, "stop_gradient": stop_gradient, "leaky": leaky,
@@ -214,7 +263,8 @@ class ClassCapsules(nnx.Module):
       raise UsageError(f"config.model.class_capsules.use_bias adds a bias to s_j, which router "
                        f"{router.name!r} does not form; leave it False.")
     init = initializer or nnx.initializers.truncated_normal(stddev=init_scale)
-    self.weights = nnx.Param(init(rngs.params(), (in_caps, out_caps, out_dim, in_dim)))
+    self.weights = nnx.Param(init(rngs.params(),
+                                  weight_shape(in_caps, in_dim, out_caps, out_dim)))
     self.bias = nnx.data(
         nnx.Param(jnp.full((out_caps, out_dim), bias_init)) if use_bias else None)
     specs = router.parameters(in_caps, in_dim, out_caps, out_dim, routing)
@@ -232,25 +282,29 @@ class ClassCapsules(nnx.Module):
   def routing_settings(self) -> dict:
     return dict(self.routing_items)
 
-  def votes(self, capsules: jax.Array) -> jax.Array:
+  def votes(self, poses: jax.Array) -> jax.Array:
     """``(batch, in_caps, in_dim)`` -> ``(batch, in_caps, out_caps, out_dim)``."""
-    return routing_lib.capsule_votes(capsules, self.weights[...])
+    return self.vote_fn(poses, self.weights[...])
 
-  def route(self, capsules: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
+  def route(self, capsules: Capsules | jax.Array, *, train: bool = False,
+            rng: jax.Array | None = None,
             diagnostics: bool = False) -> routing_lib.RoutingResult:
-    """``(batch, in_caps, in_dim)`` -> :class:`capsjax.routing.RoutingResult` (parents
+    """Child :class:`Capsules` (or bare vector poses ``(batch, in_caps, in_dim)``, their
+    lengths the activations) -> :class:`capsjax.routing.RoutingResult` (parents
     ``(batch, out_caps, out_dim)``, their activations or None, diagnostics)."""
+    if not isinstance(capsules, Capsules):
+      capsules = vector_capsules(capsules)
     params = {} if self.router_params is None else {
         name: p[...] for name, p in self.router_params.items()}
     if self.bias is not None:
       params["bias"] = self.bias[...]
     return self.router.route(
-        self.votes(capsules), inputs=capsules, activations=routing_lib.safe_norm(capsules),
+        self.votes(capsules.poses), inputs=capsules.poses, activations=capsules.activations,
         params=params, rng=rng, settings=self.routing_settings, train=train,
         diagnostics=diagnostics)
 
-  def __call__(self, capsules: jax.Array) -> jax.Array:
-    """``(batch, in_caps, in_dim)`` -> parents ``(batch, out_caps, out_dim)`` (evaluation)."""
+  def __call__(self, capsules: Capsules | jax.Array) -> jax.Array:
+    """Child capsules -> parents ``(batch, out_caps, out_dim)`` (evaluation)."""
     return self.route(capsules).capsules
 
 

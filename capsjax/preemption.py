@@ -36,13 +36,11 @@ class Preempted(Exception):
 
 
 def _preemption_service_active() -> bool:
-  """Whether jax.distributed started JAX's preemption service (it then owns SIGTERM)."""
-  try:
-    from jax._src import distributed  # The state object has no public accessor.
-  except ImportError:
-    return False
-  state = distributed.global_state
-  return state.client is not None and state.preemption_sync_manager is not None
+  """Whether jax.distributed started JAX's preemption service (it then owns SIGTERM):
+  ``jax.distributed.initialize`` starts it unless ``jax_enable_preemption_service`` is off."""
+  import jax
+
+  return bool(jax.distributed.is_initialized() and jax.config.jax_enable_preemption_service)
 
 
 class StopRequest:

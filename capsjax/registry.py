@@ -10,11 +10,22 @@ Each package keeps one table in its ``__init__.py``, name -> ``"module:Class"``,
 Adding one is one file (the class) plus one line in that table. A class is imported when
 it is first asked for, so a module that fails to import breaks only the configs that use it,
 and the command lines start without importing every model and dataset.
+
+A researcher's own class needs no line in a table: the config names it by import path,
+``"package.module:Class"`` (importable from the working directory or ``PYTHONPATH``) or
+``"path/to/file.py:Class"`` (a file, relative to the working directory), e.g.
+``config.model.name = "examples/tiny_capsnet.py:TinyCapsNet"``; it then works exactly as a
+registered one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
+import os
+import sys
+import types
 
 
 class Registry:
@@ -38,14 +49,48 @@ class Registry:
     return name in self.entries
 
   def get(self, name: str) -> type:
-    """The class registered as ``name``; UsageError naming the key and the choices if none."""
-    if name not in self.entries:
-      from capsjax.errors import UsageError
+    """The class registered as ``name``, or named by its import path (``"module:Class"``,
+    ``"file.py:Class"``); UsageError naming the key and the choices if none."""
+    from capsjax.errors import UsageError
 
+    if not isinstance(name, str) or (name not in self.entries and ":" not in name):
       raise UsageError(f"{self.key}={name!r} is not a registered {self.kind}; use one of "
-                       f"{self.names()}.")
-    module, _, attr = self.entries[name].partition(":")
-    cls = getattr(importlib.import_module(module), attr)
+                       f"{self.names()}, or name your own as 'module:Class' or "
+                       f"'path/to/file.py:Class'.")
+    module_name, _, attr = self.entries.get(name, name).partition(":")
+    module = import_module(module_name, f"{self.key}={name!r}")
+    if not hasattr(module, attr):
+      raise UsageError(f"{self.key}={name!r}: {module_name} has no {attr!r}.")
+    cls = getattr(module, attr)
     if self.attribute:
       setattr(cls, self.attribute, name)
     return cls
+
+
+def import_module(name: str, what: str) -> types.ModuleType:
+  """Module ``name`` (dotted), or the Python file ``name`` (ending in ``.py``, loaded once per
+  process); UsageError saying ``what`` asked for it when it cannot be found."""
+  from capsjax.errors import UsageError
+
+  if not name.endswith(".py"):
+    try:
+      return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+      if e.name and not name.startswith(e.name) and not e.name.startswith(name):
+        raise  # The module exists; something it imports is missing.
+      raise UsageError(f"{what}: no module {name!r} (looked in the working directory "
+                       f"{os.getcwd()} and PYTHONPATH).") from None
+  path = os.path.abspath(name)
+  if not os.path.isfile(path):
+    raise UsageError(f"{what}: no file {path}.")
+  key = f"capsjax_user_{os.path.basename(path)[:-3]}_{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+  if key not in sys.modules:
+    spec = importlib.util.spec_from_file_location(key, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module  # Before running it: dataclasses and pickling look it up.
+    try:
+      spec.loader.exec_module(module)
+    except BaseException:
+      del sys.modules[key]
+      raise
+  return sys.modules[key]

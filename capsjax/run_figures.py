@@ -1,11 +1,9 @@
 """The figures of a run, drawn after training (and by ``capsjax.evaluate``).
 
-Every run: training curves and, when the records have them, routing
-diagnostics. Models with a decoder: reconstructions of test examples and the
-latent perturbations of paper Fig. 4; with two digits per image, paper Fig. 5
-(each digit reconstructed from its capsule, overlaid in red and green) and the
-same with a class that is not present (the paper's "*" columns). Each evaluator
-may add its own (e.g. affine test examples with predictions).
+Every run: training curves and, when the records have them, routing diagnostics. Then the
+model's own figures (its ``draw_figures`` hook: e.g. capsule models' reconstructions, paper
+Fig. 4 and 5) of a few test examples, and each evaluator's (e.g. affine test examples with
+predictions).
 """
 
 from __future__ import annotations
@@ -13,110 +11,62 @@ from __future__ import annotations
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from capsjax import figures, reporting
 
 
-def draw_figures(workdir: str, graphdef, params, builder, test_split, evaluations: dict,
+def draw_figures(workdir: str, task, variables, test_split, evaluations: dict,
                  num_examples: int, writer, step: int) -> None:
   """Draws every figure of the run into ``workdir`` (and images into ``writer``).
 
   Args:
-    builder: the dataset builder; its ``eval_batch`` prepares the test examples.
+    task: the run's :class:`capsjax.tasks.Task` (its model and dataset builder).
+    variables: the model's variables (``TrainState.variables``).
     test_split: the host test split (:class:`capsjax.datasets.Split`).
     evaluations: the run's evaluators; each may draw its own figures.
-    num_examples: how many test examples the reconstruction figure shows.
+    num_examples: how many test examples the model's figures show.
   """
   records = reporting.read_metrics(workdir)
   figures.save_training_curves(os.path.join(workdir, "training_curves.png"), records)
   figures.save_routing_diagnostics(os.path.join(workdir, "routing_diagnostics.png"), records)
-  params = jax.tree.map(np.asarray, params)  # Host copy: figures are tiny, skip the mesh.
-  model = JittedModel(graphdef, params)
+  variables = jax.tree.map(np.asarray, variables)  # Host copy: figures are tiny, skip the mesh.
+  model = JittedModel(task, variables)
   n = min(num_examples, len(test_split))
-  if model.decoder is not None and n:
-    batch = jax.jit(builder.eval_batch)({k: v[:n] for k, v in test_split.examples.items()},
-                                        test_split.shared)
-    if np.ndim(batch["labels"]) == 2:
-      _draw_pair_reconstructions(workdir, model, batch, writer, step)
-    else:
-      _draw_reconstructions(workdir, model, batch, writer, step)
+  hook = getattr(task.model_class, "draw_figures", None)
+  if hook is not None and n:
+    batch = jax.jit(lambda e, s: task.complete_batch(task.dataset.eval_batch(e, s)))(
+        {k: v[:n] for k, v in test_split.examples.items()}, test_split.shared)
+    hook(model, batch, workdir, writer, step)
   for evaluator in evaluations.values():
     evaluator.draw(model, workdir, writer, step)
 
 
 class JittedModel:
-  """A model's ``apply`` (evaluation) and ``decode`` under ``jax.jit``: one compilation each,
-  instead of one per operation when called eagerly."""
+  """A model's evaluation outputs (:meth:`capsjax.tasks.Task.forward`) and, where it can
+  reconstruct, ``decode`` under ``jax.jit``: one compilation each, instead of one per
+  operation when called eagerly.
 
-  def __init__(self, graphdef, params):
-    model = nnx.merge(graphdef, params)
-    self.decoder = getattr(model, "decoder", None)
-    self.num_classes = getattr(model, "num_classes", None)
-    self._params = params
-    self._apply = jax.jit(lambda p, batch: nnx.merge(graphdef, p).apply(batch, train=False))
-    self._decode = jax.jit(lambda p, capsules, ids: nnx.merge(graphdef, p).decode(capsules, ids))
+  Attributes:
+    capabilities: what the model declares (:data:`capsjax.models.CAPABILITIES`).
+    num_classes: the dataset's classes.
+  """
+
+  def __init__(self, task, variables):
+    self.capabilities = task.capabilities
+    self.num_classes = task.dataset.info.num_classes
+    self._variables = variables
+    self._apply = jax.jit(lambda v, batch: task.forward(v, batch, train=False).outputs)
+    self._decode = jax.jit(lambda v, capsules, ids: nnx.merge(task.graphdef, v).decode(
+        capsules, ids))
 
   def apply(self, batch: dict, *, train: bool = False):
     if train:
       raise ValueError("JittedModel draws figures: evaluation only.")
-    return self._apply(self._params, batch)
+    return self._apply(self._variables, batch)
 
   def decode(self, class_capsules, class_ids):
-    return self._decode(self._params, class_capsules, class_ids)
-
-
-def _draw_reconstructions(workdir, model, batch, writer, step) -> None:
-  """Inputs over their reconstructions, and paper Fig. 4 for the first example."""
-  out = model.apply(batch, train=False)
-  images = figures.displayable(batch["images"])
-  reconstructions = figures.displayable(out.reconstructions)
-  figures.save_reconstructions(os.path.join(workdir, "reconstructions.png"), images,
-                               reconstructions, np.asarray(batch["labels"]),
-                               np.asarray(out.predictions))
-  if writer is not None:
-    writer.write_image("test/reconstructions", step,
-                       figures.reconstruction_grid(images, reconstructions))
-  label = int(out.predictions[0])
-  capsule = out.class_capsules[0]
-  dims = capsule.shape[-1]
-  deltas = jnp.asarray(figures.PERTURBATIONS, jnp.float32)
-  # (dims, perturbations, classes, dim): one copy per (dimension, delta).
-  tweaked = jnp.broadcast_to(capsule, (dims, len(deltas), *capsule.shape))
-  tweaked = tweaked.at[:, :, label, :].add(jnp.eye(dims)[:, None, :] * deltas[None, :, None])
-  decoded = model.decode(tweaked.reshape(-1, *capsule.shape),
-                         jnp.full((dims * len(deltas),), label))
-  decoded = figures.displayable(decoded)
-  decoded = decoded.reshape(dims, len(deltas), *decoded.shape[1:])
-  figures.save_latent_perturbations(os.path.join(workdir, "latent_perturbations.png"),
-                                    decoded, label)
-  if writer is not None:
-    writer.write_image("test/latent_perturbations", step, figures.tile(decoded))
-
-
-def _draw_pair_reconstructions(workdir, model, batch, writer, step) -> None:
-  """Paper Fig. 5 from the predicted classes, and with the second class swapped for the
-  longest capsule of a class that is not in the image."""
-  images, labels = np.asarray(batch["images"]), np.asarray(batch["labels"])
-  out = model.apply(batch, train=False)
-  predicted = np.asarray(out.predictions)
-  figures.save_pair_reconstructions(
-      os.path.join(workdir, "reconstructions.png"), images, np.asarray(out.reconstructions),
-      labels, predicted, "inputs (top) and the two predicted capsules decoded (red, green); "
-      "labels above, then the decoded classes")
-  if writer is not None:
-    writer.write_image("test/reconstructions", step, figures.tile(np.stack(
-        [np.repeat(images, 3, axis=-1), figures.overlay(np.asarray(out.reconstructions))])))
-  absent_lengths = np.where(np.eye(model.num_classes, dtype=bool)[labels].any(axis=1),
-                            -np.inf, np.asarray(out.lengths))
-  forced = np.stack([labels[:, 0], absent_lengths.argmax(axis=1)], axis=1)
-  decoded = np.asarray(model.decode(out.class_capsules, jnp.asarray(forced)))
-  figures.save_pair_reconstructions(
-      os.path.join(workdir, "forced_reconstructions.png"), images, decoded, labels, forced,
-      "a present class (red) and a class not present (green, the paper's *): what the "
-      "capsule of an absent class decodes to")
-  if writer is not None:
-    writer.write_image("test/forced_reconstructions", step, figures.tile(np.stack(
-        [np.repeat(images, 3, axis=-1), figures.overlay(decoded)])))
+    if "reconstruction" not in self.capabilities:
+      raise ValueError("This model declares no 'reconstruction' capability: it cannot decode.")
+    return self._decode(self._variables, class_capsules, class_ids)

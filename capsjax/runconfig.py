@@ -11,7 +11,7 @@ import types
 
 import ml_collections
 
-from capsjax import files
+from capsjax import defaults, files
 from capsjax.errors import UsageError
 
 # Settings a resumed run may change without changing what it computes: its length, how often
@@ -22,14 +22,21 @@ RESUME_NEUTRAL_KEYS = ("train.num_steps", "train.num_epochs", "train.log_every_s
                        "data.tfds_data_dir", "model.conv_impl", "eval", "evals",
                        "train.stop_at_accuracy", "train.saturation_warning")
 
-# Keys added after the first workdirs were written, with the value that reproduces them.
-_DEFAULTS = {"dataset": "mnist", "model.name": "capsnet", "train.stop_at_accuracy": None,
-             "data.pad": 0, "optimizer.name": "adam", "optimizer.schedule": "exponential",
-             "model.primary.output_scale": 1.0, "model.routing.name": "dynamic",
-             "model.class_capsules.scores": "auto",
-             # The settings of routers other than dynamic, unset in a dynamic run.
-             **{f"model.routing.{key}": None for key in (
-                 "logit_scale", "eval_seed", "agreement_scale", "layer_norm_epsilon")}}
+# Keys added after the first workdirs were written, with the value that reproduces them: for
+# every run, and (the second table) for runs of the model and dataset that had the key, which
+# were the only ones when it was added (others never had it: a config.json round-trips exactly).
+_DEFAULTS = {"dataset": defaults.DATASET, "model.name": defaults.MODEL,
+             "train.stop_at_accuracy": None, "optimizer.name": "adam",
+             "optimizer.schedule": "exponential"}
+_DEFAULTS_OF = {
+    ("model.name", "capsnet"): {"model.primary.output_scale": 1.0,
+                                "model.routing.name": "dynamic",
+                                "model.class_capsules.scores": "auto"},
+    ("dataset", "mnist"): {"data.pad": 0},
+}
+# Settings that registries own (a router's, an optimiser's) are not listed: they are compared
+# resolved, and an unset setting of another router or optimiser is no setting
+# (:func:`comparable`).
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -48,14 +55,13 @@ def config_changes(before: dict, after: dict) -> list[str]:
   configs as JSON dicts, leaving out :data:`RESUME_NEUTRAL_KEYS` and the keys under them, and
   keys added since ``before`` was written whose value reproduces it. Optimiser and router
   settings are compared resolved (:func:`comparable`)."""
-  before, after = flatten(comparable(before)), flatten(comparable(after))
+  # Keys added since ``before`` was written take the value that reproduces it.
+  before, after = flatten(comparable(with_added_keys(before))), flatten(comparable(after))
   changes = []
   for key in sorted(before.keys() | after.keys()):
     if any(key == k or key.startswith(k + ".") for k in RESUME_NEUTRAL_KEYS):
       continue
     old, new = before.get(key, "(unset)"), after.get(key, "(unset)")
-    if key not in before and key in _DEFAULTS and new == _DEFAULTS[key]:
-      continue  # Added since that run was written, at the value that reproduces it.
     if old != new:
       changes.append(f"{key}: {old!r} -> {new!r}")
   return changes
@@ -89,9 +95,10 @@ def comparable(raw: dict) -> dict:
   if isinstance(section, dict):
     try:
       router, settings = routing.resolve(section)
-      section.update({"name": router.name, **settings})
     except UsageError:
-      pass
+      return raw
+    # Other routers' settings, unset, are no setting of this run (new routers add them).
+    raw["model"]["routing"] = {"name": router.name, **settings}
   return raw
 
 
@@ -128,21 +135,40 @@ def load(workdir: str) -> ml_collections.ConfigDict:
 
 def from_raw(raw: dict) -> ml_collections.ConfigDict:
   """A ConfigDict from a saved config.json's dict (see :func:`load`)."""
+  return ml_collections.ConfigDict(tuples(with_added_keys(raw)))
+
+
+def with_added_keys(raw: dict) -> dict:
+  """A copy of a config.json's dict with the keys added since it was written
+  (:data:`_DEFAULTS`, :data:`_DEFAULTS_OF`) set to the values that reproduce its run."""
   raw = json.loads(json.dumps(raw))
-  for key, value in _DEFAULTS.items():
-    node = raw
-    *parents, leaf = key.split(".")
+
+  def node_of(key):
+    node, (*parents, leaf) = raw, key.split(".")
     for p in parents:
       node = node.setdefault(p, {})
+    return node, leaf
+
+  for key, value in _DEFAULTS.items():
+    node, leaf = node_of(key)
     node.setdefault(leaf, value)
-  # JSON turns tuples into lists; model configs want tuples back.
-  model = raw["model"]
-  for key, value in model.items():
-    if isinstance(value, list):
-      model[key] = tuple(value)
-  if "decoder" in model:
-    model["decoder"]["hidden"] = tuple(model["decoder"]["hidden"])
-  return ml_collections.ConfigDict(raw)
+  for (key, value), keys in _DEFAULTS_OF.items():
+    node, leaf = node_of(key)
+    if node[leaf] == value:
+      for added, default in keys.items():
+        node, leaf = node_of(added)
+        node.setdefault(leaf, default)
+  return raw
+
+
+def tuples(tree):
+  """JSON's lists turned back into the tuples they were written from, at every depth (config
+  files hold sequences as tuples)."""
+  if isinstance(tree, dict):
+    return {key: tuples(value) for key, value in tree.items()}
+  if isinstance(tree, list):
+    return tuple(tuples(value) for value in tree)
+  return tree
 
 
 def import_config_file(path: str | os.PathLike) -> types.ModuleType:

@@ -9,8 +9,9 @@ evaluation runner.
     evals = runtime.evaluations()      # config.evals on the devices
 
 The mesh is 1-D over every device of the job (axis ``data``): batches are sharded,
-parameters, optimiser state and the datasets replicated. :class:`Runner` evaluates a model on
-an :class:`EvalSet` in jitted, data-parallel batches.
+parameters, optimiser state and the datasets replicated. ``runtime.runner``
+(:class:`capsjax.evaluation.Runner`) maps functions of the model over evaluation sets in
+jitted, data-parallel batches.
 """
 
 from __future__ import annotations
@@ -18,14 +19,12 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
-from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax import datasets, evaluators, optimizers, plan, reporting, train_step
 from capsjax.errors import UsageError
+from capsjax.evaluation import Runner, put_on_devices
 from capsjax.tasks import Task
 
 
@@ -45,10 +44,11 @@ class Runtime:
   """
 
   def __init__(self, config: ml_collections.ConfigDict):
-    """Raises UsageError, naming the key, for a config that cannot run here."""
+    """Raises UsageError, naming the key, for a config that cannot run here. ``self.config``
+    is the resolved copy (:func:`capsjax.tasks.resolve_config`); ``config`` is not written."""
     plan.validate_train_config(config, jax.device_count())
-    self.config = config
     self.task = Task.from_config(config)
+    self.config = self.task.config
     self.mesh = make_mesh()
     self.replicated = NamedSharding(self.mesh, P())
     self.splits: dict[str, datasets.Split] | None = None
@@ -57,8 +57,11 @@ class Runtime:
     self._runner: Runner | None = None
 
   def load(self, splits: dict[str, datasets.Split] | None = None) -> "Runtime":
-    """Reads the dataset's splits (or takes ``splits``) and plans the run's steps."""
+    """Reads the dataset's splits (or takes ``splits``), checks that the model keeps its
+    contract on them (:meth:`capsjax.tasks.Task.check_outputs`) and plans the run's steps."""
     self.splits = self.task.dataset.load() if splits is None else splits
+    test = self.splits["test"]
+    self.task.check_outputs(test.examples, test.shared)
     self.plan = plan.Plan.from_config(self.config.train, len(self.splits["train"]))
     self._optimizer = None  # Epoch-based settings need the plan.
     return self
@@ -99,7 +102,7 @@ class Runtime:
   @property
   def runner(self) -> "Runner":
     if self._runner is None:
-      self._runner = Runner(self.task.graphdef(), self.mesh, self.config.eval.batch_size)
+      self._runner = Runner(self.task, self.mesh, self.config.eval.batch_size)
     return self._runner
 
   def evaluations(self, log: Callable[[str], None] = reporting.log) -> dict:
@@ -111,123 +114,6 @@ class Runtime:
   def on_devices(self, split: datasets.Split) -> tuple[dict, dict]:
     """A split's ``examples`` and ``shared`` arrays, replicated on the mesh."""
     return put_on_devices(split, self.replicated)
-
-
-# --- Data on the devices --------------------------------------------------------------------
-
-def replicated_array(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
-  """A global array replicated on every device of the mesh, from host data that every
-  process holds (works across hosts, unlike a plain device_put)."""
-  x = np.asarray(x)
-  return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
-
-
-def put_on_devices(split: datasets.Split,
-                   sharding: NamedSharding) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-  """A split's ``examples`` and ``shared`` arrays, replicated on the devices."""
-  return ({k: replicated_array(v, sharding) for k, v in split.examples.items()},
-          {k: replicated_array(v, sharding) for k, v in split.shared.items()})
-
-
-# --- The evaluation runner ------------------------------------------------------------------
-
-class EvalSet:
-  """A split on the devices, padded to whole eval batches (padding has weight 0), and the
-  function that turns a slice of its examples into a model batch."""
-
-  def __init__(self, split: datasets.Split, make_batch: Callable, batch_size: int,
-               sharding: NamedSharding):
-    self.size = len(split)
-    self.num_batches = -(-max(self.size, 1) // batch_size)
-    padded = self.num_batches * batch_size
-    pad = lambda a: np.concatenate([a, np.zeros((padded - len(a), *a.shape[1:]), a.dtype)])
-    self.examples, self.shared = put_on_devices(
-        datasets.Split({k: pad(v) for k, v in split.examples.items()}, split.shared), sharding)
-    self.weights = replicated_array(pad(np.ones(self.size, np.float32)), sharding)
-    self.make_batch = make_batch
-    self.batch_size = batch_size
-    self.host = split
-
-
-class Runner:
-  """Evaluates a model on :class:`EvalSet`s: jitted per batch, data parallel over the mesh."""
-
-  def __init__(self, graphdef, mesh, batch_size: int):
-    self.graphdef, self.mesh, self.batch_size = graphdef, mesh, batch_size
-    self.replicated = NamedSharding(mesh, P())
-    self._steps: dict = {}
-
-  def eval_set(self, split: datasets.Split, make_batch: Callable) -> EvalSet:
-    return EvalSet(split, make_batch, self.batch_size, self.replicated)
-
-  def _step(self, kind: str, make_batch: Callable) -> Callable:
-    if (kind, make_batch) not in self._steps:
-      make = {"metrics": make_eval_step, "scores": make_scores_step}[kind]
-      self._steps[kind, make_batch] = make(self.graphdef, self.mesh, self.batch_size,
-                                           make_batch)
-    return self._steps[kind, make_batch]
-
-  def evaluate(self, params, eval_set: EvalSet) -> dict:
-    """Means over the set of the model's loss, its parts and its metrics; ``error`` is
-    ``1 - accuracy``. Values are floats, or lists for per-iteration metrics."""
-    step, totals = self._step("metrics", eval_set.make_batch), None
-    for b in range(eval_set.num_batches):
-      sums = step(params, eval_set.examples, eval_set.shared, eval_set.weights,
-                  b * eval_set.batch_size)
-      totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-    totals = jax.tree.map(np.asarray, totals)
-    n = max(float(totals.pop("count")), 1.0)
-    metrics = {k: (v / n).tolist() for k, v in totals.items()}
-    if "accuracy" in metrics:
-      metrics["error"] = 1.0 - metrics["accuracy"]
-    return metrics
-
-  def scores(self, params, eval_set: EvalSet) -> tuple[np.ndarray, np.ndarray]:
-    """The model's class scores ``(n, num_classes)`` and the labels of every example of the
-    set (ensembles average the scores of several models)."""
-    step = self._step("scores", eval_set.make_batch)
-    parts = [step(params, eval_set.examples, eval_set.shared, b * eval_set.batch_size)
-             for b in range(eval_set.num_batches)]
-    scores = np.concatenate([np.asarray(p[0]) for p in parts])[:eval_set.size]
-    labels = np.concatenate([np.asarray(p[1]) for p in parts])[:eval_set.size]
-    return scores, labels
-
-
-def _batch_taker(mesh, batch_size: int, start):
-  batch_sharding = NamedSharding(mesh, P("data"))
-  return lambda a: jax.lax.with_sharding_constraint(
-      jax.lax.dynamic_slice_in_dim(a, start, batch_size), batch_sharding)
-
-
-def make_scores_step(graphdef, mesh, batch_size: int, make_batch: Callable) -> Callable:
-  """``fn(params, examples, shared, start) -> (scores, labels)`` of one batch."""
-
-  @jax.jit
-  def scores_step(params, examples, shared, start):
-    batch = make_batch(jax.tree.map(_batch_taker(mesh, batch_size, start), examples), shared)
-    return nnx.merge(graphdef, params).apply(batch, train=False).scores, batch["labels"]
-
-  return scores_step
-
-
-def make_eval_step(graphdef, mesh, batch_size: int, make_batch: Callable) -> Callable:
-  """``fn(params, examples, shared, weights, start) -> sums`` over one batch: ``count``,
-  ``loss``, each loss part and each metric, weighted per example (padding weighs 0)."""
-
-  @jax.jit
-  def eval_step(params, examples, shared, weights, start):
-    take = _batch_taker(mesh, batch_size, start)
-    batch = make_batch(jax.tree.map(take, examples), shared)
-    weights = take(weights)
-    model = nnx.merge(graphdef, params)
-    outputs = model.apply(batch, train=False)
-    loss, parts = model.loss(outputs, batch)
-    per_example = {"loss": loss, **parts, **model.metrics(outputs, batch)}
-    sums = {k: jnp.tensordot(weights, v.astype(jnp.float32), axes=1)
-            for k, v in per_example.items()}
-    return {"count": jnp.sum(weights), **sums}
-
-  return eval_step
 
 
 def check_no_test_selection(config, which: str) -> None:

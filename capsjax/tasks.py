@@ -1,25 +1,61 @@
-"""A task is what a run trains: a dataset builder and a model class, both picked by the config.
+"""A task is what a run trains: a dataset builder and a model, both picked by the config, and
+the one forward function every caller uses.
 
-``Task.from_config(config)`` looks both up in their registries
-(``config.dataset``, ``config.model.name``) and checks that they fit each other
-before any data is read; the train loop, the evaluate command and the
-benchmark only talk to the task.
+``Task.from_config(config)`` resolves the config (a copy with every default the dataset and
+the model's settings fill in: :func:`resolve_config`; the caller's config is never written),
+looks the dataset and the model up in their registries (``config.dataset``,
+``config.model.name``, a registered name or an import path), builds the model's graph once
+(which validates its settings) and checks the model's contract (:mod:`capsjax.models`) before
+any data is read. The train step, every evaluation, the figures, the benchmark and the
+experiments call :meth:`Task.forward` and nothing else.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
 from flax import nnx
 
-from capsjax import datasets, evaluators, metrics, models
+from capsjax import datasets, defaults, evaluators, metrics, models
 from capsjax.errors import UsageError
+
+
+class Forward(NamedTuple):
+  """What :meth:`Task.forward` returns.
+
+  Attributes:
+    outputs: the model's :class:`capsjax.models.Outputs`.
+    loss: the objective per example, ``(batch,)``.
+    loss_parts: its named parts, ``{name: (batch,)}``.
+    metrics: ``{name: (batch,) or (batch, k)}``, at least ``accuracy``.
+    model_state: the model's variables that are not parameters after the pass (BatchNorm's
+      running statistics, updated when ``train``), a pure dict; ``{}`` for stateless models.
+  """
+  outputs: Any
+  loss: jax.Array
+  loss_parts: dict
+  metrics: dict
+  model_state: dict
+
+  def per_example(self) -> dict:
+    """``{"loss": ..., **loss_parts, **metrics}``: what evaluations average."""
+    return {"loss": self.loss, **self.loss_parts, **self.metrics}
 
 
 @dataclasses.dataclass
 class Task:
+  """A resolved config, its dataset builder and its model class.
+
+  Attributes:
+    config: the resolved copy of the run config (what ``config.json`` records).
+    dataset: the :class:`capsjax.datasets.Builder`.
+    model_class: the model's class.
+  """
   config: ml_collections.ConfigDict
   dataset: datasets.Builder
   model_class: type[nnx.Module]
@@ -29,12 +65,13 @@ class Task:
     """The task of ``config``; raises UsageError naming the key of a setting that cannot run.
 
     ``config.model.image_shape`` and ``num_classes`` left unset (None) are filled in from
-    the dataset (:func:`fill_model_shapes`); set, they must agree with it."""
-    model_class = models.get(config)
-    dataset = fill_model_shapes(config)
-    model_class.validate_config(config.model)
+    the dataset; set, they must agree with it."""
+    config, dataset = resolve_config(config)
+    task = cls(config, dataset, models.get(config))
     evaluators.validate(config)
-    return cls(config, dataset, model_class)
+    models.check_class(task.model_class, config.model.name)
+    task.graphdef  # Builds the model's shapes once: its settings are validated here.
+    return task
 
   def chance_levels(self) -> dict[str, float]:
     """The accuracies of random guessing on this dataset (``accuracy``, and ``at_least_one``
@@ -45,9 +82,20 @@ class Task:
   def model(self, rngs: nnx.Rngs) -> nnx.Module:
     return self.model_class.from_config(self.config, rngs=rngs)
 
+  @functools.cached_property
+  def abstract_model(self) -> nnx.Module:
+    """The model with shapes only (no parameters allocated): its settings and capabilities."""
+    return nnx.eval_shape(lambda: self.model(nnx.Rngs(0)))
+
+  @functools.cached_property
   def graphdef(self):
-    """The model's graph definition, without allocating parameters."""
-    return nnx.graphdef(nnx.eval_shape(lambda: self.model(nnx.Rngs(0))))
+    """The model's graph definition (built once, without allocating parameters)."""
+    return nnx.graphdef(self.abstract_model)
+
+  @property
+  def capabilities(self) -> frozenset[str]:
+    """What the model declares beyond the contract (:data:`capsjax.models.CAPABILITIES`)."""
+    return models.capabilities(self.abstract_model)
 
   def init_variables(self, key: jax.Array) -> tuple[dict, dict]:
     """Fresh ``(params, model_state)`` as pure dicts: the trainable parameters, and every other
@@ -56,6 +104,74 @@ class Task:
     return (nnx.to_pure_dict(nnx.state(model, nnx.Param)),
             nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))
 
+  def complete_batch(self, batch: dict) -> dict:
+    """``batch`` with its ``reconstruction_targets`` (the dataset's
+    :meth:`capsjax.datasets.Builder.reconstruction_targets`) when it has none. Build a batch
+    with this before moving its images (an attack) to keep the targets clean."""
+    if "reconstruction_targets" in batch:
+      return batch
+    return {**batch, "reconstruction_targets": self.dataset.reconstruction_targets(batch)}
+
+  def forward(self, variables: dict, batch: dict, *, train: bool,
+              rng: jax.Array | None = None, step: jax.Array | None = None) -> Forward:
+    """The model's outputs, per-example loss and its parts, and metrics on ``batch``: a pure
+    function of its arguments (jit it, differentiate it, map it over a set:
+    :meth:`capsjax.evaluation.Runner.mean`).
+
+    Args:
+      variables: every variable of the model, parameters and state, as a pure dict
+        (``TrainState.variables``); differentiate with respect to the parameters in it.
+      batch: ``images`` (floats), ``labels`` and what the dataset adds; completed by
+        :meth:`complete_batch`.
+      train: training mode (dropout, label-masked decoder, BatchNorm on batch statistics).
+      rng: the key of training noise (dropout, random routing).
+      step: the training step, for losses with schedules.
+    """
+    model = nnx.merge(self.graphdef, variables)
+    batch = self.complete_batch(batch)
+    outputs = model.apply(batch, train=train, rng=rng)
+    loss, parts = model.loss(outputs, batch, step=step)
+    return Forward(outputs, loss, parts, model.metrics(outputs, batch),
+                   nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))
+
+  def monitors(self) -> list:
+    """The model's watches over the per-step train metrics (e.g. the saturation warning)."""
+    hook = getattr(self.abstract_model, "monitors", None)
+    return list(hook(self.config, self.chance_levels()["accuracy"])) if hook else []
+
+  def check_outputs(self, examples: dict, shared: dict) -> None:
+    """Traces :meth:`forward` (shapes only, nothing computed) on a two-example evaluation
+    batch of ``examples`` and in training, and raises UsageError naming the model and what
+    breaks the contract (:func:`capsjax.models.check_forward`): at a run's start, not at its
+    end."""
+    take = lambda a: jax.ShapeDtypeStruct((2, *a.shape[1:]), a.dtype)
+    spec = jax.tree.map(take, examples)
+    abstract = jax.eval_shape(lambda: nnx.to_pure_dict(nnx.state(self.abstract_model)))
+    for train in (False, True):
+      result = jax.eval_shape(
+          lambda v, e, s, t=train: self.forward(v, self.dataset.eval_batch(e, s), train=t,
+                                                rng=jax.random.PRNGKey(0), step=0),
+          abstract, spec, shared)
+      models.check_forward(result, self.config.model.name,
+                           self.capabilities, self.dataset.info.num_classes, train)
+
+
+def resolve_config(config: ml_collections.ConfigDict
+                   ) -> tuple[ml_collections.ConfigDict, datasets.Builder]:
+  """A copy of ``config`` with every default filled in, and its dataset builder: the model's
+  ``image_shape`` and ``num_classes`` from the dataset (:func:`fill_model_shapes`), and the
+  model's own settings (e.g. the router's) by the model class's ``resolve_config`` where it
+  has one. ``config`` itself is not written."""
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    config.dataset = config.get("dataset") or defaults.DATASET
+    config.model.name = config.model.get("name") or defaults.MODEL
+    dataset = fill_model_shapes(config)
+    hook = getattr(models.get(config), "resolve_config", None)
+    if hook is not None:
+      hook(config.model)
+  return config, dataset
+
 
 def fill_model_shapes(config: ml_collections.ConfigDict) -> datasets.Builder:
   """Sets ``config.model.image_shape`` and ``num_classes`` from the dataset builder of
@@ -63,7 +179,7 @@ def fill_model_shapes(config: ml_collections.ConfigDict) -> datasets.Builder:
   dataset's (UsageError naming the key and the right value)."""
   dataset = datasets.get(config)
   info = dataset.info
-  name = config.get("dataset", "mnist")
+  name = config.get("dataset", defaults.DATASET)
   if config.model.get("image_shape") is None:
     config.model.image_shape = tuple(info.image_shape)
   elif tuple(config.model.image_shape) != tuple(info.image_shape):

@@ -20,8 +20,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from capsjax import (checkpointing, files, hardware, monitors, preemption, reporting,
-                     run_figures, runconfig, workdirs)
+from capsjax import (checkpointing, files, hardware, preemption, reporting, run_figures,
+                     runconfig, workdirs)
 from capsjax.plan import Plan
 from capsjax.reporting import log
 from capsjax.runtime import Runtime
@@ -60,7 +60,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     examples, shared = runtime.on_devices(runtime.splits["train"])
     train_step = runtime.make_train_step()
     progress = TrainLog(workdir, plan, runtime.optimizer.schedule, ckpt,
-                        saturation_watch(runtime))
+                        runtime.task.monitors())
     step = first_step = int(state.step)
     results = {}
     while step < plan.num_steps and not reached:
@@ -95,9 +95,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                         selected_on=(watched if reached else "final"))
     if jax.process_index() == 0:  # The summary first: figures can be redrawn by evaluate.
       files.write_json(os.path.join(workdir, "summary.json"), summary)
-      run_figures.draw_figures(workdir, runtime.task.graphdef(), state.variables,
-                               runtime.task.dataset, runtime.splits["test"], evals,
-                               config.eval.num_figure_examples, progress.writer, step)
+      run_figures.draw_figures(workdir, runtime.task, state.variables, runtime.splits["test"],
+                               evals, config.eval.num_figure_examples, progress.writer, step)
     progress.close()
     ckpt.close()
   log(f"Done: step {step}, test accuracy {100 * summary['test_accuracy']:.2f}% "
@@ -107,16 +106,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 # --- What the loop uses -----------------------------------------------------------------
-
-def saturation_watch(runtime: Runtime) -> monitors.SaturationWatch:
-  """The run's :class:`capsjax.monitors.SaturationWatch` (``config.train.saturation_warning``;
-  configs written before it existed get the defaults)."""
-  settings = runtime.config.train.get("saturation_warning") or {}
-  return monitors.SaturationWatch(
-      fraction=settings.get("fraction", 0.9), steps=settings.get("steps", 100),
-      settings=getattr(runtime.task.model_class, "saturation_settings", ()),
-      chance=runtime.task.chance_levels()["accuracy"])
-
 
 def target_reached(config, accuracy: float | None, what: str) -> bool:
   """Whether ``accuracy`` (``what`` names it) meets ``config.train.stop_at_accuracy``; says so
@@ -133,9 +122,9 @@ def banner(runtime: Runtime, evals: dict, params) -> str:
   """One line on what this run trains, on what, where, and what chance would score."""
   config, plan, splits = runtime.config, runtime.plan, runtime.splits
   num_params = sum(x.size for x in jax.tree.leaves(params))
-  dataset = dataset_label(config)
+  dataset = runtime.task.dataset.describe()
   chance = runtime.task.chance_levels()
-  return (f"capsjax: {config.model.get('name', 'capsnet')} ({num_params:,} parameters) on "
+  return (f"capsjax: {config.model.name} ({num_params:,} parameters) on "
           f"{dataset}: {plan.num_train} train, {len(splits.get('validation', ()))} validation, "
           f"{len(splits['test'])} test examples; evaluations {', '.join(evals)}; "
           f"{jax.device_count()} {jax.devices()[0].platform} device(s) in "
@@ -143,19 +132,6 @@ def banner(runtime: Runtime, evals: dict, params) -> str:
           f"{plan.batch_size} ({plan.steps_per_epoch} steps per epoch); "
           f"{runtime.optimizer.settings['name']}, {runtime.optimizer.settings['schedule']}"
           f" learning-rate schedule. Chance: {reporting.chance_text(chance)}.")
-
-
-def dataset_label(config: ml_collections.ConfigDict) -> str:
-  """What the run trains on, for the banner: the dataset builder's name, or for the ``mnist``
-  builder (which reads MNIST and Fashion-MNIST) the config's ``data.name``."""
-  dataset = config.get("dataset", "mnist")
-  if dataset == "mnist" and config.data.get("name"):
-    dataset = config.data.name
-  if config.data.get("source") == "idx":
-    dataset += f" (IDX files in {config.data.dir})"
-  if config.data.get("pad"):
-    dataset += f" (padded by {config.data.pad} px)"
-  return dataset
 
 
 def init_or_restore(runtime: Runtime, ckpt, workdir: str):

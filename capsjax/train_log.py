@@ -1,6 +1,6 @@
 """The train loop's log: per-step metrics fetched at log points, timing, the progress line,
 metrics.jsonl and TensorBoard (written by process 0), the stop on a non-finite loss and the
-saturation warning."""
+model's watches (e.g. the saturation warning)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import jax
 import numpy as np
 
-from capsjax import monitors, reporting
+from capsjax import reporting
 from capsjax.errors import NonFiniteLossError
 from capsjax.plan import Plan
 
@@ -18,9 +18,10 @@ class TrainLog:
   """Train metrics (fetched from the devices only at log points), timing, progress line,
   metrics.jsonl and TensorBoard (process 0 writes)."""
 
-  def __init__(self, workdir: str, plan: Plan, schedule, ckpt,
-               watch: monitors.SaturationWatch | None = None):
-    self.plan, self.schedule, self.ckpt, self.watch = plan, schedule, ckpt, watch
+  def __init__(self, workdir: str, plan: Plan, schedule, ckpt, watches=()):
+    """``watches``: objects with ``update(steps, metrics) -> warning or None`` (the model's
+    ``monitors``, e.g. :class:`capsjax.monitors.SaturationWatch`)."""
+    self.plan, self.schedule, self.ckpt, self.watches = plan, schedule, ckpt, list(watches)
     is_main = jax.process_index() == 0
     self.writer = reporting.MetricWriter(workdir) if is_main else None
     self.bar = reporting.ProgressBar(plan.num_steps) if is_main else None
@@ -60,9 +61,10 @@ class TrainLog:
       self.seconds += time.perf_counter() - self.timer_start
       self.steps_timed += step - self.timer_step
       self.timer_start, self.timer_step = time.perf_counter(), step
-    warning = self.watch.update(steps_, host) if self.watch is not None else None
-    if warning and self.bar is not None:
-      self.bar.message(warning)
+    for watch in self.watches:
+      warning = watch.update(steps_, host)
+      if warning and self.bar is not None:
+        self.bar.message(warning)
     rate = self.images_per_second() or float("nan")
     if self.writer is not None and write:
       # No rate until a step after the compiling one is timed (e.g. the first log of a resumed

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx, struct
+from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax.datasets import augment
@@ -102,19 +102,16 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, num_train: int
   what the training forward pass wrote (BatchNorm: running statistics updated with the
   global batch's).
   """
-  graphdef = task.graphdef()
   batch_size = task.config.train.batch_size
   batch_sharding = NamedSharding(mesh, P("data"))
   shard = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
 
-  def loss_fn(params, model_state, batch, rng):
-    model = nnx.merge(graphdef, params, model_state)
-    outputs = model.apply(batch, train=True, rng=rng)
-    loss, parts = model.loss(outputs, batch)
-    per_example = {"loss": loss, **parts, **model.metrics(outputs, batch)}
-    metrics = {k: jnp.mean(v.astype(jnp.float32), axis=0) for k, v in per_example.items()}
-    new_model_state = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
-    return metrics["loss"], (metrics, new_model_state)
+  def loss_fn(params, model_state, batch, rng, step):
+    result = task.forward(merge_variables(params, model_state), batch, train=True, rng=rng,
+                          step=step)
+    metrics = {k: jnp.mean(v.astype(jnp.float32), axis=0)
+               for k, v in result.per_example().items()}
+    return metrics["loss"], (metrics, result.model_state)
 
   steps_per_epoch = num_train // batch_size
 
@@ -139,12 +136,12 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, num_train: int
       order = orders[state.step // steps_per_epoch - first_epoch]
       indices = augment.batch_from_permutation(order, state.step, batch_size)
     indices = shard(indices)
-    batch = task.dataset.train_batch(jax.random.fold_in(augment_key, state.step), indices,
-                                     examples, shared)
+    batch = task.complete_batch(task.dataset.train_batch(
+        jax.random.fold_in(augment_key, state.step), indices, examples, shared))
     batch = jax.tree.map(shard, batch)
     noise_key = jax.random.fold_in(jax.random.fold_in(state.rng, 1), state.step)
     grads, (metrics, model_state) = jax.grad(loss_fn, has_aux=True)(
-        state.params, state.model_state, batch, noise_key)
+        state.params, state.model_state, batch, noise_key, state.step)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state,

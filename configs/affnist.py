@@ -28,8 +28,9 @@ Models: CapsNet as on MNIST at 40x40 input: 13,475,648 parameters. Variant
 ``baseline``: the baseline CNN of configs/mnist_baseline.py with 2x2 max pooling
 after the first two convolutions, dropout 0.5, and a first hidden layer of 847
 so that it has 13,471,833 parameters, like CapsNet (the paper does not give
-this network's sizes). Variants ``smoke`` and ``baseline_smoke``: tiny models
-for a few steps (tests).
+this network's sizes). Variant ``smoke``: tiny models for a few steps (tests);
+keywords combine, ``configs/affnist.py:baseline,smoke`` (``:baseline_smoke``, the older
+spelling, still works).
 """
 
 import pathlib
@@ -37,25 +38,24 @@ import pathlib
 import ml_collections
 from ml_collections import config_dict
 
+from capsjax import config_args
 from capsjax.runconfig import import_config_file
 
 _here = pathlib.Path(__file__)
 mnist = import_config_file(_here.with_name("mnist.py"))
 mnist_baseline = import_config_file(_here.with_name("mnist_baseline.py"))
 
-VARIANTS = ("", "baseline", "smoke", "baseline_smoke")
 
 
-def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  variant = variant or ""
-  if variant not in VARIANTS:
-    raise ValueError(f"Unknown variant {variant!r} of configs/affnist.py; use one of "
-                     f"{VARIANTS}.")
-  smoke = variant.endswith("smoke")
-  c = mnist.get_config("smoke" if smoke else None)
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """Keywords ``baseline`` and ``smoke`` (``baseline_smoke``: both, the older spelling)."""
+  args = config_args.parse_arg(arg, "configs/affnist.py", baseline=False, smoke=False,
+                               aliases={"baseline_smoke": "baseline,smoke"})
+  smoke = args.smoke
+  c = mnist.make_config(smoke=smoke)
   c.data.pad = 6             # 28x28 digits centred on 40x40.
   c.data.shift_pixels = 6    # Then moved up to 6 px: a random position on the canvas.
-  if variant.startswith("baseline"):
+  if args.baseline:
     c.model = mnist_baseline.baseline_model(pool=(2, 2, 0), hidden=(847, 192))
     del c["loss"]
     if smoke:

@@ -33,18 +33,20 @@ import pathlib
 
 import ml_collections
 
+from capsjax import config_args
 from capsjax.runconfig import import_config_file
 
 images = import_config_file(pathlib.Path(__file__).with_name("images.py"))
 
 
-def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  c = images.image_config(variant, dataset="cifar10", tfds_name="cifar10", crop=24, flip=True,
-                          brightness=63.0, contrast_lower=0.2, contrast_upper=1.8,
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  smoke = config_args.parse_arg(arg, "configs/cifar10.py", smoke=False).smoke
+  c = images.image_config(smoke=smoke, dataset="cifar10", tfds_name="cifar10", crop=24,
+                          flip=True, brightness=63.0, contrast_lower=0.2, contrast_upper=1.8,
                           standardize=True)
   c.model.padding = "SAME"            # Official code.
   c.model.routing.leaky = True        # Paper's "none-of-the-above"; official leaky routing.
   c.model.decoder.enabled = False     # Official code: remake=false for CIFAR-10.
-  if variant != "smoke":
+  if not smoke:
     c.model.primary.num_types = 64    # Paper.
   return c

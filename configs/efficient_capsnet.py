@@ -24,17 +24,15 @@ import pathlib
 
 import ml_collections
 
+from capsjax import config_args
 from capsjax.runconfig import import_config_file
 
 mnist = import_config_file(pathlib.Path(__file__).with_name("mnist.py"))
 
 
-def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  if variant not in (None, "", "smoke"):
-    raise ValueError(f"Unknown variant {variant!r} of configs/efficient_capsnet.py; use '' or "
-                     "'smoke'.")
-  smoke = variant == "smoke"
-  c = mnist.get_config("smoke" if smoke else None)
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  smoke = config_args.parse_arg(arg, "configs/efficient_capsnet.py", smoke=False).smoke
+  c = mnist.make_config(smoke=smoke)
   routing = c.model.routing
 
   # The reference's augmentation instead of the paper CapsNet's 2-px shifts.

@@ -11,12 +11,13 @@ import pathlib
 
 import ml_collections
 
+from capsjax import config_args
 from capsjax.runconfig import import_config_file
 
 mnist = import_config_file(pathlib.Path(__file__).with_name("mnist.py"))
 
 
-def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  c = mnist.get_config(variant)
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = mnist.make_config(**config_args.parse_arg(arg, "configs/fashion_mnist.py", smoke=False))
   c.data.name = "fashion_mnist"
   return c

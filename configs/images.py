@@ -14,12 +14,10 @@ from capsjax.runconfig import import_config_file
 mnist = import_config_file(pathlib.Path(__file__).with_name("mnist.py"))
 
 
-def image_config(variant: str | None, *, dataset: str, tfds_name: str,
+def image_config(*, smoke: bool, dataset: str, tfds_name: str,
                  **augment) -> ml_collections.ConfigDict:
   """The MNIST config with the data of ``dataset`` (capsjax/datasets/images.py)."""
-  if variant not in (None, "", "smoke"):
-    raise ValueError(f"Unknown variant {variant!r} of configs/{dataset}.py; use '' or 'smoke'.")
-  c = mnist.get_config(variant)
+  c = mnist.make_config(smoke=smoke)
   c.dataset = dataset
   c.data = ml_collections.ConfigDict(dict(
       source="tfds", name=tfds_name,

@@ -4,7 +4,7 @@ Usage:
   python -m capsjax.main --config=configs/mnist.py --workdir=/tmp/run
   python -m capsjax.main --config=configs/mnist.py:smoke --workdir=/tmp/smoke
 
-Variants (the string after ':'):
+Variants (keywords after ':', capsjax/config_args.py):
   (none)  the paper: 3 routing iterations, reconstruction weight 0.0005, Adam
           1e-3 decayed 0.96 every 2000 steps, batch 128, shifts of up to 2 px.
   smoke   a tiny model for a few steps on a small slice of data (tests, CI).
@@ -13,10 +13,15 @@ Variants (the string after ':'):
 import ml_collections
 from ml_collections import config_dict
 
-from capsjax import optimizers, routing
+from capsjax import config_args, optimizers, routing
 
 
-def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  return make_config(**config_args.parse_arg(arg, "configs/mnist.py", smoke=False))
+
+
+def make_config(*, smoke: bool = False) -> ml_collections.ConfigDict:
+  """The config; other config files build on it."""
   c = ml_collections.ConfigDict()
   c.seed = 0
 
@@ -120,9 +125,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.evals = ml_collections.ConfigDict()
   c.evals.test = ml_collections.ConfigDict(dict(type="split", split="test"))
 
-  if variant in (None, ""):
-    pass
-  elif variant == "smoke":
+  if smoke:
     c.data.train_limit = 512
     c.data.test_limit = 128
     c.model.conv1.features = 16
@@ -137,6 +140,4 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.train.checkpoint_every_steps = 4
     c.eval.batch_size = 64
     c.eval.num_figure_examples = 4
-  else:
-    raise ValueError(f"Unknown variant {variant!r} of configs/mnist.py; use '' or 'smoke'.")
   return c

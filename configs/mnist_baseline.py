@@ -19,6 +19,7 @@ import pathlib
 import ml_collections
 from ml_collections import config_dict
 
+from capsjax import config_args
 from capsjax.runconfig import import_config_file
 
 mnist = import_config_file(pathlib.Path(__file__).with_name("mnist.py"))
@@ -44,17 +45,18 @@ def baseline_model(**overrides) -> ml_collections.ConfigDict:
   return model
 
 
-def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  if variant not in (None, "", "smoke"):
-    raise ValueError(f"Unknown variant {variant!r} of configs/mnist_baseline.py; use '' or "
-                     "'smoke'.")
-  c = mnist.get_config(variant)
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  return make_config(**config_args.parse_arg(arg, "configs/mnist_baseline.py", smoke=False))
+
+
+def make_config(*, smoke: bool = False) -> ml_collections.ConfigDict:
+  c = mnist.make_config(smoke=smoke)
   c.model = baseline_model()
   del c["loss"]  # CapsNet's margin/reconstruction settings; the baseline uses cross-entropy.
   # On a CPU the 5x5x256 convolutions run as im2col: 20 MB of patches per 28x28 image, so
   # 500-image evaluation batches would need 10 GB. The batch size does not change results.
   c.eval.batch_size = 100
-  if variant == "smoke":
+  if smoke:
     c.model.conv_features = (8, 8, 4)
     c.model.hidden = (16, 8)
   return c

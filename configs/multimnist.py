@@ -38,30 +38,29 @@ and a 2-hot target (sigmoid cross-entropy summed over classes), top-2 evaluation
 The paper gives only its size (24.56M parameters) and error (8.1%); here 2x2
 max pooling after the first convolution and a first hidden layer of 530 units
 (then 192) give 24,549,212 parameters. Without pooling the MNIST baseline
-would have 56.9M at 36x36. Variants ``smoke`` and ``baseline_smoke``: tiny
-models for a few steps (tests).
+would have 56.9M at 36x36. Variant ``smoke``: tiny models for a few steps (tests), e.g.
+``configs/multimnist.py:baseline,smoke`` (or ``:baseline_smoke``, the older spelling).
 """
 
 import pathlib
 
 import ml_collections
 
+from capsjax import config_args
 from capsjax.runconfig import import_config_file
 
 _here = pathlib.Path(__file__)
 mnist = import_config_file(_here.with_name("mnist.py"))
 mnist_baseline = import_config_file(_here.with_name("mnist_baseline.py"))
 
-VARIANTS = ("", "baseline", "smoke", "baseline_smoke")
 
 
-def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  variant = variant or ""
-  if variant not in VARIANTS:
-    raise ValueError(f"Unknown variant {variant!r} of configs/multimnist.py; use one of "
-                     f"{VARIANTS}.")
-  smoke = variant.endswith("smoke")
-  c = mnist.get_config("smoke" if smoke else None)
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """Keywords ``baseline`` and ``smoke`` (``baseline_smoke``: both, the older spelling)."""
+  args = config_args.parse_arg(arg, "configs/multimnist.py", baseline=False, smoke=False,
+                               aliases={"baseline_smoke": "baseline,smoke"})
+  smoke = args.smoke
+  c = mnist.make_config(smoke=smoke)
   c.dataset = "multimnist"
   c.data.pad = 4              # 28x28 digits centred on 36x36 ...
   c.data.shift_pixels = 4     # ... each shifted by up to 4 px in x and y.
@@ -70,7 +69,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.optimizer.decay_steps = 20_000  # Paper: a decay period 10x longer than on MNIST.
   # 0.1 (the official code's, MNIST's) saturates the class capsules here; see the docstring.
   c.model.class_capsules.init_scale = 0.03
-  if variant.startswith("baseline"):
+  if args.baseline:
     c.model = mnist_baseline.baseline_model(pool=(2, 0, 0), hidden=(530, 192))
     del c["loss"]
     if smoke:

@@ -25,12 +25,14 @@ import pathlib
 
 import ml_collections
 
+from capsjax import config_args
 from capsjax.runconfig import import_config_file
 
 images = import_config_file(pathlib.Path(__file__).with_name("images.py"))
 
 
-def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  return images.image_config(variant, dataset="smallnorb", tfds_name="smallnorb", resize=48,
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  smoke = config_args.parse_arg(arg, "configs/smallnorb.py", smoke=False).smoke
+  return images.image_config(smoke=smoke, dataset="smallnorb", tfds_name="smallnorb", resize=48,
                              crop=32, brightness=63.0, contrast_lower=0.2, contrast_upper=1.8,
                              standardize=True)

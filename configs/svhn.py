@@ -25,14 +25,16 @@ import pathlib
 
 import ml_collections
 
+from capsjax import config_args
 from capsjax.runconfig import import_config_file
 
 images = import_config_file(pathlib.Path(__file__).with_name("images.py"))
 
 
-def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  c = images.image_config(variant, dataset="svhn", tfds_name="svhn_cropped")
-  if variant != "smoke":
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  smoke = config_args.parse_arg(arg, "configs/svhn.py", smoke=False).smoke
+  c = images.image_config(smoke=smoke, dataset="svhn", tfds_name="svhn_cropped")
+  if not smoke:
     c.model.conv1.features = 64        # Paper.
     c.model.primary.num_types = 16     # Paper.
     c.model.primary.dim = 6            # Paper.

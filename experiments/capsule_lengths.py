@@ -51,17 +51,16 @@ def measure(config, num_steps: int, every: int) -> list[dict]:
   state = runtime.fresh_state()
   examples, shared = runtime.on_devices(runtime.splits["train"])
   num_train = runtime.plan.num_train
-  graphdef = runtime.task.graphdef()
+  task = runtime.task
   indices = jnp.arange(PROBE_SIZE) * max(1, num_train // PROBE_SIZE) % num_train
   probe = jax.jit(lambda e, s: runtime.task.dataset.train_batch(jax.random.PRNGKey(0), indices,
                                                                 e, s))(examples, shared)
 
   @jax.jit
-  def lengths(params, probe):  # The batch as an argument: as a constant XLA would fold it.
-    model = nnx.merge(graphdef, params)
-    outputs = model.apply(probe, train=False)
-    primary = model.primary(probe["images"])
-    return (jnp.linalg.norm(primary, axis=-1), outputs.lengths,
+  def lengths(variables, probe):  # The batch as an argument: as a constant XLA would fold it.
+    outputs = task.forward(variables, probe, train=False).outputs
+    primary = nnx.merge(task.graphdef, variables).primary(probe["images"])
+    return (primary.activations, outputs.lengths,
             outputs.diagnostics["preactivation_norm"][:, -1])
 
   train_step = runtime.make_train_step()

@@ -10,6 +10,11 @@ import sys
 import jax
 import numpy as np
 
+from capsjax import routing
+
+# Every registered router, from the registry: a router added there is tested everywhere.
+ROUTER_NAMES = routing.ROUTERS.names()
+
 
 def largest_intermediate(fn, *args) -> int:
   """Element count of the largest array any equation of ``fn``'s jaxpr makes,
@@ -178,10 +183,14 @@ def free_port() -> int:
 
 
 def resolved(config):
-  """``config`` with ``model.image_shape`` and ``num_classes`` filled in from its dataset, as
-  a run does (configs leave them unset)."""
+  """A copy of ``config`` with ``model.image_shape`` and ``num_classes`` filled in from its
+  dataset, as a run does (configs leave them unset); the router's settings stay unset, so a
+  test may still switch router."""
+  import copy
+
   from capsjax import tasks
 
+  config = copy.deepcopy(config)
   tasks.fill_model_shapes(config)
   return config
 

@@ -12,13 +12,12 @@ import pytest
 from flax import nnx
 
 import mnist
-from capsjax import layers, models, train
+from capsjax import models, routing, train
 from capsjax.errors import UsageError
 from capsjax.models import capsnet
-from helpers import read_summary, resolved, run_main, write_idx_dataset
+from helpers import ROUTER_NAMES, read_summary, resolved, run_main, write_idx_dataset
 
-NAMES = ("dynamic", "uniform", "random", "self_attention", "inverted_dot_product",
-         "self_routing")
+NAMES = ROUTER_NAMES
 
 
 def smoke_config(router="dynamic"):
@@ -32,19 +31,27 @@ def _batch(n=4):
   return {"images": images, "labels": jnp.arange(n) % 10}
 
 
-def test_dynamic_is_todays_class_capsule_layer_bit_for_bit():
+def test_the_models_class_capsules_are_procedure_1_computed_in_numpy():
+  """Votes u_hat_{j|i} = W_ij u_i (Eq. 2) and three iterations of Procedure 1 (softmax over
+  the parents, Eq. 3; squash, Eq. 1), in float64 NumPy from the layer's W alone."""
   c = smoke_config()
   model = capsnet.CapsNet(c, rngs=nnx.Rngs(0))
   assert set(nnx.to_pure_dict(nnx.state(model.class_capsules, nnx.Param))) == {"weights"}
-  in_caps = model.class_capsules.weights.shape[0]
-  legacy = layers.ClassCapsules(  # The keyword switches of the layer before routers.
-      in_caps, c.primary.dim, c.num_classes, c.class_capsules.dim, routing_iterations=3,
-      rngs=nnx.Rngs(0))
-  legacy.weights = nnx.Param(model.class_capsules.weights[...])
-  primary = jnp.asarray(np.random.RandomState(1).normal(size=(2, in_caps, c.primary.dim)),
-                        jnp.float32)
-  np.testing.assert_array_equal(np.asarray(model.class_capsules(primary)),
-                                np.asarray(legacy(primary)))
+  weights = np.asarray(model.class_capsules.weights[...], np.float64)  # (in, out, d_out, d_in)
+  in_caps = weights.shape[0]
+  children = np.random.RandomState(1).normal(size=(2, in_caps, c.primary.dim)).astype(
+      np.float32)
+  votes = np.einsum("ijdk,bik->bijd", weights, children.astype(np.float64))
+  logits = np.zeros(votes.shape[:3])
+  for _ in range(3):
+    coupling = np.exp(logits - logits.max(axis=2, keepdims=True))
+    coupling /= coupling.sum(axis=2, keepdims=True)
+    s = np.einsum("bij,bijd->bjd", coupling, votes)
+    norm2 = np.sum(s * s, axis=-1, keepdims=True)
+    parents = norm2 / (1 + norm2) * s / np.sqrt(norm2)
+    logits = logits + np.einsum("bijd,bjd->bij", votes, parents)
+  got = model.class_capsules(jnp.asarray(children))
+  np.testing.assert_allclose(np.asarray(got), parents, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("name,extra", [
@@ -78,8 +85,7 @@ def test_every_router_trains_and_evaluates_in_the_model(name):
   measured = set(metrics) - {"accuracy", "class_capsule_length", "saturated_fraction"}
   assert "coupling_entropy" in measured and all(metrics[k].ndim == 2 for k in measured)
   # Saturation is watched where the squash bounds the scores.
-  assert ("saturated_fraction" in metrics) == (name not in ("inverted_dot_product",
-                                                             "self_routing"))
+  assert ("saturated_fraction" in metrics) == routing.get(name).squashes
 
 
 def test_self_routing_scores_by_parent_activations_unless_told_lengths():

@@ -16,7 +16,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
      "the file configs/nope.py does not exist; a relative path is read from the current", REPO),
     (("--config=configs/mnist.py:smoke",),  # From elsewhere: where the configs are.
      f"capsjax's configs are in {REPO / 'configs'}", "/"),
-    (("--config=configs/mnist.py:bogus",), "Unknown variant 'bogus' of configs/mnist.py", REPO),
+    (("--config=configs/mnist.py:bogus",), "configs/mnist.py: unknown variant keyword 'bogus'", REPO),
     (("--config=configs/mnist.py", "--config.train.num_step=3"),
      "does not have: num_step. Did you mean --config.train.num_steps", REPO),
     (("--config=configs/mnist.py", "--config.num_steps=3"),  # Another section.

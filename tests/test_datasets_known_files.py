@@ -9,7 +9,7 @@ import pytest
 
 import fashion_mnist
 import mnist
-from capsjax import train
+
 from capsjax.datasets import known_files, sources
 from helpers import write_idx_dataset
 
@@ -57,9 +57,12 @@ def test_the_published_files_are_recognised(directory, name):
 
 
 def test_the_banner_names_the_configs_dataset():
+  from capsjax import datasets
+
+  label = lambda config: datasets.get(config).describe()
   config = fashion_mnist.get_config("smoke")
-  assert train.dataset_label(config) == "fashion_mnist"
+  assert label(config) == "fashion_mnist"
   config.data.source, config.data.dir = "idx", "/data/fm"
-  assert train.dataset_label(config) == "fashion_mnist (IDX files in /data/fm)"
+  assert label(config) == "fashion_mnist (IDX files in /data/fm)"
   import multimnist
-  assert train.dataset_label(multimnist.get_config("smoke")) == "multimnist (padded by 4 px)"
+  assert label(multimnist.get_config("smoke")) == "multimnist (padded by 4 px)"

@@ -69,7 +69,7 @@ def test_depthwise_primary_capsules_against_numpy():
   s = (conv + 0.1 * np.arange(6)).reshape(2, -1, 2)  # Channels in order: 3 capsules per place.
   norm = np.linalg.norm(s, axis=-1, keepdims=True)
   expected = (1 - np.exp(-norm)) * s / norm
-  got = np.asarray(layer(jnp.asarray(features, jnp.float32)))
+  got = np.asarray(layer(jnp.asarray(features, jnp.float32)).poses)
   assert got.shape == (2, 2 * 3 * 3, 2)
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 

@@ -38,7 +38,7 @@ def scores_by_hand(workdir, images):
 
   task = tasks.Task.from_config(runconfig.load(str(workdir)))
   params = final_params(workdir)
-  return np.asarray(nnx.merge(task.graphdef(), params).apply(
+  return np.asarray(nnx.merge(task.graphdef, params).apply(
       {"images": jnp.asarray(images), "labels": jnp.zeros(len(images), jnp.int32)},
       train=False).lengths)
 

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 import mnist_baseline
-from capsjax import evaluators, models, runtime, tasks
+from capsjax import evaluation, evaluators, runtime, tasks
 from capsjax.errors import UsageError
 from helpers import write_idx_dataset
 from test_datasets_affnist import write_affnist
@@ -29,13 +29,13 @@ def make_config(idx_dir, **evals):
 
 
 def build(config):
-  builder = tasks.fill_model_shapes(config)
-  splits = builder.load()
-  model = models.create(config, rngs=nnx.Rngs(0))
-  graphdef, params = nnx.graphdef(model), nnx.to_pure_dict(nnx.state(model, nnx.Param))
-  runner = runtime.Runner(graphdef, runtime.make_mesh(), config.eval.batch_size)
+  task = tasks.Task.from_config(config)
+  splits = task.dataset.load()
+  model = task.model(nnx.Rngs(0))
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  runner = evaluation.Runner(task, runtime.make_mesh(), config.eval.batch_size)
   messages = []
-  built = evaluators.build_all(config, builder, splits, runner, log=messages.append)
+  built = evaluators.build_all(task.config, task.dataset, splits, runner, log=messages.append)
   return built, params, model, splits, messages
 
 

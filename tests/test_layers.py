@@ -91,7 +91,7 @@ def test_primary_capsules_group_channels_as_the_official_code():
   layer = layers.PrimaryCapsules(3, num_types=num_types, dim=dim, kernel_size=3, stride=2,
                                  rngs=nnx.Rngs(0))
   x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 9, 9, 3)), jnp.float32)
-  caps = np.asarray(layer(x))
+  caps = np.asarray(layer(x).poses)
   assert caps.shape == (2, 4 * 4 * num_types, dim)
   official = np.asarray(routing.squash(jnp.asarray(
       official_primary_capsules(np.asarray(layer.conv(x)), num_types, dim))))
@@ -117,8 +117,8 @@ def test_primary_output_scale_scales_the_convolution_before_its_bias():
                                   bias_init=0.3, output_scale=1 / num_types, rngs=nnx.Rngs(0))
   conv = np.asarray(plain.conv(x)) - 0.3  # Same kernels: same seed.
   expected = routing.squash(jnp.asarray((conv / num_types + 0.3).reshape(2, -1, dim)))
-  np.testing.assert_allclose(np.asarray(scaled(x)), np.asarray(expected), rtol=1e-5, atol=1e-6)
-  assert not np.allclose(np.asarray(plain(x)), np.asarray(expected), atol=1e-3)
+  np.testing.assert_allclose(np.asarray(scaled(x).poses), np.asarray(expected), rtol=1e-5, atol=1e-6)
+  assert not np.allclose(np.asarray(plain(x).poses), np.asarray(expected), atol=1e-3)
 
 
 def test_class_capsule_votes_are_w_times_u():
@@ -131,6 +131,38 @@ def test_class_capsule_votes_are_w_times_u():
       expected[:, i, j] = u[:, i] @ w[i, j].T
   np.testing.assert_allclose(np.asarray(layer.votes(jnp.asarray(u, jnp.float32))), expected,
                              rtol=1e-5, atol=1e-6)
+
+
+def test_matrix_votes_are_pose_matrices_times_w_and_every_router_takes_them():
+  """V_ij = M_i W_ij (Hinton et al. 2018) with 4x4 poses, row by row in NumPy; the layer
+  routes them with a router written for vector votes."""
+  layer = layers.ClassCapsules(6, 16, 4, 16, votes="matrix", rngs=nnx.Rngs(0))
+  w = np.asarray(layer.weights[...], np.float64)
+  assert w.shape == (6, 4, 4, 4)
+  poses = np.random.default_rng(0).normal(size=(2, 6, 16)).astype(np.float32)
+  expected = np.zeros((2, 6, 4, 16))
+  for b in range(2):
+    for i in range(6):
+      for j in range(4):
+        expected[b, i, j] = (poses[b, i].astype(np.float64).reshape(4, 4) @ w[i, j]).ravel()
+  np.testing.assert_allclose(np.asarray(layer.votes(jnp.asarray(poses))), expected,
+                             rtol=1e-5, atol=1e-6)
+  children = layers.Capsules(jnp.asarray(poses), jnp.ones((2, 6)))
+  assert layer.route(children).capsules.shape == (2, 4, 16)
+  with pytest.raises(ValueError, match="square poses"):
+    layers.ClassCapsules(6, 8, 4, 8, votes="matrix", rngs=nnx.Rngs(0))
+
+
+def test_a_layer_takes_its_vote_function():
+  """Votes formed by the function the layer is given: here 2 x W_ij u_i."""
+  double = (layers.vector_vote_weights, lambda u, w: 2 * routing.capsule_votes(u, w))
+  plain = layers.ClassCapsules(6, 3, 4, 5, rngs=nnx.Rngs(0))
+  doubled = layers.ClassCapsules(6, 3, 4, 5, votes=double, rngs=nnx.Rngs(0))
+  u = jnp.asarray(np.random.default_rng(1).normal(size=(2, 6, 3)), jnp.float32)
+  np.testing.assert_allclose(np.asarray(doubled.votes(u)), 2 * np.asarray(plain.votes(u)),
+                             rtol=1e-6)
+  with pytest.raises(ValueError, match="votes must be one of"):
+    layers.ClassCapsules(6, 3, 4, 5, votes="tensor", rngs=nnx.Rngs(0))
 
 
 def test_class_capsules_init_scale_and_bias():

@@ -183,7 +183,7 @@ def test_multimnist_capsnet_size_and_per_digit_objective():
   digits = jax.random.uniform(keys[0], (3, 2, 36, 36, 1))
   batch = {"images": jnp.minimum(digits.sum(1), 1.0), "labels": jnp.asarray([[1, 7], [0, 3],
                                                                               [9, 2]]),
-           "digit_images": digits}
+           "reconstruction_targets": digits}
   for train in (True, False):
     out = model.apply(batch, train=train)
     loss, parts = model.loss(out, batch)
@@ -224,6 +224,7 @@ def test_padding_shapes_and_sizes_of_the_image_configs(name, padding, grid, coun
   config = importlib.import_module(name).get_config()
   config.model.padding = padding
   model = abstract_model(config)
+  config = resolved(config)
   assert capsnet.primary_grid(config.model) == grid
   assert model.class_capsules.weights.shape[0] == grid[0] * grid[1] * config.model.primary.num_types
   assert models.count_params(model) == count

@@ -1,12 +1,15 @@
 """runconfig: what a resume changed, the kept config, loading old workdirs' configs."""
 
 import json
+import pathlib
 
 import pytest
 
 import mnist
 from capsjax import evaluators, optimizers, runconfig, tasks
 from capsjax.errors import UsageError
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
 
 def test_config_changes_name_what_a_resume_changes_and_skip_run_length():
@@ -32,9 +35,9 @@ def test_config_changes_name_what_a_resume_changes_and_skip_run_length():
   del before["model"]["primary"]["output_scale"]
   changes = runconfig.config_changes(before, json.loads(after.to_json_best_effort()))
   assert not [c for c in changes if "output_scale" in c]
-  after.model.primary.output_scale = 1 / 32  # ... at another value it is.
-  assert "model.primary.output_scale: '(unset)' -> 0.03125" in runconfig.config_changes(
-      before, json.loads(after.to_json_best_effort()))
+  after.model.primary.output_scale = 1 / 32  # ... at another value it is, from the value
+  assert "model.primary.output_scale: 1.0 -> 0.03125" in runconfig.config_changes(
+      before, json.loads(after.to_json_best_effort()))  # that reproduces the earlier run.
 
 
 @pytest.mark.parametrize("validation_size", [0, 1000])
@@ -77,3 +80,17 @@ def test_load_and_import_name_missing_files(tmp_path):
     runconfig.load(str(tmp_path))
   with pytest.raises(UsageError, match="nope.py not found"):
     runconfig.import_config_file(tmp_path / "nope.py")
+
+
+@pytest.mark.parametrize("name,variant", [
+    (p.stem, variant) for p in sorted(CONFIGS.glob("*.py")) if p.stem != "images"
+    for variant in ("", "smoke")])
+def test_every_config_files_resolved_config_round_trips_through_config_json(name, variant):
+  """What a run writes (its resolved config: router settings, shapes, placeholders left None)
+  comes back from config.json with the same keys, values and types (tuples at every depth)."""
+  config, _ = tasks.resolve_config(
+      runconfig.import_config_file(CONFIGS / f"{name}.py").get_config(variant))
+  back = runconfig.from_raw(json.loads(config.to_json_best_effort()))
+  written, read = runconfig.flatten(config.to_dict()), runconfig.flatten(back.to_dict())
+  assert written == read
+  assert {k: type(v) for k, v in written.items()} == {k: type(v) for k, v in read.items()}

@@ -48,6 +48,8 @@ def test_training_objective_and_gradients_match_the_paper_written_out():
   import jax.numpy as jnp
   from flax import nnx
 
+  from capsjax import routing
+
   import mnist
   from capsjax import models
 
@@ -66,14 +68,15 @@ def test_training_objective_and_gradients_match_the_paper_written_out():
 
   def capsjax_loss(p):
     model = nnx.merge(graphdef, p)
-    loss, _ = model.loss(model.apply({"images": images, "labels": labels}, train=True),
-                         {"images": images, "labels": labels})
+    batch = {"images": images, "labels": labels, "reconstruction_targets": images}
+    loss, _ = model.loss(model.apply(batch, train=True), batch)
     return jnp.mean(loss)
 
   def paper_loss(p):
     return _objective_from_the_paper(p, images, labels, num_classes=10,
                                      capsule_dim=config.model.class_capsules.dim,
-                                     iterations=config.model.routing.iterations)
+                                     iterations=routing.resolve(config.model.routing)[1][
+                                         "iterations"])
 
   with jax.default_matmul_precision("highest"):
     ours, our_grads = jax.jit(jax.value_and_grad(capsjax_loss))(params)

@@ -6,7 +6,9 @@ them on the devices and, inside the jitted step, asks the builder to turn the
 examples of a step into a batch (:meth:`Builder.train_batch`: augmentation,
 synthetic data) or to turn evaluation examples into a batch
 (:meth:`Builder.eval_batch`: deterministic). A batch is a dict with at least
-``images`` (floats, ``(batch, *info.image_shape)``) and ``labels``.
+``images`` (floats, ``(batch, *info.image_shape)``) and ``labels``; what a model should
+reconstruct is the builder's :meth:`Builder.reconstruction_targets` (the clean images by
+default).
 
 To add a dataset: write a module with a Builder subclass, add one line to
 :data:`DATASETS` (``"name": "module:Class"``), and write a config file that sets
@@ -85,6 +87,17 @@ class Builder:
     """``config`` is the whole run config (``config.data`` and ``config.model``)."""
     self.config = config
 
+  def describe(self) -> str:
+    """What a run trains on, for its banner: the builder's name, where the files are read
+    from and how the images are padded (the settings ``config.data.source``, ``dir`` and
+    ``pad`` mean this for every builder that has them)."""
+    d, text = self.config.data, self.name
+    if d.get("source") == "idx":
+      text += f" (IDX files in {d.dir})"
+    if d.get("pad"):
+      text += f" (padded by {d.pad} px)"
+    return text
+
   def load(self) -> dict[str, Split]:
     """Host arrays of the splits: ``train``, ``test`` and, if held out, ``validation``."""
     raise NotImplementedError
@@ -119,13 +132,23 @@ class Builder:
             "labels": examples["labels"][indices]}
 
   def eval_batch(self, examples: dict, shared: dict) -> dict:
-    """A deterministic batch from a slice of an evaluation split's examples."""
+    """A deterministic batch from a slice of an evaluation split's examples. ``images`` may be
+    uint8 pixels (as the splits hold them) or floats in [0, 1] (images an attack or a
+    generator made), which are taken as they are."""
     del shared
     return {"images": to_float(examples["images"]), "labels": examples["labels"]}
 
+  def reconstruction_targets(self, batch: dict) -> jax.Array:
+    """What a model that reconstructs its input should reconstruct from ``batch``: its clean
+    ``images`` (default). :meth:`capsjax.tasks.Task.complete_batch` stores it in the batch as
+    ``reconstruction_targets``, apart from the images that go into the network."""
+    return batch["images"]
+
 
 def to_float(images: jax.Array) -> jax.Array:
-  """uint8 pixels -> float32 in [0, 1]."""
+  """uint8 pixels -> float32 in [0, 1]; floats are taken to be in [0, 1] already and kept."""
+  if np.issubdtype(images.dtype, np.floating):
+    return images
   return images.astype(np.float32) / 255.0
 
 
@@ -144,5 +167,8 @@ def names() -> tuple[str, ...]:
 
 
 def get(config: ml_collections.ConfigDict) -> Builder:
-  """The builder ``config.dataset`` names, constructed from ``config``."""
-  return DATASETS.get(config.get("dataset", "mnist"))(config)
+  """The builder ``config.dataset`` names (default :data:`capsjax.defaults.DATASET`),
+  constructed from ``config``."""
+  from capsjax import defaults
+
+  return DATASETS.get(config.get("dataset") or defaults.DATASET)(config)

@@ -150,7 +150,10 @@ class TFDSImages(datasets.Builder):
 
   def eval_batch(self, examples, shared):
     del shared
-    images = examples["images"].astype(jnp.float32)
+    images = examples["images"]
+    # Floats are pixels in [0, 1] (capsjax.datasets.Builder.eval_batch): to 0..255 first.
+    images = (images * 255.0 if jnp.issubdtype(images.dtype, jnp.floating)
+              else images.astype(jnp.float32))
     if self.crop:
       images = centre_crop(images, self.crop)
     return {"images": self._finish(images), "labels": examples["labels"]}

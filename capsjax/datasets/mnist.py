@@ -51,6 +51,13 @@ class MNIST(datasets.Builder):
     h, w, c = self.FILE_SHAPE
     self.info = datasets.DatasetInfo((h + 2 * pad, w + 2 * pad, c), self.NUM_CLASSES)
 
+  def describe(self) -> str:
+    """As every builder, named by ``config.data.name`` (this builder reads MNIST and
+    Fashion-MNIST)."""
+    text = super().describe()
+    name = self.config.data.get("name")
+    return name + text[len(self.name):] if name else text
+
   def load(self) -> dict[str, datasets.Split]:
     splits = sources.load(self.config.data, self.FILE_SHAPE, self.info.num_classes,
                           seed=self.config.seed,

@@ -144,6 +144,11 @@ class MultiMNIST(datasets.Builder):
     return self._batch(first, second,
                        jnp.stack([labels[examples["first"]], labels[examples["second"]]], 1))
 
+  def reconstruction_targets(self, batch: dict) -> jax.Array:
+    """Each digit's own image, ``(batch, 2, h, w, 1)`` (paper Sec. 6: each digit is
+    reconstructed from the capsule of its label)."""
+    return batch["digit_images"]
+
   @staticmethod
   def _batch(first, second, labels) -> dict:
     return {"images": datasets.to_float(merge(first, second)), "labels": labels,

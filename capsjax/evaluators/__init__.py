@@ -9,13 +9,17 @@ settings, and ``type`` picks the registered :class:`Evaluator`::
 Each evaluator builds its examples once (on the host, then on the devices),
 and :meth:`Evaluator.run` returns ``{"accuracy": ..., "loss": ..., ...}``:
 the averages of the model's own per-example loss and metrics, computed on the
-devices in batches of ``config.eval.batch_size`` by the runtime's
-:class:`capsjax.runtime.Runner`. The run
+devices in batches of ``config.eval.batch_size`` by a
+:class:`capsjax.evaluation.Runner` (``self.runner``: ``eval_set``, ``evaluate``, and ``mean`` /
+``collect`` of any pure function of the variables and a batch, e.g. one that differentiates
+``self.runner.task.forward`` with respect to the images). The run
 writes them to metrics.jsonl, TensorBoard and ``summary.json["evaluations"]``
 under the evaluation's name. ``config.data.test_limit`` limits every set.
 
 To add an evaluation: a subclass of :class:`Evaluator` in a module, one line in
-:data:`EVALUATORS` (``"type": "module:Class"``), and list it in a config.
+:data:`EVALUATORS` (``"type": "module:Class"``), and list it in a config; or, without touching
+capsjax, name it by import path in ``type`` (``examples/input_gradients.py`` is a runnable
+example).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ class Evaluator:
                splits: dict, runner):
     """``settings`` is ``config.evals[name]``; ``config`` the run config; ``builder`` the
     dataset builder; ``splits`` its host splits; ``runner`` a
-    :class:`capsjax.runtime.Runner`."""
+    :class:`capsjax.evaluation.Runner`."""
     self.name, self.settings, self.config = name, settings, config
     self.builder, self.splits, self.runner = builder, splits, runner
 
@@ -94,9 +98,15 @@ def validate(config) -> None:
     raise UsageError("config.evals needs an evaluation named 'test' (the main test set, "
                      "e.g. dict(type='split', split='test')).")
   for name, s in settings.items():
-    if s.get("type") not in EVALUATORS:
-      raise UsageError(f"config.evals.{name}.type={s.get('type')!r} is not a registered "
-                       f"evaluator; use one of {types()}.")
+    kind = s.get("type")
+    if kind not in EVALUATORS and not (isinstance(kind, str) and ":" in kind):
+      raise UsageError(f"config.evals.{name}.type={kind!r} is not a registered evaluator; "
+                       f"use one of {types()}, or name your own as 'module:Class' or "
+                       f"'path/to/file.py:Class'.")
+    cls = EVALUATORS.get(kind)
+    if not (isinstance(cls, type) and issubclass(cls, Evaluator)):
+      raise UsageError(f"config.evals.{name}.type={kind!r} is not a subclass of "
+                       f"capsjax.evaluators.Evaluator.")
 
 
 def build_all(config, builder, splits: dict, runner,

@@ -1,29 +1,47 @@
-"""Models registered by name: ``config.model.name`` picks one.
+"""Models registered by name: ``config.model.name`` picks one (or names a researcher's own
+class by import path, ``"my_models:TinyCapsNet"`` or ``"path/to/file.py:TinyCapsNet"``).
 
-A model is a Flax NNX module that owns its loss and its metrics; the trainer
-and the evaluators call only this interface:
+A model is a Flax NNX module that owns its loss and its metrics. The trainer, the evaluators
+and the figures call only this interface (:meth:`capsjax.tasks.Task.forward` composes the
+first four), checked when a run starts (:func:`check_class`, :func:`check_forward`):
 
-  ``Model.validate_config(config.model)``
-      raises UsageError, naming the key, for settings that cannot work;
   ``Model.from_config(config, *, rngs)``
-      builds it from the whole run config (``config.model``, and e.g.
-      ``config.loss``);
-  ``model.apply(batch, *, train, rng=None) -> outputs``
-      the forward pass on a batch dict (``images``, ``labels``, ...); ``rng``
-      drives dropout and other training noise; ``outputs.scores`` are class
-      scores ``(batch, num_classes)`` (evaluators, ensembles);
-  ``model.loss(outputs, batch) -> (per_example, {name: per_example})``
-      the training objective of each example and its named parts;
+      builds it from the whole run config (``config.model``, and e.g. ``config.loss``); raises
+      UsageError, naming the key, for settings that cannot work (no config is written);
+  ``model.apply(batch, *, train, rng=None) -> Outputs``
+      the forward pass on a batch dict (``images`` floats, ``labels``, and
+      ``reconstruction_targets`` for models that reconstruct); ``rng`` drives dropout and other
+      training noise; returns :class:`Outputs` (``scores``, ``predictions``,
+      ``log_probabilities``, ``score_kind``, and what the model can give besides);
+  ``model.loss(outputs, batch, *, step=None) -> (per_example, {name: per_example})``
+      the training objective of each example and its named parts; ``step`` is the training
+      step (schedules such as a margin that grows), None at evaluation;
   ``model.metrics(outputs, batch) -> {name: per_example}``
-      ``(batch,)`` or ``(batch, k)`` values that evaluators average, at least
-      ``accuracy``.
+      ``(batch,)`` or ``(batch, k)`` values that evaluators average, at least ``accuracy``.
+
+Optional, declared by the model and checked at the start of a run:
+
+  ``model.capabilities() -> frozenset``
+      of :data:`CAPABILITIES`: ``reconstruction`` (``model.decode(class_capsules, class_ids)``
+      and ``outputs.reconstructions``), ``routing_diagnostics`` (``outputs.diagnostics`` at
+      evaluation), ``saturation`` (a ``saturated_fraction`` metric); none if absent;
+  ``Model.resolve_config(model_config)``
+      fills in the model's own defaults (e.g. its router's settings) in the run's resolved
+      copy of ``config.model``, so that ``config.json`` records them;
+  ``model.monitors(config, chance) -> [watch]``
+      watches over the per-step train metrics, each with ``update(steps, metrics) -> str |
+      None`` (a warning to print), e.g. :class:`capsjax.monitors.SaturationWatch`;
+  ``Model.draw_figures(model, batch, workdir, writer, step)``
+      the model's own figures of a test batch after training (``model`` is a jitted
+      :class:`capsjax.run_figures.JittedModel` with ``apply``, ``decode``, ``capabilities``).
 
 Variables that are not ``nnx.Param`` (BatchNorm statistics) are the model's state: the train
 step keeps what ``apply(train=True)`` writes to them (:mod:`capsjax.train_step`), and
 evaluation merges them back with the parameters.
 
 To add a model: a module with such a class, and one line in :data:`MODELS`
-(:class:`capsjax.registry.Registry`).
+(:class:`capsjax.registry.Registry`), or none: name it by import path in the config
+(``examples/tiny_capsnet.py`` is a runnable example).
 """
 
 from __future__ import annotations
@@ -32,7 +50,13 @@ import jax
 import ml_collections
 from flax import nnx
 
+from capsjax import defaults
+from capsjax.errors import UsageError
+from capsjax.models.outputs import SCORE_KINDS, Outputs
 from capsjax.registry import Registry
+
+# What a model may declare in ``capabilities()``.
+CAPABILITIES = ("reconstruction", "routing_diagnostics", "saturation")
 
 # name -> "module:Class": one line per model.
 MODELS = Registry("model", "config.model.name", {
@@ -43,8 +67,63 @@ MODELS = Registry("model", "config.model.name", {
 
 
 def get(config: ml_collections.ConfigDict) -> type[nnx.Module]:
-  """The model class ``config.model.name`` names (default ``"capsnet"``)."""
-  return MODELS.get(config.model.get("name", "capsnet"))
+  """The model class ``config.model.name`` names (default :data:`capsjax.defaults.MODEL`)."""
+  return MODELS.get(config.model.get("name") or defaults.MODEL)
+
+
+def check_class(model_class: type, name: str) -> None:
+  """UsageError naming the model and what it lacks, for a class without the interface."""
+  missing = [m for m in ("from_config", "apply", "loss", "metrics")
+             if not callable(getattr(model_class, m, None))]
+  if missing:
+    raise UsageError(f"config.model.name={name!r}: {model_class.__name__} lacks "
+                     f"{', '.join(missing)} (the model interface: capsjax/models/__init__.py).")
+
+
+def capabilities(model: nnx.Module) -> frozenset[str]:
+  """What ``model`` declares (none without ``capabilities()``); UsageError for unknown ones."""
+  hook = getattr(model, "capabilities", None)
+  declared = frozenset(hook()) if hook else frozenset()
+  if unknown := declared - set(CAPABILITIES):
+    raise UsageError(f"{type(model).__name__}.capabilities() declares {sorted(unknown)}; "
+                     f"known: {CAPABILITIES}.")
+  return declared
+
+
+def check_forward(result, name: str, declared: frozenset[str], num_classes: int,
+                  train: bool) -> None:
+  """UsageError naming the model and the broken promise, for a traced
+  :class:`capsjax.tasks.Forward` (shapes) of a batch of 2 that does not keep the contract."""
+  mode = "training" if train else "evaluation"
+  problems = []
+  out = result.outputs
+  if not isinstance(out, Outputs):
+    problems.append(f"apply returned {type(out).__name__}, not capsjax.models.Outputs")
+  else:
+    for field in ("scores", "log_probabilities"):
+      if getattr(out, field).shape != (2, num_classes):
+        problems.append(f"outputs.{field} has shape {getattr(out, field).shape}, not "
+                        f"(batch, num_classes) = (2, {num_classes})")
+    if out.predictions.shape[:1] != (2,):
+      problems.append(f"outputs.predictions has shape {out.predictions.shape}")
+    if out.score_kind not in SCORE_KINDS:
+      problems.append(f"outputs.score_kind={out.score_kind!r} is not one of {SCORE_KINDS}")
+    if "reconstruction" in declared and out.reconstructions is None:
+      problems.append("it declares 'reconstruction' but outputs.reconstructions is None")
+    if "routing_diagnostics" in declared and not train and out.diagnostics is None:
+      problems.append("it declares 'routing_diagnostics' but outputs.diagnostics is None")
+  if result.loss.shape != (2,):
+    problems.append(f"loss has shape {result.loss.shape}, not (batch,) = (2,)")
+  for kind, values in (("loss part", result.loss_parts), ("metric", result.metrics)):
+    problems += [f"{kind} {k!r} has shape {v.shape}, not (batch, ...)"
+                 for k, v in values.items() if v.shape[:1] != (2,)]
+  if "accuracy" not in result.metrics:
+    problems.append("metrics has no 'accuracy'")
+  if "saturation" in declared and train and "saturated_fraction" not in result.metrics:
+    problems.append("it declares 'saturation' but reports no 'saturated_fraction' metric")
+  if problems:
+    raise UsageError(f"config.model.name={name!r} does not keep the model interface "
+                     f"(capsjax/models/__init__.py) in {mode}: {'; '.join(problems)}.")
 
 
 def create(config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> nnx.Module:
@@ -58,4 +137,5 @@ def count_params(model: nnx.Module) -> int:
   return sum(x.size for x in jax.tree.leaves(params))
 
 
-__all__ = ["MODELS", "count_params", "create", "get"]
+__all__ = ["CAPABILITIES", "MODELS", "Outputs", "SCORE_KINDS", "capabilities", "check_class",
+           "check_forward", "count_params", "create", "get"]

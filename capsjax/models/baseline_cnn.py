@@ -14,8 +14,6 @@ initialisation; the defaults are 0.5 and LeCun normal.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -24,14 +22,7 @@ from flax import nnx
 
 from capsjax import layers, metrics
 from capsjax.errors import UsageError
-
-
-class BaselineOutput(NamedTuple):
-  """``logits`` and ``scores`` (softmax probabilities; per-class sigmoids with several labels)
-  ``(batch, num_classes)``, ``predictions`` ``(batch,)`` or ``(batch, n)``."""
-  logits: jax.Array
-  scores: jax.Array
-  predictions: jax.Array
+from capsjax.models.outputs import Outputs
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
@@ -88,7 +79,7 @@ class BaselineCNN(nnx.Module):
   validate_config = staticmethod(validate_config)
 
   def __call__(self, images: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
-               labels_per_example: int = 1) -> BaselineOutput:
+               labels_per_example: int = 1) -> Outputs:
     """``images`` ``(batch, h, w, c)``; ``rng`` drives dropout when ``train``. With several
     labels per example the scores are per-class sigmoids and the predictions the top ones."""
     x = images
@@ -102,18 +93,23 @@ class BaselineCNN(nnx.Module):
     x = self.dropout(x, deterministic=not train, rngs=rng if train else None)
     logits = self.dense[-1](x).astype(jnp.float32)
     scores = jax.nn.softmax(logits) if labels_per_example == 1 else jax.nn.sigmoid(logits)
-    return BaselineOutput(logits, scores, metrics.predictions(logits, labels_per_example))
+    return Outputs(scores=scores, predictions=metrics.predictions(logits, labels_per_example),
+                   log_probabilities=jax.nn.log_softmax(logits), score_kind="probabilities",
+                   logits=logits)
 
   # --- The task interface (capsjax.models). ---
 
-  def apply(self, batch: dict, *, train: bool, rng: jax.Array | None = None) -> BaselineOutput:
+  def apply(self, batch: dict, *, train: bool, rng: jax.Array | None = None) -> Outputs:
     labels = batch["labels"]
     return self(batch["images"], train=train, rng=rng,
                 labels_per_example=labels.shape[1] if labels.ndim == 2 else 1)
 
-  def loss(self, outputs: BaselineOutput, batch: dict) -> tuple[jax.Array, dict]:
+  def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None
+           ) -> tuple[jax.Array, dict]:
     """Softmax cross-entropy per example; with several labels per example (MultiMNIST), the
-    per-class sigmoid cross-entropy against the k-hot target, summed over classes."""
+    per-class sigmoid cross-entropy against the k-hot target, summed over classes. ``step``
+    is unused."""
+    del step
     labels = batch["labels"]
     if labels.ndim == 1:
       ce = optax.softmax_cross_entropy_with_integer_labels(outputs.logits, labels)
@@ -122,5 +118,5 @@ class BaselineCNN(nnx.Module):
     bce = jnp.sum(optax.sigmoid_binary_cross_entropy(outputs.logits, k_hot), axis=-1)
     return bce, {"sigmoid_cross_entropy": bce}
 
-  def metrics(self, outputs: BaselineOutput, batch: dict) -> dict:
+  def metrics(self, outputs: Outputs, batch: dict) -> dict:
     return metrics.label_sets_correct(outputs.scores, batch["labels"])

@@ -11,8 +11,8 @@ and ``utils/layers.py``)::
     decoder:          masked class capsules -> 512 ReLU -> 1024 ReLU -> 784 sigmoid
     loss:             margin loss (0.9, 0.1, 0.5) + 0.392 x mean squared pixel error
 
-The class capsules and the decoder are CapsNet's (:class:`capsjax.models.capsnet.CapsNet`, whose
-head, loss and metrics this model inherits); only the backbone (:meth:`EfficientCapsNet.primary`)
+The class capsules, the decoder, the loss and the metrics are the capsule head that CapsNet has
+too (:mod:`capsjax.models.capsule_head`); only the backbone (:meth:`EfficientCapsNet.primary`)
 differs, so every router of :mod:`capsjax.routing` also runs on this backbone
 (``config.model.routing.name``). 161,824 trainable parameters in the capsule network and
 1,411,344 in the decoder at 28x28x1 (the paper's 161K counts the former).
@@ -42,7 +42,8 @@ from flax import nnx
 
 from capsjax import layers, routing
 from capsjax.errors import UsageError
-from capsjax.models.capsnet import CapsNet, LossSettings, check_scores
+from capsjax.models import capsule_head
+from capsjax.models.capsule_head import LossSettings, check_scores
 
 POSITIONS = ("after_relu", "before_relu")
 
@@ -72,9 +73,9 @@ def backbone_grid(config: ml_collections.ConfigDict) -> tuple[int, int]:
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Raises UsageError naming the ``config.model`` key that cannot work; fills
-  ``config.routing`` with the router's settings (:func:`capsjax.routing.fill`)."""
-  router, _ = routing.fill(config.routing)
+  """Raises UsageError naming the ``config.model`` key that cannot work. Reads ``config``
+  (``config.model``) only."""
+  router, _ = routing.resolve(config.routing)
   layers.check_compute_settings(config)
   convs = config.convs
   lengths = {len(tuple(convs[k])) for k in ("features", "kernel_sizes", "strides")}
@@ -119,16 +120,17 @@ class DepthwisePrimaryCapsules(nnx.Module):
     self.bias = nnx.Param(jnp.zeros((channels,), jnp.float32))
     self.dim = dim
 
-  def __call__(self, features: jax.Array) -> jax.Array:
-    """``(batch, h, w, channels)`` -> ``(batch, h' * w' * channels / dim, dim)``."""
+  def __call__(self, features: jax.Array) -> layers.Capsules:
+    """``(batch, h, w, channels)`` -> vector capsules, poses ``(batch, h' * w' * channels /
+    dim, dim)`` and their lengths."""
     x = jax.lax.conv_general_dilated(
         features, self.kernel[...], window_strides=(1, 1), padding="VALID",
         dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=features.shape[-1])
     x = x + self.bias[...]
-    return routing.exp_squash(x.reshape(x.shape[0], -1, self.dim))
+    return layers.vector_capsules(routing.exp_squash(x.reshape(x.shape[0], -1, self.dim)))
 
 
-class EfficientCapsNet(CapsNet):
+class EfficientCapsNet(nnx.Module):
   """Convolutions with BatchNorm -> depthwise primary capsules -> class capsules [-> decoder].
 
   The BatchNorm statistics are model state (``nnx.BatchStat``): the train step updates them
@@ -165,7 +167,7 @@ class EfficientCapsNet(CapsNet):
         initializers=[he_normal()] * len(config.decoder.hidden)
         + [nnx.initializers.glorot_normal()], rngs=rngs)
         if config.decoder.enabled else None)
-    self.set_head(config, router, loss)
+    self.head = capsule_head.CapsuleHead.from_config(config, router, loss)
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, *,
@@ -176,7 +178,7 @@ class EfficientCapsNet(CapsNet):
 
   saturation_settings = ("model.class_capsules.init", "optimizer.learning_rate")
 
-  def primary(self, images: jax.Array, *, train: bool = False) -> jax.Array:
+  def primary(self, images: jax.Array, *, train: bool = False) -> layers.Capsules:
     """The backbone: ``(batch, h, w, c)`` -> primary capsules ``(batch, 16, 8)``. BatchNorm
     normalises with the batch's statistics and updates its running ones when ``train``, and
     uses the running ones otherwise."""
@@ -188,3 +190,10 @@ class EfficientCapsNet(CapsNet):
       else:
         x = jax.nn.relu(norm(x, use_running_average=not train))
     return self.primary_capsules(x)
+
+  # The capsule head (capsjax.models.capsule_head), shared with CapsNet: the model interface
+  # of capsjax.models.
+  __call__, apply, decode = capsule_head.call, capsule_head.apply, capsule_head.decode
+  loss, metrics, monitors = capsule_head.loss, capsule_head.metrics_of, capsule_head.monitors
+  capabilities, draw_figures = capsule_head.capabilities, staticmethod(capsule_head.draw_figures)
+  resolve_config = staticmethod(capsule_head.resolve_config)

@@ -44,11 +44,13 @@ not have it, is refused naming it and the router's settings. So
 ``--config.model.routing.iterations=1`` keeps its meaning.
 
 To add a router: a module with ``ROUTER = Router(...)`` (:class:`Router`) and one line in
-:data:`ROUTERS`.
+:data:`ROUTERS`; or, without touching capsjax, name it by import path in the config
+(``--config.model.routing.name=examples/my_router.py:ROUTER``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import ml_collections
@@ -57,7 +59,8 @@ from ml_collections import config_dict
 from capsjax.errors import UsageError
 from capsjax.registry import Registry
 from capsjax.routing.core import (ParamSpec, Router, RoutingResult, capsule_votes,
-                                  coupling_statistics, exp_squash, safe_norm, squash)
+                                  coupled_parents, coupling_statistics, exp_squash,
+                                  matrix_votes, safe_norm, squash)
 from capsjax.routing.dynamic import (SOFTMAX_AXES, RoutingTrace, coupling_coefficients,
                                      dynamic_routing, routing_diagnostics,
                                      routing_diagnostics_per_example)
@@ -75,8 +78,14 @@ DEFAULT = "dynamic"
 
 
 def get(name: str) -> Router:
-  """The router registered as ``name``; UsageError naming the choices if none."""
-  return ROUTERS.get(name)
+  """The router registered as ``name``, or a researcher's own named by import path
+  (``"my_routers:ROUTER"``, ``"path/to/file.py:ROUTER"``; its ``name`` becomes that path, so
+  that a run's config.json names it); UsageError naming the choices if none."""
+  router = ROUTERS.get(name)
+  if not isinstance(router, Router):
+    raise UsageError(f"config.model.routing.name={name!r} is not a capsjax.routing.Router "
+                     f"(got {type(router).__name__}).")
+  return router if router.name == name else dataclasses.replace(router, name=name)
 
 
 def all_settings() -> dict[str, list[str]]:
@@ -110,6 +119,8 @@ def resolve(config) -> tuple[Router, dict[str, Any]]:
   name = given.pop("name", None) or DEFAULT
   router = get(name)
   known = all_settings()
+  for key in router.settings:  # A researcher's own router (by import path) brings its own.
+    known.setdefault(key, [name])
   own = sorted(router.settings) or "none"
   for key, value in given.items():
     if key not in known:
@@ -138,7 +149,8 @@ def fill(config: ml_collections.ConfigDict) -> tuple[Router, dict[str, Any]]:
 
 __all__ = [
     "DEFAULT", "ROUTERS", "SOFTMAX_AXES", "ParamSpec", "Router", "RoutingResult",
-    "RoutingTrace", "all_settings", "capsule_votes", "config_keys", "coupling_coefficients",
-    "coupling_statistics", "dynamic_routing", "exp_squash", "fill", "get", "resolve",
-    "routing_diagnostics", "routing_diagnostics_per_example", "safe_norm", "squash",
+    "RoutingTrace", "all_settings", "capsule_votes", "config_keys", "coupled_parents",
+    "coupling_coefficients", "coupling_statistics", "dynamic_routing", "exp_squash", "fill",
+    "get", "matrix_votes", "resolve", "routing_diagnostics", "routing_diagnostics_per_example",
+    "safe_norm", "squash",
 ]

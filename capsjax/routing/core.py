@@ -109,6 +109,25 @@ def _capsule_votes_bwd(residuals, votes_grad):
 capsule_votes.defvjp(_capsule_votes_fwd, _capsule_votes_bwd)
 
 
+def matrix_votes(poses: jax.Array, weights: jax.Array) -> jax.Array:
+  """Votes of matrix capsules, V_ij = M_i W_ij (Hinton, Sabour & Frosst 2018, Sec. 2): each
+  child's ``p x p`` pose matrix times a learned ``p x p`` transform per (child, parent).
+
+  Args:
+    poses: child poses M_i flattened, ``(batch, in_caps, p * p)`` (p = 4 in the paper).
+    weights: W_ij, ``(in_caps, out_caps, p, p)``.
+
+  Returns:
+    votes flattened, ``(batch, in_caps, out_caps, p * p)``: every router takes them as it
+    takes vector votes.
+  """
+  batch, in_caps, _ = poses.shape
+  _, out_caps, p, _ = weights.shape
+  matrices = poses.reshape(batch, in_caps, p, p)
+  votes = jnp.einsum("bipq,ijqr->bijpr", matrices, weights)
+  return votes.reshape(batch, in_caps, out_caps, p * p)
+
+
 def coupling_statistics(coupling: jax.Array, axis: int = 2) -> dict[str, jax.Array]:
   """Per example: the mean entropy (nats) of the coupling distributions along ``axis`` and
   the mean of their largest coefficient.

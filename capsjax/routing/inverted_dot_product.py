@@ -16,8 +16,10 @@ of them (``CapsModel.final_fc = nn.Linear(caps_dim, 1)``) and trains the logits 
 cross-entropy; here the parents' activations are the sigmoid of that map,
 ``a_j = sigmoid(w . p_j + c)``, in (0, 1) for the margin loss, and they are the class scores by
 default (``model.class_capsules.scores``). ``iterations`` counts every pass, the uniform first
-one included, as the reference's ``num_routing`` (its default 2: one uniform pass, one by
-agreement).
+one included; the reference's ``num_routing`` counts the passes after it (``CapsModel.forward``
+runs the uniform pass, then ``for n in range(self.num_routing)``), so ``iterations`` =
+``num_routing + 1``. Its ``main_capsule.py`` defaults to ``--num_routing=1`` (2 passes, our
+default); the commands in its README use ``--num_routing=2`` (``iterations=3`` here).
 
 Where the paper and the reference code differ, and which we follow:
 
@@ -48,7 +50,7 @@ from capsjax.routing.core import (ParamSpec, Router, RoutingResult, check_iterat
 
 AGREEMENT_SCALES = ("code", "paper")
 SETTINGS = {
-    "iterations": 2,            # Passes, the uniform first one included (reference default).
+    "iterations": 2,            # Passes, the uniform first included: reference num_routing=1.
     "agreement_scale": "code",  # "code": a_ij / sqrt(out_dim); "paper": unscaled (Eq. 2).
     "layer_norm_epsilon": 1e-5,  # torch's nn.LayerNorm default.
 }

@@ -1,0 +1,150 @@
+"""Mapping a function over an evaluation set on every device: the one batching that every
+evaluation, ensemble, benchmark and experiment uses.
+
+An :class:`EvalSet` is a split on the devices, padded to whole batches (padding weighs 0),
+with the function that turns a slice of its examples into a batch. A :class:`Runner` maps any
+pure ``fn(variables, batch) -> {name: per_example}`` over it, jitted once per ``fn`` and set
+kind, each batch sharded over the mesh's ``data`` axis::
+
+    runner.mean(fn, variables, eval_set)     # weighted means over the set: {name: float}
+    runner.collect(fn, variables, eval_set)  # per-example values: {name: (n, ...) array}
+
+``runner.evaluate`` is ``mean`` of the task's forward (loss, its parts, metrics) and
+``runner.scores`` ``collect`` of its class scores. An evaluator that needs gradients with
+respect to the input (an attack) writes its ``fn`` with ``jax.grad`` of
+:meth:`capsjax.tasks.Task.forward` (``runner.task.forward``) and hands it to the runner.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from capsjax import datasets
+
+
+def replicated_array(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
+  """A global array replicated on every device of the mesh, from host data that every
+  process holds (works across hosts, unlike a plain device_put)."""
+  x = np.asarray(x)
+  return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def put_on_devices(split: datasets.Split,
+                   sharding: NamedSharding) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+  """A split's ``examples`` and ``shared`` arrays, replicated on the devices."""
+  return ({k: replicated_array(v, sharding) for k, v in split.examples.items()},
+          {k: replicated_array(v, sharding) for k, v in split.shared.items()})
+
+
+class EvalSet:
+  """A split on the devices, padded to whole eval batches (padding has weight 0), and the
+  function that turns a slice of its examples into a model batch.
+
+  Attributes:
+    size: real examples; num_batches, batch_size; host: the split on the host.
+  """
+
+  def __init__(self, split: datasets.Split, make_batch: Callable, batch_size: int,
+               sharding: NamedSharding):
+    self.size = len(split)
+    self.num_batches = -(-max(self.size, 1) // batch_size)
+    padded = self.num_batches * batch_size
+    pad = lambda a: np.concatenate([a, np.zeros((padded - len(a), *a.shape[1:]), a.dtype)])
+    self.examples, self.shared = put_on_devices(
+        datasets.Split({k: pad(v) for k, v in split.examples.items()}, split.shared), sharding)
+    self.weights = replicated_array(pad(np.ones(self.size, np.float32)), sharding)
+    self.make_batch = make_batch
+    self.batch_size = batch_size
+    self.host = split
+
+
+class Runner:
+  """Maps functions of a task's variables over :class:`EvalSet`s: jitted per batch, data
+  parallel over the mesh.
+
+  Attributes:
+    task: the :class:`capsjax.tasks.Task` (``task.forward`` for evaluators' own functions).
+    mesh, batch_size.
+  """
+
+  def __init__(self, task, mesh, batch_size: int):
+    self.task, self.mesh, self.batch_size = task, mesh, batch_size
+    self.replicated = NamedSharding(mesh, P())
+    self._steps: dict = {}
+
+  def eval_set(self, split: datasets.Split, make_batch: Callable | None = None) -> EvalSet:
+    """``split`` on the devices; ``make_batch`` defaults to the dataset's ``eval_batch``."""
+    return EvalSet(split, make_batch or self.task.dataset.eval_batch, self.batch_size,
+                   self.replicated)
+
+  def _take(self, start):
+    sharding = NamedSharding(self.mesh, P("data"))
+    return lambda a: jax.lax.with_sharding_constraint(
+        jax.lax.dynamic_slice_in_dim(a, start, self.batch_size), sharding)
+
+  def _step(self, kind: str, fn: Callable, make_batch: Callable) -> Callable:
+    if (kind, fn, make_batch) in self._steps:
+      return self._steps[kind, fn, make_batch]
+
+    @jax.jit
+    def step(variables, examples, shared, weights, start):
+      take = self._take(start)
+      batch = self.task.complete_batch(make_batch(jax.tree.map(take, examples), shared))
+      values = fn(variables, batch)
+      if kind == "collect":
+        return values
+      weights = take(weights)
+      sums = {k: jnp.tensordot(weights, v.astype(jnp.float32), axes=1)
+              for k, v in values.items()}
+      return {"count": jnp.sum(weights), **sums}
+
+    self._steps[kind, fn, make_batch] = step
+    return step
+
+  def mean(self, fn: Callable, variables, eval_set: EvalSet) -> dict:
+    """The means over the set's examples of ``fn(variables, batch)``'s per-example values
+    (``(batch,)`` or ``(batch, k)`` each): floats, or lists for ``(batch, k)`` values. ``fn``
+    must be one object across calls (it keys the jit cache)."""
+    step, totals = self._step("mean", fn, eval_set.make_batch), None
+    for b in range(eval_set.num_batches):
+      sums = step(variables, eval_set.examples, eval_set.shared, eval_set.weights,
+                  b * eval_set.batch_size)
+      totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    totals = jax.tree.map(np.asarray, totals)
+    n = max(float(totals.pop("count")), 1.0)
+    return {k: (v / n).tolist() for k, v in totals.items()}
+
+  def collect(self, fn: Callable, variables, eval_set: EvalSet) -> dict[str, np.ndarray]:
+    """``fn(variables, batch)``'s per-example values over the set, ``{name: (size, ...)}``
+    on the host, padding dropped."""
+    step = self._step("collect", fn, eval_set.make_batch)
+    parts = [step(variables, eval_set.examples, eval_set.shared, eval_set.weights,
+                  b * eval_set.batch_size) for b in range(eval_set.num_batches)]
+    return {k: np.concatenate([np.asarray(p[k]) for p in parts])[:eval_set.size]
+            for k in parts[0]}
+
+  def _evaluation(self, variables, batch) -> dict:
+    return self.task.forward(variables, batch, train=False).per_example()
+
+  def _scores(self, variables, batch) -> dict:
+    return {"scores": self.task.forward(variables, batch, train=False).outputs.scores,
+            "labels": batch["labels"]}
+
+  def evaluate(self, variables, eval_set: EvalSet) -> dict:
+    """Means over the set of the model's loss, its parts and its metrics; ``error`` is
+    ``1 - accuracy``. Values are floats, or lists for per-iteration metrics."""
+    metrics = self.mean(self._evaluation, variables, eval_set)
+    if "accuracy" in metrics:
+      metrics["error"] = 1.0 - metrics["accuracy"]
+    return metrics
+
+  def scores(self, variables, eval_set: EvalSet) -> tuple[np.ndarray, np.ndarray]:
+    """The model's class scores ``(n, num_classes)`` and the labels of every example of the
+    set (ensembles average the scores of several models)."""
+    values = self.collect(self._scores, variables, eval_set)
+    return values["scores"], values["labels"]

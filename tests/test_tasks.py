@@ -1,0 +1,169 @@
+"""Task: the resolved config (the caller's never written), the one forward function (clean
+reconstruction targets, float images, the step reaching the loss) and the model contract
+checked at the start of a run."""
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+import mnist
+from capsjax import registry, routing, tasks, train_step
+from capsjax.errors import UsageError
+from helpers import write_idx_dataset
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.fixture(scope="module")
+def idx_dir(tmp_path_factory):
+  return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=32, num_test=16)
+
+
+def smoke(idx_dir, **model):
+  c = mnist.get_config("smoke")
+  c.data.source, c.data.dir = "idx", str(idx_dir)
+  c.model.update(model)
+  return c
+
+
+def variables_and_batch(task, n=4):
+  params, state = task.init_variables(jax.random.PRNGKey(0))
+  test = task.dataset.load()["test"]
+  examples = {k: v[:n] for k, v in test.examples.items()}
+  return train_step.merge_variables(params, state), task.dataset.eval_batch(examples, {})
+
+
+def test_the_callers_config_is_never_written(idx_dir):
+  config = smoke(idx_dir)
+  before = config.to_json_best_effort()
+  task = tasks.Task.from_config(config)
+  assert config.to_json_best_effort() == before
+  assert config.model.routing.iterations is None  # Unset in the file: the router's default.
+  assert task.config.model.routing.iterations == 3 and task.config.model.routing.name == "dynamic"
+  assert tuple(task.config.model.image_shape) == (28, 28, 1)
+  assert task.config.model.num_classes == 10
+
+
+def test_reconstruction_targets_stay_clean_when_the_images_move(idx_dir):
+  """The loss's reconstruction part against the images the batch was built from, computed in
+  NumPy from the outputs, not against the moved images that went into the network."""
+  task = tasks.Task.from_config(smoke(idx_dir))
+  variables, batch = variables_and_batch(task)
+  clean = np.asarray(batch["images"], np.float64)
+  batch = task.complete_batch(batch)
+  noise = np.random.default_rng(0).uniform(-0.3, 0.3, clean.shape).astype(np.float32)
+  moved = {**batch, "images": jnp.clip(batch["images"] + noise, 0.0, 1.0)}
+  result = task.forward(variables, moved, train=False)
+  reconstructions = np.asarray(result.outputs.reconstructions, np.float64)
+  expected = 0.0005 * np.sum((reconstructions - clean) ** 2, axis=(1, 2, 3))
+  np.testing.assert_allclose(np.asarray(result.loss_parts["reconstruction_loss"]), expected,
+                             rtol=1e-5)
+  # A batch without targets (built by hand) reconstructs what went in.
+  unmarked = {k: v for k, v in moved.items() if k != "reconstruction_targets"}
+  against_moved = task.forward(variables, unmarked, train=False)
+  assert not np.allclose(np.asarray(against_moved.loss_parts["reconstruction_loss"]), expected,
+                         rtol=1e-3)
+
+
+def test_evaluation_batches_take_float_images_as_they_are(idx_dir):
+  task = tasks.Task.from_config(smoke(idx_dir))
+  variables, batch = variables_and_batch(task)
+  test = task.dataset.load()["test"].examples
+  pixels = {"images": test["images"][:4], "labels": test["labels"][:4]}
+  floats = {"images": test["images"][:4] / np.float32(255.0), "labels": test["labels"][:4]}
+  from_pixels = task.dataset.eval_batch(pixels, {})["images"]
+  from_floats = task.dataset.eval_batch(floats, {})["images"]
+  assert from_floats.dtype == np.float32 and float(np.max(from_floats)) <= 1.0
+  np.testing.assert_allclose(np.asarray(from_floats), np.asarray(from_pixels), rtol=1e-6)
+
+
+def test_the_loss_sees_the_training_step(idx_dir):
+  """The example model's spread-loss margin grows with the step (0.2 -> 0.9 over
+  margin_steps): its loss at step 0 is below its loss at margin_steps, the final margin's,
+  which evaluation (no step) uses. CapsNet's margin loss has no schedule: the step is unused."""
+  task = tasks.Task.from_config(_tiny(idx_dir, f"{EXAMPLES / 'tiny_capsnet.py'}:TinyCapsNet",
+                                      margin_steps=100))
+  variables, batch = variables_and_batch(task)
+  losses = [float(jnp.sum(task.forward(variables, batch, train=True, step=step).loss))
+            for step in (0, 50, 100, 1000)]
+  final = float(jnp.sum(task.forward(variables, batch, train=False).loss))
+  assert losses[0] < losses[1] < losses[2] == pytest.approx(losses[3]) == pytest.approx(final)
+
+  capsnet = tasks.Task.from_config(smoke(idx_dir))
+  variables, batch = variables_and_batch(capsnet)
+  at = [np.asarray(capsnet.forward(variables, batch, train=False, step=s).loss) for s in (0, 9)]
+  np.testing.assert_array_equal(at[0], at[1])
+
+
+class _Broken:
+  """Models that break one promise each (named by import path in the tests below)."""
+
+
+def _tiny(idx_dir, name, margin_steps=10):
+  """The smoke config with the example model (or one named ``name``) of tiny sizes."""
+  c = smoke(idx_dir)
+  c.model = ml_collections.ConfigDict(dict(
+      name=name, image_shape=None, num_classes=None, features=8, types=4, dim=4, class_dim=4,
+      margin_steps=margin_steps, routing=routing.config_keys()))
+  del c["loss"]
+  return c
+
+
+@pytest.mark.parametrize("model,match", [
+    ("WrongScores", r"outputs.scores has shape \(2, 9\), not \(batch, num_classes\)"),
+    ("NoAccuracy", "metrics has no 'accuracy'"),
+    ("ClaimsReconstruction", "declares 'reconstruction' but outputs.reconstructions is None"),
+    ("UnknownCapability", r"declares \['telepathy'\]"),
+    ("NotOutputs", "apply returned dict, not capsjax.models.Outputs"),
+])
+def test_a_model_that_breaks_the_contract_is_refused_at_the_start(idx_dir, model, match):
+  task = tasks.Task.from_config(_tiny(idx_dir, f"{pathlib.Path(__file__)}:{model}"))
+  test = task.dataset.load()["test"]
+  with pytest.raises(UsageError, match=match):
+    task.check_outputs(test.examples, test.shared)
+
+
+def test_a_class_without_the_interface_is_refused_naming_what_it_lacks(idx_dir):
+  with pytest.raises(UsageError, match="_Broken lacks from_config, apply, loss, metrics"):
+    tasks.Task.from_config(_tiny(idx_dir, f"{pathlib.Path(__file__)}:_Broken"))
+
+
+def _tiny_capsnet():
+  return registry.import_module(str(EXAMPLES / "tiny_capsnet.py"), "test").TinyCapsNet
+
+
+class WrongScores(_tiny_capsnet()):
+  def apply(self, batch, *, train, rng=None):
+    out = super().apply(batch, train=train, rng=rng)
+    return out.replace(scores=out.scores[:, :9])
+
+
+class NoAccuracy(_tiny_capsnet()):
+  def metrics(self, outputs, batch):
+    return {"correct": super().metrics(outputs, batch)["accuracy"]}
+
+
+class ClaimsReconstruction(_tiny_capsnet()):
+  def capabilities(self):
+    return frozenset({"reconstruction"})
+
+
+class UnknownCapability(_tiny_capsnet()):
+  def capabilities(self):
+    return frozenset({"telepathy"})
+
+
+class NotOutputs(_tiny_capsnet()):
+  def apply(self, batch, *, train, rng=None):
+    out = super().apply(batch, train=train, rng=rng)
+    return {"scores": out.scores}
+
+  def loss(self, outputs, batch, *, step=None):
+    return jnp.zeros(outputs["scores"].shape[:1]), {}
+
+  def metrics(self, outputs, batch):
+    return {"accuracy": jnp.zeros(outputs["scores"].shape[:1])}
