@@ -52,7 +52,7 @@ def test_evaluate_is_the_mean_of_the_forward_function(setup):
   task, variables, runner, test = setup
   got = runner.evaluate(variables, runner.eval_set(test))
   batch = task.dataset.eval_batch(test.examples, {})
-  once = task.forward(variables, batch, train=False)
+  once = jax.jit(lambda v, b: task.forward(v, b, train=False))(variables, batch)
   np.testing.assert_allclose(got["loss"], float(np.mean(once.loss)), rtol=1e-5)
   np.testing.assert_allclose(got["accuracy"], float(np.mean(once.metrics["accuracy"])))
   assert got["error"] == pytest.approx(1 - got["accuracy"])
@@ -73,7 +73,7 @@ def test_an_input_gradient_through_the_runner_equals_one_outside_it(setup):
 
   got = runner.collect(input_gradient, variables, runner.eval_set(test))["gradient"]
   batch = task.complete_batch(task.dataset.eval_batch(test.examples, {}))
-  expected = np.asarray(input_gradient(variables, batch)["gradient"])
+  expected = np.asarray(jax.jit(input_gradient)(variables, batch)["gradient"])
   assert got.shape == (21, 28 * 28) and np.count_nonzero(got) > 0
   np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-7)
 

@@ -30,6 +30,11 @@ def smoke(idx_dir, **model):
   return c
 
 
+def jitted_forward(task, train):
+  """``task.forward`` under jit (eagerly, a capsule model's ops dispatch one by one: slow)."""
+  return jax.jit(lambda v, b, step=None: task.forward(v, b, train=train, step=step))
+
+
 def variables_and_batch(task, n=4):
   params, state = task.init_variables(jax.random.PRNGKey(0))
   test = task.dataset.load()["test"]
@@ -57,14 +62,15 @@ def test_reconstruction_targets_stay_clean_when_the_images_move(idx_dir):
   batch = task.complete_batch(batch)
   noise = np.random.default_rng(0).uniform(-0.3, 0.3, clean.shape).astype(np.float32)
   moved = {**batch, "images": jnp.clip(batch["images"] + noise, 0.0, 1.0)}
-  result = task.forward(variables, moved, train=False)
+  forward = jitted_forward(task, train=False)
+  result = forward(variables, moved)
   reconstructions = np.asarray(result.outputs.reconstructions, np.float64)
   expected = 0.0005 * np.sum((reconstructions - clean) ** 2, axis=(1, 2, 3))
   np.testing.assert_allclose(np.asarray(result.loss_parts["reconstruction_loss"]), expected,
                              rtol=1e-5)
   # A batch without targets (built by hand) reconstructs what went in.
   unmarked = {k: v for k, v in moved.items() if k != "reconstruction_targets"}
-  against_moved = task.forward(variables, unmarked, train=False)
+  against_moved = forward(variables, unmarked)
   assert not np.allclose(np.asarray(against_moved.loss_parts["reconstruction_loss"]), expected,
                          rtol=1e-3)
 
@@ -88,14 +94,15 @@ def test_the_loss_sees_the_training_step(idx_dir):
   task = tasks.Task.from_config(_tiny(idx_dir, f"{EXAMPLES / 'tiny_capsnet.py'}:TinyCapsNet",
                                       margin_steps=100))
   variables, batch = variables_and_batch(task)
-  losses = [float(jnp.sum(task.forward(variables, batch, train=True, step=step).loss))
-            for step in (0, 50, 100, 1000)]
-  final = float(jnp.sum(task.forward(variables, batch, train=False).loss))
+  train = jitted_forward(task, train=True)
+  losses = [float(jnp.sum(train(variables, batch, step).loss)) for step in (0, 50, 100, 1000)]
+  final = float(jnp.sum(jitted_forward(task, train=False)(variables, batch).loss))
   assert losses[0] < losses[1] < losses[2] == pytest.approx(losses[3]) == pytest.approx(final)
 
   capsnet = tasks.Task.from_config(smoke(idx_dir))
   variables, batch = variables_and_batch(capsnet)
-  at = [np.asarray(capsnet.forward(variables, batch, train=False, step=s).loss) for s in (0, 9)]
+  forward = jitted_forward(capsnet, train=False)
+  at = [np.asarray(forward(variables, batch, s).loss) for s in (0, 9)]
   np.testing.assert_array_equal(at[0], at[1])
 
 
