@@ -17,7 +17,7 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from capsjax import cli
+from capsjax.runs import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _SECONDS = flags.DEFINE_float("seconds", 20.0, "Minimum time to measure each rate over.")
@@ -55,7 +55,7 @@ def matmul_gflop_per_s(n: int, min_seconds: float) -> float:
 def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> dict:
   import jax
 
-  from capsjax.runtime import Runtime
+  from capsjax.training.runtime import Runtime
 
   devices = jax.devices()
   runtime = Runtime(config)
@@ -115,7 +115,7 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> di
       "dataset": runtime.config.dataset,
       "conv_impl": config.model.conv_impl,
       "compute_dtype": config.model.compute_dtype,
-      "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),  # See capsjax/hostmemory.py.
+      "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),  # See capsjax/runs/hostmemory.py.
   }
 
 

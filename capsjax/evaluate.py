@@ -21,8 +21,8 @@ import os
 
 from absl import app, flags, logging
 
-from capsjax import cli
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
+from capsjax.runs import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory.")
 _ENSEMBLE = flags.DEFINE_string(
@@ -46,9 +46,11 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
   """Restores ``checkpoint`` of ``workdir``, runs every evaluation, redraws figures."""
   import jax
 
-  from capsjax import checkpointing, files, reporting, run_figures, runconfig
+  from capsjax.runs import checkpointing, files, reporting, runconfig
+
+  from capsjax.training import run_figures
   from capsjax.evaluators.splits import shift_table
-  from capsjax.runtime import Runtime, check_no_test_selection
+  from capsjax.training.runtime import Runtime, check_no_test_selection
 
   config = runconfig.load(workdir)
   check_no_test_selection(config, checkpoint)
@@ -106,7 +108,7 @@ def main(argv):
     if bool(_WORKDIR.value) == bool(_ENSEMBLE.value):
       raise UsageError("Give --workdir=DIR (one run) or --ensemble=DIR1,DIR2,... (several).")
     if _ENSEMBLE.value:
-      from capsjax import ensemble
+      from capsjax.training import ensemble
 
       ensemble.evaluate_ensemble(_ENSEMBLE.value.split(","), _CHECKPOINT.value,
                                  _DATA_DIR.value, _OUTPUT.value)

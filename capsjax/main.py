@@ -12,7 +12,7 @@ cluster, start one process per host with --distributed (or with
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from capsjax import cli, distributed  # distributed defines the multi-host flags.
+from capsjax.runs import cli, distributed  # distributed defines the multi-host flags.
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/mnist.py.",
                                           lock_config=True)

@@ -32,10 +32,10 @@ from typing import NamedTuple
 from absl import flags, logging
 from ml_collections import config_flags
 
-from capsjax import cli, preemption, workdirs
-from capsjax.reporting import is_finished
-from capsjax.sweep_results import CONFIG_KEY, collect, config_label, format_value
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
+from capsjax.runs import cli, preemption, workdirs
+from capsjax.runs.reporting import is_finished
+from capsjax.runs.sweep_results import CONFIG_KEY, collect, config_label, format_value
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -104,7 +104,7 @@ def point_name(setting: dict, seed: int) -> str:
 
 def load_config_file(spec: str, experiment_path: str | None = None):
   """``get_config(variant)`` of ``PATH[:variant]``, the path resolved as BASE_CONFIG is."""
-  from capsjax import runconfig
+  from capsjax.runs import runconfig
 
   path, _, variant = spec.partition(":")
   roots = [REPO] + ([pathlib.Path(experiment_path).resolve().parent] if experiment_path else [])
@@ -152,7 +152,7 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
 
   A point whose workdir another worker holds is skipped (``skip_held``), so several workers
   can share one sweep directory; every point runs once. SIGTERM or SIGINT during a point
-  saves it and raises :class:`capsjax.preemption.Preempted`; between points, it stops before
+  saves it and raises :class:`capsjax.runs.preemption.Preempted`; between points, it stops before
   the next one.
   """
   from capsjax import train

@@ -2,7 +2,7 @@
 
 The loop never names a dataset, model or loss: ``config.dataset`` picks the dataset builder,
 ``config.model.name`` the model (which owns its loss and metrics), ``config.evals`` the
-evaluations; :class:`capsjax.runtime.Runtime` sets them up as for every other command.
+evaluations; :class:`capsjax.training.runtime.Runtime` sets them up as for every other command.
 
 Nothing is chosen on the test set: with a validation split (``data.validation_size``) the
 run keeps the best checkpoint by validation accuracy and ``train.stop_at_accuracy`` watches
@@ -20,19 +20,19 @@ import jax
 import ml_collections
 import numpy as np
 
-from capsjax import (checkpointing, files, hardware, preemption, reporting, run_figures,
-                     runconfig, workdirs)
-from capsjax.plan import Plan
-from capsjax.reporting import log
-from capsjax.runtime import Runtime
-from capsjax.train_log import TrainLog
+from capsjax.runs import checkpointing, files, hardware, preemption, reporting, runconfig, workdirs
+from capsjax.runs.reporting import log
+from capsjax.training import run_figures
+from capsjax.training.plan import Plan
+from capsjax.training.runtime import Runtime
+from capsjax.training.train_log import TrainLog
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains, evaluates, checkpoints to ``workdir`` and resumes from it.
 
   Holds ``workdir`` against other runs; SIGTERM or SIGINT saves the step reached and
-  raises :class:`capsjax.preemption.Preempted`. Returns the summary that is also written to
+  raises :class:`capsjax.runs.preemption.Preempted`. Returns the summary that is also written to
   ``WORKDIR/summary.json``.
   """
   runtime = Runtime(config)  # The dataset builder, the model class, the mesh.
@@ -169,7 +169,7 @@ def init_or_restore(runtime: Runtime, ckpt, workdir: str):
 def save_and_stop(stop: preemption.StopRequest, step: int, state, plan: Plan, ckpt,
                   progress: TrainLog) -> None:
   """After a stop signal: logs the pending train metrics, saves ``step`` and raises
-  :class:`capsjax.preemption.Preempted`."""
+  :class:`capsjax.runs.preemption.Preempted`."""
   stop.saving = True
   progress.flush(step, write=True)
   if step not in ckpt.all_steps():

@@ -4,7 +4,7 @@ Usage:
   python -m capsjax.main --config=configs/mnist.py --workdir=/tmp/run
   python -m capsjax.main --config=configs/mnist.py:smoke --workdir=/tmp/smoke
 
-Variants (keywords after ':', capsjax/config_args.py):
+Variants (keywords after ':', capsjax/common/config_args.py):
   (none)  the paper: 3 routing iterations, reconstruction weight 0.0005, Adam
           1e-3 decayed 0.96 every 2000 steps, batch 128, shifts of up to 2 px.
   smoke   a tiny model for a few steps on a small slice of data (tests, CI).
@@ -13,7 +13,9 @@ Variants (keywords after ':', capsjax/config_args.py):
 import ml_collections
 from ml_collections import config_dict
 
-from capsjax import config_args, optimizers, routing
+from capsjax import routing
+from capsjax.common import config_args
+from capsjax.training import optimizers
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -89,7 +91,8 @@ def make_config(*, smoke: bool = False) -> ml_collections.ConfigDict:
       reconstruction_weight=0.0005,  # Times the SUM of squared pixel errors.
   ))
 
-  # capsjax/optimizers.py: the paper's Adam, 1e-3 decayed exponentially 0.96 every 2000 steps.
+  # capsjax/training/optimizers.py: the paper's Adam, 1e-3 decayed exponentially 0.96 every
+  # 2000 steps.
   # Each optimiser's and schedule's own settings (b1, b2, eps; momentum, nesterov; decay_rate,
   # decay_steps or decay_epochs, staircase; ...) are unset here, which takes that one's default
   # (Adam: TF's b1 0.9, b2 0.999, eps 1e-8; exponential: the paper's 0.96 every 2000 steps),

@@ -46,8 +46,8 @@ import pathlib
 
 import ml_collections
 
-from capsjax import config_args
-from capsjax.runconfig import import_config_file
+from capsjax.common import config_args
+from capsjax.runs.runconfig import import_config_file
 
 _here = pathlib.Path(__file__)
 mnist = import_config_file(_here.with_name("mnist.py"))

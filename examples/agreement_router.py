@@ -22,7 +22,7 @@ recorded in the run's config.json like a registered router's.
 import jax
 import jax.numpy as jnp
 
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 from capsjax.routing import Router, RoutingResult, coupled_parents, squash
 
 SETTINGS = {"temperature": 1.0, "squash_epsilon": 0.0}

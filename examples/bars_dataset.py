@@ -19,7 +19,7 @@ uniform noise up to ``config.data.noise`` (of 255). Chance is 25%. Train and tes
 import numpy as np
 
 from capsjax import datasets
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 
 _DIRECTIONS = ((0, 1), (1, 0), (1, 1), (1, -1))  # (dy, dx) per class.
 

@@ -6,7 +6,7 @@ dataset, each named by import path, none registered in capsjax.
     python -m capsjax.main --config=examples/config.py:router --workdir=/tmp/ex_router \
         --config.data.source=idx --config.data.dir=../shared/data/mnist   # one, on MNIST
 
-Keywords (capsjax/config_args.py), each off by default; with none this is
+Keywords (capsjax/common/config_args.py), each off by default; with none this is
 ``configs/mnist.py:smoke`` run for ``steps``:
 
   model      examples/tiny_capsnet.py:TinyCapsNet, a tiny capsule network with a spread loss
@@ -27,8 +27,9 @@ import pathlib
 import ml_collections
 from ml_collections import config_dict
 
-from capsjax import config_args, routing
-from capsjax.runconfig import import_config_file
+from capsjax import routing
+from capsjax.common import config_args
+from capsjax.runs.runconfig import import_config_file
 
 _HERE = pathlib.Path(__file__).resolve().parent
 mnist = import_config_file(_HERE.parent / "configs" / "mnist.py")

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from capsjax import evaluators
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 
 
 class FGSM(evaluators.Evaluator):

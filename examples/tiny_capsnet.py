@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from capsjax import layers, routing
-from capsjax.errors import UsageError
+from capsjax import routing
+from capsjax.common.errors import UsageError
+from capsjax.models import layers
 from capsjax.models import Outputs
 
 

@@ -7,7 +7,7 @@ MultiMNIST pairs, shifts and crops are included) and prints, for that batch:
 
   primary |u|     mean length of the primary capsules, and the fraction longer than 0.5;
   |v_j|           mean and std of the class-capsule lengths, and the fraction longer than
-                  0.95 (capsjax.metrics.SATURATED_LENGTH: where the squash has ~no slope);
+                  0.95 (capsjax.models.metrics.SATURATED_LENGTH: where the squash has ~no slope);
   |s_j|           mean and std of the class capsules' pre-squash length (last iteration);
 
 beside the train loss and accuracy of the step. Step 0 is the initialisation.
@@ -45,7 +45,7 @@ def measure(config, num_steps: int, every: int) -> list[dict]:
   import jax.numpy as jnp
   from flax import nnx
 
-  from capsjax.runtime import Runtime
+  from capsjax.training.runtime import Runtime
 
   runtime = Runtime(config).load()
   state = runtime.fresh_state()
@@ -97,7 +97,7 @@ def table(rows: list[dict]) -> str:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  from capsjax import cli
+  from capsjax.runs import cli
 
   config = cli.config_from_flag(_CONFIG)
   mock = contextlib.nullcontext()

@@ -166,8 +166,8 @@ def final_state(workdir):
   """The train state of the latest checkpoint, as NumPy, through capsjax's own restore."""
   import jax
 
-  from capsjax import checkpointing, runconfig
-  from capsjax.runtime import Runtime
+  from capsjax.runs import checkpointing, runconfig
+  from capsjax.training.runtime import Runtime
 
   runtime = Runtime(runconfig.load(str(workdir))).load()  # Epoch-based schedules need it.
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
@@ -188,7 +188,7 @@ def resolved(config):
   test may still switch router."""
   import copy
 
-  from capsjax import tasks
+  from capsjax.training import tasks
 
   config = copy.deepcopy(config)
   tasks.fill_model_shapes(config)

@@ -9,8 +9,8 @@ from flax import nnx
 import affnist
 import mnist_baseline
 from capsjax import models
+from capsjax.common.errors import UsageError
 from capsjax.models.baseline_cnn import BaselineCNN
-from capsjax.errors import UsageError
 from helpers import abstract_model
 
 

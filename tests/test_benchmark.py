@@ -6,7 +6,7 @@ import pathlib
 import subprocess
 import sys
 
-from capsjax import hostmemory
+from capsjax.runs import hostmemory
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 KEYS = ("train_images_per_second", "eval_images_per_second", "train_gflop_per_s",
@@ -31,7 +31,7 @@ def test_benchmark_prints_json_last_line():
   assert abs(report["peak_fraction"] - report["train_gflop_per_s"]
              / report["matmul_gflop_per_s"]) < 1e-9
   assert report["device"].startswith("2 x")
-  # The entry point restarted itself with the host-memory tunables (capsjax/hostmemory.py).
+  # The entry point restarted itself with the host-memory tunables (capsjax/runs/hostmemory.py).
   expected = hostmemory.tuned_environment(env)
   assert report["glibc_tunables"] == (expected or {}).get("GLIBC_TUNABLES", "")
 

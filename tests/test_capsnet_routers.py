@@ -13,7 +13,7 @@ from flax import nnx
 
 import mnist
 from capsjax import models, routing, train
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 from capsjax.models import capsnet
 from helpers import ROUTER_NAMES, read_summary, resolved, run_main, write_idx_dataset
 

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from capsjax import checkpointing
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
+from capsjax.runs import checkpointing
 
 
 def state_at(step):

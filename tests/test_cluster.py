@@ -12,8 +12,8 @@ import jax
 import numpy as np
 import pytest
 
+from capsjax.common.errors import UsageError
 from capsjax.datasets import sources
-from capsjax.errors import UsageError
 from helpers import checkpoint_steps, final_params, free_port, read_summary, run_main
 from test_checkpointing import truncate_data
 
@@ -83,7 +83,7 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_in_both(idx_dir, tm
 
 
 def test_damaged_checkpoints(idx_dir, tmp_path):
-  from capsjax import checkpointing
+  from capsjax.runs import checkpointing
 
   first = run_main(tmp_path, "--config.train.num_steps=8", data_dir=idx_dir, devices=1)
   assert first.returncode == 0 and checkpoint_steps(tmp_path) == [4, 8]

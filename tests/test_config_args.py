@@ -5,7 +5,8 @@ import pathlib
 
 import pytest
 
-from capsjax import config_args, runconfig
+from capsjax.common import config_args
+from capsjax.runs import runconfig
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 

@@ -81,8 +81,8 @@ def test_image_configs_train_end_to_end_on_mock_data(tmp_path, name):
     summary = train.train_and_evaluate(config, tmp_path / name)
   assert summary["step"] == 8 and np.isfinite(summary["test_loss"])
   # The final checkpoint, restored and evaluated again, gives the summary's test accuracy.
-  from capsjax import runconfig
-  from capsjax.runtime import Runtime
+  from capsjax.runs import runconfig
+  from capsjax.training.runtime import Runtime
 
   with tfds.testing.mock_data(num_examples=64):
     runtime = Runtime(runconfig.load(str(tmp_path / name))).load()

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 import mnist
-from capsjax import checkpointing, cli, files, reporting, train
+from capsjax import train
+from capsjax.runs import checkpointing, cli, files, reporting
 from helpers import checkpoint_steps, read_summary, run_main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

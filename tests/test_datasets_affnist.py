@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import scipy.io
 
+from capsjax.common.errors import UsageError
 from capsjax.datasets import affnist
-from capsjax.errors import UsageError
 
 
 def write_affnist(path, images, labels, **fields):

@@ -8,9 +8,9 @@ import ml_collections
 import numpy as np
 import pytest
 
+from capsjax.common.errors import UsageError
 from capsjax.datasets import digit_augment as da
 from capsjax.datasets import mnist
-from capsjax.errors import UsageError
 from helpers import make_images
 
 ALL_ON = da.Settings(rotation_degrees=30.0, rotation_probability=0.5, margin_shift=True,

@@ -10,8 +10,8 @@ import cifar10
 import smallnorb
 import svhn
 from capsjax import datasets
+from capsjax.common.errors import UsageError
 from capsjax.datasets import images as ops
-from capsjax.errors import UsageError
 
 tfds = pytest.importorskip("tensorflow_datasets")
 

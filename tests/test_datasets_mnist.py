@@ -6,8 +6,9 @@ import pytest
 
 import affnist
 import mnist
-from capsjax import datasets, tasks
-from capsjax.errors import UsageError
+from capsjax import datasets
+from capsjax.common.errors import UsageError
+from capsjax.training import tasks
 from helpers import write_idx_dataset
 
 

@@ -8,9 +8,9 @@ import pytest
 
 import multimnist
 from capsjax import datasets
+from capsjax.common.errors import UsageError
 from capsjax.datasets import augment
 from capsjax.datasets import multimnist as generator
-from capsjax.errors import UsageError
 from helpers import write_idx_dataset
 
 

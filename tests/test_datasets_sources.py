@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import mnist
+from capsjax.common.errors import UsageError
 from capsjax.datasets import sources
-from capsjax.errors import UsageError
 from helpers import write_idx, write_idx_dataset
 
 

@@ -13,9 +13,10 @@ import pytest
 from flax import nnx
 
 import efficient_capsnet
-from capsjax import models, train, train_step
-from capsjax.errors import UsageError
+from capsjax import models, train
+from capsjax.common.errors import UsageError
 from capsjax.models import efficient_capsnet as model_lib
+from capsjax.training import train_step
 from helpers import REPO, abstract_model, final_state, read_summary, resolved, run_main
 
 CONFIG = str(REPO / "configs" / "efficient_capsnet.py")
@@ -184,7 +185,7 @@ def test_a_resumed_run_continues_with_bit_identical_state(idx_dir, tmp_path):
 def test_the_train_step_updates_the_state_and_evaluation_uses_it(idx_dir):
   """The jitted train step moves the BatchNorm statistics; evaluating the same parameters with
   other statistics gives other metrics, so evaluators do use the state."""
-  from capsjax.runtime import Runtime
+  from capsjax.training.runtime import Runtime
 
   runtime = Runtime(_smoke(idx_dir)).load()
   examples, shared = runtime.on_devices(runtime.splits["train"])

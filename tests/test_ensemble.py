@@ -15,8 +15,10 @@ import pytest
 from flax import nnx
 
 import mnist
-from capsjax import ensemble, runconfig, tasks, train
-from capsjax.errors import UsageError
+from capsjax import train
+from capsjax.common.errors import UsageError
+from capsjax.runs import runconfig
+from capsjax.training import ensemble, tasks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

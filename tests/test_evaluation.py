@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import mnist
-from capsjax import datasets, evaluation, runtime, tasks, train_step
+from capsjax import datasets
+from capsjax.training import evaluation, runtime, tasks, train_step
 from helpers import write_idx_dataset
 
 

@@ -8,8 +8,9 @@ import pytest
 from flax import nnx
 
 import mnist_baseline
-from capsjax import evaluation, evaluators, runtime, tasks
-from capsjax.errors import UsageError
+from capsjax import evaluators
+from capsjax.common.errors import UsageError
+from capsjax.training import evaluation, runtime, tasks
 from helpers import write_idx_dataset
 from test_datasets_affnist import write_affnist
 

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from capsjax import runconfig, train
+from capsjax import train
+from capsjax.runs import runconfig
 from helpers import REPO, read_summary, run_main, write_idx_dataset
 
 EXAMPLES = REPO / "examples"

@@ -1,6 +1,6 @@
 """The routing-diagnostics figure draws what a router supplied, and nothing it did not."""
 
-from capsjax import figures
+from capsjax.common import figures
 
 
 def _panels(monkeypatch, records):

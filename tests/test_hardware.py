@@ -1,6 +1,6 @@
 """hardware: the devices line, and the warning when JAX fell back to the CPU."""
 
-from capsjax import hardware
+from capsjax.runs import hardware
 
 
 def test_warns_only_on_cpu_with_an_accelerator_present(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from capsjax import hostmemory
+from capsjax.runs import hostmemory
 
 glibc_linux = pytest.mark.skipif(
     sys.platform != "linux" or platform.libc_ver()[0] != "glibc", reason="needs glibc on Linux")

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from capsjax import layers, routing
+from capsjax import routing
+from capsjax.models import layers
 
 
 @pytest.mark.parametrize("size,kernel,stride",
@@ -117,7 +118,8 @@ def test_primary_output_scale_scales_the_convolution_before_its_bias():
                                   bias_init=0.3, output_scale=1 / num_types, rngs=nnx.Rngs(0))
   conv = np.asarray(plain.conv(x)) - 0.3  # Same kernels: same seed.
   expected = routing.squash(jnp.asarray((conv / num_types + 0.3).reshape(2, -1, dim)))
-  np.testing.assert_allclose(np.asarray(scaled(x).poses), np.asarray(expected), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(scaled(x).poses), np.asarray(expected), rtol=1e-5,
+                             atol=1e-6)
   assert not np.allclose(np.asarray(plain(x).poses), np.asarray(expected), atol=1e-3)
 
 

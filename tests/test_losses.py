@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from capsjax import losses
+from capsjax.models import losses
 
 
 def test_margin_loss_hand_computed():

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax import metrics
+from capsjax.models import metrics
 
 
 def test_two_labels_both_one_none_and_ties():

@@ -8,7 +8,8 @@ import pytest
 from flax import nnx
 
 import mnist
-from capsjax import losses, models
+from capsjax import models
+from capsjax.models import losses
 from capsjax.models import capsnet
 from helpers import abstract_model, largest_intermediate, resolved
 

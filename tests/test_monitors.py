@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from capsjax import monitors
+from capsjax.training import monitors
 
 
 def _feed(watch, fractions, start=1, accuracy=0.05):

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import multimnist as multimnist_config
-from capsjax import metrics, train
+from capsjax import train
+from capsjax.models import metrics
 from helpers import write_idx_dataset
 
 CHANCE = metrics.chance_levels(10, 2)["accuracy"]  # 1/45.

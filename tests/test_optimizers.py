@@ -9,8 +9,8 @@ import optax
 import pytest
 
 import mnist
-from capsjax import optimizers
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
+from capsjax.training import optimizers
 from helpers import parse_config_flags
 
 

@@ -3,8 +3,8 @@
 import ml_collections
 import pytest
 
-from capsjax.errors import UsageError
-from capsjax.plan import Plan
+from capsjax.common.errors import UsageError
+from capsjax.training.plan import Plan
 
 
 def train_config(**settings):

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from capsjax import preemption
+from capsjax.runs import preemption
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from capsjax import runconfig
+from capsjax.runs import runconfig
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "experiments/README.md", "docs/performance.md")

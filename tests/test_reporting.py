@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from capsjax import figures, reporting
+from capsjax.common import figures
+from capsjax.runs import reporting
 
 
 def test_a_nonfinite_metric_is_left_out_of_tensorboard_and_null_in_the_log(tmp_path, capfd):

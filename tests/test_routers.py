@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from capsjax import routing
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 from helpers import ROUTER_NAMES as NAMES, parse_config_flags
+
 BATCH, IN_CAPS, IN_DIM, OUT_CAPS, OUT_DIM = 3, 7, 4, 5, 6
 
 

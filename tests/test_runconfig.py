@@ -6,8 +6,10 @@ import pathlib
 import pytest
 
 import mnist
-from capsjax import evaluators, optimizers, runconfig, tasks
-from capsjax.errors import UsageError
+from capsjax import evaluators
+from capsjax.common.errors import UsageError
+from capsjax.runs import runconfig
+from capsjax.training import optimizers, tasks
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 

@@ -11,7 +11,7 @@ import pytest
 
 import mnist
 from capsjax import sweep
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 from helpers import write_idx_dataset
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import mnist
-from capsjax import registry, routing, tasks, train_step
-from capsjax.errors import UsageError
+from capsjax import routing
+from capsjax.common import registry
+from capsjax.common.errors import UsageError
+from capsjax.training import tasks, train_step
 from helpers import write_idx_dataset
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"

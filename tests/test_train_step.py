@@ -6,7 +6,7 @@ import pytest
 
 import efficient_capsnet
 import mnist
-from capsjax.runtime import Runtime
+from capsjax.training.runtime import Runtime
 
 
 @pytest.mark.parametrize("config_module, train_limit, start, num_steps", [

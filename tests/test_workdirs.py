@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from capsjax import workdirs
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
+from capsjax.runs import workdirs
 
 
 def test_prepare_makes_the_directory_and_refuses_bad_paths(tmp_path):
@@ -40,7 +40,7 @@ def test_prepare_refuses_an_unwritable_place(tmp_path):
 
 HOLD = """
 import sys, time
-from capsjax import workdirs
+from capsjax.runs import workdirs
 lock = workdirs.Lock(sys.argv[1]).acquire()
 print("held", flush=True)
 time.sleep(600)

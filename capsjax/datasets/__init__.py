@@ -24,7 +24,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from capsjax.registry import Registry
+from capsjax.common.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +140,8 @@ class Builder:
 
   def reconstruction_targets(self, batch: dict) -> jax.Array:
     """What a model that reconstructs its input should reconstruct from ``batch``: its clean
-    ``images`` (default). :meth:`capsjax.tasks.Task.complete_batch` stores it in the batch as
-    ``reconstruction_targets``, apart from the images that go into the network."""
+    ``images`` (default). :meth:`capsjax.training.tasks.Task.complete_batch` stores it in the
+    batch as ``reconstruction_targets``, apart from the images that go into the network."""
     return batch["images"]
 
 
@@ -167,8 +167,8 @@ def names() -> tuple[str, ...]:
 
 
 def get(config: ml_collections.ConfigDict) -> Builder:
-  """The builder ``config.dataset`` names (default :data:`capsjax.defaults.DATASET`),
+  """The builder ``config.dataset`` names (default :data:`capsjax.common.defaults.DATASET`),
   constructed from ``config``."""
-  from capsjax import defaults
+  from capsjax.common import defaults
 
   return DATASETS.get(config.get("dataset") or defaults.DATASET)(config)

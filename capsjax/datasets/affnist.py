@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 
 IMAGE_SIDE = 40
 

@@ -33,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax import datasets
+from capsjax.common.errors import UsageError
 from capsjax.datasets import sources
-from capsjax.errors import UsageError
 
 
 def random_crop(key, images, size: int):

@@ -23,8 +23,8 @@ from __future__ import annotations
 import jax
 
 from capsjax import datasets
+from capsjax.common.errors import UsageError
 from capsjax.datasets import augment, digit_augment, sources
-from capsjax.errors import UsageError
 
 
 class MNIST(datasets.Builder):

@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax import datasets
+from capsjax.common.errors import UsageError
 from capsjax.datasets import augment, sources
-from capsjax.errors import UsageError
 
 DIGIT_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10

@@ -24,9 +24,9 @@ import urllib.parse
 import ml_collections
 import numpy as np
 
+from capsjax.common.errors import UsageError
 from capsjax.datasets import Split, known_files
-from capsjax.errors import UsageError
-from capsjax.reporting import log
+from capsjax.runs.reporting import log
 
 IDX_FILES = {
     "train_images": "train-images-idx3-ubyte",

@@ -7,9 +7,10 @@ import os
 
 import numpy as np
 
-from capsjax import datasets, evaluators, figures
+from capsjax import datasets, evaluators
+from capsjax.common import figures
+from capsjax.common.errors import UsageError
 from capsjax.datasets import affine, affnist
-from capsjax.errors import UsageError
 
 
 def _check_canvas(evaluator: evaluators.Evaluator, shape: tuple) -> None:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from capsjax import datasets, evaluators, reporting
+from capsjax import datasets, evaluators
+from capsjax.common.errors import UsageError
 from capsjax.datasets import augment
-from capsjax.errors import UsageError
+from capsjax.runs import reporting
 
 
 def _split(evaluator: evaluators.Evaluator) -> datasets.Split:

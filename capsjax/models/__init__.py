@@ -2,7 +2,7 @@
 class by import path, ``"my_models:TinyCapsNet"`` or ``"path/to/file.py:TinyCapsNet"``).
 
 A model is a Flax NNX module that owns its loss and its metrics. The trainer, the evaluators
-and the figures call only this interface (:meth:`capsjax.tasks.Task.forward` composes the
+and the figures call only this interface (:meth:`capsjax.training.tasks.Task.forward` composes the
 first four), checked when a run starts (:func:`check_class`, :func:`check_forward`):
 
   ``Model.from_config(config, *, rngs)``
@@ -30,17 +30,18 @@ Optional, declared by the model and checked at the start of a run:
       copy of ``config.model``, so that ``config.json`` records them;
   ``model.monitors(config, chance) -> [watch]``
       watches over the per-step train metrics, each with ``update(steps, metrics) -> str |
-      None`` (a warning to print), e.g. :class:`capsjax.monitors.SaturationWatch`;
+      None`` (a warning to print), e.g. :class:`capsjax.training.monitors.SaturationWatch`;
   ``Model.draw_figures(model, batch, workdir, writer, step)``
       the model's own figures of a test batch after training (``model`` is a jitted
-      :class:`capsjax.run_figures.JittedModel` with ``apply``, ``decode``, ``capabilities``).
+      :class:`capsjax.training.run_figures.JittedModel` with ``apply``, ``decode``,
+      ``capabilities``).
 
 Variables that are not ``nnx.Param`` (BatchNorm statistics) are the model's state: the train
-step keeps what ``apply(train=True)`` writes to them (:mod:`capsjax.train_step`), and
+step keeps what ``apply(train=True)`` writes to them (:mod:`capsjax.training.train_step`), and
 evaluation merges them back with the parameters.
 
 To add a model: a module with such a class, and one line in :data:`MODELS`
-(:class:`capsjax.registry.Registry`), or none: name it by import path in the config
+(:class:`capsjax.common.registry.Registry`), or none: name it by import path in the config
 (``examples/tiny_capsnet.py`` is a runnable example).
 """
 
@@ -50,10 +51,10 @@ import jax
 import ml_collections
 from flax import nnx
 
-from capsjax import defaults
-from capsjax.errors import UsageError
+from capsjax.common import defaults
+from capsjax.common.errors import UsageError
+from capsjax.common.registry import Registry
 from capsjax.models.outputs import SCORE_KINDS, Outputs
-from capsjax.registry import Registry
 
 # What a model may declare in ``capabilities()``.
 CAPABILITIES = ("reconstruction", "routing_diagnostics", "saturation")
@@ -67,7 +68,7 @@ MODELS = Registry("model", "config.model.name", {
 
 
 def get(config: ml_collections.ConfigDict) -> type[nnx.Module]:
-  """The model class ``config.model.name`` names (default :data:`capsjax.defaults.MODEL`)."""
+  """The model class ``config.model.name`` names (default :data:`capsjax.common.defaults.MODEL`)."""
   return MODELS.get(config.model.get("name") or defaults.MODEL)
 
 
@@ -93,7 +94,8 @@ def capabilities(model: nnx.Module) -> frozenset[str]:
 def check_forward(result, name: str, declared: frozenset[str], num_classes: int,
                   train: bool) -> None:
   """UsageError naming the model and the broken promise, for a traced
-  :class:`capsjax.tasks.Forward` (shapes) of a batch of 2 that does not keep the contract."""
+  :class:`capsjax.training.tasks.Forward` (shapes) of a batch of 2 that does not keep the
+  contract."""
   mode = "training" if train else "evaluation"
   problems = []
   out = result.outputs

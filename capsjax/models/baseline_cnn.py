@@ -20,8 +20,8 @@ import ml_collections
 import optax
 from flax import nnx
 
-from capsjax import layers, metrics
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
+from capsjax.models import layers, metrics
 from capsjax.models.outputs import Outputs
 
 

@@ -12,8 +12,9 @@ import jax
 import ml_collections
 from flax import nnx
 
-from capsjax import layers, routing
-from capsjax.errors import UsageError
+from capsjax import routing
+from capsjax.common.errors import UsageError
+from capsjax.models import layers
 from capsjax.models import capsule_head
 from capsjax.models.capsule_head import LossSettings, check_scores  # noqa: F401 (re-exported)
 

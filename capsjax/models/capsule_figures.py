@@ -11,7 +11,7 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax import figures
+from capsjax.common import figures
 
 
 def draw_reconstructions(workdir, model, batch, writer, step) -> None:

@@ -3,9 +3,9 @@ reconstructions, the margin + reconstruction loss and the metrics (Sabour et al.
 Sec. 3-4).
 
 A capsule model is a backbone (its own ``primary(images, *, train)`` giving primary capsules
-:class:`capsjax.layers.Capsules`) composed with this head: it holds the head's layers as
-``class_capsules`` (:class:`capsjax.layers.ClassCapsules`) and ``decoder``
-(:class:`capsjax.layers.Decoder` or None), the head's settings as ``head`` (a
+:class:`capsjax.models.layers.Capsules`) composed with this head: it holds the head's layers as
+``class_capsules`` (:class:`capsjax.models.layers.ClassCapsules`) and ``decoder``
+(:class:`capsjax.models.layers.Decoder` or None), the head's settings as ``head`` (a
 :class:`CapsuleHead`), and takes the head's functions as its methods::
 
     class MyCapsNet(nnx.Module):
@@ -25,8 +25,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from capsjax import losses, metrics, routing
-from capsjax.errors import UsageError
+from capsjax import routing
+from capsjax.common.errors import UsageError
+from capsjax.models import losses, metrics
 from capsjax.models.outputs import Outputs
 
 SCORES = ("auto", "lengths", "activations")
@@ -86,7 +87,7 @@ class CapsuleHead:
 
 def resolve_config(config: ml_collections.ConfigDict) -> None:
   """Writes the router's settings in effect into ``config.routing`` (``config`` is the run's
-  resolved copy of ``config.model``: :func:`capsjax.tasks.resolve_config`)."""
+  resolved copy of ``config.model``: :func:`capsjax.training.tasks.resolve_config`)."""
   routing.fill(config.routing)
 
 
@@ -164,7 +165,7 @@ def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None
   The reconstruction target is ``batch["reconstruction_targets"]`` (the clean images, or with
   several digits per image, Sec. 6, each digit's own image, reconstructed from the capsule of
   its label; the sums are added), not the input: an attack that moves the input of a batch
-  completed by :meth:`capsjax.tasks.Task.complete_batch` leaves it. A batch without targets
+  completed by :meth:`capsjax.training.tasks.Task.complete_batch` leaves it. A batch without targets
   (built by hand) reconstructs its images. ``step`` is unused (no schedule)."""
   del step
   s = self.head.loss_settings
@@ -185,10 +186,10 @@ def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None
 def metrics_of(self, outputs: Outputs, batch: dict) -> dict:
   """Per example: ``accuracy`` (0/1; with several labels, the highest scores are exactly the
   labels, and ``at_least_one``); for routers that squash the class capsules, their saturation
-  (``class_capsule_length``, ``saturated_fraction``: :func:`capsjax.metrics.capsule_saturation`);
-  and, when measured (evaluation), the router's diagnostics under its names (dynamic routing:
-  ``coupling_entropy``, ``coupling_max``, ``logit_change``, ``preactivation_norm``),
-  ``(batch, iterations)`` each."""
+  (``class_capsule_length``, ``saturated_fraction``:
+  :func:`capsjax.models.metrics.capsule_saturation`); and, when measured (evaluation), the
+  router's diagnostics under its names (dynamic routing: ``coupling_entropy``,
+  ``coupling_max``, ``logit_change``, ``preactivation_norm``), ``(batch, iterations)`` each."""
   result = metrics.label_sets_correct(outputs.scores, batch["labels"])
   if self.head.measures_saturation:
     result.update(metrics.capsule_saturation(outputs.lengths))
@@ -214,7 +215,7 @@ def monitors(self, config: ml_collections.ConfigDict, chance: float) -> list:
   (``config.train.saturation_warning``) for heads that measure saturation."""
   if not self.head.measures_saturation:
     return []
-  from capsjax import monitors as monitors_lib
+  from capsjax.training import monitors as monitors_lib
 
   settings = config.train.get("saturation_warning") or {}  # Configs before it: defaults.
   return [monitors_lib.SaturationWatch(
@@ -224,7 +225,7 @@ def monitors(self, config: ml_collections.ConfigDict, chance: float) -> list:
 
 def draw_figures(model, batch: dict, workdir: str, writer, step: int) -> None:
   """The head's figures of a test batch (``model`` is a
-  :class:`capsjax.run_figures.JittedModel`): reconstructions and paper Fig. 4, or with two
+  :class:`capsjax.training.run_figures.JittedModel`): reconstructions and paper Fig. 4, or with two
   labels per image Fig. 5."""
   from capsjax.models import capsule_figures
 

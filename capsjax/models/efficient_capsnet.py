@@ -40,8 +40,9 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from capsjax import layers, routing
-from capsjax.errors import UsageError
+from capsjax import routing
+from capsjax.common.errors import UsageError
+from capsjax.models import layers
 from capsjax.models import capsule_head
 from capsjax.models.capsule_head import LossSettings, check_scores
 
@@ -134,7 +135,7 @@ class EfficientCapsNet(nnx.Module):
   """Convolutions with BatchNorm -> depthwise primary capsules -> class capsules [-> decoder].
 
   The BatchNorm statistics are model state (``nnx.BatchStat``): the train step updates them
-  (:mod:`capsjax.train_step`) and evaluation uses the running ones.
+  (:mod:`capsjax.training.train_step`) and evaluation uses the running ones.
   """
 
   def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs,

@@ -56,8 +56,8 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
-from capsjax.errors import UsageError
-from capsjax.registry import Registry
+from capsjax.common.errors import UsageError
+from capsjax.common.registry import Registry
 from capsjax.routing.core import (ParamSpec, Router, RoutingResult, capsule_votes,
                                   coupled_parents, coupling_statistics, exp_squash,
                                   matrix_votes, safe_norm, squash)

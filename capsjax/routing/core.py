@@ -171,7 +171,7 @@ def coupled_parents(votes: jax.Array, coupling: jax.Array, *, bias: jax.Array | 
 
 def check_iterations(value) -> None:
   """UsageError unless ``config.model.routing.iterations`` is an integer >= 1."""
-  from capsjax.errors import UsageError
+  from capsjax.common.errors import UsageError
 
   if not isinstance(value, int) or isinstance(value, bool) or value < 1:
     raise UsageError(f"config.model.routing.iterations must be an integer >= 1, "

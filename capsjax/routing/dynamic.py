@@ -22,7 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 from capsjax.routing.core import (Router, RoutingResult, check_iterations, coupling_statistics,
                                   safe_norm, squash)
 

@@ -44,7 +44,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 from capsjax.routing.core import (ParamSpec, Router, RoutingResult, check_iterations,
                                   coupling_statistics, per_iteration, safe_norm)
 

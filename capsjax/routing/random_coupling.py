@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import jax
 
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 from capsjax.routing.core import Router, RoutingResult, coupled_parents
 
 SETTINGS = {

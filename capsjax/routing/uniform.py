@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 from capsjax.routing.core import Router, RoutingResult, coupled_parents
 
 SETTINGS = {"squash_epsilon": 0.0}  # Eq. 1 exactly; see capsjax.routing.squash.

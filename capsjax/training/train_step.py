@@ -27,7 +27,7 @@ from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax.datasets import augment
-from capsjax.tasks import Task
+from capsjax.training.tasks import Task
 
 
 @struct.dataclass

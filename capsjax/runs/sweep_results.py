@@ -15,8 +15,8 @@ import math
 import os
 import pathlib
 
-from capsjax import files
-from capsjax.reporting import chance_text, is_finished
+from capsjax.runs import files
+from capsjax.runs.reporting import chance_text, is_finished
 
 RESULT_COLUMNS = ("test_accuracy", "test_error", "test_loss", "step", "selected_on",
                   "train_images_per_second", "num_params")
@@ -36,7 +36,7 @@ def config_label(spec: str) -> str:
 
 def value_in_effect(run_config: dict | None, key: str) -> str:
   """The value of dotted ``key`` in a run's saved config, its router and optimiser defaults
-  filled in (:func:`capsjax.runconfig.comparable`); "" where the run has none (the setting
+  filled in (:func:`capsjax.runs.runconfig.comparable`); "" where the run has none (the setting
   does not apply, or no config.json)."""
   if run_config is None or key == CONFIG_KEY:
     return ""
@@ -74,7 +74,7 @@ def collect(points: list, workdir: str) -> list[dict]:
 
   ``points``: the sweep's :class:`capsjax.sweep.Point` s; each run is ``WORKDIR/point.name``.
   """
-  from capsjax import runconfig
+  from capsjax.runs import runconfig
 
   keys = list(dict.fromkeys(k for p in points for k in p.overrides))
   rows, missing = [], []
@@ -192,7 +192,7 @@ def _plot(groups: list[dict], keys: list[str], workdir: str) -> None:
   drawn as markers side by side. The error axis is logarithmic when the errors span more than a factor of ten."""
   if not groups:
     return
-  from capsjax import figures  # Selects the Agg backend.
+  from capsjax.common import figures  # Selects the Agg backend.
   import matplotlib.pyplot as plt
 
   for key in keys:

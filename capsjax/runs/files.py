@@ -14,7 +14,7 @@ import errno
 import json
 import os
 
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 

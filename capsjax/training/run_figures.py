@@ -14,7 +14,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from capsjax import figures, reporting
+from capsjax.common import figures
+from capsjax.runs import reporting
 
 
 def draw_figures(workdir: str, task, variables, test_split, evaluations: dict,
@@ -22,7 +23,7 @@ def draw_figures(workdir: str, task, variables, test_split, evaluations: dict,
   """Draws every figure of the run into ``workdir`` (and images into ``writer``).
 
   Args:
-    task: the run's :class:`capsjax.tasks.Task` (its model and dataset builder).
+    task: the run's :class:`capsjax.training.tasks.Task` (its model and dataset builder).
     variables: the model's variables (``TrainState.variables``).
     test_split: the host test split (:class:`capsjax.datasets.Split`).
     evaluations: the run's evaluators; each may draw its own figures.
@@ -44,7 +45,7 @@ def draw_figures(workdir: str, task, variables, test_split, evaluations: dict,
 
 
 class JittedModel:
-  """A model's evaluation outputs (:meth:`capsjax.tasks.Task.forward`) and, where it can
+  """A model's evaluation outputs (:meth:`capsjax.training.tasks.Task.forward`) and, where it can
   reconstruct, ``decode`` under ``jax.jit``: one compilation each, instead of one per
   operation when called eagerly.
 

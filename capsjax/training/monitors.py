@@ -1,7 +1,7 @@
 """Watches over the per-step train metrics, on the host: warnings a run prints while it trains.
 
 :class:`SaturationWatch` warns when nearly all class capsules stay saturated (longer than
-:data:`capsjax.metrics.SATURATED_LENGTH`, where the squash has almost no slope) for a
+:data:`capsjax.models.metrics.SATURATED_LENGTH`, where the squash has almost no slope) for a
 sustained stretch of steps. A healthy classifier has only its labelled classes there (about
 1/10 of the capsules on MNIST, 2/10 on MultiMNIST), so "nearly all" (0.9 by default) does
 not fire on one. It reads the
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from capsjax.metrics import SATURATED_LENGTH
+from capsjax.models.metrics import SATURATED_LENGTH
 
 
 class SaturationWatch:

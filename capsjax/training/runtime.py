@@ -10,7 +10,7 @@ evaluation runner.
 
 The mesh is 1-D over every device of the job (axis ``data``): batches are sharded,
 parameters, optimiser state and the datasets replicated. ``runtime.runner``
-(:class:`capsjax.evaluation.Runner`) maps functions of the model over evaluation sets in
+(:class:`capsjax.training.evaluation.Runner`) maps functions of the model over evaluation sets in
 jitted, data-parallel batches.
 """
 
@@ -22,10 +22,12 @@ import jax
 import ml_collections
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from capsjax import datasets, evaluators, optimizers, plan, reporting, train_step
-from capsjax.errors import UsageError
-from capsjax.evaluation import Runner, put_on_devices
-from capsjax.tasks import Task
+from capsjax import datasets, evaluators
+from capsjax.common.errors import UsageError
+from capsjax.runs import reporting
+from capsjax.training import optimizers, plan, train_step
+from capsjax.training.evaluation import Runner, put_on_devices
+from capsjax.training.tasks import Task
 
 
 def make_mesh() -> jax.sharding.Mesh:
@@ -40,12 +42,13 @@ class Runtime:
   Attributes:
     config, task, mesh, replicated (the sharding of replicated arrays);
     splits: the host splits after :meth:`load` (else None);
-    plan: the run's :class:`capsjax.plan.Plan` after :meth:`load` (else None).
+    plan: the run's :class:`capsjax.training.plan.Plan` after :meth:`load` (else None).
   """
 
   def __init__(self, config: ml_collections.ConfigDict):
     """Raises UsageError, naming the key, for a config that cannot run here. ``self.config``
-    is the resolved copy (:func:`capsjax.tasks.resolve_config`); ``config`` is not written."""
+    is the resolved copy (:func:`capsjax.training.tasks.resolve_config`); ``config`` is not
+    written."""
     plan.validate_train_config(config, jax.device_count())
     self.task = Task.from_config(config)
     self.config = self.task.config
@@ -58,7 +61,8 @@ class Runtime:
 
   def load(self, splits: dict[str, datasets.Split] | None = None) -> "Runtime":
     """Reads the dataset's splits (or takes ``splits``), checks that the model keeps its
-    contract on them (:meth:`capsjax.tasks.Task.check_outputs`) and plans the run's steps."""
+    contract on them (:meth:`capsjax.training.tasks.Task.check_outputs`) and plans the run's
+    steps."""
     self.splits = self.task.dataset.load() if splits is None else splits
     test = self.splits["test"]
     self.task.check_outputs(test.examples, test.shared)
@@ -89,7 +93,7 @@ class Runtime:
               log: Callable[[str], None] = reporting.log):
     """``(step, state, meta)`` of the newest checkpoint that restores (or the first of
     ``steps``), or None when there is none; see
-    :meth:`capsjax.checkpointing.Checkpointer.restore_newest`."""
+    :meth:`capsjax.runs.checkpointing.Checkpointer.restore_newest`."""
     abstract = self.abstract_state()
     return checkpointer.restore_newest(abstract, log=log, move_aside=move_aside, steps=steps,
                                        older_forms=train_step.older_forms(abstract))

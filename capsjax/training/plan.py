@@ -6,7 +6,7 @@ import dataclasses
 
 import ml_collections
 
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)

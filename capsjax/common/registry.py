@@ -51,7 +51,7 @@ class Registry:
   def get(self, name: str) -> type:
     """The class registered as ``name``, or named by its import path (``"module:Class"``,
     ``"file.py:Class"``); UsageError naming the key and the choices if none."""
-    from capsjax.errors import UsageError
+    from capsjax.common.errors import UsageError
 
     if not isinstance(name, str) or (name not in self.entries and ":" not in name):
       raise UsageError(f"{self.key}={name!r} is not a registered {self.kind}; use one of "
@@ -70,7 +70,7 @@ class Registry:
 def import_module(name: str, what: str) -> types.ModuleType:
   """Module ``name`` (dotted), or the Python file ``name`` (ending in ``.py``, loaded once per
   process); UsageError saying ``what`` asked for it when it cannot be found."""
-  from capsjax.errors import UsageError
+  from capsjax.common.errors import UsageError
 
   if not name.endswith(".py"):
     try:

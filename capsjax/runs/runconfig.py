@@ -11,8 +11,9 @@ import types
 
 import ml_collections
 
-from capsjax import defaults, files
-from capsjax.errors import UsageError
+from capsjax.common import defaults
+from capsjax.common.errors import UsageError
+from capsjax.runs import files
 
 # Settings a resumed run may change without changing what it computes: its length, how often
 # it logs, evaluates and checkpoints, where the data files live, how convolutions are computed.
@@ -83,7 +84,8 @@ def read_raw(workdir: str) -> dict | None:
 def comparable(raw: dict) -> dict:
   """A config as JSON with its optimiser and router settings resolved (defaults filled in),
   so that an unset setting and its default are the same setting."""
-  from capsjax import optimizers, routing
+  from capsjax import routing
+  from capsjax.training import optimizers
 
   raw = json.loads(json.dumps(raw))
   if isinstance(raw.get("optimizer"), dict):
@@ -191,7 +193,7 @@ def check_same_model(runtime, workdir: str) -> None:
   nothing to compare, and the restore reports what it finds."""
   import jax
 
-  from capsjax import optimizers, tasks, train_step
+  from capsjax.training import optimizers, tasks, train_step
 
   earlier_raw = read_raw(workdir)
   if earlier_raw is None:

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 
 # What members must share to be averaged over one test set.
 MUST_MATCH = (("dataset",), ("model", "num_classes"), ("model", "image_shape"))
@@ -25,7 +25,7 @@ MUST_MATCH = (("dataset",), ("model", "num_classes"), ("model", "image_shape"))
 def members_of(paths: list[str]) -> tuple[list[str], str]:
   """The run directories, and where ensemble.json goes: one sweep directory gives its
   finished runs and itself; a list gives itself and the runs' common parent."""
-  from capsjax.reporting import is_finished
+  from capsjax.runs.reporting import is_finished
 
   paths = [os.path.abspath(p) for p in paths if p]
   if len(paths) == 1 and not os.path.exists(os.path.join(paths[0], "config.json")):
@@ -63,9 +63,11 @@ def member_scores(members: list[str], checkpoint: str = "latest",
                   data_dir: str | None = None) -> tuple[list[np.ndarray], np.ndarray, list]:
   """Each member's class scores on the (shared) test set, the labels, and per member its
   ``{"workdir", "checkpoint_step", "selected_on", "accuracy"}``."""
-  from capsjax import checkpointing, evaluators, metrics, runconfig
-  from capsjax.reporting import log
-  from capsjax.runtime import Runtime, check_no_test_selection
+  from capsjax import evaluators
+  from capsjax.models import metrics
+  from capsjax.runs import checkpointing, runconfig
+  from capsjax.runs.reporting import log
+  from capsjax.training.runtime import Runtime, check_no_test_selection
 
   configs = [runconfig.load(m) for m in members]
   check_compatible(members, [json.loads(c.to_json_best_effort()) for c in configs])
@@ -102,8 +104,10 @@ def evaluate_ensemble(paths: list[str], checkpoint: str = "latest", data_dir: st
   """Evaluates the runs in ``paths`` as one ensemble; returns what ensemble.json holds."""
   import jax
 
-  from capsjax import files, metrics
-  from capsjax.reporting import chance_text, log
+  from capsjax.models import metrics
+
+  from capsjax.runs import files
+  from capsjax.runs.reporting import chance_text, log
 
   members, default_output = members_of(paths)
   all_scores, labels, results = member_scores(members, checkpoint, data_dir)

@@ -21,8 +21,10 @@ import jax
 import ml_collections
 from flax import nnx
 
-from capsjax import datasets, defaults, evaluators, metrics, models
-from capsjax.errors import UsageError
+from capsjax import datasets, evaluators, models
+from capsjax.common import defaults
+from capsjax.common.errors import UsageError
+from capsjax.models import metrics
 
 
 class Forward(NamedTuple):
@@ -75,7 +77,7 @@ class Task:
 
   def chance_levels(self) -> dict[str, float]:
     """The accuracies of random guessing on this dataset (``accuracy``, and ``at_least_one``
-    with several labels per example): :func:`capsjax.metrics.chance_levels`."""
+    with several labels per example): :func:`capsjax.models.metrics.chance_levels`."""
     info = self.dataset.info
     return metrics.chance_levels(info.num_classes, info.labels_per_example)
 
@@ -116,7 +118,7 @@ class Task:
               rng: jax.Array | None = None, step: jax.Array | None = None) -> Forward:
     """The model's outputs, per-example loss and its parts, and metrics on ``batch``: a pure
     function of its arguments (jit it, differentiate it, map it over a set:
-    :meth:`capsjax.evaluation.Runner.mean`).
+    :meth:`capsjax.training.evaluation.Runner.mean`).
 
     Args:
       variables: every variable of the model, parameters and state, as a pure dict

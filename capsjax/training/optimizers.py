@@ -37,7 +37,7 @@ import ml_collections
 import optax
 from ml_collections import config_dict
 
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 
 # Each optimiser's own settings and their defaults (TF's Adam defaults are optax's).
 OPTIMIZERS = {

@@ -6,16 +6,18 @@ from __future__ import annotations
 import contextlib
 import difflib
 import os
+import pathlib
 import sys
 from typing import Callable
 
 from absl import app, flags
 
-from capsjax import files, hostmemory
-from capsjax.errors import NonFiniteLossError, UsageError
+from capsjax.common.errors import NonFiniteLossError, UsageError
+from capsjax.runs import files, hostmemory
 
 
-CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+# The repository's configs/: capsjax/runs/cli.py -> the repository root.
+CONFIGS = str(pathlib.Path(__file__).resolve().parents[2] / "configs")
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -86,7 +88,7 @@ def suggest_keys(argv: list[str]) -> str:
   if not spec:
     return ""
   try:
-    from capsjax import runconfig
+    from capsjax.runs import runconfig
 
     path, _, variant = spec.partition(":")
     config = runconfig.import_config_file(path).get_config(variant or None)
@@ -130,7 +132,7 @@ def clear_errors():
   """Ends the command with one line on stderr, no traceback, for what the user can act on:
   a :class:`UsageError` or a full disk (exit 2), a non-finite loss (exit 1), a stop by a
   signal after saving (exit 128 + the signal's number, as if the signal had ended it)."""
-  from capsjax.preemption import Preempted
+  from capsjax.runs.preemption import Preempted
 
   try:
     yield

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 
 BEST_METRIC = "accuracy"
 DAMAGED_DIR = "damaged_checkpoints"  # Beside checkpoints/, in the workdir.

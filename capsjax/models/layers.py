@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from capsjax import routing as routing_lib
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 
 CONV_IMPLS = ("auto", "native", "polyphase", "im2col")
 PADDINGS = ("VALID", "SAME")

@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 
-from capsjax.errors import UsageError
+from capsjax.common.errors import UsageError
 
 LOCK_NAME = ".capsjax.lock"
 

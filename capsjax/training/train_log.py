@@ -9,9 +9,9 @@ import time
 import jax
 import numpy as np
 
-from capsjax import reporting
-from capsjax.errors import NonFiniteLossError
-from capsjax.plan import Plan
+from capsjax.common.errors import NonFiniteLossError
+from capsjax.runs import reporting
+from capsjax.training.plan import Plan
 
 
 class TrainLog:
@@ -20,7 +20,7 @@ class TrainLog:
 
   def __init__(self, workdir: str, plan: Plan, schedule, ckpt, watches=()):
     """``watches``: objects with ``update(steps, metrics) -> warning or None`` (the model's
-    ``monitors``, e.g. :class:`capsjax.monitors.SaturationWatch`)."""
+    ``monitors``, e.g. :class:`capsjax.training.monitors.SaturationWatch`)."""
     self.plan, self.schedule, self.ckpt, self.watches = plan, schedule, ckpt, list(watches)
     is_main = jax.process_index() == 0
     self.writer = reporting.MetricWriter(workdir) if is_main else None

@@ -12,7 +12,7 @@ kind, each batch sharded over the mesh's ``data`` axis::
 ``runner.evaluate`` is ``mean`` of the task's forward (loss, its parts, metrics) and
 ``runner.scores`` ``collect`` of its class scores. An evaluator that needs gradients with
 respect to the input (an attack) writes its ``fn`` with ``jax.grad`` of
-:meth:`capsjax.tasks.Task.forward` (``runner.task.forward``) and hands it to the runner.
+:meth:`capsjax.training.tasks.Task.forward` (``runner.task.forward``) and hands it to the runner.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Runner:
   parallel over the mesh.
 
   Attributes:
-    task: the :class:`capsjax.tasks.Task` (``task.forward`` for evaluators' own functions).
+    task: the :class:`capsjax.training.tasks.Task` (``task.forward`` for evaluators' own functions).
     mesh, batch_size.
   """
 
