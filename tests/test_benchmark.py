@@ -47,3 +47,31 @@ def test_benchmark_of_a_dataset_whose_test_split_differs_from_its_train_split():
   report = json.loads(result.stdout.strip().splitlines()[-1])
   assert report["dataset"] == "multimnist"
   assert report["train_images_per_second"] > 0 and report["eval_images_per_second"] > 0
+
+
+def test_flops_per_image_count_every_fused_step(tmp_path):
+  """XLA's cost analysis counts a scan's body once: with 3 steps per dispatch the benchmark
+  must still report the FLOPs of one step per image, as with 1 (issue: 1/25 of them with
+  Efficient-CapsNet's 25). In a subprocess: capsjax.benchmark defines the command's flags."""
+  from helpers import write_idx_dataset
+
+  data = write_idx_dataset(tmp_path, 64, 32)
+  code = f"""
+import json, sys
+sys.path[:0] = [{str(REPO / "configs")!r}]
+import mnist
+from capsjax import benchmark
+per_image = {{}}
+for steps in (1, 3):
+  config = mnist.get_config("smoke")
+  config.data.source, config.data.dir = "idx", {str(data)!r}
+  config.train.steps_per_dispatch = steps
+  report = benchmark.run_benchmark(config, min_seconds=0.05, matmul_size=64)
+  per_image[steps] = report["train_gflop_per_image"]
+print(json.dumps(per_image))
+"""
+  result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, JAX_NUM_CPU_DEVICES="2"))
+  assert result.returncode == 0, result.stderr
+  per_image = json.loads(result.stdout.strip().splitlines()[-1])
+  assert per_image["3"] == per_image["1"] > 0

@@ -216,3 +216,28 @@ def test_decoder_init_scale_and_bias_init():
     np.testing.assert_allclose(w.std(), 0.8796 * 0.1, rtol=0.03)
     assert np.abs(w).max() <= 0.2
     np.testing.assert_allclose(np.asarray(layer.bias[...]), 0.1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("size", [9, 12])
+def test_every_depthwise_impl_is_the_grouped_convolution_values_and_gradients(size):
+  """9x9 kernels on a 9x9 input (Efficient-CapsNet's primary capsules: window_sum) and on a
+  12x12 one (shifted), against lax's grouped convolution: float32 rounding apart."""
+  rng = np.random.default_rng(size)
+  x = jnp.asarray(rng.normal(size=(3, size, size, 5)), jnp.float32)
+  kernel = jnp.asarray(rng.normal(size=(9, 9, 1, 5)), jnp.float32)
+  weights = jnp.asarray(rng.normal(size=(3, size - 8, size - 8, 5)), jnp.float32)
+
+  def value_and_grads(impl):
+    objective = lambda x, k: jnp.sum(weights * layers.depthwise_conv2d(x, k, impl))
+    return layers.depthwise_conv2d(x, kernel, impl), jax.grad(objective, (0, 1))(x, kernel)
+
+  reference, (dx, dk) = value_and_grads("native")
+  impls = ["auto", "shifted"] + (["window_sum"] if size == 9 else [])
+  for impl in impls:
+    out, (gx, gk) = value_and_grads(impl)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(reference), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(gx), np.asarray(dx), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(gk), np.asarray(dk), rtol=1e-5, atol=1e-5)
+  if size == 12:
+    with pytest.raises(ValueError, match="needs a kernel the size of the input"):
+      layers.depthwise_conv2d(x, kernel, "window_sum")

@@ -115,19 +115,20 @@ class DepthwisePrimaryCapsules(nnx.Module):
   channel, with bias; Keras' default Glorot uniform), its channels grouped into capsules of
   ``dim`` and squashed by :func:`capsjax.routing.exp_squash`."""
 
-  def __init__(self, channels: int, kernel_size: int, dim: int, *, rngs: nnx.Rngs):
+  def __init__(self, channels: int, kernel_size: int, dim: int, *, impl: str = "auto",
+               rngs: nnx.Rngs):
+    """``impl``: :func:`capsjax.models.layers.depthwise_conv2d`'s (on the paper's shapes the
+    kernel covers the whole 9x9 grid: a multiply and a sum, not XLA:CPU's slow grouped
+    convolution gradient)."""
     self.kernel = nnx.Param(nnx.initializers.glorot_uniform()(
         rngs.params(), (kernel_size, kernel_size, 1, channels)))
     self.bias = nnx.Param(jnp.zeros((channels,), jnp.float32))
-    self.dim = dim
+    self.dim, self.impl = dim, impl
 
   def __call__(self, features: jax.Array) -> layers.Capsules:
     """``(batch, h, w, channels)`` -> vector capsules, poses ``(batch, h' * w' * channels /
     dim, dim)`` and their lengths."""
-    x = jax.lax.conv_general_dilated(
-        features, self.kernel[...], window_strides=(1, 1), padding="VALID",
-        dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=features.shape[-1])
-    x = x + self.bias[...]
+    x = layers.depthwise_conv2d(features, self.kernel[...], self.impl) + self.bias[...]
     return layers.vector_capsules(routing.exp_squash(x.reshape(x.shape[0], -1, self.dim)))
 
 
@@ -153,8 +154,9 @@ class EfficientCapsNet(nnx.Module):
     self.norms = nnx.List([nnx.BatchNorm(b, momentum=bn.momentum, epsilon=bn.epsilon, rngs=rngs)
                            for b in channels[1:]])
     self.norm_after_relu = bn.position == "after_relu"
-    self.primary_capsules = DepthwisePrimaryCapsules(channels[-1], config.primary.kernel_size,
-                                                     config.primary.dim, rngs=rngs)
+    self.primary_capsules = DepthwisePrimaryCapsules(
+        channels[-1], config.primary.kernel_size, config.primary.dim,
+        impl="native" if config.conv_impl == "native" else "auto", rngs=rngs)
     k = config.primary.kernel_size
     grid_h, grid_w = (n - k + 1 for n in backbone_grid(config))
     self.class_capsules = layers.ClassCapsules(
