@@ -25,10 +25,9 @@ def idx_dir(tmp_path_factory):
   return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=32, num_test=16)
 
 
-def smoke(idx_dir, **model):
+def smoke(idx_dir):
   c = mnist.get_config("smoke")
   c.data.source, c.data.dir = "idx", str(idx_dir)
-  c.model.update(model)
   return c
 
 
