@@ -17,12 +17,19 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from capsjax.common.errors import UsageError
 from capsjax.runs import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _SECONDS = flags.DEFINE_float("seconds", 20.0, "Minimum time to measure each rate over.")
 _MATMUL_SIZE = flags.DEFINE_integer("matmul_size", 0,
                                     "n of the n x n matmul; 0: 2048 on CPU, 8192 elsewhere.")
+_PROFILE = flags.DEFINE_boolean(
+    "profile", False, "Also print the train step's time per layer (forward and backward ms, "
+    "share), from a JAX profiler trace.")
+_PROFILE_DEPTH = flags.DEFINE_integer(
+    "profile_depth", 2, "Parts of a module's path a --profile row keeps (decoder.layers.0 at 2: "
+    "decoder.layers).")
 flags.mark_flags_as_required(["config"])
 
 
@@ -52,9 +59,17 @@ def matmul_gflop_per_s(n: int, min_seconds: float) -> float:
   return 2 * n ** 3 / _time_repeated(run, min_seconds) / 1e9
 
 
-def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> dict:
+def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
+                  profile_depth: int = 0) -> dict:
+  """The measurements of the module docstring as a dict; with ``profile_depth > 0`` also
+  ``layer_profile``, the rows of :func:`capsjax.runs.layer_profile.layer_table` (and
+  ``layer_profile_table``, their markdown)."""
+  import contextlib
+  import resource
+
   import jax
 
+  from capsjax.runs import layer_profile
   from capsjax.training.runtime import Runtime
 
   devices = jax.devices()
@@ -69,7 +84,10 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> di
 
   train_step = runtime.make_train_step()
   start = time.perf_counter()
-  compiled = train_step.lower(state, examples, shared, num_steps).compile()
+  scopes = (layer_profile.module_scopes(runtime.task.model_class, runtime.task.abstract_model)
+            if profile_depth else contextlib.nullcontext())
+  with scopes:  # Named scopes only label ops: the computation is the same.
+    compiled = train_step.lower(state, examples, shared, num_steps).compile()
   compile_seconds = time.perf_counter() - start
   # XLA's cost analysis counts a loop's body once: with steps fused by lax.scan it would give
   # the FLOPs of one step, not of num_steps. So they are counted on a single step.
@@ -77,9 +95,15 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> di
                                                             1).compile()
   cost = single.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  flops_per_image = float(cost["flops"]) / batch
+  # The cost is of one device's program (its share of the batch, the replicated updates too).
+  flops_per_image = float(cost["flops"]) * len(devices) / batch
   memory = compiled.memory_analysis()
   temp_bytes = int(memory.temp_size_in_bytes) if memory is not None else None
+  # What the step holds at once by XLA's buffer assignment: inputs, outputs (less those that
+  # reuse an input's buffer) and temporaries.
+  step_bytes = None if memory is None else int(
+      memory.argument_size_in_bytes + memory.output_size_in_bytes
+      - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
 
   holder = [state]
 
@@ -89,6 +113,14 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> di
 
   train_seconds = _time_repeated(train_once, min_seconds)
   train_rate = batch * num_steps / train_seconds
+  profiled = {}
+  if profile_depth:
+    rows = layer_profile.layer_table(
+        layer_profile.op_seconds(train_once, repeats=3),
+        layer_profile.op_layers(compiled.as_text(), profile_depth), per=num_steps)
+    profiled = {"layer_profile": [row._asdict() for row in rows],
+                "layer_profile_table": layer_profile.format_table(rows,
+                                                                  train_seconds / num_steps)}
 
   eval_batch = config.eval.batch_size
   eval_set = runtime.runner.eval_set(runtime.splits["test"].first(eval_batch),
@@ -114,12 +146,16 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0) -> di
       "peak_fraction": train_gflops / matmul_rate,
       "compile_seconds": compile_seconds,
       "temp_memory_bytes": temp_bytes,
+      "step_memory_bytes": step_bytes,
+      "device_peak_bytes": (devices[0].memory_stats() or {}).get("peak_bytes_in_use"),
+      "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
       "device": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
       "model": runtime.config.model.name,
       "dataset": runtime.config.dataset,
       "conv_impl": config.model.conv_impl,
       "compute_dtype": config.model.compute_dtype,
       "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),  # See capsjax/runs/hostmemory.py.
+      **profiled,
   }
 
 
@@ -146,9 +182,17 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)
   with cli.clear_errors():
-    result = run_benchmark(cli.config_from_flag(_CONFIG), _SECONDS.value, _MATMUL_SIZE.value)
+    if _PROFILE.value and _PROFILE_DEPTH.value < 1:
+      raise UsageError(f"--profile_depth must be at least 1, got {_PROFILE_DEPTH.value}.")
+    result = run_benchmark(cli.config_from_flag(_CONFIG), _SECONDS.value, _MATMUL_SIZE.value,
+                           _PROFILE_DEPTH.value if _PROFILE.value else 0)
+  table = result.pop("layer_profile_table", None)
   for key, value in result.items():
+    if key == "layer_profile":
+      continue
     print(f"{key:>24}: {value:.4g}" if isinstance(value, float) else f"{key:>24}: {value}")
+  if table:
+    print(table)
   print(json.dumps(result))
 
 

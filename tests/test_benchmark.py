@@ -75,3 +75,69 @@ print(json.dumps(per_image))
   assert result.returncode == 0, result.stderr
   per_image = json.loads(result.stdout.strip().splitlines()[-1])
   assert per_image["3"] == per_image["1"] > 0
+
+
+def test_flops_per_image_close_to_the_analytic_count(tmp_path):
+  """XLA's count of Efficient-CapsNet's train step against one written out from the layer
+  shapes: every convolution and dense layer forward (2 x multiply-adds) and its two gradients
+  (the first convolution has no input gradient). Normalisation, activations, routing and the
+  optimiser add a little (3% here); the count must not fall short of the analytic one. On two
+  devices: the cost analysis is of one device's program, half the batch."""
+  from helpers import write_idx_dataset
+
+  data = write_idx_dataset(tmp_path, 64, 32)
+  code = f"""
+import json, sys
+sys.path[:0] = [{str(REPO / "configs")!r}]
+import efficient_capsnet
+from capsjax import benchmark
+config = efficient_capsnet.get_config()
+config.data.source, config.data.dir = "idx", {str(data)!r}
+config.train.steps_per_dispatch, config.train.batch_size, config.eval.batch_size = 1, 8, 8
+report = benchmark.run_benchmark(config, min_seconds=0.05, matmul_size=64)
+print(json.dumps([report["train_gflop_per_image"], config.model.convs.to_dict(),
+                  list(config.model.decoder.hidden), config.model.class_capsules.dim]))
+"""
+  result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, JAX_NUM_CPU_DEVICES="2"))
+  assert result.returncode == 0, result.stderr
+  gflop, convs, hidden, class_dim = json.loads(result.stdout.strip().splitlines()[-1])
+  size, channels, analytic = 28, 1, 0
+  for i, (k, s, f) in enumerate(zip(convs["kernel_sizes"], convs["strides"],
+                                    convs["features"])):
+    size = (size - k) // s + 1
+    forward = 2 * size * size * k * k * channels * f
+    analytic += forward * (2 if i == 0 else 3)
+    channels = f
+  widths = [10 * class_dim, *hidden, 784]
+  analytic += sum(3 * 2 * a * b for a, b in zip(widths, widths[1:]))
+  assert analytic <= gflop * 1e9 <= 1.1 * analytic, (gflop * 1e9, analytic)
+
+
+def test_profile_prints_a_table_of_the_model_layers():
+  result = subprocess.run(
+      [sys.executable, "-m", "capsjax.benchmark", f"--config={REPO}/configs/mnist.py:smoke",
+       "--seconds=0.05", "--matmul_size=64", "--profile"],
+      cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  report = json.loads(result.stdout.strip().splitlines()[-1])
+  rows = {row["layer"]: row for row in report["layer_profile"]}
+  # The paper model's modules (depth 2: primary_capsules.conv), and time in both passes of
+  # the convolutions.
+  assert {"conv1", "primary_capsules.conv", "class_capsules", "decoder.layers"} <= set(rows)
+  assert rows["primary_capsules.conv"]["forward_ms"] > 0
+  assert rows["primary_capsules.conv"]["backward_ms"] > 0
+  assert abs(sum(row["share"] for row in rows.values()) - 1) < 1e-6
+  assert "| primary_capsules.conv |" in result.stdout
+  assert report["step_memory_bytes"] >= report["temp_memory_bytes"] > 0
+  assert report["host_peak_rss_bytes"] > 0
+
+
+def test_profile_depth_below_one_is_a_usage_error():
+  result = subprocess.run(
+      [sys.executable, "-m", "capsjax.benchmark", f"--config={REPO}/configs/mnist.py:smoke",
+       "--profile", "--profile_depth=0"],
+      cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2
+  assert "--profile_depth must be at least 1, got 0" in result.stderr
+  assert "Traceback" not in result.stderr

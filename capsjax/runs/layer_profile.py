@@ -1,0 +1,142 @@
+"""Where a compiled step spends its time, per layer of the model: ``benchmark --profile``.
+
+The model's submodules are named in the traced program (a ``jax.named_scope`` per module call,
+its attribute path in the model, e.g. ``convs.2`` or ``decoder``), the compiled step runs under
+JAX's profiler, and each executed XLA op's time goes to the module whose scope its HLO metadata
+names, forward or backward (an op of the backward pass carries ``transpose(...)`` in its name).
+Ops outside every module (loss, optimiser, data shuffling and augmentation) are a row of their
+own. Works for any model of the registry, for a device's ops (GPU) as for the CPU's thunks.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import glob
+import inspect
+import re
+import tempfile
+from typing import Callable, Iterator, NamedTuple
+
+import jax
+from flax import nnx
+
+SCOPE_PREFIX = "module."
+OUTSIDE = "(outside modules: loss, optimiser, data)"
+
+
+@contextlib.contextmanager
+def module_scopes(model_class: type, model: nnx.Module) -> Iterator[None]:
+  """While open, each submodule's ``__call__`` (and other public methods) traced under
+  ``model_class``'s ``apply`` runs in ``jax.named_scope("module.<path>")``, ``<path>`` its
+  attribute path (``convs.0``). The persistent compilation cache is off meanwhile.
+
+  The classes are patched, not instances: the train step builds new instances inside the
+  trace (``nnx.merge``), so the paths are read from the instance ``apply`` is called on.
+  ``model``: an instance (abstract is enough) that lists the submodule classes."""
+  paths: dict[int, str] = {}
+  classes = {type(m) for p, m in nnx.iter_modules(model) if p}
+  originals = {(cls, name): method for cls in classes for name, method in vars(cls).items()
+               if inspect.isfunction(method) and (name == "__call__" or not name.startswith("_"))}
+  original_apply = model_class.apply
+  inherited = "apply" not in vars(model_class)
+
+  @functools.wraps(original_apply)
+  def apply(self, *args, **kwargs):
+    paths.clear()
+    paths.update({id(m): ".".join(map(str, p)) for p, m in nnx.iter_modules(self) if p})
+    return original_apply(self, *args, **kwargs)
+
+  def scoped(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+      path = paths.get(id(self))
+      if path is None:
+        return method(self, *args, **kwargs)
+      with jax.named_scope(SCOPE_PREFIX + path):
+        return method(self, *args, **kwargs)
+    return call
+
+  # A persistent compilation cache keys programs without their metadata: a program compiled
+  # before, without the scopes, would come back unnamed.
+  cache = jax.config.jax_enable_compilation_cache
+  try:
+    jax.config.update("jax_enable_compilation_cache", False)
+    model_class.apply = apply
+    for (cls, name), method in originals.items():
+      setattr(cls, name, scoped(method))
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache)
+    if inherited:
+      del model_class.apply
+    else:
+      model_class.apply = original_apply
+    for (cls, name), method in originals.items():
+      setattr(cls, name, method)
+
+
+def op_layers(hlo_text: str, depth: int = 2) -> dict[str, tuple[str, str]]:
+  """``{instruction name: (module path, "forward" | "backward")}`` for the instructions of an
+  optimised HLO module's text that carry an ``op_name``; the path is the innermost module
+  scope, cut to ``depth`` parts (``decoder.layers.0`` -> ``decoder.layers``)."""
+  found = {}
+  for name, op_name in re.findall(r'%?([\w.\-]+) = [^\n]*?metadata=\{[^}]*?op_name="([^"]*)"',
+                                  hlo_text):
+    scopes = re.findall(re.escape(SCOPE_PREFIX) + r"([\w.]+)", op_name)
+    layer = ".".join(scopes[-1].split(".")[:depth]) if scopes else OUTSIDE
+    found[name] = (layer, "backward" if "transpose(" in op_name else "forward")
+  return found
+
+
+def op_seconds(run: Callable[[], None], repeats: int) -> dict[str, float]:
+  """Seconds per call of ``run`` spent in each XLA op (by HLO instruction name), from a
+  profiler trace of ``repeats`` calls."""
+  with tempfile.TemporaryDirectory() as trace_dir:
+    jax.profiler.start_trace(trace_dir)
+    try:
+      for _ in range(repeats):
+        run()
+    finally:
+      jax.profiler.stop_trace()
+    files = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
+    profile = jax.profiler.ProfileData.from_file(files[-1])
+  total = collections.defaultdict(float)
+  for plane in profile.planes:
+    for line in plane.lines:
+      for event in line.events:
+        stats = dict(event.stats)
+        if "hlo_op" in stats:
+          total[str(stats["hlo_op"])] += event.duration_ns / 1e9 / repeats
+  return dict(total)
+
+
+class Row(NamedTuple):
+  layer: str
+  forward_ms: float
+  backward_ms: float
+  share: float
+
+
+def layer_table(seconds: dict[str, float], layers: dict[str, tuple[str, str]],
+                per: int = 1) -> list[Row]:
+  """Rows by layer, slowest first: forward and backward ms (divided by ``per``, the steps in
+  one call) and the share of all op time. Ops without metadata count as outside modules."""
+  times = collections.defaultdict(lambda: [0.0, 0.0])
+  for op, s in seconds.items():
+    layer, direction = layers.get(op, (OUTSIDE, "forward"))
+    times[layer][direction == "backward"] += s / per
+  total = sum(f + b for f, b in times.values()) or 1.0
+  rows = [Row(layer, 1e3 * f, 1e3 * b, (f + b) / total) for layer, (f, b) in times.items()]
+  return sorted(rows, key=lambda r: -(r.forward_ms + r.backward_ms))
+
+
+def format_table(rows: list[Row], step_seconds: float) -> str:
+  """The rows as a markdown table, with the measured wall time of a step."""
+  lines = [f"per-layer time of one train step (wall {1e3 * step_seconds:.1f} ms; op times "
+           "summed over threads, so they can exceed it)",
+           "| layer | forward ms | backward ms | share |", "|---|---|---|---|"]
+  lines += [f"| {r.layer} | {r.forward_ms:.2f} | {r.backward_ms:.2f} | {100 * r.share:.1f}% |"
+            for r in rows]
+  return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""capsjax.runs.layer_profile: module scopes in the traced step, ops mapped to layers and
+passes, the table's arithmetic."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from capsjax.runs import layer_profile
+
+
+class Pair(nnx.Module):
+  def __init__(self, rngs):
+    self.first = nnx.Linear(3, 4, rngs=rngs)
+    self.blocks = nnx.List([nnx.Linear(4, 4, rngs=rngs), nnx.Linear(4, 2, rngs=rngs)])
+
+  def apply(self, x):
+    x = jnp.tanh(self.first(x))
+    for block in self.blocks:
+      x = jnp.sin(block(x))
+    return x
+
+
+def step_text(model, x) -> str:
+  graphdef, state = nnx.split(model)
+
+  def loss(state, x):
+    return jnp.sum(nnx.merge(graphdef, state).apply(x) ** 2)
+
+  return jax.jit(jax.grad(loss)).lower(state, x).compile().as_text()
+
+
+def test_module_scopes_name_each_call_by_its_path_and_restore_the_classes():
+  model = Pair(nnx.Rngs(0))
+  linear_call, apply = nnx.Linear.__call__, Pair.apply
+  x = jnp.ones((5, 3))
+  with layer_profile.module_scopes(Pair, model):
+    text = step_text(model, x)
+  assert nnx.Linear.__call__ is linear_call and Pair.apply is apply
+  layers = layer_profile.op_layers(text, depth=2)
+  seen = set(layers.values())
+  for layer in ("first", "blocks.0", "blocks.1"):
+    assert (layer, "forward") in seen and (layer, "backward") in seen, (layer, seen)
+  # Cut to one part, the blocks are one row.
+  assert {layer for layer, _ in layer_profile.op_layers(text, depth=1).values()} >= {
+      "first", "blocks"}
+  # Without the context, nothing is named.
+  assert {layer for layer, _ in layer_profile.op_layers(step_text(model, x)).values()} == {
+      layer_profile.OUTSIDE}
+
+
+def test_op_layers_reads_forward_and_backward_from_hlo_metadata():
+  text = "\n".join([
+      '%fusion.1 = f32[2]{0} fusion(%p), kind=kLoop, calls=%c, '
+      'metadata={op_name="jit(step)/jvp(module.convs.2)/dot_general" stack_frame_id=1}',
+      '%dot.7 = f32[2]{0} dot(%a, %b), metadata={op_name="jit(step)/transpose(jvp('
+      'module.head))/module.head.decoder.layers.0/dot_general"}',
+      '%add.3 = f32[2]{0} add(%a, %b), metadata={op_name="jit(step)/add"}',
+      '%copy.1 = f32[2]{0} copy(%a)'])
+  assert layer_profile.op_layers(text, depth=2) == {
+      "fusion.1": ("convs.2", "forward"),
+      "dot.7": ("head.decoder", "backward"),
+      "add.3": (layer_profile.OUTSIDE, "forward")}
+
+
+def test_layer_table_sums_per_step_and_orders_by_time():
+  seconds = {"a": 0.004, "b": 0.002, "c": 0.005, "unknown": 0.008}
+  layers = {"a": ("conv", "forward"), "b": ("conv", "backward"), "c": ("dense", "backward")}
+  rows = layer_profile.layer_table(seconds, layers, per=2)
+  assert [r.layer for r in rows] == [layer_profile.OUTSIDE, "conv", "dense"]
+  conv = rows[1]
+  assert conv.forward_ms == pytest.approx(2.0) and conv.backward_ms == pytest.approx(1.0)
+  assert conv.share == pytest.approx(0.006 / 0.019)
+  assert sum(r.share for r in rows) == pytest.approx(1.0)
+  assert "| conv | 2.00 | 1.00 | 31.6% |" in layer_profile.format_table(rows, 0.01)
+
+
+def test_op_seconds_times_the_ops_of_the_compiled_program():
+  f = jax.jit(lambda a: jnp.tanh(a @ a) @ a)
+  a = jnp.ones((256, 256)) / 256
+  names = set(layer_profile.op_layers(f.lower(a).compile().as_text()))
+  seconds = layer_profile.op_seconds(lambda: f(a).block_until_ready(), repeats=2)
+  timed = {op for op, s in seconds.items() if s > 0}
+  assert timed & names, (timed, names)
