@@ -76,6 +76,7 @@ EVALUATORS = Registry("evaluator", "config.evals.NAME.type", {
     "randomly_shifted": "capsjax.evaluators.splits:RandomlyShiftedEvaluator",
     "affine_mnist": "capsjax.evaluators.affine:AffineMNISTEvaluator",
     "affnist": "capsjax.evaluators.affine:AffNISTEvaluator",
+    "adversarial": "capsjax.evaluators.adversarial:AdversarialEvaluator",
 }, attribute="type_name")
 
 

@@ -1,0 +1,180 @@
+"""White-box adversarial evaluation of any model: FGSM, PGD and BIM under an L-infinity budget,
+with the sanity checks against gradient masking of Carlini et al. 2019 ("On evaluating
+adversarial robustness").
+
+    c.evals.adversarial = dict(type="adversarial", attacks=("fgsm", "pgd"),
+                               epsilons=(0.0, 0.05, 0.1, 0.2, 0.3), steps=10, limit=1000)
+
+Settings (``config.evals.NAME``), defaults in brackets:
+  ``attacks``       any of ``fgsm``, ``pgd`` (random start, step ``2.5 epsilon / steps``),
+                    ``bim`` (no random start, step ``epsilon / steps``, as SR-CapsNet) [fgsm, pgd]
+  ``epsilons``      L-infinity budgets in the images' units [0, 0.05, 0.1, 0.2, 0.3]
+  ``steps``         iterations of pgd and bim [10]; ``step_size`` overrides both rules [None]
+  ``random_start``  pgd's start from a uniform point of the ball [True]
+  ``targeted``      aim at ``(y + 1) mod K`` instead of away from ``y`` [False]
+  ``loss``          ``"cross_entropy"`` of the model's ``log_probabilities`` or ``"model"``,
+                    its own training loss (untargeted only) [cross_entropy]
+  ``value_range``   the images' range, which adversarial images stay in [(0.0, 1.0)]
+  ``split``, ``limit``, ``seed``   the set ["test"], a fair sample of it [1000], the noise [0]
+
+The attack is white-box through everything the forward pass does in evaluation mode (routing
+iterations included; BatchNorm statistics frozen, no dropout or noise): ``jax.grad`` of
+``runner.task.forward`` with respect to the images. One function per attack computes every
+epsilon, so it is jitted once per attack and mapped over the set on every device.
+
+It reports, per attack and epsilon, ``{attack}_eps{epsilon}_accuracy`` over all examples and
+``..._success_rate`` over the examples classified correctly before the attack (targeted: those
+now predicted as the target), ``clean_accuracy``, ``chance``, and the checks, each 1.0 when it
+holds (a warning is logged when one fails):
+  ``zero_gradient``                   fraction of examples whose input gradient is exactly 0
+  ``check_accuracy_falls``            accuracy does not rise with epsilon, for every attack
+  ``check_iterative_at_least_fgsm``   pgd and bim at most fgsm's accuracy at every epsilon
+  ``check_unbounded_at_most_chance``  the iterative attack at epsilon = the whole range
+                                      (``{attack}_unbounded_accuracy``) at most chance
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+
+from capsjax import evaluators
+from capsjax.common.errors import UsageError
+from capsjax.evaluators import attacks
+
+ATTACKS = ("fgsm", "pgd", "bim")
+LOSSES = ("cross_entropy", "model")
+DEFAULT_EPSILONS = (0.0, 0.05, 0.1, 0.2, 0.3)
+
+
+class AdversarialEvaluator(evaluators.Evaluator):
+  """FGSM/PGD/BIM accuracy and attack success per epsilon, with gradient-masking checks."""
+  type_name = "adversarial"
+
+  def __init__(self, *args):
+    super().__init__(*args)
+    get = self.settings.get
+    where = f"config.evals.{self.name}"
+    self.attacks = tuple(get("attacks", ("fgsm", "pgd")))
+    self.epsilons = tuple(float(e) for e in get("epsilons", DEFAULT_EPSILONS))
+    self.steps = int(get("steps", 10))
+    self.step_size = get("step_size", None)
+    self.random_start = bool(get("random_start", True))
+    self.targeted = bool(get("targeted", False))
+    self.loss = get("loss", "cross_entropy")
+    self.low, self.high = (float(v) for v in get("value_range", (0.0, 1.0)))
+    self.seed = int(get("seed", 0))
+    if not self.attacks or set(self.attacks) - set(ATTACKS):
+      raise UsageError(f"{where}.attacks={self.attacks!r}: choose from {ATTACKS}.")
+    if not self.epsilons or any(e < 0 for e in self.epsilons):
+      raise UsageError(f"{where}.epsilons={self.epsilons!r}: give budgets >= 0.")
+    if self.steps < 1:
+      raise UsageError(f"{where}.steps must be at least 1, got {self.steps}.")
+    if self.loss not in LOSSES:
+      raise UsageError(f"{where}.loss={self.loss!r}: choose from {LOSSES}.")
+    if self.loss == "model" and self.targeted:
+      raise UsageError(f"{where}: loss='model' attacks the true label; a targeted attack "
+                       "needs loss='cross_entropy'.")
+    if not self.low < self.high:
+      raise UsageError(f"{where}.value_range={(self.low, self.high)!r}: low must be < high.")
+    if self.config.data.get("standardize"):
+      raise UsageError(f"{where}: the images are standardised per image "
+                       "(config.data.standardize), so an L-infinity budget in pixel units "
+                       "has no fixed meaning; set config.data.standardize=False.")
+    split = get("split", "test")
+    if split not in self.splits:
+      raise UsageError(f"{where}.split={split!r}: the dataset has {tuple(self.splits)}.")
+    sample = self.splits[split].sample(int(get("limit", 1000) or 0))
+    self.set = self.runner.eval_set(sample)
+    self.chance = self.runner.task.chance_levels()["accuracy"]
+    # One object per attack: each keys the runner's jit cache.
+    self.attack_fns = {name: self._attack_fn(name) for name in self.attacks}
+
+  def _step_size(self, attack: str, epsilon: float) -> float:
+    if self.step_size is not None:
+      return float(self.step_size)
+    return (2.5 if attack == "pgd" else 1.0) * epsilon / self.steps
+
+  def _attack_fn(self, attack: str):
+    forward = self.runner.task.forward
+    num_classes = self.runner.task.dataset.info.num_classes
+    iterative = attack != "fgsm"
+    budgets = [*self.epsilons, *([self.high - self.low] if iterative else [])]
+
+    def per_example(variables, batch) -> dict:
+      labels = batch["labels"]
+      aim = attacks.target_labels(labels, num_classes) if self.targeted else labels
+      sign = -1.0 if self.targeted else 1.0
+
+      def loss_fn(images):
+        out = forward(variables, {**batch, "images": images}, train=False)
+        if self.loss == "model":  # The batch mean: times the batch, each example's own.
+          return jnp.full(labels.shape, out.loss * labels.shape[0]), out.outputs
+        return sign * attacks.cross_entropy(out.outputs.log_probabilities, aim), out.outputs
+
+      images = batch["images"]
+      gradient, clean = attacks.input_gradient(loss_fn, images)
+      clean_correct = (clean.predictions == labels).astype(jnp.float32)
+      values = {"clean_accuracy": clean_correct,
+                "zero_gradient": jnp.all(gradient.reshape(len(labels), -1) == 0,
+                                         axis=1).astype(jnp.float32)}
+      key = jax.random.fold_in(jax.random.PRNGKey(self.seed), jnp.sum(labels))
+      for i, epsilon in enumerate(budgets):
+        if attack == "fgsm":
+          moved = attacks.fgsm(loss_fn, images, epsilon, self.low, self.high)
+        else:
+          start = (jax.random.fold_in(key, i)
+                   if attack == "pgd" and self.random_start else None)
+          moved = attacks.pgd(loss_fn, images, epsilon, steps=self.steps,
+                              step_size=self._step_size(attack, epsilon), key=start,
+                              low=self.low, high=self.high)
+        predicted = forward(variables, {**batch, "images": moved},
+                            train=False).outputs.predictions
+        tag = f"{attack}_unbounded" if i == len(self.epsilons) else f"{attack}_eps{epsilon:g}"
+        values[f"{tag}_accuracy"] = (predicted == labels).astype(jnp.float32)
+        succeeded = predicted == aim if self.targeted else predicted != labels
+        values[f"{tag}_fooled"] = clean_correct * succeeded.astype(jnp.float32)
+      return values
+
+    return per_example
+
+  def run(self, variables) -> dict:
+    result = {}
+    for attack, fn in self.attack_fns.items():
+      means = self.runner.mean(fn, variables, self.set)
+      for key, value in means.items():
+        if key.endswith("_fooled"):
+          clean = means["clean_accuracy"]
+          result[key[:-len("_fooled")] + "_success_rate"] = value / clean if clean else 0.0
+        else:
+          result[key] = value
+    result["chance"] = self.chance
+    result.update(self.checks(result))
+    for check, holds in result.items():
+      if check.startswith("check_") and not holds:
+        logging.warning("Evaluation %r: %s fails: the attack may be weakened by gradient "
+                        "masking, so accuracy under attack can overstate robustness (%s).",
+                        self.name, check, _describe(result))
+    return result
+
+  def checks(self, result: dict) -> dict:
+    """The gradient-masking checks of the module docstring on ``result``, 1.0 where they hold
+    (``check_iterative_at_least_fgsm`` and ``..._unbounded_...`` only where they apply)."""
+    tolerance = 1e-6
+    curve = lambda a: [result[f"{a}_eps{e:g}_accuracy"] for e in sorted(self.epsilons)]
+    checks = {"check_accuracy_falls": float(all(
+        later <= earlier + tolerance for a in self.attacks
+        for earlier, later in zip(curve(a), curve(a)[1:])))}
+    iterative = [a for a in self.attacks if a != "fgsm"]
+    if "fgsm" in self.attacks and iterative:
+      checks["check_iterative_at_least_fgsm"] = float(all(
+          p <= f + tolerance for a in iterative for p, f in zip(curve(a), curve("fgsm"))))
+    if iterative:
+      checks["check_unbounded_at_most_chance"] = float(all(
+          result[f"{a}_unbounded_accuracy"] <= self.chance + tolerance for a in iterative))
+    return checks
+
+
+def _describe(result: dict) -> str:
+  return ", ".join(f"{k}={v:.3f}" for k, v in result.items() if k.endswith("accuracy"))

@@ -1,0 +1,110 @@
+"""The adversarial evaluator: its metrics on a small CNN against an independent computation,
+the gradient-masking checks, and the settings it refuses."""
+
+import jax.numpy as jnp
+import pytest
+
+from capsjax.common.errors import UsageError
+from capsjax.evaluators import attacks
+from capsjax.evaluators.adversarial import AdversarialEvaluator
+from helpers import write_idx_dataset
+from test_evaluators import build, make_config
+
+
+@pytest.fixture(scope="module")
+def idx_dir(tmp_path_factory):
+  return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=64, num_test=24)
+
+
+def test_accuracy_success_rate_and_checks_on_a_small_cnn(idx_dir):
+  settings = {"type": "adversarial", "attacks": ("fgsm", "pgd", "bim"),
+              "epsilons": (0.0, 0.1, 0.3), "steps": 3, "limit": 20}
+  built, params, model, splits, _ = build(make_config(idx_dir, adversarial=settings))
+  result = built["adversarial"].run(params)
+  for attack in ("fgsm", "pgd", "bim"):
+    for eps in ("0", "0.1", "0.3"):
+      assert 0 <= result[f"{attack}_eps{eps}_accuracy"] <= 1
+      assert 0 <= result[f"{attack}_eps{eps}_success_rate"] <= 1
+    # No budget, no change (pgd's random start is in a ball of radius 0).
+    assert result[f"{attack}_eps0_accuracy"] == pytest.approx(result["clean_accuracy"])
+    assert result[f"{attack}_eps0_success_rate"] == 0
+  assert "fgsm_unbounded_accuracy" not in result and "pgd_unbounded_accuracy" in result
+  assert result["chance"] == pytest.approx(0.1)
+  checks = built["adversarial"].checks(result)
+  assert set(checks) == {"check_accuracy_falls", "check_iterative_at_least_fgsm",
+                         "check_unbounded_at_most_chance"}
+  assert all(result[k] == v for k, v in checks.items())
+
+  # FGSM at 0.1 recomputed without the evaluator: the model's own apply, its log-probabilities,
+  # the first 20 of the sample the evaluator drew.
+  sample = splits["test"].sample(20).examples
+  images = jnp.asarray(sample["images"] / 255.0, jnp.float32)
+  labels = jnp.asarray(sample["labels"])
+
+  def loss_fn(x):
+    out = model.apply({"images": x, "labels": labels}, train=False)
+    return attacks.cross_entropy(out.log_probabilities, labels), None
+
+  moved = attacks.fgsm(loss_fn, images, 0.1)
+  clean = model.apply({"images": images, "labels": labels}, train=False).predictions == labels
+  after = model.apply({"images": moved, "labels": labels}, train=False).predictions == labels
+  assert result["clean_accuracy"] == pytest.approx(float(jnp.mean(clean)))
+  assert result["fgsm_eps0.1_accuracy"] == pytest.approx(float(jnp.mean(after)))
+  fooled = float(jnp.sum(clean & ~after)) / max(float(jnp.sum(clean)), 1)
+  assert result["fgsm_eps0.1_success_rate"] == pytest.approx(fooled)
+
+
+def test_targeted_success_counts_the_target_among_the_correct(idx_dir):
+  settings = {"type": "adversarial", "attacks": ("fgsm",), "epsilons": (0.3,),
+              "targeted": True, "limit": 20}
+  built, params, model, splits, _ = build(make_config(idx_dir, adversarial=settings))
+  result = built["adversarial"].run(params)
+  sample = splits["test"].sample(20).examples
+  images = jnp.asarray(sample["images"] / 255.0, jnp.float32)
+  labels = jnp.asarray(sample["labels"])
+  targets = (labels + 1) % 10
+
+  def loss_fn(x):  # Down the target's cross-entropy.
+    out = model.apply({"images": x, "labels": labels}, train=False)
+    return -attacks.cross_entropy(out.log_probabilities, targets), None
+
+  moved = attacks.fgsm(loss_fn, images, 0.3)
+  clean = model.apply({"images": images, "labels": labels}, train=False).predictions == labels
+  hit = model.apply({"images": moved, "labels": labels}, train=False).predictions == targets
+  expected = float(jnp.sum(clean & hit)) / max(float(jnp.sum(clean)), 1)
+  assert result["fgsm_eps0.3_success_rate"] == pytest.approx(expected)
+
+
+def test_checks_catch_a_rising_curve_and_a_weak_iterative_attack():
+  evaluator = AdversarialEvaluator.__new__(AdversarialEvaluator)
+  evaluator.attacks, evaluator.epsilons, evaluator.chance = ("fgsm", "pgd"), (0.0, 0.1), 0.1
+  good = {"fgsm_eps0_accuracy": 0.9, "fgsm_eps0.1_accuracy": 0.5,
+          "pgd_eps0_accuracy": 0.9, "pgd_eps0.1_accuracy": 0.3, "pgd_unbounded_accuracy": 0.05}
+  assert evaluator.checks(good) == {"check_accuracy_falls": 1.0,
+                                    "check_iterative_at_least_fgsm": 1.0,
+                                    "check_unbounded_at_most_chance": 1.0}
+  rising = {**good, "fgsm_eps0.1_accuracy": 0.95, "pgd_eps0.1_accuracy": 0.96,
+            "pgd_unbounded_accuracy": 0.4}
+  assert evaluator.checks(rising) == {"check_accuracy_falls": 0.0,
+                                      "check_iterative_at_least_fgsm": 0.0,
+                                      "check_unbounded_at_most_chance": 0.0}
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"attacks": ("fgsm", "cw")}, "attacks="),
+    ({"epsilons": (-0.1,)}, "epsilons="),
+    ({"steps": 0}, "steps must be at least 1"),
+    ({"loss": "hinge"}, "loss='hinge'"),
+    ({"loss": "model", "targeted": True}, "targeted attack needs loss='cross_entropy'"),
+    ({"split": "nope"}, "split='nope'"),
+])
+def test_bad_settings_are_usage_errors(idx_dir, settings, message):
+  with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    build(make_config(idx_dir, adversarial={"type": "adversarial", **settings}))
+
+
+def test_standardised_images_are_refused(idx_dir):
+  config = make_config(idx_dir, adversarial={"type": "adversarial"})
+  config.data.standardize = True
+  with pytest.raises(UsageError, match="standardize"):
+    build(config)

@@ -1,0 +1,89 @@
+"""capsjax.evaluators.attacks: FGSM against its closed form on a linear model, PGD's one step
+against FGSM, the budget and the range, gradients through the routing iterations."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from capsjax.evaluators import attacks
+
+
+def linear_loss(weights, labels):
+  def loss_fn(images):
+    log_p = jax.nn.log_softmax(images @ weights)
+    return attacks.cross_entropy(log_p, labels), log_p
+  return loss_fn
+
+
+def test_fgsm_on_a_two_class_linear_model_is_its_closed_form():
+  rng = np.random.default_rng(0)
+  weights = jnp.asarray(rng.normal(size=(6, 2)), jnp.float32)
+  labels = jnp.asarray([0, 1, 1, 0])
+  images = jnp.asarray(rng.uniform(0.3, 0.7, (4, 6)), jnp.float32)
+  moved = attacks.fgsm(linear_loss(weights, labels), images, 0.1)
+  # d(-log p_y)/dx = p_other (w_other - w_true): its sign is that of w_other - w_true.
+  other = weights[:, 1 - labels].T
+  expected = images + 0.1 * np.sign(other - weights[:, labels].T)
+  np.testing.assert_allclose(moved, expected, atol=1e-6)
+  # At the edge of the range the step is clipped.
+  edge = attacks.fgsm(linear_loss(weights, labels), jnp.ones((4, 6)), 0.1)
+  np.testing.assert_allclose(edge, np.minimum(1.0, 1.0 + 0.1 * np.sign(
+      other - weights[:, labels].T)), atol=1e-6)
+
+
+def test_pgd_one_step_without_random_start_is_fgsm_and_zero_budget_moves_nothing():
+  rng = np.random.default_rng(1)
+  weights = jnp.asarray(rng.normal(size=(5, 3)), jnp.float32)
+  labels = jnp.asarray([0, 1, 2, 2])
+  images = jnp.asarray(rng.uniform(0, 1, (4, 5)), jnp.float32)
+  loss_fn = linear_loss(weights, labels)
+  np.testing.assert_allclose(attacks.pgd(loss_fn, images, 0.2, steps=1, step_size=0.2),
+                             attacks.fgsm(loss_fn, images, 0.2), atol=1e-7)
+  np.testing.assert_array_equal(attacks.fgsm(loss_fn, images, 0.0), images)
+  np.testing.assert_array_equal(
+      attacks.pgd(loss_fn, images, 0.0, steps=3, step_size=0.0, key=jax.random.PRNGKey(0)),
+      images)
+
+
+@pytest.mark.parametrize("random_start", [False, True])
+def test_pgd_stays_in_the_budget_and_the_range_and_raises_the_loss(random_start):
+  rng = np.random.default_rng(2)
+  weights = jnp.asarray(rng.normal(size=(8, 4)), jnp.float32)
+  labels = jnp.asarray(rng.integers(0, 4, 16))
+  images = jnp.asarray(rng.uniform(0, 1, (16, 8)), jnp.float32)
+  loss_fn = linear_loss(weights, labels)
+  key = jax.random.PRNGKey(3) if random_start else None
+  moved = attacks.pgd(loss_fn, images, 0.25, steps=5, step_size=0.1, key=key)
+  assert float(jnp.max(jnp.abs(moved - images))) <= 0.25 + 1e-6
+  assert float(jnp.min(moved)) >= 0 and float(jnp.max(moved)) <= 1
+  assert float(jnp.mean(loss_fn(moved)[0])) > float(jnp.mean(loss_fn(images)[0]))
+
+
+def test_targets_are_the_next_class():
+  np.testing.assert_array_equal(attacks.target_labels(jnp.asarray([0, 3, 9]), 10), [1, 4, 0])
+
+
+def test_the_input_gradient_goes_through_the_routing_iterations():
+  import mnist
+
+  from capsjax.training import tasks
+
+  gradients = []
+  for iterations in (1, 3):
+    config = mnist.get_config("smoke")
+    config.model.routing.iterations = iterations
+    task = tasks.Task.from_config(config)
+    model = task.model(nnx.Rngs(0))
+    variables = nnx.to_pure_dict(nnx.state(model))
+    images = jax.random.uniform(jax.random.PRNGKey(0), (2, *task.config.model.image_shape))
+    labels = jnp.asarray([3, 7])
+
+    def loss_fn(x):
+      out = task.forward(variables, {"images": x, "labels": labels}, train=False)
+      return attacks.cross_entropy(out.outputs.log_probabilities, labels), None
+
+    gradients.append(attacks.input_gradient(loss_fn, images)[0])
+  assert float(jnp.max(jnp.abs(gradients[0]))) > 0
+  assert not np.allclose(gradients[0], gradients[1], rtol=1e-3, atol=1e-7)
