@@ -28,9 +28,14 @@ now predicted as the target), ``clean_accuracy``, ``chance``, and the checks, ea
 holds (a warning is logged when one fails):
   ``zero_gradient``                   fraction of examples whose input gradient is exactly 0
   ``check_accuracy_falls``            accuracy does not rise with epsilon, for every attack
-  ``check_iterative_at_least_fgsm``   pgd and bim at most fgsm's accuracy at every epsilon
-  ``check_unbounded_at_most_chance``  the iterative attack at epsilon = the whole range
-                                      (``{attack}_unbounded_accuracy``) at most chance
+  ``check_pgd_at_least_fgsm``         pgd at most fgsm's accuracy at every epsilon
+  ``check_unbounded_at_most_chance``  pgd (else bim) at epsilon = the whole range
+                                      (``{attack}_unbounded_accuracy``) at most chance, within
+                                      two standard errors of a binomial at chance over the set
+BIM is not held to FGSM's strength: with steps of ``epsilon / steps`` from the original it
+cannot reach every corner of the ball, and at large budgets it can be the weaker attack.
+``accuracy`` (and ``error``), the number the training log prints for every evaluation, is the
+lowest accuracy of the attacks at the largest epsilon.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ class AdversarialEvaluator(evaluators.Evaluator):
       raise UsageError(f"{where}.split={split!r}: the dataset has {tuple(self.splits)}.")
     sample = self.splits[split].sample(int(get("limit", 1000) or 0))
     self.set = self.runner.eval_set(sample)
+    self.num_examples = len(sample)
     self.chance = self.runner.task.chance_levels()["accuracy"]
     # One object per attack: each keys the runner's jit cache.
     self.attack_fns = {name: self._attack_fn(name) for name in self.attacks}
@@ -150,6 +156,9 @@ class AdversarialEvaluator(evaluators.Evaluator):
         else:
           result[key] = value
     result["chance"] = self.chance
+    largest = max(self.epsilons)
+    result["accuracy"] = min(result[f"{a}_eps{largest:g}_accuracy"] for a in self.attack_fns)
+    result["error"] = 1.0 - result["accuracy"]
     result.update(self.checks(result))
     for check, holds in result.items():
       if check.startswith("check_") and not holds:
@@ -160,19 +169,20 @@ class AdversarialEvaluator(evaluators.Evaluator):
 
   def checks(self, result: dict) -> dict:
     """The gradient-masking checks of the module docstring on ``result``, 1.0 where they hold
-    (``check_iterative_at_least_fgsm`` and ``..._unbounded_...`` only where they apply)."""
+    (``check_pgd_at_least_fgsm`` and ``..._unbounded_...`` only where they apply)."""
     tolerance = 1e-6
     curve = lambda a: [result[f"{a}_eps{e:g}_accuracy"] for e in sorted(self.epsilons)]
     checks = {"check_accuracy_falls": float(all(
         later <= earlier + tolerance for a in self.attacks
         for earlier, later in zip(curve(a), curve(a)[1:])))}
-    iterative = [a for a in self.attacks if a != "fgsm"]
-    if "fgsm" in self.attacks and iterative:
-      checks["check_iterative_at_least_fgsm"] = float(all(
-          p <= f + tolerance for a in iterative for p, f in zip(curve(a), curve("fgsm"))))
-    if iterative:
-      checks["check_unbounded_at_most_chance"] = float(all(
-          result[f"{a}_unbounded_accuracy"] <= self.chance + tolerance for a in iterative))
+    if {"fgsm", "pgd"} <= set(self.attacks):
+      checks["check_pgd_at_least_fgsm"] = float(all(
+          p <= f + tolerance for p, f in zip(curve("pgd"), curve("fgsm"))))
+    unbounded = next((a for a in ("pgd", "bim") if a in self.attacks), None)
+    if unbounded:
+      sampling = 2 * (self.chance * (1 - self.chance) / max(self.num_examples, 1)) ** 0.5
+      checks["check_unbounded_at_most_chance"] = float(
+          result[f"{unbounded}_unbounded_accuracy"] <= self.chance + sampling + tolerance)
     return checks
 
 
