@@ -127,3 +127,5 @@ def test_a_training_run_with_the_evaluation_writes_its_results(idx_dir, tmp_path
   result = summary["evaluations"]["adversarial"]
   assert result["accuracy"] == min(result["fgsm_eps0.2_accuracy"], result["pgd_eps0.2_accuracy"])
   assert {"check_accuracy_falls", "check_pgd_at_least_fgsm", "zero_gradient"} <= set(result)
+  figure = tmp_path / "run" / "adversarial_accuracy_vs_epsilon.png"
+  assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -199,3 +199,18 @@ def save_pair_reconstructions(path: str, images: np.ndarray, reconstructions: np
             f"R{shown[0]} G{shown[1]}", ha="center", va="bottom", fontsize=7)
   ax.set_title(title, fontsize=8, pad=22)
   save(fig, path)
+
+
+def save_attack_curves(path: str, epsilons, accuracies: dict[str, list[float]], chance: float,
+                       title: str) -> None:
+  """Accuracy under attack against the budget, one line per attack, chance dashed."""
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  for attack, values in accuracies.items():
+    ax.plot(epsilons, values, marker="o", label=attack)
+  ax.axhline(chance, color="gray", linestyle="--", label="chance")
+  ax.set_xlabel("epsilon (L-infinity)")
+  ax.set_ylabel("accuracy under attack")
+  ax.set_ylim(0, 1)
+  ax.set_title(title)
+  ax.legend()
+  save(fig, path)

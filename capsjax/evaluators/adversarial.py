@@ -32,7 +32,8 @@ holds (a warning is logged when one fails):
   ``check_unbounded_at_most_chance``  pgd (else bim) at epsilon = the whole range
                                       (``{attack}_unbounded_accuracy``) at most chance, within
                                       two standard errors of a binomial at chance over the set
-BIM is not held to FGSM's strength: with steps of ``epsilon / steps`` from the original it
+After a run, ``NAME_accuracy_vs_epsilon.png`` in the workdir plots accuracy against epsilon,
+one line per attack. BIM is not held to FGSM's strength: with steps of ``epsilon / steps`` from the original it
 cannot reach every corner of the ball, and at large budgets it can be the weaker attack.
 ``accuracy`` (and ``error``), the number the training log prints for every evaluation, is the
 lowest accuracy of the attacks at the largest epsilon.
@@ -40,11 +41,14 @@ lowest accuracy of the attacks at the largest epsilon.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 from absl import logging
 
 from capsjax import evaluators
+from capsjax.common import figures
 from capsjax.common.errors import UsageError
 from capsjax.evaluators import attacks
 
@@ -160,12 +164,26 @@ class AdversarialEvaluator(evaluators.Evaluator):
     result["accuracy"] = min(result[f"{a}_eps{largest:g}_accuracy"] for a in self.attack_fns)
     result["error"] = 1.0 - result["accuracy"]
     result.update(self.checks(result))
+    self.last_result = result
     for check, holds in result.items():
       if check.startswith("check_") and not holds:
         logging.warning("Evaluation %r: %s fails: the attack may be weakened by gradient "
                         "masking, so accuracy under attack can overstate robustness (%s).",
                         self.name, check, _describe(result))
     return result
+
+  def draw(self, model, workdir: str, writer, step: int) -> None:
+    """``NAME_accuracy_vs_epsilon.png``: the last :meth:`run`'s accuracy against epsilon."""
+    del model, writer, step
+    result = getattr(self, "last_result", None)
+    if result is None:
+      return
+    epsilons = sorted(self.epsilons)
+    curves = {a: [result[f"{a}_eps{e:g}_accuracy"] for e in epsilons] for a in self.attacks}
+    kind = "targeted" if self.targeted else "untargeted"
+    figures.save_attack_curves(os.path.join(workdir, f"{self.name}_accuracy_vs_epsilon.png"),
+                               epsilons, curves, self.chance,
+                               f"{self.name}: {kind}, {self.num_examples} examples")
 
   def checks(self, result: dict) -> dict:
     """The gradient-masking checks of the module docstring on ``result``, 1.0 where they hold
