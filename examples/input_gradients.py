@@ -4,7 +4,9 @@
     # in any config: config.evals.fgsm = dict(type="examples/input_gradients.py:FGSM",
     #                                        epsilon=0.1)
 
-The fast gradient sign method (Goodfellow et al. 2015): each test image moved by
+capsjax's own ``type="adversarial"`` (``capsjax/evaluators/adversarial.py``) runs FGSM, PGD and
+BIM over several budgets with checks against gradient masking; this file shows how an evaluator
+of one's own is written. The fast gradient sign method (Goodfellow et al. 2015): each test image moved by
 ``epsilon * sign(d loss / d image)``, clipped to [0, 1], where the loss is the cross-entropy of
 the model's ``outputs.log_probabilities`` (every model has them). It reports
 

@@ -68,11 +68,9 @@ def jax_forms(chunk: int) -> dict:
     return im2col(x, w, s)
 
   def split_forward(x, w, s):
-    kh, kw, cin, cout = w.shape
+    kh, kw, _, cout = w.shape
     oh, ow = (x.shape[1] - kh) // s + 1, (x.shape[2] - kw) // s + 1
-    views = [x[:, i:i + s * (oh - 1) + 1:s, j:j + s * (ow - 1) + 1:s]
-             for i in range(kh) for j in range(kw)]
-    patches = jnp.stack(views, axis=3).reshape(-1, kh * kw * cin)
+    patches = layers.im2col_patches(x, kh, kw, s)
     return (patches @ w.reshape(-1, cout)).reshape(x.shape[0], oh, ow, cout), (patches, x, w)
 
   def split_backward(s, residuals, dy):
@@ -103,6 +101,10 @@ def time_jax(form, batch: int, repeats: int) -> dict:
   import jax
   import jax.numpy as jnp
 
+  from capsjax.models import layers
+
+  native = lambda x, w, s: layers.conv2d(x, w, s, "native")
+
   rows = {}
   for name, size, cin, cout, k, s in SHAPES:
     x = jax.random.normal(jax.random.PRNGKey(0), (batch, size, size, cin))
@@ -110,7 +112,7 @@ def time_jax(form, batch: int, repeats: int) -> dict:
     loss = lambda x, w, f: jnp.sum(jnp.sin(f(x, w, s)))
     forward = jax.jit(lambda x, w: form(x, w, s))
     gradient = jax.jit(jax.grad(lambda x, w: loss(x, w, form), (0, 1)))
-    reference = jax.grad(lambda x, w: loss(x, w, jax_forms(1)["native"]), (0, 1))(x, w)
+    reference = jax.grad(lambda x, w: loss(x, w, native), (0, 1))(x, w)
     error = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
                 for a, b in zip(gradient(x, w), reference))
     rows[name] = {
@@ -150,7 +152,7 @@ def main(argv):
   unknown = sorted(set(_FORMS.value) - set(FORMS))
   if unknown:
     raise app.UsageError(f"--forms: unknown {unknown}; choose from {FORMS}.")
-  if _BATCH.value % _CHUNK.value:
+  if "chunked" in _FORMS.value and _BATCH.value % _CHUNK.value:
     raise app.UsageError(f"--batch_size={_BATCH.value} must be a multiple of "
                          f"--chunk={_CHUNK.value}.")
   results = {}

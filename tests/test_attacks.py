@@ -27,6 +27,9 @@ def test_fgsm_on_a_two_class_linear_model_is_its_closed_form():
   other = weights[:, 1 - labels].T
   expected = images + 0.1 * np.sign(other - weights[:, labels].T)
   np.testing.assert_allclose(moved, expected, atol=1e-6)
+  gradient, _ = attacks.input_gradient(linear_loss(weights, labels), images)
+  np.testing.assert_array_equal(
+      attacks.fgsm(linear_loss(weights, labels), images, 0.1, gradient=gradient), moved)
   # At the edge of the range the step is clipped.
   edge = attacks.fgsm(linear_loss(weights, labels), jnp.ones((4, 6)), 0.1)
   np.testing.assert_allclose(edge, np.minimum(1.0, 1.0 + 0.1 * np.sign(

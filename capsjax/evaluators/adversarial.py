@@ -132,7 +132,7 @@ class AdversarialEvaluator(evaluators.Evaluator):
       key = jax.random.fold_in(jax.random.PRNGKey(self.seed), jnp.sum(labels))
       for i, epsilon in enumerate(budgets):
         if attack == "fgsm":
-          moved = attacks.fgsm(loss_fn, images, epsilon, self.low, self.high)
+          moved = attacks.fgsm(loss_fn, images, epsilon, self.low, self.high, gradient)
         else:
           start = (jax.random.fold_in(key, i)
                    if attack == "pgd" and self.random_start else None)

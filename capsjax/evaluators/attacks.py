@@ -38,9 +38,11 @@ def input_gradient(loss_fn: Callable, images: jax.Array) -> tuple[jax.Array, obj
 
 
 def fgsm(loss_fn: Callable, images: jax.Array, epsilon, low: float = 0.0,
-         high: float = 1.0) -> jax.Array:
-  """One step of ``epsilon`` along the sign of the loss's input gradient."""
-  gradient, _ = input_gradient(loss_fn, images)
+         high: float = 1.0, gradient: jax.Array | None = None) -> jax.Array:
+  """One step of ``epsilon`` along the sign of the loss's input gradient (``gradient``, if
+  given, is that gradient at ``images``: it is the same for every epsilon)."""
+  if gradient is None:
+    gradient, _ = input_gradient(loss_fn, images)
   return project(images + epsilon * jnp.sign(gradient), images, epsilon, low, high)
 
 

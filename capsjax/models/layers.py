@@ -127,15 +127,23 @@ def _conv_native(x, kernel, stride):
       dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
-def _conv_im2col(x, kernel, stride):
-  kh, kw, cin, cout = kernel.shape
+def im2col_patches(x: jax.Array, kh: int, kw: int, stride: int) -> jax.Array:
+  """The VALID patches of ``x`` ``(batch, h, w, c)`` as one matrix
+  ``(batch * out_h * out_w, kh * kw * c)``, kernel offset major, channel minor (HWIO order)."""
   out_h = (x.shape[1] - kh) // stride + 1
   out_w = (x.shape[2] - kw) // stride + 1
   views = [x[:, i:i + stride * (out_h - 1) + 1:stride, j:j + stride * (out_w - 1) + 1:stride]
            for i in range(kh) for j in range(kw)]
+  return jnp.stack(views, axis=3).reshape(-1, kh * kw * x.shape[3])
+
+
+def _conv_im2col(x, kernel, stride):
+  kh, kw, cin, cout = kernel.shape
+  out_h = (x.shape[1] - kh) // stride + 1
+  out_w = (x.shape[2] - kw) // stride + 1
   # One 2-D matmul, (batch*out_h*out_w, kh*kw*cin) x (kh*kw*cin, cout): as an
   # einsum over (p, c) XLA:CPU first transposed the patches to (c, p) order.
-  patches = jnp.stack(views, axis=3).reshape(-1, kh * kw * cin)
+  patches = im2col_patches(x, kh, kw, stride)
   return (patches @ kernel.reshape(kh * kw * cin, cout)).reshape(x.shape[0], out_h, out_w, cout)
 
 
