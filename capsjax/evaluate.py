@@ -6,6 +6,8 @@
   python -m capsjax.evaluate --workdir=/tmp/run --max_shift=2   # + the shifted test sets
   python -m capsjax.evaluate --ensemble=/tmp/a,/tmp/b,/tmp/c     # average their class scores
   python -m capsjax.evaluate --ensemble=/tmp/sweeps/cifar10      # a sweep's finished runs
+  python -m capsjax.evaluate --workdir=/tmp/run --evals=configs/evals/robustness.py:adversarial \
+      --evals.adversarial.limit=200                              # evaluations the run had not
 
 The config is the one the run saved (WORKDIR/config.json); the data location
 can be changed with ``--data_dir`` (e.g. on another machine). Writes
@@ -15,11 +17,19 @@ under ``evaluations``, the chance levels, how the checkpoint was chosen
 ``--max_shift`` the grid of shifted test accuracies under
 ``shifted_test_accuracy``. ``--checkpoint=best`` is refused for a run without a
 validation split: its best checkpoint would be chosen on the test set.
+
+With ``--evals=FILE`` (a config file whose ``get_config()`` returns ``{name: settings}`` as
+``config.evals`` holds them, e.g. ``configs/evals/robustness.py``; ``--evals.NAME.KEY=VALUE``
+overrides a setting) it runs those evaluations instead, on a run trained without them, and
+merges their results into WORKDIR/extra_evaluations.json under their names (with the
+checkpoint step and the settings); the run's own summary.json and evaluation.json are left as
+they are. A name the run's config already evaluates is refused.
 """
 
 import os
 
 from absl import app, flags, logging
+from ml_collections import config_flags
 
 from capsjax.common.errors import UsageError
 from capsjax.runs import cli
@@ -38,7 +48,13 @@ _MAX_SHIFT = flags.DEFINE_integer(
     "max_shift", 0, "Also evaluate the test set shifted by every (dx, dy) with |dx|, |dy| <= "
     "this many pixels (zero padding, as the training shifts).")
 
+_EVALS = config_flags.DEFINE_config_file(
+    "evals", None, "A config file of further evaluations ({name: settings}, e.g. "
+    "configs/evals/robustness.py): run them on the run's checkpoint and write "
+    "WORKDIR/extra_evaluations.json.")
+
 SHIFTED = "shifted_test"  # The name of the --max_shift evaluation.
+EXTRA = "extra_evaluations.json"
 
 
 def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | None = None,
@@ -100,6 +116,64 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
   return result
 
 
+def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
+                 data_dir: str | None = None) -> dict:
+  """Runs the evaluations ``evals`` (``{name: settings}``) that the run's config did not list
+  on ``checkpoint`` of ``workdir``, draws their figures, and merges their results into
+  WORKDIR/extra_evaluations.json: ``{name: {"checkpoint_step", "selected_on", "settings",
+  "result"}}``. Returns the results of this call by name."""
+  import jax
+  import ml_collections
+
+  from capsjax import evaluators
+  from capsjax.runs import checkpointing, files, reporting, runconfig
+  from capsjax.training.runtime import Runtime, check_no_test_selection
+
+  config = runconfig.load(workdir)
+  check_no_test_selection(config, checkpoint)
+  if data_dir:
+    config.data.dir = data_dir
+  settings = {name: ml_collections.ConfigDict(evals[name]) for name in evals}
+  if not settings:
+    raise UsageError("--evals lists no evaluation: its get_config() returned nothing.")
+  taken = set(evaluators.eval_settings(config)) | {"validation"}
+  if clash := sorted(set(settings) & taken):
+    raise UsageError(f"--evals names {clash}, which the run's config already evaluates "
+                     f"({sorted(taken)}); give them other names in the file.")
+  evaluators.check_types(settings, "--evals")
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                    keep=config.train.keep_checkpoints,
+                                    keep_best=checkpoint == "best")
+  runtime = Runtime(config).load()
+  step, state, _ = runtime.restore(ckpt, steps=ckpt.candidates(checkpoint))
+  built = evaluators.build(settings, runtime.config, runtime.task.dataset, runtime.splits,
+                           runtime.runner, log=reporting.log)
+  selected_on = ("validation" if checkpoint == "best" else
+                 "final" if step == runtime.plan.num_steps else f"step {step}")
+  results = {name: evaluator.run(state.variables) for name, evaluator in built.items()}
+  if jax.process_index() == 0:
+    from capsjax.training.run_figures import JittedModel
+
+    model = JittedModel(runtime.task, jax.tree.map(jax.device_get, state.variables))
+    writer = reporting.MetricWriter(workdir)
+    for evaluator in built.values():
+      evaluator.draw(model, workdir, writer, step)
+    writer.close()
+    path = os.path.join(workdir, EXTRA)
+    stored = files.read_json(path, f"Move it aside to start a new {EXTRA}.") if os.path.exists(
+        path) else {}
+    stored.update({name: {"checkpoint_step": step, "selected_on": selected_on,
+                          "settings": settings[name].to_dict(), "result": result}
+                   for name, result in results.items()})
+    files.write_json(path, stored)
+    chance = reporting.chance_text(runtime.task.chance_levels())
+    for name, result in results.items():
+      print(f"{name} (checkpoint step {step}, {selected_on}): accuracy "
+            f"{100 * result['accuracy']:.2f}% (chance {chance}); every number in {path}.")
+  ckpt.close()
+  return results
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
@@ -112,6 +186,12 @@ def main(argv):
 
       ensemble.evaluate_ensemble(_ENSEMBLE.value.split(","), _CHECKPOINT.value,
                                  _DATA_DIR.value, _OUTPUT.value)
+    elif flags.FLAGS["evals"].present:
+      if _MAX_SHIFT.value:
+        raise UsageError("--max_shift re-evaluates the run's own evaluations; run it without "
+                         "--evals.")
+      evaluate_new(_WORKDIR.value, cli.config_from_flag(_EVALS), _CHECKPOINT.value,
+                   _DATA_DIR.value)
     else:
       evaluate_workdir(_WORKDIR.value, _CHECKPOINT.value, _DATA_DIR.value, _MAX_SHIFT.value)
 

@@ -16,7 +16,9 @@ config). Each run has
 its own sub-workdir ``DIR/<point>``; finished runs are skipped and unfinished
 ones resume, so rerunning a sweep continues it. ``--index=K`` runs point K
 only, for SLURM arrays or Kubernetes indexed jobs; ``--collect`` (also done
-after a full run) writes ``results.csv``, ``results.md`` and plots.
+after a full run) writes ``results.csv``, ``results.md`` and plots. An experiment may also
+define ``TABLES`` (``{title: ["EVALUATION/KEY", ...]}``: further tables of results.md) and
+``MATCHED`` (a comparison at matched familiar error: :mod:`capsjax.runs.matched`).
 """
 
 from __future__ import annotations
@@ -231,8 +233,10 @@ def main(argv):
     workdir = os.path.abspath(_WORKDIR.value)
     command_line = config_flags.get_override_values(flags.FLAGS["config"])
     config = cli.config_from_flag(_CONFIG)
+    report = {"tables": getattr(experiment, "TABLES", None),
+              "matched": getattr(experiment, "MATCHED", None)}
     if _COLLECT.value:
-      collect(points, workdir)
+      collect(points, workdir, **report)
       return
     if _INDEX.value is not None:
       if not 0 <= _INDEX.value < len(points):
@@ -243,7 +247,7 @@ def main(argv):
     for p in points:  # Fail on a bad key before any run starts.
       point_config(config, p, command_line)
     run_points(config, points, workdir, command_line)
-    collect(points, workdir)
+    collect(points, workdir, **report)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from capsjax.common.errors import UsageError
 from capsjax.runs import checkpointing, files, hardware, preemption, reporting, runconfig, workdirs
 from capsjax.runs.reporting import log
 from capsjax.training import run_figures
@@ -47,6 +48,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     state, reached = init_or_restore(runtime, ckpt, workdir)
     evals = runtime.evaluations()
     watched = "validation" if validation else "test"  # Evaluated during training.
+    # Recorded beside it (e.g. novel viewpoints, for comparisons at matched familiar error);
+    # never used to choose anything.
+    recorded = [n for n in (config.train.get("eval_during") or ()) if n != watched]
+    if unknown := [n for n in recorded if n not in evals]:
+      raise UsageError(f"config.train.eval_during names {unknown}, which config.evals does "
+                       f"not hold (it has {sorted(evals)}).")
     log(banner(runtime, evals, state.params))
     log(hardware.describe())
     if warning := hardware.cpu_fallback_warning(jax.default_backend()):
@@ -78,6 +85,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         results = {watched: evals[watched].run(state.variables)}
         progress.evaluation(watched, step, results[watched])
         accuracy = results[watched]["accuracy"]
+        for name in recorded:
+          results[name] = evals[name].run(state.variables)
+          progress.evaluation(name, step, results[name])
         reached = target_reached(config, accuracy, f"{watched} accuracy at step {step}")
       if plan.checkpoint_due(step):  # Ranked for the best checkpoint on validation only.
         best = validation and accuracy is not None

@@ -115,6 +115,9 @@ def make_config(*, smoke: bool = False) -> ml_collections.ConfigDict:
   c.train.steps_per_dispatch = 1     # >1: lax.scan over this many steps per call.
   # Stop once the selection set (validation, else test) reaches this accuracy (e.g. 0.99).
   c.train.stop_at_accuracy = config_dict.placeholder(float)
+  # Further evaluations (config.evals names) run whenever validation is evaluated, to record
+  # curves (e.g. novel viewpoints for comparisons at matched familiar error); never to choose.
+  c.train.eval_during = ()
   # Warn when this fraction of the class capsules is saturated (longer than 0.95) for this
   # many consecutive steps (steps=0: never); README, "Saturated class capsules".
   c.train.saturation_warning = ml_collections.ConfigDict(dict(fraction=0.9, steps=100))

@@ -1,7 +1,9 @@
 """The adversarial evaluator: its metrics on a small CNN against an independent computation,
 the gradient-masking checks, and the settings it refuses."""
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from capsjax.common.errors import UsageError
@@ -81,6 +83,7 @@ def test_targeted_success_counts_the_target_among_the_correct(idx_dir):
 def test_checks_catch_a_rising_curve_and_a_weak_iterative_attack():
   evaluator = AdversarialEvaluator.__new__(AdversarialEvaluator)
   evaluator.attacks, evaluator.epsilons = ("fgsm", "pgd", "bim"), (0.0, 0.1)
+  evaluator.result_names = {a: a for a in evaluator.attacks}
   evaluator.chance, evaluator.num_examples = 0.1, 400  # Two standard errors: 0.03.
   good = {"fgsm_eps0_accuracy": 0.9, "fgsm_eps0.1_accuracy": 0.5,
           "pgd_eps0_accuracy": 0.9, "pgd_eps0.1_accuracy": 0.3, "pgd_unbounded_accuracy": 0.12,
@@ -129,3 +132,57 @@ def test_a_training_run_with_the_evaluation_writes_its_results(idx_dir, tmp_path
   assert {"check_accuracy_falls", "check_pgd_at_least_fgsm", "zero_gradient"} <= set(result)
   figure = tmp_path / "run" / "adversarial_accuracy_vs_epsilon.png"
   assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def capsnet_config(idx_dir, **evals):
+  import mnist
+
+  config = mnist.get_config("smoke")
+  baseline = make_config(idx_dir, **evals)
+  config.data, config.eval, config.evals = baseline.data, baseline.eval, baseline.evals
+  return config
+
+
+def test_the_vote_attack_moves_along_the_votes_and_is_measured_on_the_model(idx_dir):
+  settings = {"type": "adversarial", "attacks": ("vote_fgsm", "vote_pgd", "fgsm"),
+              "epsilons": (0.0, 0.02), "steps": 2, "limit": 12}
+  built, params, model, splits, _ = build(capsnet_config(idx_dir, adversarial=settings))
+  result = built["adversarial"].run(params)
+  assert {"vote_pgd_unbounded_accuracy", "vote_zero_gradient", "zero_gradient"} <= set(result)
+  assert result["vote_fgsm_eps0_accuracy"] == pytest.approx(result["clean_accuracy"])
+
+  sample = splits["test"].sample(12).examples
+  images = jnp.asarray(sample["images"] / 255.0, jnp.float32)
+  labels = jnp.asarray(sample["labels"])
+
+  def vote_loss(x):  # The squashed mean vote's lengths as logits, by hand.
+    batch = {"images": x, "labels": labels}
+    return attacks.cross_entropy(jax.nn.log_softmax(model.vote_scores(batch)), labels), None
+
+  moved = attacks.fgsm(vote_loss, images, 0.02)
+  after = model.apply({"images": moved, "labels": labels}, train=False).predictions == labels
+  assert result["vote_fgsm_eps0.02_accuracy"] == pytest.approx(float(jnp.mean(after)))
+
+  # Per example, with the clean predictions as labels (every example correct before the
+  # attack: an untrained model is at chance), the evaluator's function against the same.
+  clean = model.apply({"images": images, "labels": labels}, train=False).predictions
+  values = built["adversarial"].attack_fns["vote_fgsm"](params, {"images": images,
+                                                                 "labels": clean})
+  labels = clean
+  moved = attacks.fgsm(vote_loss, images, 0.02)
+  kept = model.apply({"images": moved, "labels": clean}, train=False).predictions == clean
+  assert float(jnp.mean(values["clean_accuracy"])) == 1.0
+  assert 0 < float(jnp.sum(kept)) < len(kept)  # The attack moved some, not all.
+  np.testing.assert_array_equal(values["vote_fgsm_eps0.02_accuracy"], kept)
+
+
+def test_the_vote_attack_needs_votes(idx_dir):  # The baseline CNN has none.
+  with pytest.raises(UsageError, match="has none"):
+    build(make_config(idx_dir, adversarial={"type": "adversarial", "attacks": ("vote_fgsm",)}))
+
+
+def test_the_vote_attack_attacks_the_cross_entropy(idx_dir):
+  config = capsnet_config(idx_dir, adversarial={"type": "adversarial", "loss": "model",
+                                                "attacks": ("vote_pgd",)})
+  with pytest.raises(UsageError, match="use loss='cross_entropy'"):
+    build(config)

@@ -90,3 +90,57 @@ def test_the_input_gradient_goes_through_the_routing_iterations():
     gradients.append(attacks.input_gradient(loss_fn, images)[0])
   assert float(jnp.max(jnp.abs(gradients[0]))) > 0
   assert not np.allclose(gradients[0], gradients[1], rtol=1e-3, atol=1e-7)
+
+
+def _capsnet_task(iterations=3):
+  import mnist
+
+  from capsjax.training import tasks
+
+  config = mnist.get_config("smoke")
+  config.model.routing.iterations = iterations
+  task = tasks.Task.from_config(config)
+  model = task.model(nnx.Rngs(0))
+  return task, model, nnx.to_pure_dict(nnx.state(model))
+
+
+def test_vote_scores_are_the_lengths_of_the_squashed_mean_vote():
+  """Gu et al. 2021's surrogate, re-derived in NumPy from the layer's weights."""
+  task, model, variables = _capsnet_task()
+  images = jax.random.uniform(jax.random.PRNGKey(1), (3, *task.config.model.image_shape))
+  poses = np.asarray(model.primary(images).poses, np.float64)  # (batch, in_caps, in_dim)
+  weights = np.asarray(model.class_capsules.weights[...], np.float64)  # (i, j, d, k)
+  mean_vote = np.einsum("bik,ijdk->bjd", poses, weights) / poses.shape[1]
+  squared = np.sum(mean_vote ** 2, axis=-1)
+  expected = squared / (1 + squared)  # |squash(s)| = |s|^2 / (1 + |s|^2), Eq. 1.
+  got = model.vote_scores({"images": images, "labels": jnp.zeros(3, jnp.int32)})
+  np.testing.assert_allclose(np.asarray(got), expected, rtol=2e-5, atol=1e-7)
+  log_p = task.vote_log_probabilities(variables, {"images": images,
+                                                  "labels": jnp.zeros(3, jnp.int32)})
+  np.testing.assert_allclose(np.asarray(log_p), np.log(np.exp(expected) / np.exp(
+      expected).sum(1, keepdims=True)), rtol=1e-5, atol=1e-6)
+  assert "votes" in task.capabilities
+
+
+def test_the_vote_gradient_skips_the_routing():
+  """With dynamic routing the vote attack's gradient is not the model's; the surrogate is the
+  same whatever the iterations (it has no routing)."""
+  surrogate, through_model = [], []
+  for iterations in (1, 3):
+    task, _, variables = _capsnet_task(iterations)  # The same parameters (seed 0) each time.
+    images = jax.random.uniform(jax.random.PRNGKey(0), (2, *task.config.model.image_shape))
+    batch = {"images": images, "labels": jnp.asarray([3, 7])}
+
+    def vote_loss(x):
+      log_p = task.vote_log_probabilities(variables, {**batch, "images": x})
+      return attacks.cross_entropy(log_p, batch["labels"]), None
+
+    def model_loss(x):
+      out = task.forward(variables, {**batch, "images": x}, train=False)
+      return attacks.cross_entropy(out.outputs.log_probabilities, batch["labels"]), None
+
+    surrogate.append(attacks.input_gradient(vote_loss, images)[0])
+    through_model.append(attacks.input_gradient(model_loss, images)[0])
+  assert float(jnp.max(jnp.abs(surrogate[0]))) > 0
+  np.testing.assert_allclose(surrogate[0], surrogate[1], rtol=1e-6, atol=1e-9)
+  assert not np.allclose(surrogate[1], through_model[1], rtol=1e-2, atol=1e-7)

@@ -84,6 +84,25 @@ def test_random_rotation_on_a_fixed_key_is_a_whole_degree_turn_half_of_the_time(
   assert 4 < np.std(turned) < 16  # 30 x normal(0, 0.33), truncated: std about 10 degrees.
 
 
+def test_uniform_rotation_turns_every_image_by_an_angle_spread_over_the_range():
+  """``rotation_distribution="uniform"`` with probability 1: each key's angle, recovered from
+  where a single bright pixel lands, is uniform in +-30 (the normal's would rarely pass 20)."""
+  image = np.zeros((28, 28, 1), np.float32)
+  image[14, 24] = 1.0  # 10 px right of the centre: its angle is the turn's.
+  angles = []
+  for seed in range(60):
+    got = np.asarray(da.random_rotation(jax.random.PRNGKey(seed), jnp.asarray(image), 30.0,
+                                        1.0, "uniform"))[..., 0]
+    ys, xs = np.nonzero(got > 0)
+    weights = got[ys, xs]
+    y, x = np.average(ys, weights=weights), np.average(xs, weights=weights)
+    angles.append(np.rad2deg(np.arctan2(14 - y, x - 14)))  # Counter-clockwise on screen.
+  angles = np.asarray(angles)
+  assert np.all(np.abs(angles) <= 30.5)
+  assert np.mean(np.abs(angles) > 20) > 0.2  # Uniform: a third beyond 20 degrees.
+  assert np.mean(np.abs(angles) < 1) < 0.1  # No unturned images.
+
+
 def test_erase_against_numpy():
   image = np.random.RandomState(0).rand(28, 28, 1).astype(np.float32)
   expected = image.copy()
@@ -181,7 +200,8 @@ def test_the_mnist_builder_augments_training_batches_only_when_asked():
 
 
 @pytest.mark.parametrize("key, value", [("rotation_degrees", -5.0), ("erase_size", 30),
-                                        ("rotation_probability", 1.5)])
+                                        ("rotation_probability", 1.5),
+                                        ("rotation_distribution", "gaussian")])
 def test_bad_values_are_refused_naming_the_key(key, value):
   with pytest.raises(UsageError, match=f"config.data.{key}"):
     _builder(**{key: value})

@@ -104,3 +104,46 @@ def test_only_the_tfds_source():
   config.data.source = "idx"
   with pytest.raises(UsageError, match="reads tensorflow-datasets only"):
     datasets.get(config)
+
+
+def test_azimuth_and_elevation_labels_in_degrees():
+  np.testing.assert_array_equal(ops.azimuth_degrees(np.array([0, 1, 15, 17])), [0, 20, 300, 340])
+  np.testing.assert_array_equal(ops.elevation_degrees(np.array([0, 2, 8])), [30, 40, 70])
+
+
+@pytest.mark.parametrize("variant,key,to_degrees,familiar", [
+    ("azimuth", "label_azimuth", ops.azimuth_degrees, {300, 320, 340, 0, 20, 40}),
+    ("elevation", "label_elevation", ops.elevation_degrees, {30, 35, 40}),
+])
+def test_viewpoint_splits_on_mock_data(variant, key, to_degrees, familiar):
+  """Each image found among tfds's own examples by its pixels: no training viewpoint in the
+  novel-view set, none other in the training, validation or familiar test sets."""
+  config = smallnorb.get_config(f"smoke,{variant}")
+  builder = datasets.get(config)
+  with tfds.testing.mock_data(num_examples=120):
+    splits = builder.load()
+    raw = {}
+    for split in ("train", "test"):
+      parts = list(tfds.as_numpy(tfds.builder("smallnorb").as_dataset(split=split,
+                                                                       batch_size=4096)))
+      images = np.concatenate([np.concatenate([p["image"], p["image2"]], -1) for p in parts])
+      degrees = to_degrees(np.concatenate([p[key] for p in parts]))
+      raw[split] = {ops.block_mean(images[k:k + 1], 48).tobytes(): int(d)
+                    for k, d in enumerate(degrees)}
+  viewpoints = lambda name, source: [raw[source][image[None].tobytes()]
+                                     for image in splits[name].examples["images"]]
+  seen = viewpoints("train", "train") + viewpoints("validation", "train")
+  assert set(seen) <= familiar and len(splits["validation"]) == 20
+  assert len(seen) == sum(d in familiar for d in raw["train"].values())
+  assert set(viewpoints("test", "test")) <= familiar
+  novel = viewpoints("novel_viewpoints", "test")
+  assert novel and not set(novel) & familiar
+  assert len(novel) + len(splits["test"]) == len(raw["test"])
+  assert config.evals.novel_viewpoints.split == "novel_viewpoints"
+
+
+def test_a_viewpoint_split_needs_a_known_axis():
+  config = smallnorb.get_config("smoke")
+  config.data.viewpoint_split = "lighting"
+  with pytest.raises(UsageError, match="viewpoint_split='lighting'"):
+    datasets.get(config)

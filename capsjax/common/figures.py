@@ -214,3 +214,44 @@ def save_attack_curves(path: str, epsilons, accuracies: dict[str, list[float]], 
   ax.set_title(title)
   ax.legend()
   save(fig, path)
+
+
+def save_distance_histograms(path: str, clean: np.ndarray, attacked: dict[str, np.ndarray],
+                             threshold: float, title: str) -> None:
+  """Histograms of reconstruction distances, clean against each attack's (one panel per
+  attack), and the detection threshold (DARCCC's figures)."""
+  fig, axes = plt.subplots(1, len(attacked), figsize=(4 * len(attacked), 3.2), squeeze=False)
+  for ax, (name, distances) in zip(axes[0], attacked.items()):
+    bins = np.linspace(0, max(float(np.max(clean)), float(np.max(distances)), threshold) * 1.05,
+                       40)
+    ax.hist(clean, bins, alpha=0.6, label="clean")
+    ax.hist(distances, bins, alpha=0.6, label=name)
+    ax.axvline(threshold, color="black", linestyle="--", label="threshold")
+    ax.set_xlabel("|input - reconstruction| (L2)")
+    ax.legend(fontsize=7)
+  axes[0][0].set_ylabel("images")
+  fig.suptitle(title, fontsize=9)
+  save(fig, path)
+
+
+TRANSFORM_AXES = {"rotations": "rotation (degrees)", "scales": "scale",
+                  "shears": "shear (x += k y)", "translations": "horizontal shift (px)"}
+
+
+def save_transform_curves(path: str, curves: dict[str, tuple], chance: float,
+                          familiar_degrees: float, title: str) -> None:
+  """Accuracy against each transform's amount (``{kind: (values, accuracies)}``), one panel
+  per kind, the familiar rotations shaded and chance dashed."""
+  fig, axes = plt.subplots(1, len(curves), figsize=(3.6 * len(curves), 3.2), squeeze=False)
+  for ax, (kind, (values, accuracies)) in zip(axes[0], curves.items()):
+    ax.plot(values, accuracies, marker="o")
+    ax.axhline(chance, color="gray", linestyle="--", label="chance")
+    if kind == "rotations":
+      ax.axvspan(-familiar_degrees, familiar_degrees, color="green", alpha=0.1,
+                 label="familiar")
+      ax.legend(fontsize=7)
+    ax.set_xlabel(TRANSFORM_AXES.get(kind, kind))
+    ax.set_ylim(0, 1)
+  axes[0][0].set_ylabel("accuracy")
+  fig.suptitle(title, fontsize=9)
+  save(fig, path)

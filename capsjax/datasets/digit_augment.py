@@ -6,7 +6,8 @@ height h and width w, and give the reference's values at 28x28):
 
 1. **rotation** (``image_rotate_random``): r0, r1 ~ normal(0, 0.33) clipped to ±0.9999; when
    r1 <= 0 (probability 1/2) the image turns by ``int(r0 x 30)`` degrees (truncated to whole
-   degrees, counter-clockwise) about the pixel (w/2, h/2), bilinear, zero outside;
+   degrees, counter-clockwise) about the pixel (w/2, h/2), bilinear, zero outside
+   (``config.data.rotation_distribution="uniform"``: an angle uniform in ±30 instead);
 2. **shift within the margins** (``image_shift_rand``): per axis an amount a ~ min(|normal(0,
    0.33)|, 0.9999) and a random direction; left/up by ``floor(a x margin)``, right/down by
    ``floor(a x (1 + margin))``, with the digit's own empty margins, so the digit stays whole;
@@ -44,6 +45,7 @@ class Settings(NamedTuple):
   """``config.data`` values; zero or False switches a step off."""
   rotation_degrees: float = 0.0       # Reference: 30.
   rotation_probability: float = 0.5   # Reference: r1 <= 0 with r1 ~ normal, 1/2.
+  rotation_distribution: str = "normal"  # Reference; "uniform": any angle in +-degrees.
   margin_shift: bool = False          # Reference: on.
   squeeze: bool = False               # Reference: on.
   erase_size: int = 0                 # Reference: 4.
@@ -83,12 +85,18 @@ def rotate(image: jax.Array, degrees: jax.Array) -> jax.Array:
 
 
 def random_rotation(key: jax.Array, image: jax.Array, max_degrees: float,
-                    probability: float) -> jax.Array:
-  """``image`` turned by ``trunc(r0 x max_degrees)`` degrees with ``probability``, r0 ~
-  normal(0, 0.33) clipped to ±0.9999 (reference: probability 1/2 as ``r1 <= 0``)."""
+                    probability: float, distribution: str = "normal") -> jax.Array:
+  """``image`` turned with ``probability`` (reference: 1/2 as ``r1 <= 0``) by
+  ``trunc(r0 x max_degrees)`` degrees, r0 ~ normal(0, 0.33) clipped to ±0.9999 (the
+  reference's ``"normal"``), or by an angle uniform in ±``max_degrees`` (``"uniform"``: the
+  rotation analogue of the novel-viewpoint experiments, where training covers every angle of
+  the familiar range evenly)."""
   angle_key, apply_key = jax.random.split(key)
-  r0 = jnp.clip(jax.random.normal(angle_key, ()) * AMOUNT_STD, -AMOUNT_MAX, AMOUNT_MAX)
-  degrees = jnp.trunc(r0 * max_degrees)  # Python's int(): toward zero.
+  if distribution == "uniform":
+    degrees = jax.random.uniform(angle_key, (), minval=-max_degrees, maxval=max_degrees)
+  else:
+    r0 = jnp.clip(jax.random.normal(angle_key, ()) * AMOUNT_STD, -AMOUNT_MAX, AMOUNT_MAX)
+    degrees = jnp.trunc(r0 * max_degrees)  # Python's int(): toward zero.
   apply = jax.random.uniform(apply_key, ()) < probability
   return jnp.where(apply, rotate(image, degrees), image)
 
@@ -180,7 +188,7 @@ def augment(key: jax.Array, images: jax.Array, settings: Settings) -> jax.Array:
     rotation_key, shift_key, squeeze_key, erase_key = jax.random.split(k, 4)
     if settings.rotation_degrees:
       image = random_rotation(rotation_key, image, settings.rotation_degrees,
-                              settings.rotation_probability)
+                              settings.rotation_probability, settings.rotation_distribution)
     if settings.margin_shift:
       image = random_margin_shift(shift_key, image)
     if settings.squeeze:
@@ -200,6 +208,9 @@ def validate(settings: Settings) -> str | None:
   if not 0 <= settings.rotation_probability <= 1:
     return ("config.data.rotation_probability must be in [0, 1], got "
             f"{settings.rotation_probability}.")
+  if settings.rotation_distribution not in ("normal", "uniform"):
+    return ("config.data.rotation_distribution must be 'normal' (Efficient-CapsNet's) or "
+            f"'uniform', got {settings.rotation_distribution!r}.")
   if not 0 <= settings.erase_size <= 8:
     return f"config.data.erase_size must be in 0..8 (the reference: 4), got {settings.erase_size}."
   return None

@@ -122,10 +122,14 @@ class TFDSImages(datasets.Builder):
             "labels": jax.ShapeDtypeStruct((), np.int32)}
 
   def load(self) -> dict[str, datasets.Split]:
+    return self._load()
+
+  def _load(self, partition=None) -> dict[str, datasets.Split]:
     h, w, c = self.STORED_SHAPE
     splits = sources.load(self.config.data, (h, w, c), self.info.num_classes,
                           seed=self.config.seed, shape_source=f"the {self.name} images",
-                          image_keys=self.IMAGE_KEYS, label_key=self.LABEL_KEY, idx_ok=False)
+                          image_keys=self.IMAGE_KEYS, label_key=self.LABEL_KEY, idx_ok=False,
+                          partition=partition)
     if self.resize:
       for split in splits.values():
         split.examples["images"] = block_mean(split.examples["images"], self.resize)
@@ -170,11 +174,52 @@ class SVHN(TFDSImages):
   """SVHN's cropped digits (tfds ``svhn_cropped``): 32x32 RGB, 10 classes."""
 
 
+def azimuth_degrees(label_azimuth: np.ndarray) -> np.ndarray:
+  """tfds ``smallnorb``'s ``label_azimuth`` (0..17: the files' 0, 2, ..., 34 halved by tfds)
+  in degrees: 0, 20, ..., 340 (the dataset's documentation: file value x 10)."""
+  return np.asarray(label_azimuth) * 20
+
+
+def elevation_degrees(label_elevation: np.ndarray) -> np.ndarray:
+  """tfds ``smallnorb``'s ``label_elevation`` (0..8) in degrees: 30, 35, ..., 70."""
+  return 30 + 5 * np.asarray(label_elevation)
+
+
+# The training viewpoints of Hinton, Sabour & Frosst 2018, Sec. 5.1: azimuths 300-40 degrees
+# (a third of them), the 3 lowest elevations (of 9).
+FAMILIAR_VIEWPOINTS = {
+    "azimuth": ("label_azimuth",
+                lambda f: np.isin(azimuth_degrees(f["label_azimuth"]), (300, 320, 340, 0, 20, 40))),
+    "elevation": ("label_elevation", lambda f: elevation_degrees(f["label_elevation"]) <= 40),
+}
+NOVEL_SPLIT = "novel_viewpoints"
+
+
 class SmallNORB(TFDSImages):
   """smallNORB: the two 96x96 stereo views as two channels, the 5 categories as labels;
-  brightness and contrast before the crop (official order), no flip."""
+  brightness and contrast before the crop (official order), no flip.
+
+  ``config.data.viewpoint_split`` = ``"azimuth"`` or ``"elevation"``: the novel-viewpoint
+  experiments of the matrix-capsules paper (Sec. 5.1). Training (and validation) keep the
+  images at the familiar viewpoints (azimuths 300, 320, 340, 0, 20, 40; or elevations 30, 35,
+  40), ``test`` the test images at those viewpoints, and the split ``novel_viewpoints`` the
+  test images at the others (azimuths 60-280; elevations 45-70): evaluate it with
+  ``config.evals.novel_viewpoints = dict(type="split", split="novel_viewpoints")``."""
   IMAGE_KEYS = ("image", "image2")
   LABEL_KEY = "label_category"
   STORED_SHAPE = (96, 96, 2)
   NUM_CLASSES = 5
   TRAIN_OPS = ("brightness", "contrast", "crop")
+
+  def __init__(self, config):
+    super().__init__(config)
+    self.viewpoint_split = config.data.get("viewpoint_split", "") or ""
+    if self.viewpoint_split and self.viewpoint_split not in FAMILIAR_VIEWPOINTS:
+      raise UsageError(f"config.data.viewpoint_split={self.viewpoint_split!r}: use 'azimuth', "
+                       "'elevation' or '' (the standard split).")
+
+  def load(self) -> dict[str, datasets.Split]:
+    if not self.viewpoint_split:
+      return super().load()
+    key, familiar = FAMILIAR_VIEWPOINTS[self.viewpoint_split]
+    return self._load(partition=((key,), familiar, NOVEL_SPLIT))

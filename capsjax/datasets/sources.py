@@ -39,12 +39,18 @@ _IDX_UBYTE = 0x08
 
 def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed: int = 0,
          shape_source: str = "config.model.image_shape", image_keys=("image",),
-         label_key: str = "label", idx_ok: bool = True) -> dict[str, Split]:
+         label_key: str = "label", idx_ok: bool = True, partition=None) -> dict[str, Split]:
   """Reads ``config`` (``config.data``), validates it and splits off validation.
 
   With tfds, ``image_keys`` name the image features (several: stacked as channels, e.g.
   smallNORB's two views) and ``label_key`` the label feature. ``idx_ok``: whether the
   dataset can also be read from IDX files (the offline advice then mentions them).
+
+  ``partition`` (tfds only): ``(feature_keys, familiar, novel_split)``; ``familiar(features)``
+  maps the named features of a split (``{key: (n,) int array}``) to a boolean mask. Training
+  (and validation) then keep the familiar examples only, the test split keeps its familiar
+  ones, and its others become the split ``novel_split`` (smallNORB's novel viewpoints), before
+  ``train_limit`` and ``test_limit`` (which limits both test splits).
 
   ``image_shape`` is the shape the files must have; ``shape_source`` names
   the setting it comes from, for the error message.
@@ -57,6 +63,9 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
   Raises:
     UsageError: with the path or config key at fault and what to do.
   """
+  if partition and config.source != "tfds":
+    raise UsageError("A split by viewpoint reads tensorflow-datasets' features; set "
+                     "config.data.source='tfds'.")
   if config.source == "idx":
     arrays = _load_idx(config.dir)
     warning = known_files.mismatch_warning(config.get("name"), arrays["train"][0][..., 0],
@@ -65,18 +74,28 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
       log(warning)
   elif config.source == "tfds":
     arrays = _load_tfds(config.name, config.dir, config.tfds_data_dir, tuple(image_keys),
-                        label_key, idx_ok)
+                        label_key, idx_ok, tuple(partition[0]) if partition else ())
   else:
     raise UsageError(f"config.data.source must be 'tfds' or 'idx', got {config.source!r}.")
   where = config.dir if config.source == "idx" else f"tfds dataset {config.name!r}"
+  novel_split = None
   for split in ("train", "test"):
-    images, labels = arrays[split]
+    images, labels, features = arrays[split]
     if images.ndim == 3:  # IDX and tfds give grey images without a channel axis.
       images = images[..., None]
     check_split(split, images, labels, tuple(image_shape), num_classes, where, shape_source)
+    if partition:
+      familiar = np.asarray(partition[1](features), bool)
+      if split == "test":
+        novel_split = partition[2]
+        arrays[novel_split] = (images[~familiar], labels[~familiar])
+      images, labels = images[familiar], labels[familiar]
+    arrays[split] = (images, labels)
+  for split in arrays:
+    images, labels = arrays[split][:2]
     if split == "train" and config.train_limit:  # The first N: a smaller training set.
       images, labels = images[:config.train_limit], labels[:config.train_limit]
-    if split == "test" and config.test_limit:  # A fair sample: see Split.sample.
+    if split != "train" and config.test_limit:  # A fair sample: see Split.sample.
       sample = Split({"images": images, "labels": labels}).sample(config.test_limit)
       images, labels = sample.examples["images"], sample.examples["labels"]
     arrays[split] = (images, labels)
@@ -89,9 +108,12 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
   order = np.random.default_rng(seed).permutation(len(train_images))
   val_idx, train_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
   split = lambda images, labels: Split({"images": images, "labels": labels})
-  return {"train": split(train_images[train_idx], train_labels[train_idx]),
-          "validation": split(train_images[val_idx], train_labels[val_idx]),
-          "test": split(*arrays["test"])}
+  splits = {"train": split(train_images[train_idx], train_labels[train_idx]),
+            "validation": split(train_images[val_idx], train_labels[val_idx]),
+            "test": split(*arrays["test"])}
+  if novel_split:
+    splits[novel_split] = split(*arrays[novel_split])
+  return splits
 
 
 def check_split(split: str, images: np.ndarray, labels: np.ndarray, image_shape: tuple,
@@ -159,8 +181,8 @@ def _load_idx(directory: str | None) -> dict:
     if arrays[key].ndim != 1:
       raise UsageError(f"{_find_idx(directory, IDX_FILES[key])}: expected labels of shape (n,), "
                        f"got {arrays[key].shape}.")
-  return {split: (arrays[f"{split}_images"][..., None], arrays[f"{split}_labels"].astype(np.int32))
-          for split in ("train", "test")}
+  return {split: (arrays[f"{split}_images"][..., None], arrays[f"{split}_labels"].astype(np.int32),
+                  {}) for split in ("train", "test")}
 
 
 def offline_hint(builder, idx_ok: bool) -> str:
@@ -213,7 +235,9 @@ def _quiet_absl():
 
 
 def _load_tfds(name: str, manual_dir: str | None, data_dir: str | None,
-               image_keys=("image",), label_key: str = "label", idx_ok: bool = True) -> dict:
+               image_keys=("image",), label_key: str = "label", idx_ok: bool = True,
+               feature_keys=()) -> dict:
+  """``{split: (images, labels, {feature: (n,) int32})}`` for train and test."""
   import tensorflow_datasets as tfds  # Heavy (TensorFlow); only for this source.
 
   try:
@@ -246,7 +270,7 @@ def _load_tfds(name: str, manual_dir: str | None, data_dir: str | None,
     raise UsageError(f"tensorflow-datasets could not prepare {name!r} "
                      f"(manual dir {manual_dir!r}): {type(e).__name__}: {e}. {hint}") from e
   features = builder.info.features
-  missing = [k for k in (*image_keys, label_key) if k not in features]
+  missing = [k for k in (*image_keys, label_key, *feature_keys) if k not in features]
   if missing:
     raise UsageError(f"tfds dataset {name!r} has no feature {missing[0]!r} (it has "
                      f"{sorted(features.keys())}).")
@@ -255,8 +279,9 @@ def _load_tfds(name: str, manual_dir: str | None, data_dir: str | None,
     # In batches: batch_size=-1 aborts the process under tfds.testing.mock_data.
     parts = list(tfds.as_numpy(builder.as_dataset(split=split, batch_size=4096)))
     images = [np.concatenate([np.asarray(p[k], np.uint8) for p in parts]) for k in image_keys]
+    ints = lambda key: np.concatenate([np.asarray(p[key], np.int32) for p in parts])
     splits[split] = (images[0] if len(images) == 1 else np.concatenate(images, axis=-1),
-                     np.concatenate([np.asarray(p[label_key], np.int32) for p in parts]))
+                     ints(label_key), {key: ints(key) for key in feature_keys})
   return splits
 
 

@@ -77,6 +77,8 @@ EVALUATORS = Registry("evaluator", "config.evals.NAME.type", {
     "affine_mnist": "capsjax.evaluators.affine:AffineMNISTEvaluator",
     "affnist": "capsjax.evaluators.affine:AffNISTEvaluator",
     "adversarial": "capsjax.evaluators.adversarial:AdversarialEvaluator",
+    "reconstruction_detection": "capsjax.evaluators.detection:ReconstructionDetectionEvaluator",
+    "transforms": "capsjax.evaluators.transforms:TransformsEvaluator",
 }, attribute="type_name")
 
 
@@ -92,22 +94,41 @@ def eval_settings(config) -> dict[str, ml_collections.ConfigDict]:
   return {name: evals[name] for name in evals}
 
 
+def check_types(settings: dict, where: str = "config.evals") -> None:
+  """Raises UsageError for an evaluation whose ``type`` names no evaluator."""
+  for name, s in settings.items():
+    kind = s.get("type")
+    if kind not in EVALUATORS and not (isinstance(kind, str) and ":" in kind):
+      raise UsageError(f"{where}.{name}.type={kind!r} is not a registered evaluator; "
+                       f"use one of {types()}, or name your own as 'module:Class' or "
+                       f"'path/to/file.py:Class'.")
+    cls = EVALUATORS.get(kind)
+    if not (isinstance(cls, type) and issubclass(cls, Evaluator)):
+      raise UsageError(f"{where}.{name}.type={kind!r} is not a subclass of "
+                       f"capsjax.evaluators.Evaluator.")
+
+
 def validate(config) -> None:
   """Raises UsageError for an unknown evaluator type or a missing ``test`` evaluation."""
   settings = eval_settings(config)
   if "test" not in settings:
     raise UsageError("config.evals needs an evaluation named 'test' (the main test set, "
                      "e.g. dict(type='split', split='test')).")
+  check_types(settings)
+
+
+def build(settings: dict, config, builder, splits: dict, runner,
+          log: Callable[[str], None] = print) -> dict[str, Evaluator]:
+  """The evaluators of ``settings`` (``{name: settings}``), skipping (and logging) those whose
+  data are missing (:class:`SkipEvaluation`)."""
+  check_types(settings)
+  built = {}
   for name, s in settings.items():
-    kind = s.get("type")
-    if kind not in EVALUATORS and not (isinstance(kind, str) and ":" in kind):
-      raise UsageError(f"config.evals.{name}.type={kind!r} is not a registered evaluator; "
-                       f"use one of {types()}, or name your own as 'module:Class' or "
-                       f"'path/to/file.py:Class'.")
-    cls = EVALUATORS.get(kind)
-    if not (isinstance(cls, type) and issubclass(cls, Evaluator)):
-      raise UsageError(f"config.evals.{name}.type={kind!r} is not a subclass of "
-                       f"capsjax.evaluators.Evaluator.")
+    try:
+      built[name] = EVALUATORS.get(s.type)(name, s, config, builder, splits, runner)
+    except SkipEvaluation as e:
+      log(f"Skipping evaluation {name!r}: {e}")
+  return built
 
 
 def build_all(config, builder, splits: dict, runner,
@@ -117,10 +138,4 @@ def build_all(config, builder, splits: dict, runner,
   settings = eval_settings(config)
   if len(splits.get("validation", ())) and "validation" not in settings:
     settings["validation"] = ml_collections.ConfigDict({"type": "split", "split": "validation"})
-  built = {}
-  for name, s in settings.items():
-    try:
-      built[name] = EVALUATORS.get(s.type)(name, s, config, builder, splits, runner)
-    except SkipEvaluation as e:
-      log(f"Skipping evaluation {name!r}: {e}")
-  return built
+  return build(settings, config, builder, splits, runner, log)

@@ -7,7 +7,10 @@ adversarial robustness").
 
 Settings (``config.evals.NAME``), defaults in brackets:
   ``attacks``       any of ``fgsm``, ``pgd`` (random start, step ``2.5 epsilon / steps``),
-                    ``bim`` (no random start, step ``epsilon / steps``, as SR-CapsNet) [fgsm, pgd]
+                    ``bim`` (no random start, step ``epsilon / steps``, as SR-CapsNet), and
+                    for capsule models ``vote_fgsm``, ``vote_pgd``: the vote attack; or any
+                    foolbox attack as ``foolbox:Name`` (:mod:`capsjax.evaluators.foolbox_attacks`,
+                    its settings in ``foolbox_kwargs[Name]``) [fgsm, pgd]
   ``epsilons``      L-infinity budgets in the images' units [0, 0.05, 0.1, 0.2, 0.3]
   ``steps``         iterations of pgd and bim [10]; ``step_size`` overrides both rules [None]
   ``random_start``  pgd's start from a uniform point of the ball [True]
@@ -22,6 +25,15 @@ iterations included; BatchNorm statistics frozen, no dropout or noise): ``jax.gr
 ``runner.task.forward`` with respect to the images. One function per attack computes every
 epsilon, so it is jitted once per attack and mapped over the set on every device.
 
+The vote attack (Gu, Wu & Tresp, ICLR 2021: attacks through the routing are weakened by the
+routing itself) moves the images along the gradient of a surrogate, not of the model: the
+cross-entropy of ``log_softmax(|squash(mean_i u_hat_{j|i})|)``, the class layer's votes
+averaged with equal weights, no routing, no bias
+(:meth:`capsjax.training.tasks.Task.vote_log_probabilities`,
+:func:`capsjax.models.capsule_head.vote_scores`), with FGSM's or PGD's steps, budgets and
+start; accuracy and success are then measured on the model itself, routing included. Its
+gradient's zero fraction is ``vote_zero_gradient``.
+
 It reports, per attack and epsilon, ``{attack}_eps{epsilon}_accuracy`` over all examples and
 ``..._success_rate`` over the examples classified correctly before the attack (targeted: those
 now predicted as the target), ``clean_accuracy``, ``chance``, and the checks, each 1.0 when it
@@ -33,15 +45,18 @@ holds (a warning is logged when one fails):
                                       (``{attack}_unbounded_accuracy``) at most chance, within
                                       two standard errors of a binomial at chance over the set
 After a run, ``NAME_accuracy_vs_epsilon.png`` in the workdir plots accuracy against epsilon,
-one line per attack. BIM is not held to FGSM's strength: with steps of ``epsilon / steps`` from the original it
-cannot reach every corner of the ball, and at large budgets it can be the weaker attack.
+one line per attack. BIM is not held to FGSM's strength: with steps of ``epsilon / steps`` from
+the original it cannot reach every corner of the ball, and at large budgets it can be the
+weaker attack.
 ``accuracy`` (and ``error``), the number the training log prints for every evaluation, is the
-lowest accuracy of the attacks at the largest epsilon.
+lowest accuracy of the attacks at the largest epsilon; ``seconds`` the evaluation's wall time,
+compilation included.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -50,9 +65,9 @@ from absl import logging
 from capsjax import evaluators
 from capsjax.common import figures
 from capsjax.common.errors import UsageError
-from capsjax.evaluators import attacks
+from capsjax.evaluators import attacks, foolbox_attacks
 
-ATTACKS = ("fgsm", "pgd", "bim")
+ATTACKS = ("fgsm", "pgd", "bim", "vote_fgsm", "vote_pgd")
 LOSSES = ("cross_entropy", "model")
 DEFAULT_EPSILONS = (0.0, 0.05, 0.1, 0.2, 0.3)
 
@@ -74,14 +89,30 @@ class AdversarialEvaluator(evaluators.Evaluator):
     self.loss = get("loss", "cross_entropy")
     self.low, self.high = (float(v) for v in get("value_range", (0.0, 1.0)))
     self.seed = int(get("seed", 0))
-    if not self.attacks or set(self.attacks) - set(ATTACKS):
-      raise UsageError(f"{where}.attacks={self.attacks!r}: choose from {ATTACKS}.")
+    if not self.attacks or {a for a in self.attacks if not a.startswith(
+        foolbox_attacks.PREFIX)} - set(ATTACKS):
+      raise UsageError(f"{where}.attacks={self.attacks!r}: choose from {ATTACKS}, or name "
+                       "any foolbox attack as 'foolbox:Name'.")
+    for attack in self.attacks:
+      if attack.startswith(foolbox_attacks.PREFIX):
+        foolbox_attacks.attack_class(attack, where)
+    # The attacks' names in the results (foolbox:Name -> foolbox_Name).
+    self.result_names = {a: foolbox_attacks.result_name(a) if a.startswith(
+        foolbox_attacks.PREFIX) else a for a in self.attacks}
     if not self.epsilons or any(e < 0 for e in self.epsilons):
       raise UsageError(f"{where}.epsilons={self.epsilons!r}: give budgets >= 0.")
     if self.steps < 1:
       raise UsageError(f"{where}.steps must be at least 1, got {self.steps}.")
     if self.loss not in LOSSES:
       raise UsageError(f"{where}.loss={self.loss!r}: choose from {LOSSES}.")
+    voting = [a for a in self.attacks if a.startswith("vote_")]
+    if voting and "votes" not in self.runner.task.capabilities:
+      raise UsageError(f"{where}.attacks={self.attacks!r}: {voting} attack the class layer's "
+                       f"votes, and model {self.config.model.name!r} has none (no 'votes' "
+                       "capability); attack it with fgsm, pgd or bim.")
+    if voting and self.loss != "cross_entropy":
+      raise UsageError(f"{where}: the vote attacks {voting} attack the cross-entropy of the "
+                       "votes' scores; use loss='cross_entropy'.")
     if self.loss == "model" and self.targeted:
       raise UsageError(f"{where}: loss='model' attacks the true label; a targeted attack "
                        "needs loss='cross_entropy'.")
@@ -99,60 +130,87 @@ class AdversarialEvaluator(evaluators.Evaluator):
     self.num_examples = len(sample)
     self.chance = self.runner.task.chance_levels()["accuracy"]
     # One object per attack: each keys the runner's jit cache.
-    self.attack_fns = {name: self._attack_fn(name) for name in self.attacks}
+    self.attack_fns = {name: self._attack_fn(name) for name in self.attacks
+                       if not name.startswith(foolbox_attacks.PREFIX)}
 
   def _step_size(self, attack: str, epsilon: float) -> float:
     if self.step_size is not None:
       return float(self.step_size)
-    return (2.5 if attack == "pgd" else 1.0) * epsilon / self.steps
+    return (2.5 if attack.endswith("pgd") else 1.0) * epsilon / self.steps
 
   def _attack_fn(self, attack: str):
-    forward = self.runner.task.forward
-    num_classes = self.runner.task.dataset.info.num_classes
-    iterative = attack != "fgsm"
-    budgets = [*self.epsilons, *([self.high - self.low] if iterative else [])]
+    task = self.runner.task
+    num_classes = task.dataset.info.num_classes
+    through_votes = attack.startswith("vote_")
+    method = attack.removeprefix("vote_")
+    budgets = [*self.epsilons, *([self.high - self.low] if method != "fgsm" else [])]
 
     def per_example(variables, batch) -> dict:
       labels = batch["labels"]
       aim = attacks.target_labels(labels, num_classes) if self.targeted else labels
       sign = -1.0 if self.targeted else 1.0
+      outputs_of = lambda x: task.forward(variables, {**batch, "images": x},
+                                          train=False).outputs
 
-      def loss_fn(images):
-        out = forward(variables, {**batch, "images": images}, train=False)
+      def loss_fn(images):  # Through everything the model does, routing included.
+        out = task.forward(variables, {**batch, "images": images}, train=False)
         if self.loss == "model":  # The batch mean: times the batch, each example's own.
           return jnp.full(labels.shape, out.loss * labels.shape[0]), out.outputs
         return sign * attacks.cross_entropy(out.outputs.log_probabilities, aim), out.outputs
 
+      def vote_loss_fn(images):  # The votes averaged, no routing (Gu et al. 2021).
+        log_probabilities = task.vote_log_probabilities(variables, {**batch, "images": images})
+        return sign * attacks.cross_entropy(log_probabilities, aim), None
+
+      attacked = vote_loss_fn if through_votes else loss_fn
       images = batch["images"]
-      gradient, clean = attacks.input_gradient(loss_fn, images)
+      gradient, clean = attacks.input_gradient(attacked, images)
+      clean = outputs_of(images) if through_votes else clean
       clean_correct = (clean.predictions == labels).astype(jnp.float32)
+      zero = jnp.all(gradient.reshape(len(labels), -1) == 0, axis=1).astype(jnp.float32)
       values = {"clean_accuracy": clean_correct,
-                "zero_gradient": jnp.all(gradient.reshape(len(labels), -1) == 0,
-                                         axis=1).astype(jnp.float32)}
+                ("vote_zero_gradient" if through_votes else "zero_gradient"): zero,
+                **{f"clean_{name}": v for name, v in self.measure(images, clean).items()}}
       key = jax.random.fold_in(jax.random.PRNGKey(self.seed), jnp.sum(labels))
-      for i, epsilon in enumerate(budgets):
-        if attack == "fgsm":
-          moved = attacks.fgsm(loss_fn, images, epsilon, self.low, self.high, gradient)
+      random_start = method == "pgd" and self.random_start
+
+      def at_budget(args):  # One budget; lax.map runs them in turn, compiled once.
+        i, epsilon, step_size = args
+        if method == "fgsm":
+          moved = attacks.fgsm(attacked, images, epsilon, self.low, self.high, gradient)
         else:
-          start = (jax.random.fold_in(key, i)
-                   if attack == "pgd" and self.random_start else None)
-          moved = attacks.pgd(loss_fn, images, epsilon, steps=self.steps,
-                              step_size=self._step_size(attack, epsilon), key=start,
+          moved = attacks.pgd(attacked, images, epsilon, steps=self.steps, step_size=step_size,
+                              key=jax.random.fold_in(key, i) if random_start else None,
                               low=self.low, high=self.high)
-        predicted = forward(variables, {**batch, "images": moved},
-                            train=False).outputs.predictions
+        outputs = outputs_of(moved)
+        correct = outputs.predictions == labels
+        succeeded = outputs.predictions == aim if self.targeted else ~correct
+        return {"accuracy": correct.astype(jnp.float32),
+                "fooled": clean_correct * succeeded.astype(jnp.float32),
+                **self.measure(moved, outputs)}
+
+      per_budget = jax.lax.map(at_budget, (
+          jnp.arange(len(budgets)), jnp.asarray(budgets, jnp.float32),
+          jnp.asarray([self._step_size(attack, e) for e in budgets], jnp.float32)))
+      for i, epsilon in enumerate(budgets):
         tag = f"{attack}_unbounded" if i == len(self.epsilons) else f"{attack}_eps{epsilon:g}"
-        values[f"{tag}_accuracy"] = (predicted == labels).astype(jnp.float32)
-        succeeded = predicted == aim if self.targeted else predicted != labels
-        values[f"{tag}_fooled"] = clean_correct * succeeded.astype(jnp.float32)
+        values.update({f"{tag}_{name}": v[i] for name, v in per_budget.items()})
       return values
 
     return per_example
 
+  def measure(self, images: jax.Array, outputs) -> dict:
+    """Further per-example values ``{name: (batch,)}`` of attacked (or clean) images and the
+    model's outputs on them, for subclasses (detection); none here. They are reported as
+    ``{tag}_{name}`` (``clean_{name}`` before the attack)."""
+    del images, outputs
+    return {}
+
   def run(self, variables) -> dict:
     result = {}
+    started = time.perf_counter()
     for attack, fn in self.attack_fns.items():
-      means = self.runner.mean(fn, variables, self.set)
+      means = self.runner.mean(fn, variables, self.set, progress=f"{self.name}: {attack}")
       for key, value in means.items():
         if key.endswith("_fooled"):
           clean = means["clean_accuracy"]
@@ -161,16 +219,25 @@ class AdversarialEvaluator(evaluators.Evaluator):
           result[key] = value
     result["chance"] = self.chance
     largest = max(self.epsilons)
-    result["accuracy"] = min(result[f"{a}_eps{largest:g}_accuracy"] for a in self.attack_fns)
+    for attack in self.attacks:
+      if attack.startswith(foolbox_attacks.PREFIX):
+        result.update(foolbox_attacks.run_attack(self, attack, variables))
+    result["accuracy"] = min(result[f"{a}_eps{largest:g}_accuracy"]
+                             for a in self.result_names.values())
     result["error"] = 1.0 - result["accuracy"]
-    result.update(self.checks(result))
+    self.add_checks(result)
+    result["seconds"] = time.perf_counter() - started  # Compilation included.
     self.last_result = result
+    return result
+
+  def add_checks(self, result: dict) -> None:
+    """Adds :meth:`checks` to ``result`` and logs a warning for each that fails."""
+    result.update(self.checks(result))
     for check, holds in result.items():
       if check.startswith("check_") and not holds:
         logging.warning("Evaluation %r: %s fails: the attack may be weakened by gradient "
                         "masking, so accuracy under attack can overstate robustness (%s).",
                         self.name, check, _describe(result))
-    return result
 
   def draw(self, model, workdir: str, writer, step: int) -> None:
     """``NAME_accuracy_vs_epsilon.png``: the last :meth:`run`'s accuracy against epsilon."""
@@ -179,7 +246,8 @@ class AdversarialEvaluator(evaluators.Evaluator):
     if result is None:
       return
     epsilons = sorted(self.epsilons)
-    curves = {a: [result[f"{a}_eps{e:g}_accuracy"] for e in epsilons] for a in self.attacks}
+    curves = {a: [result[f"{a}_eps{e:g}_accuracy"] for e in epsilons]
+              for a in self.result_names.values()}
     kind = "targeted" if self.targeted else "untargeted"
     figures.save_attack_curves(os.path.join(workdir, f"{self.name}_accuracy_vs_epsilon.png"),
                                epsilons, curves, self.chance,
@@ -191,7 +259,7 @@ class AdversarialEvaluator(evaluators.Evaluator):
     tolerance = 1e-6
     curve = lambda a: [result[f"{a}_eps{e:g}_accuracy"] for e in sorted(self.epsilons)]
     checks = {"check_accuracy_falls": float(all(
-        later <= earlier + tolerance for a in self.attacks
+        later <= earlier + tolerance for a in self.result_names.values()
         for earlier, later in zip(curve(a), curve(a)[1:])))}
     if {"fgsm", "pgd"} <= set(self.attacks):
       checks["check_pgd_at_least_fgsm"] = float(all(

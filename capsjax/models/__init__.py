@@ -24,7 +24,10 @@ Optional, declared by the model and checked at the start of a run:
   ``model.capabilities() -> frozenset``
       of :data:`CAPABILITIES`: ``reconstruction`` (``model.decode(class_capsules, class_ids)``
       and ``outputs.reconstructions``), ``routing_diagnostics`` (``outputs.diagnostics`` at
-      evaluation), ``saturation`` (a ``saturated_fraction`` metric); none if absent;
+      evaluation), ``saturation`` (a ``saturated_fraction`` metric), ``votes``
+      (``model.vote_scores(batch) -> (batch, num_classes)``, the class scores of the class
+      layer's votes combined without routing, what the vote attack differentiates:
+      :func:`capsjax.models.capsule_head.vote_scores`); none if absent;
   ``Model.resolve_config(model_config)``
       fills in the model's own defaults (e.g. its router's settings) in the run's resolved
       copy of ``config.model``, so that ``config.json`` records them;
@@ -57,7 +60,7 @@ from capsjax.common.registry import Registry
 from capsjax.models.outputs import SCORE_KINDS, Outputs
 
 # What a model may declare in ``capabilities()``.
-CAPABILITIES = ("reconstruction", "routing_diagnostics", "saturation")
+CAPABILITIES = ("reconstruction", "routing_diagnostics", "saturation", "votes")
 
 # name -> "module:Class": one line per model.
 MODELS = Registry("model", "config.model.name", {
@@ -88,6 +91,9 @@ def capabilities(model: nnx.Module) -> frozenset[str]:
   if unknown := declared - set(CAPABILITIES):
     raise UsageError(f"{type(model).__name__}.capabilities() declares {sorted(unknown)}; "
                      f"known: {CAPABILITIES}.")
+  if "votes" in declared and not callable(getattr(model, "vote_scores", None)):
+    raise UsageError(f"{type(model).__name__}.capabilities() declares 'votes' but the model "
+                     "has no vote_scores(batch) method.")
   return declared
 
 

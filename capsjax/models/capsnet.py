@@ -122,3 +122,4 @@ class CapsNet(nnx.Module):
   loss, metrics, monitors = capsule_head.loss, capsule_head.metrics_of, capsule_head.monitors
   capabilities, draw_figures = capsule_head.capabilities, staticmethod(capsule_head.draw_figures)
   resolve_config = staticmethod(capsule_head.resolve_config)
+  vote_scores = capsule_head.vote_scores

@@ -158,6 +158,24 @@ def apply(self, batch: dict, *, train: bool, rng: jax.Array | None = None) -> Ou
               labels_per_example=labels.shape[1] if labels.ndim == 2 else 1, rng=rng)
 
 
+def vote_scores(self, batch: dict) -> jax.Array:
+  """The class scores that the vote attack of Gu, Wu & Tresp (ICLR 2021, "Effective and
+  efficient vote attack on capsule networks", Sec. 4) differentiates, in evaluation mode.
+
+  The votes u_hat_{j|i} of every child for each class capsule are averaged with equal weights,
+  with no routing and no bias, and squashed (Eq. 1): ``v_j = squash(mean_i u_hat_{j|i})``; the
+  scores are the lengths ``|v_j|``, ``(batch, num_classes)``. Their code (JindongGu/VoteAttack,
+  ``models/rout.py``, ``Vote_Attack``) does exactly this, and then takes the logarithm of the
+  lengths normalised to sum to 1 as log-probabilities; capsjax's attacks take
+  ``log_softmax(scores)`` for the surrogate as for the model itself (:class:`Outputs`), so the
+  vote attack and the attack through the routing differ only in the routing. Whatever the
+  router (self-attention, self-routing, ...), Eq. 1's squash is used, as in their definition.
+  """
+  primary = self.primary(batch["images"], train=False)
+  votes = self.class_capsules.votes(primary.poses)  # (batch, in_caps, out_caps, out_dim)
+  return routing.safe_norm(routing.squash(jnp.mean(votes, axis=1)), axis=-1)
+
+
 def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None
          ) -> tuple[jax.Array, dict]:
   """Margin loss (Eq. 4) + weight x summed squared reconstruction error, per example.
@@ -201,8 +219,8 @@ def metrics_of(self, outputs: Outputs, batch: dict) -> dict:
 def capabilities(self) -> frozenset[str]:
   """What this model can do beyond the contract: ``reconstruction`` (with a decoder:
   ``decode``, reconstruction figures), ``routing_diagnostics``, ``saturation`` (the
-  ``saturated_fraction`` metric and its warning)."""
-  found = {"routing_diagnostics"}
+  ``saturated_fraction`` metric and its warning), ``votes`` (:func:`vote_scores`)."""
+  found = {"routing_diagnostics", "votes"}
   if self.decoder is not None:
     found.add("reconstruction")
   if self.head.measures_saturation:

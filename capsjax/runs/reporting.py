@@ -117,7 +117,7 @@ def format_duration(seconds: float) -> str:
   return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _is_terminal(stream) -> bool:
+def is_terminal(stream) -> bool:
   return hasattr(stream, "isatty") and stream.isatty()
 
 
@@ -125,7 +125,7 @@ def count_progress(prefix: str, n: int, total: int, stream=None) -> None:
   """``prefix n/total``: redrawn in place on a terminal, one line per update otherwise (a log
   file then reads line by line)."""
   stream = stream or sys.stderr
-  if _is_terminal(stream):
+  if is_terminal(stream):
     stream.write(f"\r{prefix} {n}/{total}" + ("\n" if n >= total else ""))
   else:
     stream.write(f"{prefix} {n}/{total}\n")
@@ -142,7 +142,7 @@ class ProgressBar:
     self.total = max(1, total_steps)
     self.stream = stream or sys.stderr
     self.width = width
-    self.interactive = _is_terminal(self.stream)
+    self.interactive = is_terminal(self.stream)
 
   def update(self, step: int, loss: float, accuracy: float, images_per_second: float,
              seconds_per_step: float) -> None:

@@ -21,7 +21,8 @@ RESUME_NEUTRAL_KEYS = ("train.num_steps", "train.num_epochs", "train.log_every_s
                        "train.eval_every_steps", "train.checkpoint_every_steps",
                        "train.keep_checkpoints", "train.steps_per_dispatch", "data.dir",
                        "data.tfds_data_dir", "model.conv_impl", "eval", "evals",
-                       "train.stop_at_accuracy", "train.saturation_warning")
+                       "train.stop_at_accuracy", "train.saturation_warning",
+                       "train.eval_during")
 
 # Keys added after the first workdirs were written, with the value that reproduces them: for
 # every run, and (the second table) for runs of the model and dataset that had the key, which
@@ -34,6 +35,7 @@ _DEFAULTS_OF = {
                                 "model.routing.name": "dynamic",
                                 "model.class_capsules.scores": "auto"},
     ("dataset", "mnist"): {"data.pad": 0},
+    ("dataset", "smallnorb"): {"data.viewpoint_split": ""},
 }
 # Settings that registries own (a router's, an optimiser's) are not listed: they are compared
 # resolved, and an unset setting of another router or optimiser is no setting

@@ -69,15 +69,20 @@ def _is_extra(column: str) -> bool:
   return column.endswith(EXTRA_SUFFIXES) and column not in RESULT_COLUMNS
 
 
-def collect(points: list, workdir: str) -> list[dict]:
+def collect(points: list, workdir: str, tables: dict | None = None,
+            matched: dict | None = None) -> list[dict]:
   """Writes results.csv, results.md and plots from the finished runs' summaries.
 
   ``points``: the sweep's :class:`capsjax.sweep.Point` s; each run is ``WORKDIR/point.name``.
+  ``tables`` (an experiment's ``TABLES``): ``{title: ["EVALUATION/KEY", ...]}``, each a further
+  table in results.md, one column per metric (percent, mean ± std over seeds); ``matched``
+  (an experiment's ``MATCHED``): ``{"familiar", "novel", "target_errors"}``, the comparison at
+  matched familiar error of :mod:`capsjax.runs.matched`.
   """
   from capsjax.runs import runconfig
 
   keys = list(dict.fromkeys(k for p in points for k in p.overrides))
-  rows, missing = [], []
+  rows, missing, evaluations = [], [], {}
   for point in points:
     path = os.path.join(workdir, point.name, "summary.json")
     if not is_finished(os.path.join(workdir, point.name)):
@@ -99,6 +104,7 @@ def collect(points: list, workdir: str) -> list[dict]:
     row["chance"] = chance_text(summary.get("chance"))
     row.update(extra_evaluations(summary))
     rows.append(row)
+    evaluations[point.name] = summary.get("evaluations", {})
   os.makedirs(workdir, exist_ok=True)
   extra = list(dict.fromkeys(k for row in rows for k in row if _is_extra(k)))
   with files.atomic_write(os.path.join(workdir, "results.csv"), newline="") as f:
@@ -109,6 +115,13 @@ def collect(points: list, workdir: str) -> list[dict]:
   groups = _group(rows, keys)
   with files.atomic_write(os.path.join(workdir, "results.md")) as f:
     f.write(markdown_table(groups, keys))
+    for title, metrics in (tables or {}).items():
+      f.write(f"\n{title}\n\n" + metric_table(rows, keys, evaluations, metrics))
+    if matched:
+      from capsjax.runs import matched as matched_lib
+
+      finished = {row["run"]: os.path.join(workdir, row["run"]) for row in rows}
+      f.write("\n" + matched_lib.matched_table(finished, **matched))
     if missing:
       f.write(f"\nNot finished ({len(missing)}): {', '.join(missing)}\n")
   _plot(groups, keys, workdir)
@@ -116,6 +129,28 @@ def collect(points: list, workdir: str) -> list[dict]:
     print(f"{len(missing)} of {len(points)} runs not finished: {', '.join(missing)}")
   print(f"Wrote {os.path.join(workdir, 'results.csv')} ({len(rows)} runs) and results.md.")
   return rows
+
+
+def metric_table(rows: list[dict], keys: list[str], evaluations: dict[str, dict],
+                 metrics: list[str]) -> str:
+  """A markdown table of further metrics (``"EVALUATION/KEY"``, in percent): a line per
+  setting, mean ± std over its seeds; ``?`` where no run has the metric."""
+  def value(run, metric):
+    evaluation, _, key = metric.partition("/")
+    found = evaluations.get(run, {}).get(evaluation, {}).get(key)
+    return found if isinstance(found, (int, float)) else None
+
+  header = [*keys, "seeds", *metrics]
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  for group in _group(rows, keys):
+    members = [r["run"] for r in rows if all(r[k] == group["setting"][k] for k in keys)]
+    cells = []
+    for metric in metrics:
+      mean, std = _mean_std([value(run, metric) for run in members])
+      cells.append("?" if mean != mean else _mean_pm(mean, std))
+    lines.append("| " + " | ".join([*(group["setting"][k] or NOT_APPLICABLE for k in keys),
+                                    str(group["seeds"]), *cells]) + " |")
+  return "\n".join(lines) + "\n"
 
 
 def _mean_std(values):

@@ -17,6 +17,7 @@ respect to the input (an attack) writes its ``fn`` with ``jax.grad`` of
 
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 import jax
@@ -63,6 +64,19 @@ class EvalSet:
     self.host = split
 
 
+def _show_progress(label: str | None, done: int, total: int, values) -> None:
+  """``label batch done/total`` on process 0 once ``values`` are computed: every batch on a
+  terminal, about every quarter of the set in a log."""
+  if label is None or jax.process_index() != 0:
+    return
+  from capsjax.runs import reporting
+
+  every = 1 if reporting.is_terminal(sys.stderr) else max(1, -(-total // 4))
+  if done % every == 0 or done == total:
+    jax.block_until_ready(values)
+    reporting.count_progress(f"{label}: batch", done, total)
+
+
 class Runner:
   """Maps functions of a task's variables over :class:`EvalSet`s: jitted per batch, data
   parallel over the mesh.
@@ -106,25 +120,31 @@ class Runner:
     self._steps[kind, fn, make_batch] = step
     return step
 
-  def mean(self, fn: Callable, variables, eval_set: EvalSet) -> dict:
+  def mean(self, fn: Callable, variables, eval_set: EvalSet,
+           progress: str | None = None) -> dict:
     """The means over the set's examples of ``fn(variables, batch)``'s per-example values
     (``(batch,)`` or ``(batch, k)`` each): floats, or lists for ``(batch, k)`` values. ``fn``
-    must be one object across calls (it keys the jit cache)."""
+    must be one object across calls (it keys the jit cache). ``progress``: a label under
+    which to show the batches done (slow functions, e.g. attacks)."""
     step, totals = self._step("mean", fn, eval_set.make_batch), None
     for b in range(eval_set.num_batches):
       sums = step(variables, eval_set.examples, eval_set.shared, eval_set.weights,
                   b * eval_set.batch_size)
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+      _show_progress(progress, b + 1, eval_set.num_batches, totals)
     totals = jax.tree.map(np.asarray, totals)
     n = max(float(totals.pop("count")), 1.0)
     return {k: (v / n).tolist() for k, v in totals.items()}
 
-  def collect(self, fn: Callable, variables, eval_set: EvalSet) -> dict[str, np.ndarray]:
+  def collect(self, fn: Callable, variables, eval_set: EvalSet,
+              progress: str | None = None) -> dict[str, np.ndarray]:
     """``fn(variables, batch)``'s per-example values over the set, ``{name: (size, ...)}``
-    on the host, padding dropped."""
-    step = self._step("collect", fn, eval_set.make_batch)
-    parts = [step(variables, eval_set.examples, eval_set.shared, eval_set.weights,
-                  b * eval_set.batch_size) for b in range(eval_set.num_batches)]
+    on the host, padding dropped; ``progress`` as in :meth:`mean`."""
+    step, parts = self._step("collect", fn, eval_set.make_batch), []
+    for b in range(eval_set.num_batches):
+      parts.append(step(variables, eval_set.examples, eval_set.shared, eval_set.weights,
+                        b * eval_set.batch_size))
+      _show_progress(progress, b + 1, eval_set.num_batches, parts[-1])
     return {k: np.concatenate([np.asarray(p[k]) for p in parts])[:eval_set.size]
             for k in parts[0]}
 

@@ -7,7 +7,8 @@ looks the dataset and the model up in their registries (``config.dataset``,
 ``config.model.name``, a registered name or an import path), builds the model's graph once
 (which validates its settings) and checks the model's contract (:mod:`capsjax.models`) before
 any data is read. The train step, every evaluation, the figures, the benchmark and the
-experiments call :meth:`Task.forward` and nothing else.
+experiments call :meth:`Task.forward` and nothing else (the vote attack also calls
+:meth:`Task.vote_log_probabilities`).
 """
 
 from __future__ import annotations
@@ -135,6 +136,17 @@ class Task:
     loss, parts = model.loss(outputs, batch, step=step)
     return Forward(outputs, loss, parts, model.metrics(outputs, batch),
                    nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))
+
+  def vote_log_probabilities(self, variables: dict, batch: dict) -> jax.Array:
+    """``log_softmax`` of the class scores of the model's votes combined without routing
+    (``model.vote_scores``, models with the ``votes`` capability), in evaluation mode,
+    ``(batch, num_classes)``: what the vote attack (:mod:`capsjax.evaluators.adversarial`)
+    differentiates. A pure function, like :meth:`forward`."""
+    if "votes" not in self.capabilities:
+      raise UsageError(f"config.model.name={self.config.model.name!r} has no class layer "
+                       "that routes votes (no 'votes' capability), so it has no vote attack.")
+    model = nnx.merge(self.graphdef, variables)
+    return jax.nn.log_softmax(model.vote_scores(self.complete_batch(batch)))
 
   def monitors(self) -> list:
     """The model's watches over the per-step train metrics (e.g. the saturation warning)."""

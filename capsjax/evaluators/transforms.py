@@ -1,0 +1,137 @@
+"""Accuracy against how far the test images are moved from what training showed: rotation,
+scale, shear and translation, each swept alone, and the rotation analogue of the novel-
+viewpoint experiments (Hinton, Sabour & Frosst 2018, Sec. 5.1) that this CPU can measure.
+
+    c.data.rotation_degrees, c.data.rotation_probability = 30.0, 1.0
+    c.data.rotation_distribution = "uniform"          # train on every angle within +-30
+    c.evals.transforms = dict(type="transforms", familiar_degrees=30.0, limit=1000)
+
+The familiar rotations are those within +-``familiar_degrees`` (default
+``config.data.rotation_degrees`` when training rotates, else 30), the range training covered;
+the novel ones lie beyond it, up to 90 degrees: ``familiar_rotation_accuracy`` and
+``novel_rotation_accuracy`` average the accuracies of the grid's angles in each range. As with
+smallNORB's novel viewpoints, compare models at matched familiar accuracy
+(:mod:`capsjax.runs.matched`), not at matched training steps.
+
+Settings (``config.evals.NAME``), defaults in brackets:
+  ``rotations``     degrees, counter-clockwise [-90, -75, ..., 90]
+  ``scales``        factors on both axes [0.6, 0.7, ..., 1.4]
+  ``shears``        ``x += k y`` factors [-0.4, -0.3, ..., 0.4]
+  ``translations``  horizontal shifts in px, positive to the right [-6, -4, ..., 6]
+  ``familiar_degrees``, ``split`` [test], ``limit`` [1000, a fair sample]
+
+Every transform is about the image centre, resampled bilinearly on the host with zero fill
+(:func:`capsjax.datasets.affine.warp`; the canvas keeps its size, so large scales and shifts
+cut the digit). It reports ``{kind}_{value:g}_accuracy`` for each, the familiar and novel
+rotation accuracies, ``chance``, ``accuracy`` (the number the training log prints): the
+novel-rotation accuracy, and ``seconds`` (its wall time, compilation included). After a run,
+``NAME_curves.png`` plots the four sweeps, the familiar range shaded, chance dashed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+from capsjax import datasets, evaluators
+from capsjax.common import figures
+from capsjax.common.errors import UsageError
+from capsjax.datasets import affine
+from capsjax.runs import reporting
+
+DEFAULTS = {
+    "rotations": tuple(float(d) for d in range(-90, 91, 15)),
+    "scales": tuple(round(0.6 + 0.1 * k, 1) for k in range(9)),
+    "shears": tuple(round(-0.4 + 0.1 * k, 1) for k in range(9)),
+    "translations": tuple(float(t) for t in range(-6, 7, 2)),
+}
+
+
+def transform(images: np.ndarray, kind: str, value: float) -> np.ndarray:
+  """``images`` ``(n, h, w, c)`` uint8, every one moved by one transform about its centre."""
+  n = len(images)
+  zero, one = np.zeros(n), np.ones(n)
+  translations = np.zeros((n, 2))
+  if kind == "rotations":
+    matrices = affine.linear_part(np.full(n, np.deg2rad(value)), zero, one, one)
+  elif kind == "scales":
+    matrices = affine.linear_part(zero, zero, np.full(n, value), np.full(n, value))
+  elif kind == "shears":
+    matrices = affine.linear_part(zero, np.full(n, value), one, one)
+  elif kind == "translations":
+    matrices, translations[:, 1] = affine.linear_part(zero, zero, one, one), value
+  else:
+    raise ValueError(f"unknown transform {kind!r}")
+  return affine.warp(images, matrices, translations, images.shape[1:3])
+
+
+class TransformsEvaluator(evaluators.Evaluator):
+  """Accuracy per rotation, scale, shear and translation; familiar against novel rotations."""
+  type_name = "transforms"
+
+  def __init__(self, *args):
+    super().__init__(*args)
+    get, where = self.settings.get, f"config.evals.{self.name}"
+    self.sweeps = {kind: tuple(float(v) for v in get(kind, default))
+                   for kind, default in DEFAULTS.items()}
+    trained = float(self.config.data.get("rotation_degrees", 0.0) or 0.0)
+    self.familiar = float(get("familiar_degrees", trained or 30.0))
+    if not 0 <= self.familiar < 90:
+      raise UsageError(f"{where}.familiar_degrees={self.familiar}: give an angle in [0, 90).")
+    if any(s <= 0 for s in self.sweeps["scales"]):
+      raise UsageError(f"{where}.scales={self.sweeps['scales']}: scales must be > 0.")
+    rotations = self.sweeps["rotations"]
+    if not (any(abs(a) <= self.familiar for a in rotations)
+            and any(self.familiar < abs(a) <= 90 for a in rotations)):
+      raise UsageError(f"{where}.rotations={rotations}: give angles within and beyond "
+                       f"familiar_degrees={self.familiar:g} (up to 90).")
+    split = get("split", "test")
+    if split not in self.splits:
+      raise UsageError(f"{where}.split={split!r}: the dataset has {tuple(self.splits)}.")
+    sample = self.splits[split].sample(int(get("limit", 1000) or 0))
+    if "images" not in sample.examples or sample.examples["images"].dtype != np.uint8:
+      raise UsageError(f"{where}: type 'transforms' moves uint8 images; this dataset's "
+                       "examples hold none.")
+    self.num_examples = len(sample)
+    self.sets = {(kind, value): self.runner.eval_set(datasets.Split(
+        {**sample.examples, "images": transform(sample.examples["images"], kind, value)},
+        sample.shared)) for kind, values in self.sweeps.items() for value in values}
+    self.chance = self.runner.task.chance_levels()["accuracy"]
+
+  def run(self, variables) -> dict:
+    result = {}
+    started = time.perf_counter()
+    every = 1 if reporting.is_terminal(sys.stderr) else -(-len(self.sets) // 4)
+    for n, ((kind, value), eval_set) in enumerate(self.sets.items(), 1):
+      result[f"{kind[:-1]}_{value:g}_accuracy"] = self.runner.evaluate(
+          variables, eval_set)["accuracy"]
+      if jax.process_index() == 0 and (n % every == 0 or n == len(self.sets)):
+        reporting.count_progress(f"{self.name}: transformed set", n, len(self.sets))
+    angles = self.sweeps["rotations"]
+    at = lambda a: result[f"rotation_{a:g}_accuracy"]
+    result["familiar_rotation_accuracy"] = float(np.mean(
+        [at(a) for a in angles if abs(a) <= self.familiar]))
+    result["novel_rotation_accuracy"] = float(np.mean(
+        [at(a) for a in angles if self.familiar < abs(a) <= 90]))
+    result["accuracy"] = result["novel_rotation_accuracy"]
+    result["error"] = 1.0 - result["accuracy"]
+    result["chance"] = self.chance
+    result["seconds"] = time.perf_counter() - started  # Compilation included.
+    self.last_result = result
+    return result
+
+  def draw(self, model, workdir: str, writer, step: int) -> None:
+    """``NAME_curves.png``: the last :meth:`run`'s accuracy against each transform."""
+    del model, writer, step
+    result = getattr(self, "last_result", None)
+    if result is None:
+      return
+    curves = {kind: (values, [result[f"{kind[:-1]}_{v:g}_accuracy"] for v in values])
+              for kind, values in self.sweeps.items()}
+    figures.save_transform_curves(
+        os.path.join(workdir, f"{self.name}_curves.png"), curves, self.chance, self.familiar,
+        f"{self.name}: {self.num_examples} test images each")

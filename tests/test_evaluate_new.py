@@ -1,0 +1,79 @@
+"""``python -m capsjax.evaluate --workdir=RUN --evals=FILE``: evaluations a run was trained
+without, end to end through the command, written beside the run's own results."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, write_idx_dataset
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  import mnist
+  from capsjax import train
+
+  idx_dir = write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=160, num_test=40)
+  config = mnist.get_config("smoke")
+  config.data.source, config.data.dir = "idx", str(idx_dir)
+  config.data.validation_size = 32
+  config.train.num_steps = 4
+  workdir = tmp_path_factory.mktemp("run")
+  train.train_and_evaluate(config, str(workdir))
+  return workdir
+
+
+def _evaluate(workdir, *args):
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="2", TF_CPP_MIN_LOG_LEVEL="3")
+  return subprocess.run([sys.executable, "-m", "capsjax.evaluate", f"--workdir={workdir}",
+                         *args], env=env, cwd=REPO, capture_output=True, text=True,
+                        timeout=600)
+
+
+def _digest(path):
+  return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained, tmp_path):
+  """One test, so that the module trains one run (the tests run in parallel)."""
+  summary = _digest(trained / "summary.json")
+  result = _evaluate(trained, "--evals=configs/evals/robustness.py:adversarial,detection,vote,"
+                     "limit=12", "--evals.adversarial.steps=2", "--evals.detection.steps=2",
+                     "--evals.vote_attack.steps=2", "--evals.adversarial.epsilons=0,0.2")
+  assert result.returncode == 0, result.stderr
+  assert _digest(trained / "summary.json") == summary  # The run's own results stay.
+  extra = json.loads((trained / "extra_evaluations.json").read_text())
+  assert set(extra) == {"adversarial", "detection", "vote_attack"}
+  adversarial = extra["adversarial"]
+  assert adversarial["checkpoint_step"] == 4 and adversarial["selected_on"] == "final"
+  assert adversarial["settings"]["epsilons"] == [0, 0.2]  # The override reached it.
+  assert "pgd_eps0.2_accuracy" in adversarial["result"]
+  assert "vote_pgd_eps0.3_accuracy" in extra["vote_attack"]["result"]
+  assert 0 <= extra["detection"]["result"]["false_positive_rate"] <= 1
+  for figure in ("adversarial_accuracy_vs_epsilon.png", "detection_distances.png"):
+    assert (trained / figure).exists()
+  assert "adversarial (checkpoint step 4, final): accuracy" in result.stdout
+
+  # A second call adds its evaluations and keeps the others.
+  again = _evaluate(trained, "--evals=configs/evals/robustness.py:limit=8",
+                    "--evals.adversarial.steps=1", "--evals.adversarial.epsilons=0,0.1")
+  assert again.returncode == 0, again.stderr
+  extra = json.loads((trained / "extra_evaluations.json").read_text())
+  assert set(extra) == {"adversarial", "detection", "vote_attack"}
+  assert extra["adversarial"]["settings"]["limit"] == 8
+
+  clash = tmp_path / "clash.py"
+  clash.write_text("import ml_collections\n\ndef get_config():\n"
+                   "  return ml_collections.ConfigDict({'test': {'type': 'adversarial'}})\n")
+  result = _evaluate(trained, f"--evals={clash}")
+  assert result.returncode == 2 and "already evaluates" in result.stderr
+  assert "Traceback" not in result.stderr
+  unknown = tmp_path / "unknown.py"
+  unknown.write_text("import ml_collections\n\ndef get_config():\n"
+                     "  return ml_collections.ConfigDict({'x': {'type': 'telepathy'}})\n")
+  result = _evaluate(trained, f"--evals={unknown}")
+  assert result.returncode == 2 and "--evals.x.type='telepathy'" in result.stderr

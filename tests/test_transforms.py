@@ -1,0 +1,79 @@
+"""The transforms evaluator: each transform against an independent one, the identities, the
+familiar and novel rotation averages, the figure and the settings it refuses."""
+
+import numpy as np
+import pytest
+
+from capsjax.common.errors import UsageError
+from capsjax.datasets import augment
+from capsjax.evaluators.transforms import transform
+from helpers import write_idx_dataset
+from test_evaluators import build, make_config
+
+SMALL = {"type": "transforms", "rotations": (-60.0, -30.0, 0.0, 45.0, 90.0),
+         "scales": (0.8, 1.0), "shears": (0.0, 0.3), "translations": (0.0, 2.0),
+         "familiar_degrees": 30.0, "limit": 24}
+
+
+@pytest.fixture(scope="module")
+def idx_dir(tmp_path_factory):
+  return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=64, num_test=24)
+
+
+def _images():
+  rng = np.random.default_rng(0)
+  return rng.integers(0, 256, (3, 28, 28, 1)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("kind,value", [("rotations", 0.0), ("scales", 1.0), ("shears", 0.0),
+                                        ("translations", 0.0)])
+def test_the_identity_of_each_transform_changes_nothing(kind, value):
+  images = _images()
+  np.testing.assert_array_equal(transform(images, kind, value), images)
+
+
+def test_a_whole_pixel_translation_is_a_shift_with_zero_fill():
+  images = _images()
+  np.testing.assert_array_equal(transform(images, "translations", 3.0),
+                                augment.shift_images(images, 3, 0))
+
+
+def test_a_quarter_turn_is_counter_clockwise_and_a_half_scale_halves_offsets():
+  image = np.zeros((1, 29, 29, 1), np.uint8)
+  image[0, 14, 22] = 255  # 8 px right of the centre (14, 14).
+  turned = transform(image, "rotations", 90.0)[0, ..., 0]
+  assert np.unravel_index(np.argmax(turned), turned.shape) == (6, 14)  # 8 px above it.
+  scaled = transform(image, "scales", 0.5)[0, ..., 0]
+  assert np.unravel_index(np.argmax(scaled), scaled.shape) == (14, 18)
+  sheared = transform(np.roll(image, 6, axis=1), "shears", 0.5)[0, ..., 0]  # Below by 6 ...
+  assert np.unravel_index(np.argmax(sheared), sheared.shape) == (20, 25)  # x += 0.5 * 6.
+
+
+def test_the_sweeps_and_the_familiar_and_novel_averages(idx_dir, tmp_path):
+  built, params, *_ = build(make_config(idx_dir, transforms=SMALL))
+  evaluator = built["transforms"]
+  result = evaluator.run(params)
+  # The untransformed sets are the sample itself: the accuracy of the test split's sample.
+  test = built["test"].run(params)["accuracy"]
+  for key in ("rotation_0_accuracy", "scale_1_accuracy", "shear_0_accuracy",
+              "translation_0_accuracy"):
+    assert result[key] == pytest.approx(test)
+  familiar = np.mean([result[f"rotation_{a}_accuracy"] for a in ("-30", "0")])
+  novel = np.mean([result[f"rotation_{a}_accuracy"] for a in ("-60", "45", "90")])
+  assert result["familiar_rotation_accuracy"] == pytest.approx(familiar)
+  assert result["novel_rotation_accuracy"] == pytest.approx(novel)
+  assert result["accuracy"] == result["novel_rotation_accuracy"]
+  assert result["chance"] == pytest.approx(0.1)
+  evaluator.draw(None, str(tmp_path), None, 0)
+  assert (tmp_path / "transforms_curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"familiar_degrees": 95.0}, "familiar_degrees=95"),
+    ({"rotations": (0.0, 10.0)}, "within and beyond"),
+    ({"scales": (0.0, 1.0)}, "scales must be > 0"),
+    ({"split": "nope"}, "split='nope'"),
+])
+def test_bad_settings_are_usage_errors(idx_dir, settings, message):
+  with pytest.raises(UsageError, match=message):
+    build(make_config(idx_dir, transforms={**SMALL, **settings}))
