@@ -26,7 +26,7 @@ Without network access, point ``config.data.dir`` at the downloaded archives
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +49,17 @@ def centre_crop(images, size: int):
   """The central ``size`` x ``size`` patch (offset ``(h - size) // 2``, as TF's
   ``resize_image_with_crop_or_pad``)."""
   top, left = (images.shape[1] - size) // 2, (images.shape[2] - size) // 2
+  return images[:, top:top + size, left:left + size]
+
+
+def crop_at(images, size: int, dy: int, dx: int):
+  """The ``size`` x ``size`` patch whose centre is ``(dy, dx)`` px from the central patch's
+  (TF's ``extract_glimpse(centered=True, normalized=False)``, as the matrix-capsule code's
+  ``--patching`` takes them). ValueError if it leaves the image."""
+  h, w = images.shape[1:3]
+  top, left = (h - size) // 2 + dy, (w - size) // 2 + dx
+  if not (0 <= top <= h - size and 0 <= left <= w - size):
+    raise ValueError(f"a {size}x{size} crop at offset ({dy}, {dx}) leaves the {h}x{w} image.")
   return images[:, top:top + size, left:left + size]
 
 
@@ -161,6 +172,23 @@ class TFDSImages(datasets.Builder):
     if self.crop:
       images = centre_crop(images, self.crop)
     return {"images": self._finish(images), "labels": examples["labels"]}
+
+  def eval_batch_at(self, dy: int, dx: int) -> Callable:
+    """An ``eval_batch`` whose crop is moved by ``(dy, dx)`` px from the centre
+    (:func:`crop_at`), for evaluations that average over crops."""
+    if not self.crop:
+      raise UsageError(f"config.dataset={self.name!r} has no crop (config.data.crop=0): "
+                       "there is nothing to move.")
+
+    def make_batch(examples, shared):
+      del shared
+      images = examples["images"]
+      images = (images * 255.0 if jnp.issubdtype(images.dtype, jnp.floating)
+                else images.astype(jnp.float32))
+      images = crop_at(images, self.crop, dy, dx)
+      return {"images": self._finish(images), "labels": examples["labels"]}
+
+    return make_batch
 
   def _finish(self, images):
     return standardize(images) if self.config.data.standardize else images / 255.0

@@ -79,6 +79,7 @@ EVALUATORS = Registry("evaluator", "config.evals.NAME.type", {
     "adversarial": "capsjax.evaluators.adversarial:AdversarialEvaluator",
     "reconstruction_detection": "capsjax.evaluators.detection:ReconstructionDetectionEvaluator",
     "transforms": "capsjax.evaluators.transforms:TransformsEvaluator",
+    "crop_average": "capsjax.evaluators.crops:CropAverageEvaluator",
 }, attribute="type_name")
 
 

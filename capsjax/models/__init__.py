@@ -67,6 +67,7 @@ MODELS = Registry("model", "config.model.name", {
     "capsnet": "capsjax.models.capsnet:CapsNet",
     "baseline_cnn": "capsjax.models.baseline_cnn:BaselineCNN",
     "efficient_capsnet": "capsjax.models.efficient_capsnet:EfficientCapsNet",
+    "em_capsnet": "capsjax.models.em_capsnet:EMCapsNet",
 })
 
 

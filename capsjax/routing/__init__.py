@@ -33,6 +33,7 @@ reference code and the paper differ):
 ``self_attention``                Efficient-CapsNet (Mazzia et al. 2021), one pass.
 ``inverted_dot_product``          Tsai et al. 2020, LayerNorm'd poses, no squash.
 ``self_routing``                  Hahn et al. 2019, a learned routing matrix per child.
+``em``                            Hinton et al. 2018, EM routing (Gaussian parents).
 ================================  =========================================================
 
 Settings: ``config.model.routing`` holds ``name`` and every router's settings
@@ -73,6 +74,7 @@ ROUTERS = Registry("router", "config.model.routing.name", {
     "self_attention": "capsjax.routing.self_attention:ROUTER",
     "inverted_dot_product": "capsjax.routing.inverted_dot_product:ROUTER",
     "self_routing": "capsjax.routing.self_routing:ROUTER",
+    "em": "capsjax.routing.em:ROUTER",
 })
 DEFAULT = "dynamic"
 

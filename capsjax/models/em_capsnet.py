@@ -1,0 +1,226 @@
+"""Matrix capsules with EM routing (Hinton, Sabour & Frosst, ICLR 2018), registered as
+``config.model.name = "em_capsnet"``, in the layout of the authors' code (google-research
+``capsule_em``: ``simple_model.py``, ``em_model.py``, ``em_layers.py``, ``layers.py``)::
+
+    conv1        A@5x5, stride 2, VALID, bias 0.1, ReLU (std 0.05)
+    primary      1x1 conv -> B types of a 4x4 pose and an activation sigmoid(logit - 1)
+    ConvCaps1    C types, K=3, stride 2, VALID, EM routing (3 iterations)
+    ConvCaps2    D types, K=3, stride 1, VALID, EM routing
+    class caps   one 4x4 transform per (type, class) shared over positions, coordinate
+                 addition, EM routing; the class activations are the scores
+    loss         spread loss (margin 0.2 -> 0.99 on the code's schedule) + 2e-7 x the sum of
+                 squared weights / 2 (the code's ``tf.nn.l2_loss``; weights, not biases)
+
+Parameters (A=B=C=D=32, 5 classes, two stereo channels): conv1 1,632; primary 17,408;
+ConvCaps1 147,520; ConvCaps2 147,520; class 2,570; 316,650 (the paper's "310K"). The small
+network (A=64, B=8, C=D=16): 68,618 (the paper's "68K").
+
+Where the paper's text and the code differ, the code is the default and a setting picks (the
+routing's own differences are listed in :mod:`capsjax.routing.em`):
+
+* the spread loss's margin: the code's sigmoid schedule (``loss.margin_schedule="code"``) or
+  the text's linear 0.2 -> 0.9 (``"linear"``, over ``loss.margin_steps``); the code averages
+  the loss over classes (``loss.reduction="mean"``), Eq. 3 sums (``"sum"``);
+* coordinate addition: the code adds the receptive field's centre (column, row) to the first
+  two pose entries, the text to the first two entries of the right-hand column
+  (``model.class_capsules.coordinate_addition``, :class:`~capsjax.models.em_layers.ClassCapsules`);
+* a child in several receptive fields: the code normalises its assignments per output type
+  over stride-1 groups (``model.conv_caps.normalisation``,
+  :mod:`capsjax.models.em_layers`);
+* the primary capsules' interleaved kernel columns (``model.primary.layout``);
+* inverse temperatures: 0.01 in the convolutional capsule layers, 0.01 / 4 at the class
+  layer (``model.conv_caps.inverse_temperature``, ``model.routing.inverse_temperature``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from capsjax import routing
+from capsjax.common.errors import UsageError
+from capsjax.models import em_layers, layers, losses, metrics
+from capsjax.models.outputs import Outputs
+
+
+def conv_routing_settings(config: ml_collections.ConfigDict, class_settings: dict) -> dict:
+  """The convolutional capsule layers' routing settings: the class router's, with the
+  layer's own inverse temperature, mass epsilon and beta inits (``config.conv_caps``)."""
+  settings = dict(class_settings)
+  for key in ("inverse_temperature", "mass_epsilon", "beta_u_init", "beta_a_init"):
+    settings[key] = config.conv_caps[key]
+  return settings
+
+
+def grids(config: ml_collections.ConfigDict) -> list[int]:
+  """Spatial size (one side) after conv1 and each convolutional capsule layer."""
+  size = (min(config.image_shape[:2]) - config.conv1.kernel_size) // config.conv1.stride + 1
+  sizes = [size]
+  for k, s in zip(config.conv_caps.kernel_sizes, config.conv_caps.strides):
+    sizes.append((sizes[-1] - k) // s + 1)
+  return sizes
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Raises UsageError naming the ``config.model`` key that cannot work."""
+  router, settings = routing.resolve(config.routing)
+  if router.name != "em":
+    raise UsageError(f"config.model.routing.name={router.name!r}: em_capsnet routes its class "
+                     "capsules with EM routing; leave it 'em' (other routers run on the "
+                     "capsnet and efficient_capsnet backbones).")
+  caps = config.conv_caps
+  n = len(tuple(caps.types))
+  if n != len(tuple(caps.kernel_sizes)) or n != len(tuple(caps.strides)):
+    raise UsageError(f"config.model.conv_caps.types, kernel_sizes and strides must have one "
+                     f"length, got {tuple(caps.types)}, {tuple(caps.kernel_sizes)}, "
+                     f"{tuple(caps.strides)}.")
+  if caps.normalisation not in em_layers.NORMALISATIONS:
+    raise UsageError(f"config.model.conv_caps.normalisation must be one of "
+                     f"{em_layers.NORMALISATIONS}, got {caps.normalisation!r}.")
+  routing.get("em").check(conv_routing_settings(config, settings))
+  if config.class_capsules.coordinate_addition not in em_layers.COORDINATE_ADDITIONS:
+    raise UsageError(f"config.model.class_capsules.coordinate_addition must be one of "
+                     f"{em_layers.COORDINATE_ADDITIONS}, "
+                     f"got {config.class_capsules.coordinate_addition!r}.")
+  if config.primary.layout not in em_layers.PRIMARY_LAYOUTS:
+    raise UsageError(f"config.model.primary.layout must be one of {em_layers.PRIMARY_LAYOUTS}, "
+                     f"got {config.primary.layout!r}.")
+  if config.image_shape[0] != config.image_shape[1]:
+    raise UsageError(f"config.model.image_shape {tuple(config.image_shape)}: em_capsnet takes "
+                     "square images (the code's receptive-field grouping assumes it).")
+  if min(grids(config)) < 1:
+    raise UsageError(f"config.model.image_shape {tuple(config.image_shape)} is too small for "
+                     f"conv1 and the capsule layers' kernels and strides (grids "
+                     f"{grids(config)}).")
+
+
+class EMCapsNet(nnx.Module):
+  """conv1 -> primary capsules -> convolutional capsules (EM) -> class capsules (EM)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs,
+               loss: ml_collections.ConfigDict | None = None):
+    """``config`` is ``config.model`` (``configs/em_mnist.py``); ``loss`` is ``config.loss``."""
+    validate_config(config)
+    _, class_settings = routing.resolve(config.routing)
+    conv_settings = conv_routing_settings(config, class_settings)
+    pose = config.pose_size
+    self.conv1 = layers.Conv2D(config.image_shape[2], config.conv1.features,
+                               config.conv1.kernel_size, config.conv1.stride,
+                               impl=config.conv_impl, init_scale=config.conv1.init_scale,
+                               bias_init=config.conv1.bias_init, rngs=rngs)
+    self.primary_capsules = em_layers.PrimaryCapsules(
+        config.conv1.features, config.primary.types, pose,
+        pose_init=config.primary.pose_init, activation_init=config.primary.activation_init,
+        activation_offset=config.primary.activation_offset, layout=config.primary.layout,
+        rngs=rngs)
+    caps = config.conv_caps
+    types = [config.primary.types, *caps.types]
+    self.conv_capsules = nnx.List([
+        em_layers.ConvCapsules(a, b, k, s, pose, init_scale=caps.init_scale,
+                               settings=conv_settings, normalisation=caps.normalisation,
+                               rngs=rngs)
+        for a, b, k, s in zip(types, types[1:], caps.kernel_sizes, caps.strides)])
+    stack = [(config.conv1.kernel_size, config.conv1.stride),
+             *zip(caps.kernel_sizes, caps.strides)]
+    centres = em_layers.receptive_field_centres(config.image_shape[0], stack)
+    self.class_capsules = em_layers.ClassCapsules(
+        types[-1], config.num_classes, pose, init_scale=config.class_capsules.init_scale,
+        coordinate_addition=config.class_capsules.coordinate_addition, row_centres=centres,
+        column_centres=centres, settings=class_settings, rngs=rngs)
+    loss = loss or default_loss()
+    check_loss(loss)
+    self.loss_items = tuple(sorted(loss.items()))  # Hashable, static.
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> "EMCapsNet":
+    return cls(config.model, rngs=rngs, loss=config.get("loss"))
+
+  validate_config = staticmethod(validate_config)
+
+  @staticmethod
+  def resolve_config(config: ml_collections.ConfigDict) -> None:
+    """Writes the class router's settings in effect into ``config.routing``."""
+    routing.fill(config.routing)
+
+  def capsules(self, images: jax.Array, *, diagnostics: bool = False):
+    """``(batch, h, w, c)`` -> class poses ``(batch, classes, 16)``, class activations
+    ``(batch, classes)`` and ``{name: (batch, iterations)}`` diagnostics of every EM layer
+    (``caps1_...``, ``caps2_...``, and the class layer's without prefix)."""
+    poses, activations = self.primary_capsules(jax.nn.relu(self.conv1(images)))
+    found = {}
+    for n, layer in enumerate(self.conv_capsules, start=1):
+      poses, activations, measured = layer(poses, activations, diagnostics=diagnostics)
+      found.update({f"caps{n}_{k}": v for k, v in measured.items()})
+    poses, activations, measured = self.class_capsules(poses, activations,
+                                                       diagnostics=diagnostics)
+    found.update(measured)
+    return poses, activations, found
+
+  def apply(self, batch: dict, *, train: bool, rng: jax.Array | None = None) -> Outputs:
+    """Class activations as scores; routing diagnostics at evaluation."""
+    del rng  # Nothing random in the forward pass.
+    labels = batch["labels"]
+    per_example = labels.shape[1] if labels.ndim == 2 else 1
+    poses, scores, diagnostics = self.capsules(batch["images"], diagnostics=not train)
+    return Outputs(scores=scores, predictions=metrics.predictions(scores, per_example),
+                   log_probabilities=jax.nn.log_softmax(scores), score_kind="activations",
+                   class_capsules=poses, diagnostics=None if train else diagnostics)
+
+  def weight_decay(self) -> jax.Array:
+    """``sum over weight tensors of |W|^2 / 2`` (``tf.nn.l2_loss`` of each, as the code's
+    ``weight_variable`` adds them; biases and beta are not decayed)."""
+    weights = [self.conv1.kernel, self.primary_capsules.pose_kernel,
+               self.primary_capsules.activation_kernel, self.class_capsules.weights,
+               *(layer.weights for layer in self.conv_capsules)]
+    return sum(0.5 * jnp.sum(jnp.square(w[...])) for w in weights)
+
+  def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None
+           ) -> tuple[jax.Array, dict]:
+    """The spread loss at ``step``'s margin (:func:`capsjax.models.losses.spread_margin`)
+    plus ``loss.weight_decay`` x :meth:`weight_decay` on every example (so the batch mean is
+    the code's total loss)."""
+    settings = dict(self.loss_items)
+    labels = batch["labels"]
+    if labels.ndim != 1:
+      raise UsageError("em_capsnet's spread loss takes one label per image.")
+    margin = losses.spread_margin(step, settings["margin_schedule"], settings["margin_steps"])
+    spread = losses.spread_loss_per_example(outputs.scores, labels, margin,
+                                            settings["reduction"])
+    decay = settings["weight_decay"] * self.weight_decay() * jnp.ones_like(spread)
+    return spread + decay, {"spread_loss": spread, "weight_decay": decay,
+                            "margin": margin * jnp.ones_like(spread)}
+
+  def metrics(self, outputs: Outputs, batch: dict) -> dict:
+    """``accuracy`` and, at evaluation, every EM layer's diagnostics ``(batch, iterations)``
+    (``caps1_activation_mean``, ..., the class layer's ``coupling_entropy``, ...)."""
+    result = metrics.label_sets_correct(outputs.scores, batch["labels"])
+    result.update(outputs.diagnostics or {})
+    return result
+
+  def capabilities(self) -> frozenset[str]:
+    return frozenset({"routing_diagnostics"})
+
+
+def default_loss() -> ml_collections.ConfigDict:
+  """``config.loss`` of em_capsnet: the code's margin schedule, mean over classes, 2e-7."""
+  return ml_collections.ConfigDict(dict(
+      margin_schedule="code",   # Or "linear" (the paper's text).
+      margin_steps=400_000,     # For "linear": steps from 0.2 to 0.9.
+      reduction="mean",         # The code's mean over classes; "sum": Eq. 3.
+      weight_decay=2e-7,        # x l2_loss of the weights (code's utils.weight_variable).
+  ))
+
+
+def check_loss(loss: ml_collections.ConfigDict) -> None:
+  """UsageError naming the ``config.loss`` key that cannot work."""
+  if loss.margin_schedule not in losses.MARGIN_SCHEDULES:
+    raise UsageError(f"config.loss.margin_schedule must be one of {losses.MARGIN_SCHEDULES}, "
+                     f"got {loss.margin_schedule!r}.")
+  if loss.reduction not in ("mean", "sum"):
+    raise UsageError(f"config.loss.reduction must be 'mean' (code) or 'sum' (Eq. 3), "
+                     f"got {loss.reduction!r}.")
+  if not loss.weight_decay >= 0 or not loss.margin_steps > 0:
+    raise UsageError(f"config.loss.weight_decay must be >= 0 and margin_steps > 0, got "
+                     f"{loss.weight_decay!r} and {loss.margin_steps!r}.")

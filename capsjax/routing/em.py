@@ -1,0 +1,265 @@
+"""EM routing (router ``"em"``): Hinton, Sabour & Frosst, ICLR 2018, "Matrix capsules with EM
+routing", as the authors' released code has it (google-research/google-research, folder
+``capsule_em``, ``em_layers.py``: ``update_em_routing`` and ``update_conv_routing``).
+
+Every parent j is a Gaussian over the votes V_ij (a ``p x p`` pose flattened to D = p^2
+numbers, diagonal covariance) whose activation a_j says whether it is present. Each iteration
+is an M-step then an E-step (the paper's Procedure 1; what the code computes, with its
+constants, for iteration ``t = 0, 1, ...``)::
+
+    lambda_t = lambda (1 - 0.95^(t+1))                        # inverse temperature
+    w_ij     = R_ij a_i                                       # R: assignments, a_i: children
+    m_j      = sum_i w_ij + eps_mass                          # the parent's "mass"
+    mu_j     = 0.9 sum_i w_ij V_ij / m_j + 0.1 mu_j(t-1)      # damped; mu_j(-1) = 0
+    var_j    = min_var + sum_i w_ij (V_ij - mu_j)^2 / m_j     # per pose element
+    logit_j  = lambda_t (m_j (-sum_h log var_jh - beta_u D (log 2pi + 1)) - 5000 beta_a)
+    log p_ij = log sigmoid(logit_j) - (D log 2pi + sum_h log var_jh) / 2
+               - sum_h (V_ijh - mu_jh)^2 / (2 var_jh)         # E-step, in log space
+    R_ij     = normalise(log p_ij)                            # over the parents of child i
+
+with R starting uniform over the parents (1/out_caps), and a_j = sigmoid(logit_j) of the last
+M-step (the last E-step is not needed and not computed). ``normalise`` is a softmax over the
+parents for the fully connected class layer; the convolutional layers' grouping is in
+:mod:`capsjax.models.em_layers`. The paper's text and the code differ; the code is the
+default and each difference a setting:
+
+* the paper's cost ``(beta_u + log sigma_h) sum_i r_ij`` becomes ``m_j (beta_u D (log 2pi +
+  1) + sum_h log var_jh)`` (a Gaussian's entropy), and beta_a is scaled by
+  ``activation_bias_scale`` = 5000 with its sign flipped (``logit = lambda (cost - 5000
+  beta_a)``);
+* lambda grows as ``1 - 0.95^(t+1)`` towards ``inverse_temperature`` (0.01 in the code's
+  convolutional layers, 0.01 / 4 at the class layer, this router's default); the paper gives no
+  schedule;
+* the mean is damped (``mean_damping`` = 0.1 of the previous one, which starts at zero: the
+  first mean is 0.9 of the weighted average); the paper has none;
+* the variance has a floor ``min_variance`` = 0.0005 (none in the paper), the mass an epsilon
+  (``mass_epsilon``: 1e-5 here, 1e-7 in the code's convolutional layers);
+* no stop-gradient (the authors: "We do not use stop gradient"); ``stop_gradient`` stops it
+  on the assignments between iterations, as many reimplementations do.
+
+The code's ``leaky`` flag for this layer calls a ``leaky_routing`` that the released code does
+not define; it is not offered.
+
+Numerical safety: the E-step is a log-likelihood, normalised with a softmax, so no density is
+exponentiated alone; the variance floor keeps ``log var`` finite for a parent with one child
+or identical votes; with all children inactive the mass is ``mass_epsilon`` and the mean 0.
+Nothing is clamped beyond the code's floor and epsilons: votes whose squares overflow float32
+(above ~1e19) give Inf.
+
+Shapes: the routing runs on votes ``(batch, children, out_caps, positions, D)``: for the class
+layer ``positions`` = 1; for a convolutional layer the children are a parent's receptive field
+(``in_types x k x k``) and ``positions`` the parents' grid.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from capsjax.common.errors import UsageError
+from capsjax.routing.core import ParamSpec, Router, RoutingResult, check_iterations
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+SETTINGS = {
+    "iterations": 3,                  # The code's routing_iteration.
+    "stop_gradient": False,           # The authors: "We do not use stop gradient".
+    "inverse_temperature": 0.0025,    # lambda: the code's final_beta 0.01, / 4 at the class layer.
+    "temperature_growth": 0.95,       # lambda_t = lambda (1 - growth^(t+1)).
+    "mean_damping": 0.1,              # mu = 0.9 new + 0.1 previous (code).
+    "min_variance": 0.0005,           # The code's min_var.
+    "mass_epsilon": 1e-5,             # Added to sum_i R_ij a_i (class layer: 1e-5).
+    "activation_bias_scale": 5000.0,  # logit = lambda (cost - 5000 beta_a) (code).
+    "beta_u_init": 2.0,               # The class layer's sigma_biases.
+    "beta_a_init": 1.0,               # The class layer's activation_biases.
+}
+
+
+class MStep(NamedTuple):
+  """The parents after an M-step, each ``(batch, out_caps, positions[, D])``."""
+  mean: jax.Array
+  variance: jax.Array
+  logit: jax.Array
+  mass: jax.Array
+
+
+class EMResult(NamedTuple):
+  """EM routing's output.
+
+  Attributes:
+    poses: the parents' means ``(batch, out_caps, positions, D)``.
+    activations: ``sigmoid(logit)``, ``(batch, out_caps, positions)``.
+    diagnostics: ``{name: (batch, iterations)}`` (empty unless asked for):
+      ``activation_mean`` and ``activation_spread`` (mean and standard deviation of the
+      parents' activations), ``coupling_entropy`` (nats per child, of the assignments R the
+      M-step used), ``log_sigma`` (mean ``log sigma`` of the parents).
+  """
+  poses: jax.Array
+  activations: jax.Array
+  diagnostics: dict
+
+
+def inverse_temperatures(final: float, growth: float, iterations: int) -> jax.Array:
+  """``lambda_t = final (1 - growth^(t+1))``, ``t = 0 .. iterations-1`` (code's schedule)."""
+  return final * (1.0 - growth ** jnp.arange(1, iterations + 1, dtype=jnp.float32))
+
+
+def m_step(votes: jax.Array, weights: jax.Array, previous_mean: jax.Array, beta_u: jax.Array,
+           beta_a: jax.Array, inverse_temperature, settings: dict) -> MStep:
+  """The M-step: each parent's Gaussian and activation from its weighted votes.
+
+  Args:
+    votes: ``(batch, children, out_caps, positions, D)``.
+    weights: ``R_ij a_i``, ``(batch, children, out_caps, positions)``.
+    previous_mean: ``(batch, out_caps, positions, D)``, the last iteration's mean (zeros).
+    beta_u, beta_a: ``(out_caps,)``.
+    inverse_temperature: lambda_t, a scalar.
+    settings: ``mean_damping``, ``min_variance``, ``mass_epsilon``, ``activation_bias_scale``.
+  """
+  d = votes.shape[-1]
+  mass = jnp.sum(weights, axis=1) + settings["mass_epsilon"]                # (b, o, p)
+  # Sums over the children as reductions of elementwise products, which XLA fuses into one
+  # pass over the votes (a dot would materialise (votes - mean)^2).
+  w = weights[..., None]
+  average = jnp.sum(w * votes, axis=1) / mass[..., None]
+  damping = settings["mean_damping"]
+  mean = (1.0 - damping) * average + damping * previous_mean
+  spread = jnp.sum(w * jnp.square(votes - mean[:, None]), axis=1)
+  variance = settings["min_variance"] + spread / mass[..., None]
+  log_det = jnp.sum(jnp.log(variance), axis=-1)                             # sum_h log var
+  cost = mass * (-log_det - beta_u[:, None] * d * (_LOG_2PI + 1.0))
+  logit = inverse_temperature * (cost - settings["activation_bias_scale"] * beta_a[:, None])
+  return MStep(mean, variance, logit, mass)
+
+
+def log_likelihood(votes: jax.Array, parents: MStep) -> jax.Array:
+  """The E-step's unnormalised log assignment ``log a_j + log N(V_ij; mu_j, var_j)``,
+  ``(batch, children, out_caps, positions)``."""
+  d = votes.shape[-1]
+  log_det = jnp.sum(jnp.log(parents.variance), axis=-1)
+  squared = jnp.sum(jnp.square(votes - parents.mean[:, None])
+                    / (2.0 * parents.variance[:, None]), axis=-1)
+  return (jax.nn.log_sigmoid(parents.logit) - 0.5 * (d * _LOG_2PI + log_det))[:, None] - squared
+
+
+def assignment_entropy(assignments: jax.Array, num_children: int) -> jax.Array:
+  """``-sum R log R`` over every (child slot, parent) per example, divided by the number of
+  children: the mean entropy of a child's assignments, ``(batch,)``."""
+  r = assignments
+  terms = jnp.where(r > 0, r * jnp.log(jnp.where(r > 0, r, 1.0)), 0.0)
+  return -jnp.sum(terms.reshape(r.shape[0], -1), axis=1) / num_children
+
+
+def em_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta_a: jax.Array,
+               *, settings: dict, normalise: Callable[[jax.Array], jax.Array],
+               initial: jax.Array | float | None = None, num_children: int | None = None,
+               diagnostics: bool = False) -> EMResult:
+  """EM routing of ``votes`` (the module docstring has the equations).
+
+  Args:
+    votes: ``(batch, children, out_caps, positions, D)``.
+    activations: the children's a_i, broadcastable to ``(batch, children, out_caps,
+      positions)`` (e.g. ``(batch, children, 1, positions)``).
+    beta_u, beta_a: ``(out_caps,)``.
+    settings: the router's (:data:`SETTINGS`).
+    normalise: ``log p (batch, children, out_caps, positions) -> R``, the E-step's
+      normalisation over each child's parents.
+    initial: the first assignments R (default ``1 / out_caps``, the code's ``softmax`` of
+      zeros over output types).
+    num_children: the children that the assignments cover, for ``coupling_entropy``
+      (default ``children``).
+    diagnostics: also return the per-iteration diagnostics.
+  """
+  iterations = settings["iterations"]
+  check_iterations(iterations)
+  batch, children, out_caps, positions, d = votes.shape
+  lambdas = inverse_temperatures(settings["inverse_temperature"],
+                                 settings["temperature_growth"], iterations)
+  assignments = jnp.broadcast_to(1.0 / out_caps if initial is None else initial,
+                                 (batch, children, out_caps, positions)).astype(votes.dtype)
+  mean = jnp.zeros((batch, out_caps, positions, d), votes.dtype)
+  measured = jnp.zeros((4, iterations, batch), votes.dtype)
+
+  def measure(measured, t, assignments, parents):
+    if not diagnostics:
+      return measured
+    # Measurements, not objectives: no gradient (the std's is NaN where all parents agree).
+    assignments, parents = jax.lax.stop_gradient((assignments, parents))
+    a = jax.nn.sigmoid(parents.logit).reshape(batch, -1)
+    row = jnp.stack([jnp.mean(a, axis=1), jnp.std(a, axis=1),
+                     assignment_entropy(assignments, num_children or children),
+                     0.5 * jnp.mean(jnp.log(parents.variance).reshape(batch, -1), axis=1)])
+    return measured.at[:, t].set(row)
+
+  def iteration(t, carry):
+    assignments, mean, measured = carry
+    parents = m_step(votes, assignments * activations, mean, beta_u, beta_a, lambdas[t],
+                     settings)
+    measured = measure(measured, t, assignments, parents)
+    assignments = normalise(log_likelihood(votes, parents))
+    if settings["stop_gradient"]:
+      assignments = jax.lax.stop_gradient(assignments)
+    return assignments, parents.mean, measured
+
+  assignments, mean, measured = jax.lax.fori_loop(0, iterations - 1, iteration,
+                                                  (assignments, mean, measured))
+  parents = m_step(votes, assignments * activations, mean, beta_u, beta_a,
+                   lambdas[iterations - 1], settings)
+  found = {}
+  if diagnostics:
+    measured = measure(measured, iterations - 1, assignments, parents)
+    names = ("activation_mean", "activation_spread", "coupling_entropy", "log_sigma")
+    found = {name: measured[k].T for k, name in enumerate(names)}
+  return EMResult(parents.mean, jax.nn.sigmoid(parents.logit), found)
+
+
+def check(settings: dict) -> None:
+  """UsageError naming the setting whose value EM routing cannot use."""
+  check_iterations(settings["iterations"])
+  for key in ("inverse_temperature", "min_variance", "mass_epsilon"):
+    if not (isinstance(settings[key], (int, float)) and settings[key] > 0):
+      raise UsageError(f"config.model.routing.{key} must be a number > 0, "
+                       f"got {settings[key]!r}.")
+  for key in ("temperature_growth", "mean_damping"):
+    if not (isinstance(settings[key], (int, float)) and 0 <= settings[key] < 1):
+      raise UsageError(f"config.model.routing.{key} must be in [0, 1), got {settings[key]!r}.")
+
+
+def _constant(value: float):
+  return lambda key, shape: jnp.full(shape, value, jnp.float32)
+
+
+def parameters(in_caps: int, in_dim: int, out_caps: int, out_dim: int, settings: dict) -> dict:
+  """beta_u and beta_a, one per parent capsule (the code's sigma_biases, activation_biases)."""
+  del in_caps, in_dim, out_dim
+  return {"beta_u": ParamSpec((out_caps,), _constant(settings["beta_u_init"])),
+          "beta_a": ParamSpec((out_caps,), _constant(settings["beta_a_init"]))}
+
+
+def route(votes, *, inputs=None, activations, params, rng=None, settings, train=False,
+          diagnostics=False) -> RoutingResult:
+  """The router interface (:mod:`capsjax.routing`): fully connected EM routing, the
+  assignments of each child a softmax over the parents (the code's ``update_em_routing``).
+
+  Args:
+    votes: ``(batch, in_caps, out_caps, D)``: D numbers of a pose (16 for 4x4; vector
+      capsules' votes route the same way, each element a Gaussian dimension).
+    activations: the children's a_i ``(batch, in_caps)`` (vector capsules: their lengths).
+    params: ``beta_u``, ``beta_a``, ``(out_caps,)``.
+
+  Returns:
+    Parent poses (the means) ``(batch, out_caps, D)`` and activations ``(batch, out_caps)``.
+  """
+  del inputs, rng, train
+  result = em_routing(votes[:, :, :, None, :], activations[:, :, None, None], params["beta_u"],
+                      params["beta_a"], settings=settings,
+                      normalise=lambda log_p: jax.nn.softmax(log_p, axis=2),
+                      diagnostics=diagnostics)
+  return RoutingResult(result.poses[:, :, 0], result.activations[:, :, 0], result.diagnostics)
+
+
+ROUTER = Router(name="em", settings=SETTINGS, route=route, parameters=parameters, check=check,
+                yields_activations=True, squashes=False)

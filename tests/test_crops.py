@@ -1,0 +1,56 @@
+"""Crops moved from the centre (capsjax/datasets/images.py: crop_at) and the crop-averaging
+evaluator (capsjax/evaluators/crops.py)."""
+
+import numpy as np
+import pytest
+
+from capsjax.datasets.images import centre_crop, crop_at
+from capsjax.evaluators.crops import CODE_OFFSETS
+
+
+def test_crop_at_moves_the_centre_crop_by_the_offset():
+  images = np.arange(2 * 48 * 48 * 2).reshape(2, 48, 48, 2)
+  np.testing.assert_array_equal(crop_at(images, 32, 0, 0), centre_crop(images, 32))
+  np.testing.assert_array_equal(crop_at(images, 32, 1, -2), images[:, 9:41, 6:38])
+  np.testing.assert_array_equal(crop_at(images, 32, -8, 8), images[:, 0:32, 16:48])
+  with pytest.raises(ValueError, match=r"offset \(9, 0\) leaves the 48x48 image"):
+    crop_at(images, 32, 9, 0)
+
+
+def test_the_codes_thirteen_crops():
+  assert len(set(CODE_OFFSETS)) == 13 and CODE_OFFSETS[0] == (0, 0)
+  assert {abs(dy) for dy, _ in CODE_OFFSETS[1:]} == {1, 2, 3}
+  assert all(abs(dy) == abs(dx) for dy, dx in CODE_OFFSETS)  # Diagonal shifts only.
+
+
+def test_offsets_beyond_the_image_are_refused(tmp_path):
+  import smallnorb_em
+  import tensorflow_datasets as tfds
+  from capsjax.common.errors import UsageError
+  from capsjax.training.runtime import Runtime
+
+  config = smallnorb_em.get_config("smoke")
+  config.evals.patching.offsets = ((0, 0), (9, 9))
+  with tfds.testing.mock_data(num_examples=32), pytest.raises(
+      UsageError, match=r"patching.offsets=.*moves at most \(8, 8\) px"):
+    Runtime(config).load().evaluations()
+
+
+def test_smallnorb_em_trains_on_mock_data_and_its_centre_crop_is_the_test_set(tmp_path):
+  """configs/smallnorb_em.py end to end on tfds mock data (smallNORB cannot be downloaded
+  here): the crop-averaging evaluation's centre crop scores what the test evaluation does."""
+  import smallnorb_em
+  import tensorflow_datasets as tfds
+  from capsjax import train
+
+  config = smallnorb_em.get_config("smoke")
+  assert tuple(config.evals.patching.get("offsets", CODE_OFFSETS)) == CODE_OFFSETS
+  config.train.num_steps = 2
+  config.evals.patching.offsets = ((0, 0), (1, 1), (-3, 3))
+  with tfds.testing.mock_data(num_examples=64):
+    summary = train.train_and_evaluate(config, tmp_path)
+  assert summary["step"] == 2 and np.isfinite(summary["test_loss"])
+  patching = summary["evaluations"]["patching"]
+  assert patching["crops"] == 3 and patching["chance"] == 0.2
+  assert patching["centre_accuracy"] == summary["test_accuracy"]
+  assert 0.0 <= patching["accuracy"] <= 1.0

@@ -1,0 +1,152 @@
+"""The matrix-capsule model (capsjax/models/em_capsnet.py): sizes from the layer shapes, the
+spread loss and its margin schedules, weight decay, and runs that learn."""
+
+import math
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from capsjax import models, train
+from capsjax.common.errors import UsageError
+from capsjax.models import em_capsnet, losses
+from capsjax.runs.runconfig import import_config_file
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+em_mnist = import_config_file(CONFIGS / "em_mnist.py")
+
+
+def model_config(image_shape=(32, 32, 2), classes=5, **sizes):
+  c = em_mnist.em_model(**sizes)
+  c.image_shape, c.num_classes = image_shape, classes
+  return c
+
+
+def parts(model):
+  return {name: sum(x.size for x in jax.tree.leaves(nnx.state(getattr(model, name), nnx.Param)))
+          for name in ("conv1", "primary_capsules", "conv_capsules", "class_capsules")}
+
+
+def test_parameter_counts_of_the_papers_networks():
+  # smallNORB, both stereo images, A=B=C=D=32: 5x5x2x32 + 32; 32x32x17; 32x9x32x16 + 2x32
+  # (twice); 32x16x5 + 2x5.
+  model = em_capsnet.EMCapsNet(model_config(), rngs=nnx.Rngs(0))
+  assert parts(model) == {"conv1": 1632, "primary_capsules": 17408,
+                          "conv_capsules": 2 * 147520, "class_capsules": 2570}
+  assert models.count_params(model) == 316650
+  small = em_capsnet.EMCapsNet(model_config(conv1=64, primary=8, caps=(16, 16)),
+                               rngs=nnx.Rngs(0))
+  assert parts(small) == {"conv1": 5 * 5 * 2 * 64 + 64, "primary_capsules": 64 * 8 * 17,
+                          "conv_capsules": 8 * 9 * 16 * 16 + 32 + 16 * 9 * 16 * 16 + 32,
+                          "class_capsules": 16 * 16 * 5 + 10}
+  assert models.count_params(small) == 68618
+
+
+def test_the_spread_loss_by_hand():
+  activations = jnp.array([[0.9, 0.5, 0.1], [0.2, 0.6, 0.3]])
+  labels = jnp.array([0, 2])
+  # Example 0: class 1 within the margin 0.5 by 0.1 -> 0.01; class 2 outside. Example 1: class 0
+  # 0.5 - 0.1 = 0.4 -> 0.16; class 1: 0.5 + 0.3 = 0.8 -> 0.64.
+  np.testing.assert_allclose(losses.spread_loss_per_example(activations, labels, 0.5, "sum"),
+                             [0.01, 0.80], rtol=1e-5)
+  np.testing.assert_allclose(losses.spread_loss_per_example(activations, labels, 0.5),
+                             [0.01 / 3, 0.80 / 3], rtol=1e-5)
+
+
+def test_margin_schedules():
+  sigmoid = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+  for step, expected in ((0, 0.2 + 0.79 * sigmoid(-4)), (200_000, 0.595),
+                         (10**7, 0.2 + 0.79 * sigmoid(10))):
+    np.testing.assert_allclose(losses.spread_margin(jnp.asarray(step)), expected, rtol=1e-6)
+  np.testing.assert_allclose(losses.spread_margin(None), 0.2 + 0.79 * sigmoid(10), rtol=1e-6)
+  for step, expected in ((0, 0.2), (100, 0.55), (200, 0.9), (400, 0.9)):
+    np.testing.assert_allclose(losses.spread_margin(jnp.asarray(step), "linear", 200),
+                               expected, rtol=1e-6)
+
+
+def test_weight_decay_covers_the_weights_not_the_biases():
+  model = em_capsnet.EMCapsNet(model_config(conv1=4, primary=2, caps=(2, 2)), rngs=nnx.Rngs(0))
+  state = nnx.to_flat_state(nnx.state(model, nnx.Param))
+  expected = sum(0.5 * float(np.sum(np.square(v[...]))) for path, v in state
+                 if path[-1] in ("kernel", "pose_kernel", "activation_kernel", "weights"))
+  np.testing.assert_allclose(float(model.weight_decay()), expected, rtol=1e-5)
+  images = jnp.zeros((2, 32, 32, 2))
+  batch = {"images": images, "labels": jnp.array([0, 1])}
+  loss, named = model.loss(model.apply(batch, train=True), batch, step=jnp.asarray(0))
+  np.testing.assert_allclose(named["weight_decay"], 2e-7 * expected, rtol=1e-5)
+  np.testing.assert_allclose(loss, named["spread_loss"] + named["weight_decay"], rtol=1e-6)
+
+
+def test_bad_settings_are_refused_naming_the_key():
+  for key, value, message in (
+      ("conv_caps.normalisation", "stride", "normalisation must be one of"),
+      ("class_capsules.coordinate_addition", "left", "coordinate_addition must be one of"),
+      ("primary.layout", "mixed", "layout must be one of"),
+      ("routing.name", "dynamic", "routes its class capsules with EM"),
+      ("conv_caps.inverse_temperature", 0.0, "inverse_temperature must be a number > 0")):
+    config = model_config()
+    section, name = key.split(".")
+    config[section][name] = value
+    with pytest.raises(UsageError, match=message):
+      em_capsnet.EMCapsNet(config, rngs=nnx.Rngs(0))
+  with pytest.raises(UsageError, match="too small"):
+    em_capsnet.EMCapsNet(model_config(image_shape=(12, 12, 1)), rngs=nnx.Rngs(0))
+  loss = em_capsnet.default_loss()
+  loss.margin_schedule = "cosine"
+  with pytest.raises(UsageError, match="margin_schedule must be one of"):
+    em_capsnet.EMCapsNet(model_config(), rngs=nnx.Rngs(0), loss=loss)
+
+
+def test_it_learns_to_separate_two_classes():
+  """Adam at the code's rate classifies one batch of two classes and pulls the true class's
+  activation above the other's. (At the code's small inverse temperatures the activations
+  move slowly: the spread loss falls a few percent in 100 steps, as in the code's long runs.)"""
+  model = em_capsnet.EMCapsNet(model_config((20, 20, 1), 2, conv1=8, primary=4, caps=(4, 4)),
+                               rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(0)
+  labels = np.arange(16) % 2
+  images = rng.uniform(size=(16, 20, 20, 1)) * 0.2
+  images[labels == 1, 4:16, 8:12] += 0.8          # A bar for class 1.
+  batch = {"images": jnp.asarray(images, jnp.float32), "labels": jnp.asarray(labels)}
+  graphdef, params = nnx.split(model, nnx.Param)
+  tx = optax.adam(0.01)
+  opt = tx.init(params)
+
+  @jax.jit
+  def step(params, opt):
+    def objective(p):
+      m = nnx.merge(graphdef, p)
+      return jnp.mean(m.loss(m.apply(batch, train=True), batch,
+                             step=jnp.asarray(200_000))[0])
+    value, grads = jax.value_and_grad(objective)(params)
+    updates, opt = tx.update(grads, opt, params)
+    return optax.apply_updates(params, updates), opt, value
+
+  def separation(params):
+    scores = np.asarray(nnx.merge(graphdef, params).apply(batch, train=False).scores)
+    true = scores[np.arange(16), labels]
+    return np.mean(true - scores[np.arange(16), 1 - labels]), np.mean(true > scores[
+        np.arange(16), 1 - labels])
+
+  before, _ = separation(params)
+  losses_seen = []
+  for _ in range(100):
+    params, opt, value = step(params, opt)
+    losses_seen.append(float(value))
+  after, accuracy = separation(params)
+  assert abs(before) < 0.01 and after > 0.02 and accuracy == 1.0
+  assert losses_seen[-1] < 0.95 * losses_seen[0]
+
+
+def test_a_smoke_run_trains_evaluates_and_logs_the_routing(idx_dir, tmp_path):
+  config = em_mnist.get_config("smoke")
+  config.data.source, config.data.dir = "idx", str(idx_dir)
+  summary = train.train_and_evaluate(config, str(tmp_path))
+  assert summary["step"] == 8 and np.isfinite(summary["test_loss"])
+  metrics = (tmp_path / "metrics.jsonl").read_text()
+  for name in ("caps1_coupling_entropy", "caps2_activation_mean", "log_sigma", "spread_loss"):
+    assert name in metrics
