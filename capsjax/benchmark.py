@@ -152,8 +152,9 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
       "device": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
       "model": runtime.config.model.name,
       "dataset": runtime.config.dataset,
-      "conv_impl": config.model.conv_impl,
-      "compute_dtype": config.model.compute_dtype,
+      # Models without these settings (em_capsnet has no compute_dtype) report None.
+      "conv_impl": config.model.get("conv_impl"),
+      "compute_dtype": config.model.get("compute_dtype"),
       "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),  # See capsjax/runs/hostmemory.py.
       **profiled,
   }
