@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from capsjax.models import layers
 from capsjax.routing import em
 
 NORMALISATIONS = ("code", "child", "patch")
@@ -35,14 +36,7 @@ PRIMARY_LAYOUTS = ("code", "split")
 
 def receptive_fields(x: jax.Array, kernel: int, stride: int) -> jax.Array:
   """VALID patches: ``(batch, h, w, ...)`` -> ``(batch, oh, ow, kernel, kernel, ...)``."""
-  oh, ow = ((n - kernel) // stride + 1 for n in x.shape[1:3])
-  rows = []
-  for dy in range(kernel):
-    cols = [jax.lax.slice_in_dim(jax.lax.slice_in_dim(
-        x, dy, dy + stride * (oh - 1) + 1, stride, axis=1), dx, dx + stride * (ow - 1) + 1,
-        stride, axis=2) for dx in range(kernel)]
-    rows.append(jnp.stack(cols, axis=3))
-  return jnp.stack(rows, axis=3)
+  return layers.valid_patches(x, kernel, kernel, stride)
 
 
 def child_reduce(values: jax.Array, stride: int, op: str = "add") -> jax.Array:
@@ -110,7 +104,7 @@ def conv_normaliser(mode: str, in_types: int, kernel: int, stride: int, oh: int,
 
 def truncated(std: float):
   """TF's ``truncated_normal_initializer(stddev)`` (normal cut at 2 std), the code's inits."""
-  return nnx.initializers.truncated_normal(stddev=std)
+  return layers.kernel_init(std)
 
 
 class PrimaryCapsules(nnx.Module):

@@ -127,14 +127,20 @@ def _conv_native(x, kernel, stride):
       dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
-def im2col_patches(x: jax.Array, kh: int, kw: int, stride: int) -> jax.Array:
-  """The VALID patches of ``x`` ``(batch, h, w, c)`` as one matrix
-  ``(batch * out_h * out_w, kh * kw * c)``, kernel offset major, channel minor (HWIO order)."""
+def valid_patches(x: jax.Array, kh: int, kw: int, stride: int) -> jax.Array:
+  """The VALID receptive fields of ``x`` ``(batch, h, w, ...)``: ``(batch, out_h, out_w, kh,
+  kw, ...)``, ``out[:, i, j, dy, dx] = x[:, stride i + dy, stride j + dx]``."""
   out_h = (x.shape[1] - kh) // stride + 1
   out_w = (x.shape[2] - kw) // stride + 1
   views = [x[:, i:i + stride * (out_h - 1) + 1:stride, j:j + stride * (out_w - 1) + 1:stride]
            for i in range(kh) for j in range(kw)]
-  return jnp.stack(views, axis=3).reshape(-1, kh * kw * x.shape[3])
+  return jnp.stack(views, axis=3).reshape(*x.shape[:1], out_h, out_w, kh, kw, *x.shape[3:])
+
+
+def im2col_patches(x: jax.Array, kh: int, kw: int, stride: int) -> jax.Array:
+  """The VALID patches of ``x`` ``(batch, h, w, c)`` as one matrix
+  ``(batch * out_h * out_w, kh * kw * c)``, kernel offset major, channel minor (HWIO order)."""
+  return valid_patches(x, kh, kw, stride).reshape(-1, kh * kw * x.shape[3])
 
 
 def _conv_im2col(x, kernel, stride):
