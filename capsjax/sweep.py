@@ -160,8 +160,10 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
   from capsjax import train
 
   with preemption.watch() as stop:
-    for point in points:
-      tag = f"[{point.index + 1}/{len(points)}] {point.name}"
+    for k, point in enumerate(points):
+      tag = f"[{k + 1}/{len(points)}] {point.name}"
+      if point.index != k:  # A subset (--index): name the point as --list numbers it.
+        tag += f" (point {point.index})"
       if stop.signal_name is not None:
         raise preemption.Preempted(f"Stopped by {stop.signal_name} before {tag}; rerun the "
                                    "same command to continue the sweep.", stop.signal_name)

@@ -6,6 +6,7 @@ Usage:
       --config.data.source=idx --config.data.dir=/path/to/mnist
   python -m capsjax.main --config=configs/em_mnist.py:small --workdir=/tmp/em_small
   python -m capsjax.main --config=configs/em_mnist.py:smoke --workdir=/tmp/smoke
+  python -m capsjax.main --config=configs/em_mnist.py:vb --workdir=/tmp/vb_mnist
 
 Variants (keywords after ':'):
   (none)  A=B=C=D=32 (318,420 parameters with 10 classes and one channel): conv1 5x5 stride 2
@@ -15,6 +16,10 @@ Variants (keywords after ':'):
           random shifts of up to 2 px (the code's MNIST input without ``distort``).
   small   A=64, B=8, C=D=16, the paper's small network (68,308 parameters here).
   smoke   tiny types, a few steps on a small slice (tests).
+  vb      variational Bayes routing (Ribeiro et al. 2020) on the same layers, trained as its
+          authors' code: the small network, cross-entropy on the class activations, Adam
+          1e-3 constant, batch 128 (with smoke: the smoke sizes). For EM against VB with all
+          else equal: --config.model.routing.name=variational_bayes on any variant.
 
 The paper reports 0.44% MNIST test error; the code trains for up to 2,000,000 steps.
 """
@@ -73,9 +78,25 @@ def code_training(c: ml_collections.ConfigDict, *, small: bool, smoke: bool) -> 
     c.eval.batch_size = 100
 
 
+def vb_training(c: ml_collections.ConfigDict, *, smoke: bool) -> None:
+  """Variational Bayes routing as its authors' code trains it (fabio-deep/Variational-Capsule-
+  Routing, ``main.py`` defaults): the small network (A=64, B=8, C=D=16), softmax
+  cross-entropy over the class activations, Adam 1e-3 without decay, batch 128."""
+  if not smoke:
+    c.model = em_model(conv1=64, primary=8, caps=(16, 16))
+    c.train.batch_size = 128
+  c.model.routing.name = "variational_bayes"
+  c.loss.kind = "cross_entropy"
+  c.loss.weight_decay = 0.0
+  c.optimizer.update(dict(learning_rate=1e-3, schedule="constant", decay_rate=None,
+                          decay_steps=None))
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  args = config_args.parse_arg(arg, "configs/em_mnist.py", small=False, smoke=False)
+  args = config_args.parse_arg(arg, "configs/em_mnist.py", small=False, smoke=False, vb=False)
   c = mnist.make_config(smoke=args.smoke)
   code_training(c, small=args.small, smoke=args.smoke)
+  if args.vb:
+    vb_training(c, smoke=args.smoke)
   c.train.num_epochs = 20
   return c

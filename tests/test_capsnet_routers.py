@@ -60,6 +60,7 @@ def test_the_models_class_capsules_are_procedure_1_computed_in_numpy():
     ("inverted_dot_product", 3 * 8 + 1),           # LayerNorm scale, offset; readout w, c.
     ("self_routing", 144 * 10 * 4 + 144 * 10),     # W_route (in, out, in_dim), b_route.
     ("em", 10 + 10),                               # beta_u, beta_a per class.
+    ("variational_bayes", 10 + 10),                # beta_u, beta_a per class.
 ])
 def test_router_parameters_are_model_parameters(name, extra):
   base = models.count_params(capsnet.CapsNet(smoke_config(), rngs=nnx.Rngs(0)))

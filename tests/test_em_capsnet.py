@@ -86,7 +86,7 @@ def test_bad_settings_are_refused_naming_the_key():
       ("conv_caps.normalisation", "stride", "normalisation must be one of"),
       ("class_capsules.coordinate_addition", "left", "coordinate_addition must be one of"),
       ("primary.layout", "mixed", "layout must be one of"),
-      ("routing.name", "dynamic", "routes its class capsules with EM"),
+      ("routing.name", "dynamic", "routes matrix capsules with one of"),
       ("conv_caps.inverse_temperature", 0.0, "inverse_temperature must be a number > 0")):
     config = model_config()
     section, name = key.split(".")
@@ -101,33 +101,38 @@ def test_bad_settings_are_refused_naming_the_key():
     em_capsnet.EMCapsNet(model_config(), rngs=nnx.Rngs(0), loss=loss)
 
 
-def test_it_learns_to_separate_two_classes():
+@pytest.mark.parametrize("router,separated", [("em", 0.02), ("variational_bayes", 0.2)])
+def test_it_learns_to_separate_two_classes(router, separated):
   """Adam at the code's rate classifies one batch of two classes and pulls the true class's
-  activation above the other's. (At the code's small inverse temperatures the activations
-  move slowly: the spread loss falls a few percent in 100 steps, as in the code's long runs.)"""
-  model = em_capsnet.EMCapsNet(model_config((20, 20, 1), 2, conv1=8, primary=4, caps=(4, 4)),
-                               rngs=nnx.Rngs(0))
+  activation above the other's. (At the EM code's small inverse temperatures the activations
+  move slowly: the spread loss falls a few percent in 100 steps, as in the code's long runs;
+  VB routing's batch-normalised activations move fast.)"""
+  config = model_config((20, 20, 1), 2, conv1=8, primary=4, caps=(4, 4))
+  config.routing.name = router
+  model = em_capsnet.EMCapsNet(config, rngs=nnx.Rngs(0))
   rng = np.random.default_rng(0)
   labels = np.arange(16) % 2
   images = rng.uniform(size=(16, 20, 20, 1)) * 0.2
   images[labels == 1, 4:16, 8:12] += 0.8          # A bar for class 1.
   batch = {"images": jnp.asarray(images, jnp.float32), "labels": jnp.asarray(labels)}
-  graphdef, params = nnx.split(model, nnx.Param)
+  graphdef, params, state = nnx.split(model, nnx.Param, ...)
+  params, state = nnx.to_pure_dict(params), nnx.to_pure_dict(state)   # state: VB's norms.
   tx = optax.adam(0.01)
   opt = tx.init(params)
 
   @jax.jit
-  def step(params, opt):
+  def step(params, state, opt):
     def objective(p):
-      m = nnx.merge(graphdef, p)
-      return jnp.mean(m.loss(m.apply(batch, train=True), batch,
-                             step=jnp.asarray(200_000))[0])
-    value, grads = jax.value_and_grad(objective)(params)
+      m = nnx.merge(graphdef, p, state)
+      value = jnp.mean(m.loss(m.apply(batch, train=True), batch,
+                              step=jnp.asarray(200_000))[0])
+      return value, nnx.to_pure_dict(nnx.state(m, nnx.BatchStat))
+    (value, state), grads = jax.value_and_grad(objective, has_aux=True)(params)
     updates, opt = tx.update(grads, opt, params)
-    return optax.apply_updates(params, updates), opt, value
+    return optax.apply_updates(params, updates), state, opt, value
 
   def separation(params):
-    scores = np.asarray(nnx.merge(graphdef, params).apply(batch, train=False).scores)
+    scores = np.asarray(nnx.merge(graphdef, params, state).apply(batch, train=False).scores)
     true = scores[np.arange(16), labels]
     return np.mean(true - scores[np.arange(16), 1 - labels]), np.mean(true > scores[
         np.arange(16), 1 - labels])
@@ -135,10 +140,10 @@ def test_it_learns_to_separate_two_classes():
   before, _ = separation(params)
   losses_seen = []
   for _ in range(100):
-    params, opt, value = step(params, opt)
+    params, state, opt, value = step(params, state, opt)
     losses_seen.append(float(value))
   after, accuracy = separation(params)
-  assert abs(before) < 0.01 and after > 0.02 and accuracy == 1.0
+  assert abs(before) < 0.01 and after > separated and accuracy == 1.0
   assert losses_seen[-1] < 0.95 * losses_seen[0]
 
 
@@ -150,3 +155,51 @@ def test_a_smoke_run_trains_evaluates_and_logs_the_routing(idx_dir, tmp_path):
   metrics = (tmp_path / "metrics.jsonl").read_text()
   for name in ("caps1_coupling_entropy", "caps2_activation_mean", "log_sigma", "spread_loss"):
     assert name in metrics
+
+
+def test_variational_bayes_routes_the_same_layers_with_batch_norms():
+  """routing.name='variational_bayes': the same parameters (beta_u, beta_a per type), plus
+  the running statistics of each routing layer's two batch norms, which training updates."""
+  config = model_config((20, 20, 1), 3, conv1=8, primary=4, caps=(4, 4))
+  em_model = em_capsnet.EMCapsNet(config, rngs=nnx.Rngs(0))
+  config.routing.name = "variational_bayes"
+  model = em_capsnet.EMCapsNet(config, rngs=nnx.Rngs(0))
+  assert models.count_params(model) == models.count_params(em_model)
+  stats = nnx.state(model, nnx.BatchStat)
+  assert len(jax.tree.leaves(stats)) == 3 * 2 * 2     # 3 layers x 2 norms x (mean, var).
+  rng = np.random.default_rng(0)
+  batch = {"images": jnp.asarray(rng.uniform(size=(6, 20, 20, 1)), jnp.float32),
+           "labels": jnp.arange(6) % 3}
+  graphdef, params, state = nnx.split(model, nnx.Param, ...)
+  params, state = nnx.to_pure_dict(params), nnx.to_pure_dict(state)
+
+  def objective(p, st):
+    m = nnx.merge(graphdef, p, st)
+    out = m.apply(batch, train=True)
+    return (jnp.mean(m.loss(out, batch, step=jnp.asarray(0))[0]),
+            nnx.to_pure_dict(nnx.state(m, nnx.BatchStat)))
+
+  (value, new_stats), grads = jax.jit(jax.value_and_grad(objective, has_aux=True))(params,
+                                                                                    state)
+  assert np.isfinite(value)
+  assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+  assert sum(np.abs(g).sum() for g in jax.tree.leaves(grads)) > 0
+  moved = [not np.allclose(a, b) for a, b in zip(
+      jax.tree.leaves(nnx.to_pure_dict(stats)), jax.tree.leaves(new_stats))]
+  assert all(moved)
+  outputs = model.apply(batch, train=False)
+  scores = np.asarray(outputs.scores)
+  assert scores.shape == (6, 3) and np.all((scores > 0) & (scores < 1))
+  metrics = model.metrics(outputs, batch)
+  for name in ("caps1_coupling_entropy", "caps2_mixing_entropy", "log_sigma"):
+    assert metrics[name].shape == (6, 3) and np.isfinite(metrics[name]).all()
+
+
+def test_a_variational_bayes_smoke_run(idx_dir, tmp_path):
+  config = em_mnist.get_config("smoke")
+  config.data.source, config.data.dir = "idx", str(idx_dir)
+  config.model.routing.name = "variational_bayes"
+  summary = train.train_and_evaluate(config, str(tmp_path))
+  assert summary["step"] == 8 and np.isfinite(summary["test_loss"])
+  assert summary["config"]["model"]["routing"]["prior_nu_offset"] == 1.0
+  assert "caps1_mixing_entropy" in (tmp_path / "metrics.jsonl").read_text()

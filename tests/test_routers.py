@@ -348,9 +348,9 @@ def test_resolve_refuses_misspelled_and_foreign_settings_naming_them():
   with pytest.raises(UsageError, match=r"routing.iterations=3 is not a setting of router "
                                        r"'uniform'.*'uniform' has \['squash_epsilon'\]"):
     routing.resolve({"name": "uniform", "iterations": 3})
-  with pytest.raises(UsageError, match=r"routing.name='variational_bayes' is not a registered "
+  with pytest.raises(UsageError, match=r"routing.name='stochastic_routing' is not a registered "
                                        r"router"):
-    routing.resolve({"name": "variational_bayes"})
+    routing.resolve({"name": "stochastic_routing"})
   with pytest.raises(UsageError, match="iterations must be an integer >= 1"):
     routing.resolve({"name": "inverted_dot_product", "iterations": 0})
   with pytest.raises(UsageError, match="agreement_scale must be one of"):

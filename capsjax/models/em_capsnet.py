@@ -15,6 +15,12 @@ Parameters (A=B=C=D=32, 5 classes, two stereo channels): conv1 1,632; primary 17
 ConvCaps1 147,520; ConvCaps2 147,520; class 2,570; 316,650 (the paper's "310K"). The small
 network (A=64, B=8, C=D=16): 68,618 (the paper's "68K").
 
+``config.model.routing.name="variational_bayes"`` routes the same layers by variational Bayes
+(Ribeiro et al. 2020, :mod:`capsjax.routing.variational_bayes`), with its batch norms of the
+parents' activation logits and poses (:mod:`capsjax.models.em_layers`), so EM and VB compare
+on one backbone. (The VB authors' own network differs around it: conv1 without bias but with
+BatchNorm, and the class capsules' transforms applied per 1x1 position; not reproduced here.)
+
 Where the paper's text and the code differ, the code is the default and a setting picks (the
 routing's own differences are listed in :mod:`capsjax.routing.em`):
 
@@ -45,12 +51,15 @@ from capsjax.models import em_layers, layers, losses, metrics
 from capsjax.models.outputs import Outputs
 
 
-def conv_routing_settings(config: ml_collections.ConfigDict, class_settings: dict) -> dict:
-  """The convolutional capsule layers' routing settings: the class router's, with the
-  layer's own inverse temperature, mass epsilon and beta inits (``config.conv_caps``)."""
+def conv_routing_settings(config: ml_collections.ConfigDict, class_settings: dict,
+                          router: str = "em") -> dict:
+  """The convolutional capsule layers' routing settings: the class router's, under EM with
+  the layer's own inverse temperature, mass epsilon and beta inits (``config.conv_caps``);
+  variational Bayes uses one set of priors for every layer, as its authors' code."""
   settings = dict(class_settings)
-  for key in ("inverse_temperature", "mass_epsilon", "beta_u_init", "beta_a_init"):
-    settings[key] = config.conv_caps[key]
+  if router == "em":
+    for key in ("inverse_temperature", "mass_epsilon", "beta_u_init", "beta_a_init"):
+      settings[key] = config.conv_caps[key]
   return settings
 
 
@@ -66,9 +75,9 @@ def grids(config: ml_collections.ConfigDict) -> list[int]:
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Raises UsageError naming the ``config.model`` key that cannot work."""
   router, settings = routing.resolve(config.routing)
-  if router.name != "em":
-    raise UsageError(f"config.model.routing.name={router.name!r}: em_capsnet routes its class "
-                     "capsules with EM routing; leave it 'em' (other routers run on the "
+  if router.name not in em_layers.ROUTERS:
+    raise UsageError(f"config.model.routing.name={router.name!r}: em_capsnet routes matrix "
+                     f"capsules with one of {em_layers.ROUTERS} (other routers run on the "
                      "capsnet and efficient_capsnet backbones).")
   caps = config.conv_caps
   n = len(tuple(caps.types))
@@ -79,7 +88,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if caps.normalisation not in em_layers.NORMALISATIONS:
     raise UsageError(f"config.model.conv_caps.normalisation must be one of "
                      f"{em_layers.NORMALISATIONS}, got {caps.normalisation!r}.")
-  routing.get("em").check(conv_routing_settings(config, settings))
+  router.check(conv_routing_settings(config, settings, router.name))
   if config.class_capsules.coordinate_addition not in em_layers.COORDINATE_ADDITIONS:
     raise UsageError(f"config.model.class_capsules.coordinate_addition must be one of "
                      f"{em_layers.COORDINATE_ADDITIONS}, "
@@ -103,8 +112,8 @@ class EMCapsNet(nnx.Module):
                loss: ml_collections.ConfigDict | None = None):
     """``config`` is ``config.model`` (``configs/em_mnist.py``); ``loss`` is ``config.loss``."""
     validate_config(config)
-    _, class_settings = routing.resolve(config.routing)
-    conv_settings = conv_routing_settings(config, class_settings)
+    router, class_settings = routing.resolve(config.routing)
+    conv_settings = conv_routing_settings(config, class_settings, router.name)
     pose = config.pose_size
     self.conv1 = layers.Conv2D(config.image_shape[2], config.conv1.features,
                                config.conv1.kernel_size, config.conv1.stride,
@@ -120,7 +129,7 @@ class EMCapsNet(nnx.Module):
     self.conv_capsules = nnx.List([
         em_layers.ConvCapsules(a, b, k, s, pose, init_scale=caps.init_scale,
                                settings=conv_settings, normalisation=caps.normalisation,
-                               rngs=rngs)
+                               rngs=rngs, router=router.name)
         for a, b, k, s in zip(types, types[1:], caps.kernel_sizes, caps.strides)])
     stack = [(config.conv1.kernel_size, config.conv1.stride),
              *zip(caps.kernel_sizes, caps.strides)]
@@ -128,7 +137,7 @@ class EMCapsNet(nnx.Module):
     self.class_capsules = em_layers.ClassCapsules(
         types[-1], config.num_classes, pose, init_scale=config.class_capsules.init_scale,
         coordinate_addition=config.class_capsules.coordinate_addition, row_centres=centres,
-        column_centres=centres, settings=class_settings, rngs=rngs)
+        column_centres=centres, settings=class_settings, rngs=rngs, router=router.name)
     loss = loss or default_loss()
     check_loss(loss)
     self.loss_items = tuple(sorted(loss.items()))  # Hashable, static.
@@ -144,16 +153,18 @@ class EMCapsNet(nnx.Module):
     """Writes the class router's settings in effect into ``config.routing``."""
     routing.fill(config.routing)
 
-  def capsules(self, images: jax.Array, *, diagnostics: bool = False):
+  def capsules(self, images: jax.Array, *, train: bool = False, diagnostics: bool = False):
     """``(batch, h, w, c)`` -> class poses ``(batch, classes, 16)``, class activations
-    ``(batch, classes)`` and ``{name: (batch, iterations)}`` diagnostics of every EM layer
-    (``caps1_...``, ``caps2_...``, and the class layer's without prefix)."""
+    ``(batch, classes)`` and ``{name: (batch, iterations)}`` diagnostics of every routing
+    layer (``caps1_...``, ``caps2_...``, and the class layer's without prefix). ``train``:
+    variational Bayes routing's batch norms use the batch's statistics."""
     poses, activations = self.primary_capsules(jax.nn.relu(self.conv1(images)))
     found = {}
     for n, layer in enumerate(self.conv_capsules, start=1):
-      poses, activations, measured = layer(poses, activations, diagnostics=diagnostics)
+      poses, activations, measured = layer(poses, activations, train=train,
+                                           diagnostics=diagnostics)
       found.update({f"caps{n}_{k}": v for k, v in measured.items()})
-    poses, activations, measured = self.class_capsules(poses, activations,
+    poses, activations, measured = self.class_capsules(poses, activations, train=train,
                                                        diagnostics=diagnostics)
     found.update(measured)
     return poses, activations, found
@@ -163,7 +174,8 @@ class EMCapsNet(nnx.Module):
     del rng  # Nothing random in the forward pass.
     labels = batch["labels"]
     per_example = labels.shape[1] if labels.ndim == 2 else 1
-    poses, scores, diagnostics = self.capsules(batch["images"], diagnostics=not train)
+    poses, scores, diagnostics = self.capsules(batch["images"], train=train,
+                                               diagnostics=not train)
     return Outputs(scores=scores, predictions=metrics.predictions(scores, per_example),
                    log_probabilities=jax.nn.log_softmax(scores), score_kind="activations",
                    class_capsules=poses, diagnostics=None if train else diagnostics)
@@ -178,19 +190,27 @@ class EMCapsNet(nnx.Module):
 
   def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None
            ) -> tuple[jax.Array, dict]:
-    """The spread loss at ``step``'s margin (:func:`capsjax.models.losses.spread_margin`)
-    plus ``loss.weight_decay`` x :meth:`weight_decay` on every example (so the batch mean is
-    the code's total loss)."""
+    """The spread loss at ``step``'s margin (:func:`capsjax.models.losses.spread_margin`),
+    or with ``loss.kind="cross_entropy"`` the VB authors' softmax cross-entropy over the class
+    activations, plus ``loss.weight_decay`` x :meth:`weight_decay` on every example (so the
+    batch mean is the code's total loss)."""
     settings = dict(self.loss_items)
     labels = batch["labels"]
     if labels.ndim != 1:
-      raise UsageError("em_capsnet's spread loss takes one label per image.")
-    margin = losses.spread_margin(step, settings["margin_schedule"], settings["margin_steps"])
-    spread = losses.spread_loss_per_example(outputs.scores, labels, margin,
+      raise UsageError("em_capsnet's losses take one label per image.")
+    if settings["kind"] == "cross_entropy":
+      # The VB authors' F.cross_entropy(yhat, labels): the activations taken as logits.
+      data = -jnp.take_along_axis(jax.nn.log_softmax(outputs.scores), labels[:, None],
+                                  axis=1)[:, 0]
+      parts = {"cross_entropy": data}
+    else:
+      margin = losses.spread_margin(step, settings["margin_schedule"],
+                                    settings["margin_steps"])
+      data = losses.spread_loss_per_example(outputs.scores, labels, margin,
                                             settings["reduction"])
-    decay = settings["weight_decay"] * self.weight_decay() * jnp.ones_like(spread)
-    return spread + decay, {"spread_loss": spread, "weight_decay": decay,
-                            "margin": margin * jnp.ones_like(spread)}
+      parts = {"spread_loss": data, "margin": margin * jnp.ones_like(data)}
+    decay = settings["weight_decay"] * self.weight_decay() * jnp.ones_like(data)
+    return data + decay, {**parts, "weight_decay": decay}
 
   def metrics(self, outputs: Outputs, batch: dict) -> dict:
     """``accuracy`` and, at evaluation, every EM layer's diagnostics ``(batch, iterations)``
@@ -206,6 +226,7 @@ class EMCapsNet(nnx.Module):
 def default_loss() -> ml_collections.ConfigDict:
   """``config.loss`` of em_capsnet: the code's margin schedule, mean over classes, 2e-7."""
   return ml_collections.ConfigDict(dict(
+      kind="spread",            # Or "cross_entropy": softmax over the activations (VB code).
       margin_schedule="code",   # Or "linear" (the paper's text).
       margin_steps=400_000,     # For "linear": steps from 0.2 to 0.9.
       reduction="mean",         # The code's mean over classes; "sum": Eq. 3.
@@ -215,6 +236,9 @@ def default_loss() -> ml_collections.ConfigDict:
 
 def check_loss(loss: ml_collections.ConfigDict) -> None:
   """UsageError naming the ``config.loss`` key that cannot work."""
+  if loss.kind not in ("spread", "cross_entropy"):
+    raise UsageError(f"config.loss.kind must be 'spread' (EM paper) or 'cross_entropy' (the "
+                     f"VB authors' code), got {loss.kind!r}.")
   if loss.margin_schedule not in losses.MARGIN_SCHEDULES:
     raise UsageError(f"config.loss.margin_schedule must be one of {losses.MARGIN_SCHEDULES}, "
                      f"got {loss.margin_schedule!r}.")

@@ -17,6 +17,11 @@ normalised when it lies in the receptive fields of several parents (``normalisat
   field holds it (all output types and positions), as the paper describes EM.
 * ``"patch"``: a softmax over output types at each (parent position, kernel offset), each
   receptive field routed on its own, as most reimplementations do.
+
+With ``router="variational_bayes"`` (:mod:`capsjax.routing.variational_bayes`) the same layers
+route by variational Bayes instead, as its authors' code does: each receptive field on its own
+(``normalisation`` is EM's only), and the parents' activation logits and poses batch-normalised
+per output type (no scale or offset; running statistics at evaluation) before the sigmoid.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from flax import nnx
 
 from capsjax.models import layers
 from capsjax.routing import em
+from capsjax.routing import variational_bayes as vb
 
 NORMALISATIONS = ("code", "child", "patch")
 COORDINATE_ADDITIONS = ("code", "paper", "none")
 PRIMARY_LAYOUTS = ("code", "split")
+ROUTERS = ("em", "variational_bayes")
 
 
 def receptive_fields(x: jax.Array, kernel: int, stride: int) -> jax.Array:
@@ -102,6 +109,39 @@ def conv_normaliser(mode: str, in_types: int, kernel: int, stride: int, oh: int,
   return normalise
 
 
+class RoutingNorms(nnx.Module):
+  """Variational Bayes routing's batch norms of a layer's parents (the authors' code's
+  ``BN_a`` and ``BN_v``: PyTorch's defaults, momentum 0.1, epsilon 1e-5, no affine
+  parameters): activation logits ``(batch, ..., types)`` and poses ``(batch, ..., types, D)``,
+  each normalised per type."""
+
+  def __init__(self, types: int, *, rngs: nnx.Rngs):
+    kwargs = dict(use_bias=False, use_scale=False, momentum=0.9, epsilon=1e-5, rngs=rngs)
+    self.activation_norm = nnx.BatchNorm(types, **kwargs)
+    self.pose_norm = nnx.BatchNorm(types, axis=-2, **kwargs)
+
+  def __call__(self, logits: jax.Array, poses: jax.Array, *, train: bool):
+    """-> activations ``sigmoid(BN(logits))`` and ``BN(poses)``."""
+    return (jax.nn.sigmoid(self.activation_norm(logits, use_running_average=not train)),
+            self.pose_norm(poses, use_running_average=not train))
+
+
+def routed(router: str, votes: jax.Array, activations: jax.Array, beta_u: jax.Array,
+           beta_a: jax.Array, settings: dict, *, normalise=None, initial=None,
+           num_children=None, diagnostics: bool = False):
+  """The layer's routing of ``votes (batch, children, out_types, positions, D)``: poses
+  ``(batch, out_types, positions, D)``, EM's activations or VB's activation logits ``(batch,
+  out_types, positions)``, diagnostics."""
+  if router == "variational_bayes":
+    result = vb.vb_routing(votes, activations, beta_u, beta_a, settings=settings,
+                           diagnostics=diagnostics)
+    return result.poses, result.activation_logits, result.diagnostics
+  result = em.em_routing(votes, activations, beta_u, beta_a, settings=settings,
+                         normalise=normalise, initial=initial, num_children=num_children,
+                         diagnostics=diagnostics)
+  return result.poses, result.activations, result.diagnostics
+
+
 def truncated(std: float):
   """TF's ``truncated_normal_initializer(stddev)`` (normal cut at 2 std), the code's inits."""
   return layers.kernel_init(std)
@@ -153,16 +193,20 @@ class ConvCapsules(nnx.Module):
   """
 
   def __init__(self, in_types: int, out_types: int, kernel: int, stride: int, pose_size: int,
-               *, init_scale: float, settings: dict, normalisation: str, rngs: nnx.Rngs):
-    """``settings``: :data:`capsjax.routing.em.SETTINGS` for this layer (the code's: inverse
-    temperature 0.01, mass epsilon 1e-7, beta inits 0.5)."""
+               *, init_scale: float, settings: dict, normalisation: str, rngs: nnx.Rngs,
+               router: str = "em"):
+    """``settings``: the router's settings for this layer (EM, the code's: inverse
+    temperature 0.01, mass epsilon 1e-7, beta inits 0.5); ``router``: ``"em"`` or
+    ``"variational_bayes"`` (module docstring)."""
     self.weights = nnx.Param(truncated(init_scale)(
         rngs.params(), (in_types, kernel, kernel, out_types, pose_size, pose_size)))
     self.beta_u = nnx.Param(jnp.full((out_types,), settings["beta_u_init"], jnp.float32))
     self.beta_a = nnx.Param(jnp.full((out_types,), settings["beta_a_init"], jnp.float32))
     self.kernel, self.stride, self.pose_size = kernel, stride, pose_size
     self.settings_items = tuple(sorted(settings.items()))  # Hashable, static.
-    self.normalisation = normalisation
+    self.normalisation, self.router = normalisation, router
+    if router == "variational_bayes":
+      self.norms = RoutingNorms(out_types, rngs=rngs)
 
   def votes(self, poses: jax.Array) -> jax.Array:
     """``(batch, h, w, in_types, p*p)`` -> ``(batch, in_types * k * k, out_types, oh * ow,
@@ -174,10 +218,12 @@ class ConvCapsules(nnx.Module):
     votes = jnp.einsum("bpqhwirc,ihwocd->bihwopqrd", matrices, self.weights[...])
     return votes.reshape(b, i * k * k, votes.shape[4], oh * ow, p * p)
 
-  def __call__(self, poses: jax.Array, activations: jax.Array, *, diagnostics: bool = False):
+  def __call__(self, poses: jax.Array, activations: jax.Array, *, train: bool = False,
+               diagnostics: bool = False):
     """Poses ``(batch, h, w, in_types, p*p)`` and activations ``(batch, h, w, in_types)`` ->
     the parents' poses ``(batch, oh, ow, out_types, p*p)``, activations ``(batch, oh, ow,
-    out_types)`` and the routing diagnostics."""
+    out_types)`` and the routing diagnostics. ``train``: the batch norms of VB routing use
+    (and update) the batch's statistics."""
     b, h, w, i, _ = poses.shape
     k, s = self.kernel, self.stride
     oh, ow = (h - k) // s + 1, (w - k) // s + 1
@@ -188,14 +234,16 @@ class ConvCapsules(nnx.Module):
     settings = dict(self.settings_items)
     normalise = conv_normaliser(self.normalisation, i, k, s, oh, ow, settings["mass_epsilon"])
     initial = normalise(jnp.zeros(votes.shape[:4], votes.dtype)) \
-        if self.normalisation == "child" else None
-    result = em.em_routing(votes, child_activations, self.beta_u[...], self.beta_a[...],
-                           settings=settings, normalise=normalise, initial=initial,
-                           num_children=i * h * w, diagnostics=diagnostics)
+        if self.normalisation == "child" and self.router == "em" else None
+    means, activations, measured = routed(
+        self.router, votes, child_activations, self.beta_u[...], self.beta_a[...], settings,
+        normalise=normalise, initial=initial, num_children=i * h * w, diagnostics=diagnostics)
     out_types = votes.shape[2]
-    poses = result.poses.reshape(b, out_types, oh, ow, -1).transpose(0, 2, 3, 1, 4)
-    activations = result.activations.reshape(b, out_types, oh, ow).transpose(0, 2, 3, 1)
-    return poses, activations, result.diagnostics
+    poses = means.reshape(b, out_types, oh, ow, -1).transpose(0, 2, 3, 1, 4)
+    activations = activations.reshape(b, out_types, oh, ow).transpose(0, 2, 3, 1)
+    if self.router == "variational_bayes":
+      activations, poses = self.norms(activations, poses, train=train)
+    return poses, activations, measured
 
 
 def receptive_field_centres(image_size: int, layers: list[tuple[int, int]]) -> np.ndarray:
@@ -225,7 +273,7 @@ class ClassCapsules(nnx.Module):
 
   def __init__(self, in_types: int, classes: int, pose_size: int, *, init_scale: float,
                coordinate_addition: str, row_centres: np.ndarray, column_centres: np.ndarray,
-               settings: dict, rngs: nnx.Rngs):
+               settings: dict, rngs: nnx.Rngs, router: str = "em"):
     self.weights = nnx.Param(truncated(init_scale)(
         rngs.params(), (in_types, classes, pose_size, pose_size)))
     self.beta_u = nnx.Param(jnp.full((classes,), settings["beta_u_init"], jnp.float32))
@@ -235,6 +283,9 @@ class ClassCapsules(nnx.Module):
     self.coordinate_addition = coordinate_addition
     self.pose_size = pose_size
     self.settings_items = tuple(sorted(settings.items()))
+    self.router = router
+    if router == "variational_bayes":
+      self.norms = RoutingNorms(classes, rngs=rngs)
 
   def offsets(self) -> np.ndarray:
     """What coordinate addition adds to the votes, ``(h, w, p*p)``."""
@@ -258,10 +309,18 @@ class ClassCapsules(nnx.Module):
     votes = votes + self.offsets()[None, :, :, None, None, :]
     return votes.reshape(b, h * w * t, -1, p * p)
 
-  def __call__(self, poses: jax.Array, activations: jax.Array, *, diagnostics: bool = False):
+  def __call__(self, poses: jax.Array, activations: jax.Array, *, train: bool = False,
+               diagnostics: bool = False):
     """-> class poses ``(batch, classes, p*p)``, activations ``(batch, classes)``, and the
-    routing diagnostics."""
-    result = em.route(self.votes(poses), activations=activations.reshape(poses.shape[0], -1),
-                      params={"beta_u": self.beta_u[...], "beta_a": self.beta_a[...]},
-                      settings=dict(self.settings_items), diagnostics=diagnostics)
-    return result.capsules, result.activations, result.diagnostics
+    routing diagnostics (fully connected routing: each child's assignments a softmax over the
+    classes, the code's ``update_em_routing``)."""
+    votes = self.votes(poses)[:, :, :, None, :]
+    children = activations.reshape(poses.shape[0], -1)[:, :, None, None]
+    means, activations, measured = routed(
+        self.router, votes, children, self.beta_u[...], self.beta_a[...],
+        dict(self.settings_items), normalise=lambda log_p: jax.nn.softmax(log_p, axis=2),
+        diagnostics=diagnostics)
+    means, activations = means[:, :, 0], activations[:, :, 0]
+    if self.router == "variational_bayes":
+      activations, means = self.norms(activations, means, train=train)
+    return means, activations, measured

@@ -34,6 +34,7 @@ reference code and the paper differ):
 ``inverted_dot_product``          Tsai et al. 2020, LayerNorm'd poses, no squash.
 ``self_routing``                  Hahn et al. 2019, a learned routing matrix per child.
 ``em``                            Hinton et al. 2018, EM routing (Gaussian parents).
+``variational_bayes``             Ribeiro et al. 2020, a variational Gaussian mixture.
 ================================  =========================================================
 
 Settings: ``config.model.routing`` holds ``name`` and every router's settings
@@ -75,6 +76,7 @@ ROUTERS = Registry("router", "config.model.routing.name", {
     "inverted_dot_product": "capsjax.routing.inverted_dot_product:ROUTER",
     "self_routing": "capsjax.routing.self_routing:ROUTER",
     "em": "capsjax.routing.em:ROUTER",
+    "variational_bayes": "capsjax.routing.variational_bayes:ROUTER",
 })
 DEFAULT = "dynamic"
 

@@ -1,0 +1,249 @@
+"""Variational Bayes routing: Ribeiro, Leontidis & Kollias, AAAI 2020, "Capsule routing via
+variational Bayes" (arXiv 1905.11455), as the authors' released code has it
+(github.com/fabio-deep/Variational-Capsule-Routing, ``src/vb_routing.py``,
+``VariationalBayesRouting2d`` with ``cov='diag'``).
+
+The parents are a variational Gaussian mixture over the votes (Bishop, PRML Sec. 10.2): a
+Dirichlet over the mixing weights pi, a Normal-Wishart (diagonal) over each parent's mean mu_j
+and precision Lambda_j. Unlike EM routing's point estimates, the precision has a posterior, so a
+parent with few or identical votes does not collapse to zero variance. With priors alpha0,
+kappa0, nu0, Psi0 = psi0 I (mean prior m0 = 0), iteration ``t`` is an update of the
+parameters' posteriors then of the assignments::
+
+    w_ij      = R_ij a_i ;  R_j = sum_i w_ij                   # R starts at 1 / out_caps
+    alpha_j   = alpha0 + R_j ; kappa_j = kappa0 + R_j ; nu_j = nu0 + R_j
+    mu_j      = sum_i w_ij V_ij / R_j ;  m_j = R_j mu_j / kappa_j
+    S_j       = sum_i w_ij (V_ij - mu_j)^2                     # per pose element
+    1/Psi_j   = 1/psi0 + S_j + kappa0 R_j / kappa_j mu_j^2     # diagonal
+    E ln pi_j     = digamma(alpha_j) - digamma(sum_j' alpha_j')
+    E ln|Lam_j|   = sum_{k<D} digamma((nu_j - k) / 2) + D ln 2 + ln|Psi_j|
+    ln p_ij   = (E ln|Lam_j| - D ln(2 pi) - D / kappa_j - nu_j sum_h Psi_jh (V_ijh - m_jh)^2) / 2
+    ln R_ij   = ln p_ij - logsumexp_j (E ln pi_j + ln p_ij)       # code (assignments="code")
+
+and, after the last parameter update (no E-step), each parent's activation logit from its
+posterior entropy::
+
+    H_j   = D ln(2 pi e) / 2 - E ln|Lam_j| / 2
+    a_j   = beta_a - (exp(E ln pi_j) H_j + beta_u)
+
+The code then batch-normalises ``a_j`` (no affine parameters) before a sigmoid, and the poses
+``m_j`` as well: that is state, so it belongs to the layer that calls this routing, not here.
+
+Where the code departs from the textbook update (each a setting, the code's the default):
+
+* ``assignments="code"``: the code's ``ln R_ij`` leaves ``E ln pi_j`` out of the numerator but
+  keeps it in the normaliser, so ``sum_j exp(E ln pi_j) R_ij = 1`` rather than ``sum_j R_ij =
+  1``; ``"textbook"``: ``R_ij = softmax_j(E ln pi_j + ln p_ij)`` (Bishop Eq. 10.46-10.49).
+* the code fixes ``m0 = 0`` and drops ``kappa0`` from the ``1/Psi_j`` update ("priors removed
+  for faster computation"), which equals the full update only for ``kappa0 = 1`` (its value);
+  here the full update is used, so any ``prior_kappa`` is right and the code's value gives the
+  code's numbers. Likewise the code adds ``Psi0`` where the update adds its inverse: the same
+  for its ``Psi0 = I``; here ``1 / prior_psi``.
+* the code divides by ``R_j`` with no epsilon (NaN when every child of a parent is inactive);
+  here ``mass_epsilon`` (1e-7) is added to ``R_j`` where it divides, and only there.
+
+Priors as the code's network (``capsnet.py``): alpha0 = 1, kappa0 = 1, nu0 = D + 1, Psi0 = I;
+beta_u and beta_a initialised to 0 per parent type; 3 iterations; no stop-gradient.
+
+Shapes as :mod:`capsjax.routing.em`: votes ``(batch, children, out_caps, positions, D)``; each
+child's assignments normalised over ``out_caps`` at its position (the code routes each
+receptive field on its own: ``patch``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import digamma
+
+from capsjax.common.errors import UsageError
+from capsjax.routing.core import Router, RoutingResult, check_iterations
+from capsjax.routing.em import parameters
+
+ASSIGNMENTS = ("code", "textbook")
+
+SETTINGS = {
+    "iterations": 3,             # The code's routing_iter (its default).
+    "stop_gradient": False,      # The code has none.
+    "assignments": "code",       # "textbook": R = softmax(E ln pi + ln p) (module docstring).
+    "prior_alpha": 1.0,          # Dirichlet alpha0.
+    "prior_kappa": 1.0,          # Gaussian precision scaling kappa0.
+    "prior_nu_offset": 1.0,      # Wishart degrees of freedom nu0 = D + this.
+    "prior_psi": 1.0,            # Wishart scale Psi0 = prior_psi x identity.
+    "mass_epsilon": 1e-7,        # Added to R_j where the code divides by it (not in the code).
+    "beta_u_init": 0.0,
+    "beta_a_init": 0.0,
+}
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+class Posterior(NamedTuple):
+  """The parents' posteriors after a parameter update, each ``(batch, out_caps, positions
+  [, D])``: ``mean`` m_j, ``precision_scale`` Psi_j (diagonal), ``kappa``, ``nu``,
+  ``log_mixing`` E ln pi_j and ``log_det_precision`` E ln|Lambda_j|."""
+  mean: jax.Array
+  precision_scale: jax.Array
+  kappa: jax.Array
+  nu: jax.Array
+  log_mixing: jax.Array
+  log_det_precision: jax.Array
+
+
+class VBResult(NamedTuple):
+  """poses ``m_j (batch, out_caps, positions, D)``; ``activation_logits`` ``beta_a - (exp(E
+  ln pi_j) H_j + beta_u)``, ``(batch, out_caps, positions)`` (before the layer's batch norm
+  and sigmoid); diagnostics ``{name: (batch, iterations)}`` if asked for: ``coupling_entropy``
+  (nats per child), ``log_sigma`` (mean of ``-ln(nu_j Psi_j) / 2``, the log standard deviation
+  of the expected precision), ``mixing_entropy`` (of ``E[pi]`` per position)."""
+  poses: jax.Array
+  activation_logits: jax.Array
+  diagnostics: dict
+
+
+def expected_log_det_precision(nu: jax.Array, precision_scale: jax.Array) -> jax.Array:
+  """``E ln|Lambda| = sum_{k<D} digamma((nu - k)/2) + D ln 2 + sum_h ln Psi_h`` (Bishop Eq.
+  10.65, diagonal Psi)."""
+  d = precision_scale.shape[-1]
+  k = jnp.arange(d, dtype=nu.dtype)
+  return (jnp.sum(digamma(0.5 * (nu[..., None] - k)), axis=-1) + d * math.log(2.0)
+          + jnp.sum(jnp.log(precision_scale), axis=-1))
+
+
+def update_posteriors(votes: jax.Array, weights: jax.Array, settings: dict) -> Posterior:
+  """The parameter update from ``weights`` ``R_ij a_i (batch, children, out_caps,
+  positions)`` and ``votes (batch, children, out_caps, positions, D)``."""
+  d = votes.shape[-1]
+  mass = jnp.sum(weights, axis=1)                                           # R_j
+  alpha = settings["prior_alpha"] + mass
+  kappa = settings["prior_kappa"] + mass
+  nu = d + settings["prior_nu_offset"] + mass
+  w = weights[..., None]
+  average = jnp.sum(w * votes, axis=1) / (mass + settings["mass_epsilon"])[..., None]
+  scatter = jnp.sum(w * jnp.square(votes - average[:, None]), axis=1)       # S_j
+  mean = (mass / kappa)[..., None] * average                                 # m0 = 0
+  inverse_scale = (1.0 / settings["prior_psi"] + scatter
+                   + (settings["prior_kappa"] * mass / kappa)[..., None] * jnp.square(average))
+  precision_scale = 1.0 / inverse_scale
+  log_mixing = digamma(alpha) - digamma(jnp.sum(alpha, axis=1, keepdims=True))
+  return Posterior(mean, precision_scale, kappa, nu, log_mixing,
+                   expected_log_det_precision(nu, precision_scale))
+
+
+def log_predictive(votes: jax.Array, q: Posterior) -> jax.Array:
+  """``ln p_ij`` (the module docstring), ``(batch, children, out_caps, positions)``."""
+  d = votes.shape[-1]
+  quadratic = jnp.sum(q.precision_scale[:, None] * jnp.square(votes - q.mean[:, None]), axis=-1)
+  expected = d / q.kappa[:, None] + q.nu[:, None] * quadratic
+  return 0.5 * (q.log_det_precision[:, None] - d * _LOG_2PI - expected)
+
+
+def assignments_from(log_p: jax.Array, q: Posterior, mode: str) -> jax.Array:
+  """New assignments ``R (batch, children, out_caps, positions)``, normalised over out_caps."""
+  joint = q.log_mixing[:, None] + log_p
+  if mode == "textbook":
+    return jax.nn.softmax(joint, axis=2)
+  return jnp.exp(log_p - jax.nn.logsumexp(joint, axis=2, keepdims=True))
+
+
+def activation_logits(q: Posterior, beta_u: jax.Array, beta_a: jax.Array) -> jax.Array:
+  """``beta_a - (exp(E ln pi_j) H_j + beta_u)``, ``H_j`` the Gaussian's expected entropy."""
+  d = q.mean.shape[-1]
+  entropy = 0.5 * d * (_LOG_2PI + 1.0) - 0.5 * q.log_det_precision
+  return beta_a[:, None] - (jnp.exp(q.log_mixing) * entropy + beta_u[:, None])
+
+
+def vb_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta_a: jax.Array,
+               *, settings: dict, diagnostics: bool = False) -> VBResult:
+  """Variational Bayes routing of ``votes (batch, children, out_caps, positions, D)``;
+  ``activations`` a_i broadcastable to ``(batch, children, out_caps, positions)``;
+  ``beta_u``, ``beta_a`` ``(out_caps,)``."""
+  check(settings)
+  iterations = settings["iterations"]
+  batch, children, out_caps, positions, _ = votes.shape
+  assignments = jnp.full((batch, children, out_caps, positions), 1.0 / out_caps, votes.dtype)
+  measured = jnp.zeros((3, iterations, batch), votes.dtype)
+
+  def measure(measured, t, assignments, q):
+    if not diagnostics:
+      return measured
+    assignments, q = jax.lax.stop_gradient((assignments, q))
+    r = assignments
+    coupling = -jnp.sum(jnp.where(r > 0, r * jnp.log(jnp.where(r > 0, r, 1.0)), 0.0),
+                        axis=(1, 2, 3)) / children
+    log_sigma = -0.5 * jnp.log(q.nu[..., None] * q.precision_scale)
+    pi = jnp.exp(q.log_mixing)
+    pi = pi / jnp.sum(pi, axis=1, keepdims=True)
+    mixing = -jnp.mean(jnp.sum(pi * jnp.log(pi), axis=1), axis=-1)
+    row = jnp.stack([coupling, jnp.mean(log_sigma.reshape(batch, -1), axis=1), mixing])
+    return measured.at[:, t].set(row)
+
+  def iteration(t, carry):
+    assignments, measured = carry
+    q = update_posteriors(votes, assignments * activations, settings)
+    measured = measure(measured, t, assignments, q)
+    assignments = assignments_from(log_predictive(votes, q), q, settings["assignments"])
+    if settings["stop_gradient"]:
+      assignments = jax.lax.stop_gradient(assignments)
+    return assignments, measured
+
+  # As EM routing: the backward pass recomputes each iteration instead of storing
+  # votes-sized temporaries.
+  iteration = jax.checkpoint(iteration, policy=jax.checkpoint_policies.nothing_saveable)
+  assignments, measured = jax.lax.fori_loop(0, iterations - 1, iteration,
+                                            (assignments, measured))
+  q = update_posteriors(votes, assignments * activations, settings)
+  found = {}
+  if diagnostics:
+    measured = measure(measured, iterations - 1, assignments, q)
+    names = ("coupling_entropy", "log_sigma", "mixing_entropy")
+    found = {name: measured[k].T for k, name in enumerate(names)}
+  return VBResult(q.mean, activation_logits(q, beta_u, beta_a), found)
+
+
+def check(settings: dict) -> None:
+  """UsageError naming the setting that variational Bayes routing cannot use."""
+  check_iterations(settings["iterations"])
+  if settings["assignments"] not in ASSIGNMENTS:
+    raise UsageError(f"config.model.routing.assignments must be one of {ASSIGNMENTS}, "
+                     f"got {settings['assignments']!r}.")
+  for key in ("prior_alpha", "prior_kappa", "prior_psi", "mass_epsilon"):
+    if not (isinstance(settings[key], (int, float)) and settings[key] > 0):
+      raise UsageError(f"config.model.routing.{key} must be a number > 0, "
+                       f"got {settings[key]!r}.")
+  if not (isinstance(settings["prior_nu_offset"], (int, float))
+          and settings["prior_nu_offset"] > -1):
+    raise UsageError("config.model.routing.prior_nu_offset must be > -1 (the Wishart needs "
+                     f"nu0 > D - 1), got {settings['prior_nu_offset']!r}.")
+
+
+def route(votes, *, inputs=None, activations, params, rng=None, settings, train=False,
+          diagnostics=False) -> RoutingResult:
+  """The router interface (:mod:`capsjax.routing`): fully connected VB routing.
+
+  Args:
+    votes: ``(batch, in_caps, out_caps, D)`` (vector capsules' votes route as D Gaussian
+      dimensions, as under ``em``).
+    activations: the children's a_i ``(batch, in_caps)`` (vector capsules: their lengths).
+    params: ``beta_u``, ``beta_a``, ``(out_caps,)``.
+
+  Returns:
+    Parent poses ``m_j`` ``(batch, out_caps, D)`` and activations ``sigmoid(a_j)``. The
+    authors' code batch-normalises ``a_j`` (and the poses) first; that needs state, which
+    ``em_capsnet``'s capsule layers keep and a router does not, so on other backbones the
+    logits go to the sigmoid as they are.
+  """
+  del inputs, rng, train
+  result = vb_routing(votes[:, :, :, None, :], activations[:, :, None, None],
+                      params["beta_u"], params["beta_a"], settings=settings,
+                      diagnostics=diagnostics)
+  return RoutingResult(result.poses[:, :, 0], jax.nn.sigmoid(result.activation_logits[:, :, 0]),
+                       result.diagnostics)
+
+
+# beta_u and beta_a per parent, as EM routing's (here initialised to 0, the VB code's).
+ROUTER = Router(name="variational_bayes", settings=SETTINGS, route=route, parameters=parameters,
+                check=check, yields_activations=True, squashes=False)
