@@ -23,6 +23,7 @@ compare it with ``python -m capsjax.benchmark --config=configs/em_mnist.py
 import json
 import math
 import platform
+import resource
 import time
 
 from absl import app, flags
@@ -195,6 +196,7 @@ def main(argv):
       "trainable_parameters": sum(p.numel() for p in model.parameters()),
       "first_step_s": round(first_s, 2), "steps": steps, "s_per_step": round(seconds, 4),
       "train_images_per_s": round(batch / seconds, 2), "last_loss": float(loss),
+      "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
       "cpu": platform.processor() or platform.machine()}))
 
 

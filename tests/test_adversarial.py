@@ -92,6 +92,11 @@ def test_checks_catch_a_rising_curve_and_a_weak_iterative_attack():
   assert evaluator.checks(good) == {"check_accuracy_falls": 1.0,
                                     "check_pgd_at_least_fgsm": 1.0,
                                     "check_unbounded_at_most_chance": 1.0}
+  # Two examples of 400 back at a small accuracy (1.5% -> 2%): within two standard errors
+  # (1.2%), sampling noise, not masking; 0.9 -> 0.95 is beyond them (2 x 1.5% = 3%).
+  noisy = {**good, "pgd_eps0_accuracy": 0.015, "pgd_eps0.1_accuracy": 0.02,
+           "fgsm_eps0_accuracy": 0.015, "fgsm_eps0.1_accuracy": 0.02}
+  assert evaluator.checks(noisy)["check_accuracy_falls"] == 1.0
   rising = {**good, "fgsm_eps0.1_accuracy": 0.95, "pgd_eps0.1_accuracy": 0.96,
             "pgd_unbounded_accuracy": 0.14}
   assert evaluator.checks(rising) == {"check_accuracy_falls": 0.0,

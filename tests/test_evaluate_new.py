@@ -58,13 +58,14 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
     assert (trained / figure).exists()
   assert "adversarial (checkpoint step 4, final): accuracy" in result.stdout
 
-  # A second call adds its evaluations and keeps the others.
-  again = _evaluate(trained, "--evals=configs/evals/robustness.py:limit=8",
+  # A second call replaces the evaluations it names and keeps the others.
+  again = _evaluate(trained, "--evals=configs/evals/robustness.py:adversarial,limit=8",
                     "--evals.adversarial.steps=1", "--evals.adversarial.epsilons=0,0.1")
   assert again.returncode == 0, again.stderr
   extra = json.loads((trained / "extra_evaluations.json").read_text())
   assert set(extra) == {"adversarial", "detection", "vote_attack"}
   assert extra["adversarial"]["settings"]["limit"] == 8
+  assert extra["detection"]["settings"]["limit"] == 12
 
   clash = tmp_path / "clash.py"
   clash.write_text("import ml_collections\n\ndef get_config():\n"
