@@ -145,8 +145,17 @@ def test_diagnostics_per_iteration():
   assert set(result.diagnostics) == {"coupling_entropy", "log_sigma", "mixing_entropy"}
   for value in result.diagnostics.values():
     assert value.shape == (2, 3) and np.isfinite(value).all()
-  # The first iteration's assignments are uniform over 3 parents: log 3 nats per child.
+  # The first iteration's assignments are uniform over 3 parents: log 3 nats per child; later
+  # ones (the code's rule, unnormalised) are measured normalised: within [0, log 3].
   np.testing.assert_allclose(result.diagnostics["coupling_entropy"][:, 0], math.log(3),
+                             rtol=1e-5)
+  assert np.all(result.diagnostics["coupling_entropy"] >= 0)
+  assert np.all(result.diagnostics["coupling_entropy"] <= math.log(3) + 1e-5)
+  # Convolutional layout: 4 positions, each child routed on its own, the same measure.
+  conv = vb.vb_routing(jnp.asarray(rng.normal(size=(2, 6, 3, 4, 16)), jnp.float32),
+                       jnp.ones((2, 6, 1, 4)), jnp.zeros(3), jnp.zeros(3), settings=CODE,
+                       diagnostics=True)
+  np.testing.assert_allclose(conv.diagnostics["coupling_entropy"][:, 0], math.log(3),
                              rtol=1e-5)
 
 

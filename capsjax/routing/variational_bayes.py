@@ -97,7 +97,8 @@ class VBResult(NamedTuple):
   """poses ``m_j (batch, out_caps, positions, D)``; ``activation_logits`` ``beta_a - (exp(E
   ln pi_j) H_j + beta_u)``, ``(batch, out_caps, positions)`` (before the layer's batch norm
   and sigmoid); diagnostics ``{name: (batch, iterations)}`` if asked for: ``coupling_entropy``
-  (nats per child), ``log_sigma`` (mean of ``-ln(nu_j Psi_j) / 2``, the log standard deviation
+  (nats, the mean over routed children of the entropy of their assignments normalised over the
+  parents; a convolutional layer routes each receptive-field copy of a child), ``log_sigma`` (mean of ``-ln(nu_j Psi_j) / 2``, the log standard deviation
   of the expected precision), ``mixing_entropy`` (of ``E[pi]`` per position)."""
   poses: jax.Array
   activation_logits: jax.Array
@@ -171,9 +172,11 @@ def vb_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
     if not diagnostics:
       return measured
     assignments, q = jax.lax.stop_gradient((assignments, q))
-    r = assignments
+    # Over the parents of each routed child (a receptive-field copy in a convolutional layer),
+    # of R normalised to sum to one (the code's rule leaves them unnormalised).
+    r = assignments / jnp.sum(assignments, axis=2, keepdims=True)
     coupling = -jnp.sum(jnp.where(r > 0, r * jnp.log(jnp.where(r > 0, r, 1.0)), 0.0),
-                        axis=(1, 2, 3)) / children
+                        axis=(1, 2, 3)) / (children * positions)
     log_sigma = -0.5 * jnp.log(q.nu[..., None] * q.precision_scale)
     pi = jnp.exp(q.log_mixing)
     pi = pi / jnp.sum(pi, axis=1, keepdims=True)
