@@ -83,7 +83,7 @@ def make_config(*, smoke: bool = False) -> ml_collections.ConfigDict:
   # the same after one epoch (experiments/README.md).
   c.model.decoder = ml_collections.ConfigDict(
       dict(enabled=True, hidden=(512, 1024), init_scale=0.0, bias_init=0.0))
-  c.model.conv_impl = "auto"        # "auto" | "native" | "im2col" | "polyphase" (CPU).
+  c.model.conv_impl = "auto"  # "auto" | "native" | "im2col" | "polyphase" | "winograd[4]".
   c.model.compute_dtype = "float32"  # "bfloat16": convs and decoder in bf16.
 
   c.loss = ml_collections.ConfigDict(dict(

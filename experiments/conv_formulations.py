@@ -17,6 +17,8 @@ with respect to input and kernel, per form:
 * ``chunked``: ``im2col`` over chunks of ``--chunk`` images by ``lax.map`` (cache-sized patches);
 * ``split``: a custom VJP: im2col forward, the input gradient as XLA's transposed convolution,
   the kernel gradient as the saved patches times the output gradient;
+* ``winograd`` / ``winograd4``: Winograd's F(2x2, 3x3) / F(4x4, 3x3) for the 3x3 stride-1
+  convolutions (``capsjax/models/winograd.py``, its own custom VJP), im2col for the others;
 * ``tensorflow``: ``tf.nn.conv2d`` in a ``tf.function`` (oneDNN on x86), if TensorFlow is
   installed: the reference of ``experiments/keras_efficient_capsnet.py``.
 
@@ -31,7 +33,8 @@ import time
 
 from absl import app, flags, logging
 
-FORMS = ("native", "im2col", "shifted", "chunked", "split", "tensorflow")
+FORMS = ("native", "im2col", "shifted", "chunked", "split", "winograd", "winograd4",
+         "tensorflow")
 SHAPES = (("conv1", 28, 1, 32, 5, 1), ("conv2", 24, 32, 64, 3, 1),
           ("conv3", 22, 64, 64, 3, 1), ("conv4", 20, 64, 128, 3, 2))
 
@@ -82,7 +85,8 @@ def jax_forms(chunk: int) -> dict:
   split.defvjp(split_forward, split_backward)
   native = lambda x, w, s: layers.conv2d(x, w, s, "native")
   return {"native": native, "im2col": im2col, "shifted": shifted, "chunked": chunked,
-          "split": split}
+          "split": split, "winograd": lambda x, w, s: layers.conv2d(x, w, s, "winograd"),
+          "winograd4": lambda x, w, s: layers.conv2d(x, w, s, "winograd4")}
 
 
 def median_ms(fn, repeats: int) -> float:

@@ -16,8 +16,9 @@ from flax import nnx
 
 from capsjax import routing as routing_lib
 from capsjax.common.errors import UsageError
+from capsjax.models import winograd
 
-CONV_IMPLS = ("auto", "native", "polyphase", "im2col")
+CONV_IMPLS = ("auto", "native", "polyphase", "im2col", "winograd", "winograd4")
 PADDINGS = ("VALID", "SAME")
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -59,6 +60,9 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto",
       costs a patch tensor k*k times the output's size, and on XLA:CPU it was
       the fastest for both of the paper's convolutions, forward and gradients
       (README, Performance, has the timings).
+    * ``"winograd"`` / ``"winograd4"``: 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) /
+      F(4x4, 3x3) (:mod:`capsjax.models.winograd`: 16/36 and 36/144 of the multiplications,
+      gradients included); other shapes by im2col.
     * ``"auto"``: im2col on CPU, native elsewhere (cuDNN and XLA:TPU handle
       strided convolutions well).
   """
@@ -71,7 +75,9 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto",
                     same_padding(x.shape[2], kernel.shape[1], stride), (0, 0)))
   if impl == "auto":
     impl = "im2col" if jax.default_backend() == "cpu" else "native"
-  if impl == "im2col":
+  if impl in ("winograd", "winograd4") and kernel.shape[:2] == (3, 3) and stride == 1:
+    return winograd.conv2d_winograd(x, kernel, tile=4 if impl == "winograd4" else 2)
+  if impl in ("im2col", "winograd", "winograd4"):
     return _conv_im2col(x, kernel, stride)
   if impl == "native" or stride == 1:
     return _conv_native(x, kernel, stride)

@@ -26,6 +26,9 @@ class TrainLog:
     self.writer = reporting.MetricWriter(workdir) if is_main else None
     self.bar = reporting.ProgressBar(plan.num_steps) if is_main else None
     self.pending: list[tuple[int, dict]] = []   # (first step, stacked metrics) not yet fetched.
+    # Fetched at a checkpoint that was not a log point: logged with the next log point's, so a
+    # logged mean is over every step since the last log, however often the run checkpoints.
+    self.unwritten: list[tuple[np.ndarray, dict]] = []
     self.seconds, self.steps_timed = 0.0, 0
     self.timer_start, self.timer_step = None, 0
 
@@ -49,6 +52,12 @@ class TrainLog:
     steps_, host = _host_metrics(self.pending)
     self.pending = []
     means, bad_step = _first_nonfinite(steps_, host)
+    if not write:
+      self.unwritten.append((steps_, host))
+    elif self.unwritten:
+      self.unwritten.append((steps_, host))
+      means = _first_nonfinite(*_joined(self.unwritten))[0]
+      self.unwritten = []
     if bad_step is not None:
       self.ckpt.wait()
       good = self.ckpt.latest_step()
@@ -96,9 +105,16 @@ class TrainLog:
 def _host_metrics(pending: list[tuple[int, dict]]) -> tuple[np.ndarray, dict]:
   """The steps (1-based: step n's metrics are of the parameters before update n) and the
   pending train metrics on the host, one row per step."""
-  steps_ = np.concatenate([start + 1 + np.arange(len(np.asarray(m["loss"]))) for start, m in pending])
+  steps_ = np.concatenate([start + 1 + np.arange(len(np.asarray(m["loss"])))
+                           for start, m in pending])
   host = {k: np.concatenate([np.asarray(m[k]) for _, m in pending]) for k in pending[0][1]}
   return steps_, host
+
+
+def _joined(parts: list[tuple[np.ndarray, dict]]) -> tuple[np.ndarray, dict]:
+  """Fetched ``(steps, metrics)`` of consecutive flushes as one."""
+  return (np.concatenate([steps_ for steps_, _ in parts]),
+          {k: np.concatenate([host[k] for _, host in parts]) for k in parts[0][1]})
 
 
 def _first_nonfinite(steps_: np.ndarray, host: dict) -> tuple[dict, int | None]:
