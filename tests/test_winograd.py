@@ -78,3 +78,22 @@ def test_bad_kernels_and_tiles_are_named():
     winograd.conv2d_winograd(x, jnp.zeros((5, 5, 1, 1)))
   with pytest.raises(ValueError, match="tile must be one of .* got 3"):
     winograd.conv2d_winograd(x, jnp.zeros((3, 3, 1, 1)), tile=3)
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_chunks_of_the_batch_give_the_whole_batchs_values_and_gradients(tile):
+  rng = np.random.default_rng(10 + tile)
+  x = jnp.asarray(rng.standard_normal((12, 8, 7, 3)).astype(np.float32))
+  k = jnp.asarray(rng.standard_normal((3, 3, 3, 4)).astype(np.float32))
+  cotangent = jnp.asarray(rng.standard_normal((12, 6, 5, 4)).astype(np.float32))
+
+  def value_and_grads(chunk):
+    conv = lambda x, k: winograd.conv2d_winograd(x, k, tile, chunk=chunk)
+    grads = jax.grad(lambda x, k: jnp.sum(cotangent * conv(x, k)), argnums=(0, 1))(x, k)
+    return (conv(x, k), *grads)
+
+  whole = value_and_grads(None)
+  for chunk in (4, 5):  # 5 does not divide 12: the whole batch at once.
+    for got, reference in zip(value_and_grads(chunk), whole):
+      np.testing.assert_allclose(got, reference, rtol=0,
+                                 atol=1e-5 * float(jnp.abs(reference).max()))

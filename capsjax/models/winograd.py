@@ -142,15 +142,57 @@ def _winograd_bwd(tile, residuals, dy):
 _winograd.defvjp(_winograd_fwd, _winograd_bwd)
 
 
-def conv2d_winograd(x: jax.Array, kernel: jax.Array, tile: int = 2) -> jax.Array:
+def _chunks(a: jax.Array, chunk: int) -> jax.Array:
+  return a.reshape(a.shape[0] // chunk, chunk, *a.shape[1:])
+
+
+def _unchunk(a: jax.Array) -> jax.Array:
+  return a.reshape(-1, *a.shape[2:])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _winograd_chunked(x, kernel, tile, chunk):
+  return _unchunk(jax.lax.map(lambda part: _forward(part, kernel, tile)[0], _chunks(x, chunk)))
+
+
+def _winograd_chunked_fwd(x, kernel, tile, chunk):
+  return _winograd_chunked(x, kernel, tile, chunk), (x, kernel)
+
+
+def _winograd_chunked_bwd(tile, chunk, residuals, dy):
+  # Chunk by chunk, recomputing each chunk's transformed input (cheap, and it stays in cache)
+  # instead of storing it, and the kernel gradient summed over the chunks afterwards: the
+  # backward pass of a lax.map over the plain VJP would stack every chunk's residuals.
+  x, kernel = residuals
+
+  def chunk_gradients(part):
+    x_part, dy_part = part
+    v = _transformed_input(x_part, tile)
+    return _winograd_bwd(tile, (v, kernel, x_part.shape), dy_part)
+
+  dx, dkernel = jax.lax.map(chunk_gradients, (_chunks(x, chunk), _chunks(dy, chunk)))
+  return _unchunk(dx), dkernel.sum(0)
+
+
+_winograd_chunked.defvjp(_winograd_chunked_fwd, _winograd_chunked_bwd)
+
+
+def conv2d_winograd(x: jax.Array, kernel: jax.Array, tile: int = 2,
+                    chunk: int | None = 8) -> jax.Array:
   """``(batch, h, w, in) * (3, 3, in, out)`` -> ``(batch, h - 2, w - 2, out)``, VALID, stride 1,
   by Winograd's F(tile x tile, 3 x 3) (``tile`` 2 or 4).
 
   Inputs whose output is not a multiple of ``tile`` are padded with zeros at the bottom and
   right, and the extra outputs cut off. The gradients are Winograd's too (a custom VJP).
+  ``chunk``: when it divides a larger batch, forward and backward go ``chunk`` images at a time
+  (``lax.map``), so the transformed tiles stay in cache: on a 2-core Xeon this made the forward
+  of Efficient-CapsNet's 3x3 convolutions at batch 128 about 3x faster than unchunked
+  (docs/performance.md). ``None``: the whole batch at once.
   """
   if kernel.shape[:2] != (3, 3):
     raise ValueError(f"Winograd convolution needs a 3x3 kernel, got {kernel.shape[:2]}.")
   if tile not in TRANSFORMS:
     raise ValueError(f"Winograd tile must be one of {tuple(TRANSFORMS)}, got {tile!r}.")
+  if chunk and x.shape[0] > chunk and x.shape[0] % chunk == 0:
+    return _winograd_chunked(x, kernel, tile, chunk)
   return _winograd(x, kernel, tile)
