@@ -51,13 +51,8 @@ class TrainLog:
       return
     steps_, host = _host_metrics(self.pending)
     self.pending = []
-    means, bad_step = _first_nonfinite(steps_, host)
-    if not write:
-      self.unwritten.append((steps_, host))
-    elif self.unwritten:
-      self.unwritten.append((steps_, host))
-      means = _first_nonfinite(*_joined(self.unwritten))[0]
-      self.unwritten = []
+    self.unwritten.append((steps_, host))
+    bad_step = _first_nonfinite(steps_, host)
     if bad_step is not None:
       self.ckpt.wait()
       good = self.ckpt.latest_step()
@@ -75,7 +70,11 @@ class TrainLog:
       if warning and self.bar is not None:
         self.bar.message(warning)
     rate = self.images_per_second() or float("nan")
-    if self.writer is not None and write:
+    if not write:
+      return
+    means = {k: np.mean(v, axis=0).tolist() for k, v in _joined(self.unwritten)[1].items()}
+    self.unwritten = []
+    if self.writer is not None:
       # No rate until a step after the compiling one is timed (e.g. the first log of a resumed
       # run): the key is left out rather than logged as NaN.
       timing = {"images_per_second": rate} if rate == rate else {}
@@ -117,8 +116,7 @@ def _joined(parts: list[tuple[np.ndarray, dict]]) -> tuple[np.ndarray, dict]:
           {k: np.concatenate([host[k] for _, host in parts]) for k in parts[0][1]})
 
 
-def _first_nonfinite(steps_: np.ndarray, host: dict) -> tuple[dict, int | None]:
-  """Mean of the train metrics, and the first step whose loss is not finite."""
+def _first_nonfinite(steps_: np.ndarray, host: dict) -> int | None:
+  """The first step whose loss is not finite."""
   bad = np.flatnonzero(~np.isfinite(host["loss"]))
-  means = {k: np.mean(v, axis=0).tolist() for k, v in host.items()}
-  return means, (int(steps_[bad[0]]) if bad.size else None)
+  return int(steps_[bad[0]]) if bad.size else None
