@@ -56,6 +56,24 @@ def test_conv_matches_numpy_cross_correlation():
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend,kernel,stride,convolutions,dots", [
+    ("gpu", 9, 2, 4, 0),   # The paper's PrimaryCapsules: four stride-1 phase convolutions.
+    ("gpu", 3, 2, 1, 0),   # Efficient-CapsNet's strided 3x3: cuDNN's own.
+    ("gpu", 9, 1, 1, 0),
+    ("tpu", 9, 2, 1, 0),
+    ("cpu", 9, 2, 0, 1),   # im2col: one matmul.
+    ("cpu", 3, 1, 0, 1)])
+def test_auto_conv_impl_by_backend_and_shape(monkeypatch, backend, kernel, stride,
+                                              convolutions, dots):
+  """What "auto" builds, read off the program: the rule of conv2d's docstring per backend."""
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  x, w = jnp.zeros((1, 20, 20, 2)), jnp.zeros((kernel, kernel, 2, 3))
+  eqns = jax.make_jaxpr(lambda x, w: layers.conv2d(x, w, stride, "auto"))(x, w).eqns
+  names = [e.primitive.name for e in eqns]
+  assert (names.count("conv_general_dilated"), names.count("dot_general")) == (convolutions,
+                                                                                  dots)
+
+
 def test_unknown_conv_impl():
   with pytest.raises(ValueError, match="conv impl must be one of"):
     layers.conv2d(jnp.zeros((1, 5, 5, 1)), jnp.zeros((3, 3, 1, 1)), 2, "fft")

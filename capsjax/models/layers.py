@@ -63,8 +63,12 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto",
     * ``"winograd"`` / ``"winograd4"``: 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) /
       F(4x4, 3x3) (:mod:`capsjax.models.winograd`: 16/36 and 36/144 of the multiplications,
       gradients included); other shapes by im2col.
-    * ``"auto"``: im2col on CPU, native elsewhere (cuDNN and XLA:TPU handle
-      strided convolutions well).
+    * ``"auto"``: im2col on CPU. On a GPU, polyphase for strided convolutions with kernels
+      larger than 3x3 and native for the rest: with cuDNN the paper CapsNet's train step ran
+      1.7-1.9x faster with its 9x9 stride-2 PrimaryCapsules written as polyphase, and
+      Efficient-CapsNet's 0.86x as fast with its 3x3 stride-2 convolution so (an H200,
+      docs/performance.md); kernels between those two sizes were not measured. Native on
+      TPUs (not measured).
   """
   if impl not in CONV_IMPLS:
     raise ValueError(f"conv impl must be one of {CONV_IMPLS}, got {impl!r}.")
@@ -74,7 +78,7 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto",
     x = jnp.pad(x, ((0, 0), same_padding(x.shape[1], kernel.shape[0], stride),
                     same_padding(x.shape[2], kernel.shape[1], stride), (0, 0)))
   if impl == "auto":
-    impl = "im2col" if jax.default_backend() == "cpu" else "native"
+    impl = _auto_conv_impl(jax.default_backend(), kernel.shape[:2], stride)
   if impl in ("winograd", "winograd4") and kernel.shape[:2] == (3, 3) and stride == 1:
     return winograd.conv2d_winograd(x, kernel, tile=4 if impl == "winograd4" else 2)
   if impl in ("im2col", "winograd", "winograd4"):
@@ -82,6 +86,16 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto",
   if impl == "native" or stride == 1:
     return _conv_native(x, kernel, stride)
   return _conv_polyphase(x, kernel, stride)
+
+
+def _auto_conv_impl(backend: str, kernel_size: tuple[int, int], stride: int) -> str:
+  """What ``conv2d(impl="auto")`` computes a convolution as on ``backend``: see
+  :func:`conv2d`."""
+  if backend == "cpu":
+    return "im2col"
+  if backend == "gpu" and stride > 1 and max(kernel_size) > 3:
+    return "polyphase"
+  return "native"
 
 
 DEPTHWISE_IMPLS = ("auto", "native", "window_sum", "shifted")
