@@ -187,10 +187,15 @@ def test_variational_bayes_routes_the_same_layers_with_batch_norms():
   moved = [not np.allclose(a, b) for a, b in zip(
       jax.tree.leaves(nnx.to_pure_dict(stats)), jax.tree.leaves(new_stats))]
   assert all(moved)
-  outputs = model.apply(batch, train=False)
-  scores = np.asarray(outputs.scores)
+
+  @jax.jit  # One program: op by op the routing took most of this test's time.
+  def evaluate(batch):
+    outputs = model.apply(batch, train=False)
+    return outputs.scores, model.metrics(outputs, batch)
+
+  scores, metrics = evaluate(batch)
+  scores = np.asarray(scores)
   assert scores.shape == (6, 3) and np.all((scores > 0) & (scores < 1))
-  metrics = model.metrics(outputs, batch)
   for name in ("caps1_coupling_entropy", "caps2_mixing_entropy", "log_sigma"):
     assert metrics[name].shape == (6, 3) and np.isfinite(metrics[name]).all()
 
