@@ -37,11 +37,14 @@ def _images(split):
       split.examples["labels"])
 
 
+def _l2(images, reconstructions):
+  return np.sqrt(np.sum((np.asarray(images) - np.asarray(reconstructions)) ** 2, axis=(1, 2, 3)))
+
+
 def _distances(model, images, labels):
   reconstruct = jax.jit(lambda x, y: model.apply({"images": x, "labels": y},
                                                  train=False).reconstructions)
-  return np.sqrt(np.sum((np.asarray(images) - np.asarray(reconstruct(images, labels))) ** 2,
-                        axis=(1, 2, 3)))
+  return _l2(images, reconstruct(images, labels))
 
 
 def test_the_threshold_is_the_validation_percentile_not_the_test_one(tmp_path):
@@ -90,8 +93,7 @@ def test_detection_rates_against_an_independent_computation(detected):
     return moved, before.predictions, after.predictions, after.reconstructions
 
   moved, clean, after, reconstructions = map(np.asarray, attacked(images))
-  distances = np.sqrt(np.sum((moved - reconstructions) ** 2, axis=(1, 2, 3)))
-  flagged = distances > result["threshold"]
+  flagged = _l2(moved, reconstructions) > result["threshold"]
   clean, after = clean == np.asarray(labels), after == np.asarray(labels)
   fooled = clean & ~after
   assert result["fgsm_eps0.3_detection_rate"] == pytest.approx(np.mean(flagged), abs=1e-6)
