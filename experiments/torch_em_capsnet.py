@@ -3,6 +3,7 @@ comparison (issue: "Matrix capsules with EM routing ...", item 7).
 
   python experiments/torch_em_capsnet.py --batch_size=16 --seconds=20
   python experiments/torch_em_capsnet.py --batch_size=64 --normalisation=patch
+  python experiments/torch_em_capsnet.py --batch_size=16 --device=cpu
 
 Not a sweep: a benchmark. A straightforward PyTorch implementation of the layout of
 ``configs/em_mnist.py`` (the authors' capsule_em network on 28x28 one-channel images, 10
@@ -10,9 +11,10 @@ classes, A=B=C=D=32: 318,420 parameters), written here from the authors' code
 (google-research ``capsule_em``) and the paper, not from capsjax, as a PyTorch user would write
 it: receptive fields by ``unfold``, votes by ``einsum``, the M- and E-steps as tensor
 expressions, autograd through all routing iterations, Adam, random MNIST-shaped images and
-labels already in memory. Routing as the code: 3 iterations, lambda = 0.01 (1 - 0.95^(t+1))
-(class layer / 4), mean damped 0.9/0.1, variance floor 0.0005, E-step in log space; the
-convolutional layers' assignments normalised per output type over stride-1 groups
+labels already in memory (on the GPU where there is one, ``--device``). Routing as the code:
+3 iterations, lambda = 0.01 (1 - 0.95^(t+1)) (class layer / 4), mean damped 0.9/0.1,
+variance floor 0.0005, E-step in log space; the convolutional layers' assignments normalised
+per output type over stride-1 groups
 (``--normalisation=code``, by ``fold``/``unfold``) or by a softmax over output types in each
 receptive field (``patch``, as most reimplementations do). The loss is the spread loss at the
 code's first margin (0.2142), mean over classes. The last line printed is one JSON object;
@@ -34,6 +36,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and the random batc
 _NORMALISATION = flags.DEFINE_enum("normalisation", "code", ["code", "patch"],
                                    "The convolutional capsule layers' E-step normalisation.")
 _THREADS = flags.DEFINE_integer("threads", 0, "torch.set_num_threads (0: PyTorch's default).")
+_DEVICE = flags.DEFINE_string("device", "", "torch device ('': cuda if there is one, else cpu).")
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -43,8 +46,8 @@ def em_routing(votes, activations, beta_u, beta_a, final_lambda, mass_eps, norma
   """votes (b, n, o, p, 16), activations (b, n, 1, p) -> poses (b, o, p, 16), act (b, o, p)."""
   import torch
   b, n, o, p, d = votes.shape
-  r = torch.full((b, n, o, p), 1.0 / o, dtype=votes.dtype)
-  mean = torch.zeros(b, o, p, d, dtype=votes.dtype)
+  r = torch.full((b, n, o, p), 1.0 / o, dtype=votes.dtype, device=votes.device)
+  mean = torch.zeros(b, o, p, d, dtype=votes.dtype, device=votes.device)
   for t in range(iterations):
     lam = final_lambda * (1 - 0.95 ** (t + 1))
     w = (r * activations).unsqueeze(-1)
@@ -163,12 +166,17 @@ def main(argv):
   import torch
   if _THREADS.value:
     torch.set_num_threads(_THREADS.value)
+  device = torch.device(_DEVICE.value or ("cuda" if torch.cuda.is_available() else "cpu"))
   torch.manual_seed(_SEED.value)
-  model = build_model(_NORMALISATION.value)
+  model = build_model(_NORMALISATION.value).to(device)
   optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
   batch = _BATCH.value
-  images = torch.randint(0, 256, (batch, 1, 28, 28)).float() / 255.0
-  labels = torch.randint(0, 10, (batch,))
+  images = (torch.randint(0, 256, (batch, 1, 28, 28)).float() / 255.0).to(device)
+  labels = torch.randint(0, 10, (batch,)).to(device)
+
+  def synchronize():
+    if device.type == "cuda":
+      torch.cuda.synchronize()
   margin = 0.2 + 0.79 / (1 + math.exp(4.0))
 
   def train_step():
@@ -184,11 +192,15 @@ def main(argv):
 
   start = time.perf_counter()
   train_step()
+  synchronize()
   first_s = time.perf_counter() - start
   steps, start = 0, time.perf_counter()
   while steps < 3 or time.perf_counter() - start < _SECONDS.value:
     loss = train_step()
     steps += 1
+    if steps % 10 == 0:
+      synchronize()
+  synchronize()
   seconds = (time.perf_counter() - start) / steps
   print(json.dumps({
       "framework": f"pytorch {torch.__version__}", "threads": torch.get_num_threads(),
@@ -197,6 +209,7 @@ def main(argv):
       "first_step_s": round(first_s, 2), "steps": steps, "s_per_step": round(seconds, 4),
       "train_images_per_s": round(batch / seconds, 2), "last_loss": float(loss),
       "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+      "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
       "cpu": platform.processor() or platform.machine()}))
 
 

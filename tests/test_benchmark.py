@@ -6,6 +6,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from capsjax.runs import hostmemory
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -141,3 +143,32 @@ def test_profile_depth_below_one_is_a_usage_error():
   assert result.returncode == 2
   assert "--profile_depth must be at least 1, got 0" in result.stderr
   assert "Traceback" not in result.stderr
+
+
+def test_flops_fall_back_to_the_optimised_program_where_the_backend_counts_none():
+  """JAX 0.11.2's GPU backend gives no cost analysis before optimisation (the benchmark stopped
+  with a TypeError on an H200): the count then comes from the compiled program, named a lower
+  bound. In a subprocess: capsjax.benchmark defines the command's flags."""
+  code = """
+import json
+import jax, jax.numpy as jnp
+from capsjax import benchmark
+lowered = jax.jit(lambda a: a @ a.T).lower(jnp.ones((64, 32)))
+
+class NoCountBeforeOptimisation:  # What the GPU backend's Lowered answers.
+  def cost_analysis(self):
+    return None
+
+  def compile(self):
+    return lowered.compile()
+
+print(json.dumps([benchmark._flops(lowered), benchmark._flops(NoCountBeforeOptimisation())]))
+"""
+  result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  before, after = json.loads(result.stdout.strip().splitlines()[-1])
+  assert before[1] == "xla_cost_analysis_before_optimisation"
+  assert after[1] == "xla_cost_analysis_after_optimisation_lower_bound"
+  for flops, _ in (before, after):
+    assert flops == pytest.approx(2 * 64 * 64 * 32, rel=0.05)

@@ -41,16 +41,20 @@ def _digest(path):
 def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained, tmp_path):
   """One test, so that the module trains one run (the tests run in parallel)."""
   summary = _digest(trained / "summary.json")
+  # One attack each (every attack is a compilation): the command is under test, not them.
   result = _evaluate(trained, "--evals=configs/evals/robustness.py:adversarial,detection,vote,"
                      "limit=12", "--evals.adversarial.steps=2", "--evals.detection.steps=2",
-                     "--evals.vote_attack.steps=2", "--evals.adversarial.epsilons=0,0.2")
+                     "--evals.vote_attack.steps=2", "--evals.adversarial.epsilons=0,0.2",
+                     "--evals.adversarial.attacks=pgd", "--evals.detection.attacks=pgd",
+                     "--evals.vote_attack.attacks=vote_pgd")
   assert result.returncode == 0, result.stderr
   assert _digest(trained / "summary.json") == summary  # The run's own results stay.
   extra = json.loads((trained / "extra_evaluations.json").read_text())
   assert set(extra) == {"adversarial", "detection", "vote_attack"}
   adversarial = extra["adversarial"]
   assert adversarial["checkpoint_step"] == 4 and adversarial["selected_on"] == "final"
-  assert adversarial["settings"]["epsilons"] == [0, 0.2]  # The override reached it.
+  assert adversarial["settings"]["epsilons"] == [0, 0.2]  # The overrides reached it.
+  assert adversarial["settings"]["attacks"] == ["pgd"]
   assert "pgd_eps0.2_accuracy" in adversarial["result"]
   assert "vote_pgd_eps0.3_accuracy" in extra["vote_attack"]["result"]
   assert 0 <= extra["detection"]["result"]["false_positive_rate"] <= 1
@@ -60,7 +64,8 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
 
   # A second call replaces the evaluations it names and keeps the others.
   again = _evaluate(trained, "--evals=configs/evals/robustness.py:adversarial,limit=8",
-                    "--evals.adversarial.steps=1", "--evals.adversarial.epsilons=0,0.1")
+                    "--evals.adversarial.steps=1", "--evals.adversarial.epsilons=0,0.1",
+                    "--evals.adversarial.attacks=pgd")
   assert again.returncode == 0, again.stderr
   extra = json.loads((trained / "extra_evaluations.json").read_text())
   assert set(extra) == {"adversarial", "detection", "vote_attack"}

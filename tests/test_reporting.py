@@ -64,3 +64,31 @@ def test_training_curves_show_a_short_runs_train_points(num_train):
     assert (train.get_marker() not in ("None", None, "")) == (num_train < 50)
     assert test.get_marker() == "s"
   np.testing.assert_allclose(fig.axes[1].get_lines()[0].get_ydata(), 50.0)
+
+
+def test_the_writer_does_not_import_torch_and_leaves_it_importable(tmp_path):
+  """tensorboardX imports PyTorch where it is installed (2 s of every run's start); the writer
+  keeps it out and leaves ``import torch`` working. In a fresh interpreter, as a run starts."""
+  import subprocess
+  import sys
+
+  code = f"""
+import importlib.util, json, sys
+from capsjax.runs import reporting
+writer = reporting.MetricWriter({str(tmp_path)!r})
+writer.write("train", 1, {{"loss": 0.5}})
+imported = "torch" in sys.modules
+print(json.dumps([imported, importlib.util.find_spec("torch") is not None]))
+"""
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == 0, result.stderr
+  imported, installed = json.loads(result.stdout.strip().splitlines()[-1])
+  assert not imported
+  assert (tmp_path / "tensorboard").is_dir()
+  assert json.loads((tmp_path / "metrics.jsonl").read_text())["loss"] == 0.5
+  if installed:  # Still importable after the writer: nothing was left blocked.
+    check = subprocess.run([sys.executable, "-c", code.replace(
+        "print(json.dumps", "import torch\nprint(json.dumps")], capture_output=True, text=True,
+        timeout=120)
+    assert check.returncode == 0, check.stderr
