@@ -185,7 +185,9 @@ def test_multimnist_capsnet_size_and_per_digit_objective():
   batch = {"images": jnp.minimum(digits.sum(1), 1.0), "labels": jnp.asarray([[1, 7], [0, 3],
                                                                               [9, 2]]),
            "reconstruction_targets": digits}
-  for train in (True, False):
+
+  @nnx.jit(static_argnames="train")  # One program per mode (op by op: ~10 s of compiling).
+  def objective_and_reference(model, batch, train):
     out = model.apply(batch, train=train)
     loss, parts = model.loss(out, batch)
     # By hand: Eq. 4 with both classes present, plus each digit decoded from its label's
@@ -196,17 +198,21 @@ def test_multimnist_capsnet_size_and_per_digit_objective():
                      + 0.5 * (1 - t) * jnp.maximum(0, lengths - 0.1) ** 2, axis=-1)
     recon = sum(jnp.sum((model.decode(out.class_capsules, batch["labels"][:, k])
                          - digits[:, k]) ** 2, axis=(1, 2, 3)) for k in range(2)) * 0.0005
+    decoded = model.decode(out.class_capsules, out.predictions)
+    return loss, parts, margin, recon, (lengths, out.predictions, out.reconstructions, decoded)
+
+  for train in (True, False):
+    loss, parts, margin, recon, evaluation = objective_and_reference(model, batch, train)
     np.testing.assert_allclose(np.asarray(parts["margin_loss"]), np.asarray(margin), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(parts["reconstruction_loss"]), np.asarray(recon),
                                rtol=1e-5)
     np.testing.assert_allclose(np.asarray(loss), np.asarray(margin + recon), rtol=1e-5)
-  # At evaluation the figures' reconstructions follow the two longest capsules.
-  out = model.apply(batch, train=False)
-  top2 = np.argsort(-np.asarray(out.lengths), axis=1)[:, :2]
-  np.testing.assert_array_equal(np.sort(np.asarray(out.predictions), 1), np.sort(top2, 1))
-  np.testing.assert_allclose(np.asarray(out.reconstructions),
-                             np.asarray(model.decode(out.class_capsules, out.predictions)),
-                             rtol=1e-6)
+  # At evaluation (the loop's last mode) the figures' reconstructions follow the two longest
+  # capsules.
+  lengths, predictions, reconstructions, decoded = evaluation
+  top2 = np.argsort(-np.asarray(lengths), axis=1)[:, :2]
+  np.testing.assert_array_equal(np.sort(np.asarray(predictions), 1), np.sort(top2, 1))
+  np.testing.assert_allclose(np.asarray(reconstructions), np.asarray(decoded), rtol=1e-6)
 
 
 @pytest.mark.parametrize("name,padding,grid,count", [
