@@ -1,5 +1,7 @@
 """Layers: every convolution implementation computes the same function."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -245,6 +247,7 @@ def test_every_depthwise_impl_is_the_grouped_convolution_values_and_gradients(si
   kernel = jnp.asarray(rng.normal(size=(9, 9, 1, 5)), jnp.float32)
   weights = jnp.asarray(rng.normal(size=(3, size - 8, size - 8, 5)), jnp.float32)
 
+  @functools.partial(jax.jit, static_argnums=0)  # One program per form, as a model runs it.
   def value_and_grads(impl):
     objective = lambda x, k: jnp.sum(weights * layers.depthwise_conv2d(x, k, impl))
     return layers.depthwise_conv2d(x, kernel, impl), jax.grad(objective, (0, 1))(x, kernel)

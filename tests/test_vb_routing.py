@@ -114,8 +114,9 @@ def test_finite_values_and_gradients_in_degenerate_cases():
     def loss(votes, acts):
       result = route(votes, acts, np.zeros(3), np.zeros(3), CODE)
       return jnp.sum(result.poses ** 2) + jnp.sum(jax.nn.sigmoid(result.activation_logits))
-    value, grads = jax.value_and_grad(loss, argnums=(0, 1))(jnp.asarray(votes, jnp.float32),
-                                                          jnp.asarray(acts, jnp.float32))
+    # Jitted, as training runs it (and one program, not an eager compilation per operation).
+    value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(
+        jnp.asarray(votes, jnp.float32), jnp.asarray(acts, jnp.float32))
     assert np.isfinite(value), name
     assert all(np.isfinite(g).all() for g in grads), name
 
@@ -128,7 +129,7 @@ def test_stop_gradient_cuts_the_assignments_path_only():
   def grad(settings):
     f = lambda v: jnp.sum(vb.vb_routing(v, acts, jnp.zeros(3), jnp.zeros(3),
                                         settings=settings).activation_logits)
-    return jax.grad(f)(votes)
+    return jax.jit(jax.grad(f))(votes)
 
   full, stopped = grad(CODE), grad(dict(CODE, stop_gradient=True))
   assert np.all(np.isfinite(stopped)) and np.abs(stopped).sum() > 0
