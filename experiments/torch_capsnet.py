@@ -24,7 +24,6 @@ The last line printed is one JSON object; compare it with ``python -m capsjax.be
 import json
 import platform
 import resource
-import time
 
 from absl import app, flags
 
@@ -90,6 +89,9 @@ def loss_fn(lengths, reconstruction, images, labels):
 def main(argv):
   del argv
   import torch
+
+  import torch_timing  # experiments/: the script's own folder is on sys.path.
+
   if _THREADS.value:
     torch.set_num_threads(_THREADS.value)
   torch.set_float32_matmul_precision(_PRECISION.value)
@@ -113,23 +115,9 @@ def main(argv):
     optimizer.step()
     return loss
 
-  def synchronize():
-    if device.type == "cuda":
-      torch.cuda.synchronize()
-
-  start = time.perf_counter()
-  for _ in range(3):  # The first steps compile (torch.compile) and pick cuDNN algorithms.
-    train_step()
-  synchronize()
-  first_s = time.perf_counter() - start
-  steps, start = 0, time.perf_counter()
-  while steps < 3 or time.perf_counter() - start < _SECONDS.value:
-    loss = train_step()
-    steps += 1
-    if steps % 10 == 0:
-      synchronize()
-  synchronize()
-  seconds = (time.perf_counter() - start) / steps
+  # The first steps compile (torch.compile) and pick cuDNN algorithms.
+  first_s, steps, seconds, loss = torch_timing.time_train_steps(train_step, device,
+                                                                _SECONDS.value, warmup_steps=3)
   print(json.dumps({
       "framework": f"pytorch {torch.__version__}", "compile": _COMPILE.value,
       "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -26,7 +26,6 @@ import json
 import math
 import platform
 import resource
-import time
 
 from absl import app, flags
 
@@ -164,6 +163,9 @@ def build_model(normalisation: str):
 def main(argv):
   del argv
   import torch
+
+  import torch_timing  # experiments/: the script's own folder is on sys.path.
+
   if _THREADS.value:
     torch.set_num_threads(_THREADS.value)
   device = torch.device(_DEVICE.value or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -173,10 +175,6 @@ def main(argv):
   batch = _BATCH.value
   images = (torch.randint(0, 256, (batch, 1, 28, 28)).float() / 255.0).to(device)
   labels = torch.randint(0, 10, (batch,)).to(device)
-
-  def synchronize():
-    if device.type == "cuda":
-      torch.cuda.synchronize()
   margin = 0.2 + 0.79 / (1 + math.exp(4.0))
 
   def train_step():
@@ -190,18 +188,8 @@ def main(argv):
     optimizer.step()
     return loss
 
-  start = time.perf_counter()
-  train_step()
-  synchronize()
-  first_s = time.perf_counter() - start
-  steps, start = 0, time.perf_counter()
-  while steps < 3 or time.perf_counter() - start < _SECONDS.value:
-    loss = train_step()
-    steps += 1
-    if steps % 10 == 0:
-      synchronize()
-  synchronize()
-  seconds = (time.perf_counter() - start) / steps
+  first_s, steps, seconds, loss = torch_timing.time_train_steps(train_step, device,
+                                                                _SECONDS.value)
   print(json.dumps({
       "framework": f"pytorch {torch.__version__}", "threads": torch.get_num_threads(),
       "normalisation": _NORMALISATION.value, "batch_size": batch,
