@@ -28,7 +28,8 @@ _MATMUL_SIZE = flags.DEFINE_integer("matmul_size", 0,
                                     "n of the n x n matmul; 0: 2048 on CPU, 8192 elsewhere.")
 _PROFILE = flags.DEFINE_boolean(
     "profile", False, "Also print the train step's time per layer (forward and backward ms, "
-    "share), from a JAX profiler trace.")
+    "share), from a JAX profiler trace (on a GPU without XLA's command buffers, so that each "
+    "kernel is seen).")
 _PROFILE_DEPTH = flags.DEFINE_integer(
     "profile_depth", 2, "Parts of a module's path a --profile row keeps (decoder.layers.0 at 2: "
     "decoder.layers).")
@@ -173,6 +174,7 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
       "conv_impl": config.model.get("conv_impl"),
       "compute_dtype": config.model.get("compute_dtype"),
       "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),  # See capsjax/runs/hostmemory.py.
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
       **profiled,
   }
 
@@ -202,6 +204,10 @@ def main(argv):
   with cli.clear_errors():
     if _PROFILE.value and _PROFILE_DEPTH.value < 1:
       raise UsageError(f"--profile_depth must be at least 1, got {_PROFILE_DEPTH.value}.")
+    if _PROFILE.value:  # Before any backend starts (layer_profile's docstring says why).
+      from capsjax.runs import layer_profile
+      os.environ["XLA_FLAGS"] = layer_profile.without_command_buffers(
+          os.environ.get("XLA_FLAGS", ""))
     result = run_benchmark(cli.config_from_flag(_CONFIG), _SECONDS.value, _MATMUL_SIZE.value,
                            _PROFILE_DEPTH.value if _PROFILE.value else 0)
   table = result.pop("layer_profile_table", None)

@@ -31,6 +31,8 @@ _BATCH = flags.DEFINE_integer("batch_size", 128, "Images per training step.")
 _SECONDS = flags.DEFINE_float("seconds", 20.0, "Minimum time to measure the rate over.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and the random batch.")
 _COMPILE = flags.DEFINE_bool("compile", False, "torch.compile the model and the loss.")
+_PROFILE = flags.DEFINE_bool("profile", False, "Also print the operators that take the most "
+                             "time in two steps (torch.profiler), before the JSON line.")
 _DEVICE = flags.DEFINE_string("device", "", "torch device ('' : cuda if there is one, else cpu).")
 _PRECISION = flags.DEFINE_enum("matmul_precision", "high", ["highest", "high", "medium"],
                                "torch.set_float32_matmul_precision.")
@@ -118,6 +120,8 @@ def main(argv):
   # The first steps compile (torch.compile) and pick cuDNN algorithms.
   first_s, steps, seconds, loss = torch_timing.time_train_steps(train_step, device,
                                                                 _SECONDS.value, warmup_steps=3)
+  if _PROFILE.value:
+    print(torch_timing.profile_train_steps(train_step, device))
   print(json.dumps({
       "framework": f"pytorch {torch.__version__}", "compile": _COMPILE.value,
       "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

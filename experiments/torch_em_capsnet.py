@@ -35,6 +35,8 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and the random batc
 _NORMALISATION = flags.DEFINE_enum("normalisation", "code", ["code", "patch"],
                                    "The convolutional capsule layers' E-step normalisation.")
 _THREADS = flags.DEFINE_integer("threads", 0, "torch.set_num_threads (0: PyTorch's default).")
+_PROFILE = flags.DEFINE_bool("profile", False, "Also print the operators that take the most "
+                             "time in two steps (torch.profiler), before the JSON line.")
 _DEVICE = flags.DEFINE_string("device", "", "torch device ('': cuda if there is one, else cpu).")
 
 LOG_2PI = math.log(2 * math.pi)
@@ -95,9 +97,11 @@ def build_model(normalisation: str):
           return torch.softmax(log_p, dim=2)
         g = log_p.view(b, i, k * k, o, oh * oh).permute(0, 1, 3, 2, 4)  # (b, i, o, kk, p)
         g = g - g.amax(dim=(3, 4), keepdim=True)
-        e = torch.exp(g).reshape(b * i * o, k * k, oh * oh)
-        total = F.fold(e, (oh + k - 1, oh + k - 1), k)                # stride-1 groups
-        total = F.unfold(total, k).view(b * i * o, k * k, oh * oh)
+        # Stride-1 groups by fold/unfold with (i, o) as channels: PyTorch's col2im/im2col
+        # loop over the batch (a kernel launch per image on CUDA), so (i, o) must not be in it.
+        e = torch.exp(g).reshape(b, i * o * k * k, oh * oh)
+        total = F.fold(e, (oh + k - 1, oh + k - 1), k)
+        total = F.unfold(total, k)
         r = (e / (total + 1e-7)).view(b, i, o, k * k, oh * oh).permute(0, 1, 3, 2, 4)
         return r.reshape(b, i * k * k, o, oh * oh)
 
@@ -190,12 +194,14 @@ def main(argv):
 
   first_s, steps, seconds, loss = torch_timing.time_train_steps(train_step, device,
                                                                 _SECONDS.value)
+  if _PROFILE.value:
+    print(torch_timing.profile_train_steps(train_step, device))
   print(json.dumps({
       "framework": f"pytorch {torch.__version__}", "threads": torch.get_num_threads(),
       "normalisation": _NORMALISATION.value, "batch_size": batch,
       "trainable_parameters": sum(p.numel() for p in model.parameters()),
       "first_step_s": round(first_s, 2), "steps": steps, "s_per_step": round(seconds, 4),
-      "train_images_per_s": round(batch / seconds, 2), "last_loss": float(loss),
+      "train_images_per_s": round(batch / seconds, 2), "last_loss": float(loss.detach()),
       "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
       "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
       "cpu": platform.processor() or platform.machine()}))

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from capsjax.runs import hostmemory
+from capsjax.runs import hostmemory, layer_profile
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 KEYS = ("train_images_per_second", "eval_images_per_second", "train_gflop_per_s",
@@ -133,6 +133,16 @@ def test_profile_prints_a_table_of_the_model_layers():
   assert "| primary_capsules.conv |" in result.stdout
   assert report["step_memory_bytes"] >= report["temp_memory_bytes"] > 0
   assert report["host_peak_rss_bytes"] > 0
+  # Set before the backend started (the CPU ignores it; a GPU's table depends on it).
+  assert report["xla_flags"].endswith("--xla_gpu_enable_command_buffer=")
+
+
+def test_profile_turns_off_command_buffers_unless_the_user_set_them():
+  assert layer_profile.without_command_buffers("") == "--xla_gpu_enable_command_buffer="
+  assert (layer_profile.without_command_buffers("--xla_cpu_use_xnnpack=true")
+          == "--xla_cpu_use_xnnpack=true --xla_gpu_enable_command_buffer=")
+  mine = "--xla_gpu_enable_command_buffer=FUSION"
+  assert layer_profile.without_command_buffers(mine) == mine
 
 
 def test_profile_depth_below_one_is_a_usage_error():

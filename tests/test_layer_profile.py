@@ -82,3 +82,27 @@ def test_op_seconds_times_the_ops_of_the_compiled_program():
   seconds = layer_profile.op_seconds(lambda: f(a).block_until_ready(), repeats=2)
   timed = {op for op, s in seconds.items() if s > 0}
   assert timed & names, (timed, names)
+
+
+def test_self_times_take_nested_events_out_of_the_event_around_them():
+  # A loop from 0 to 100 around two body ops (one with a nested op of its own), then an op
+  # after it, and the body op "a" again in a second loop iteration's place.
+  events = [(0, 100, "while.1"), (10, 30, "a"), (15, 10, "d"), (50, 40, "b"),
+            (120, 5, "c"), (130, 7, "a")]
+  assert layer_profile.self_times(events) == {
+      "while.1": 30, "a": 20 + 7, "d": 10, "b": 40, "c": 5}
+  # Self times add up to the time the thread was busy.
+  assert sum(layer_profile.self_times(events).values()) == 100 + 5 + 7
+
+
+def test_op_seconds_does_not_count_a_loop_body_twice():
+  f = jax.jit(lambda a: jax.lax.fori_loop(0, 20, lambda i, x: jnp.tanh(x @ a), a))
+  a = jnp.ones((256, 256)) / 256
+  seconds = layer_profile.op_seconds(lambda: f(a).block_until_ready(), repeats=2)
+  loops = [op for op in layer_profile.op_layers(f.lower(a).compile().as_text())
+           if op.startswith("while") and op in seconds]
+  assert loops, seconds
+  loop = sum(seconds[op] for op in loops)
+  body = sum(s for op, s in seconds.items() if op not in loops)
+  # The loop's own time is its bookkeeping; its 20 matmuls belong to the body's ops.
+  assert 0 <= loop < 0.1 * body, (loop, body)
