@@ -132,8 +132,12 @@ def test_it_learns_to_separate_two_classes(router, separated):
     updates, opt = tx.update(grads, opt, params)
     return optax.apply_updates(params, updates), state, opt, value
 
+  @jax.jit
+  def evaluation_scores(params, state):
+    return nnx.merge(graphdef, params, state).apply(batch, train=False).scores
+
   def separation(params):
-    scores = np.asarray(nnx.merge(graphdef, params, state).apply(batch, train=False).scores)
+    scores = np.asarray(evaluation_scores(params, state))
     true = scores[np.arange(16), labels]
     return np.mean(true - scores[np.arange(16), 1 - labels]), np.mean(true > scores[
         np.arange(16), 1 - labels])
