@@ -51,12 +51,13 @@ def _flops(lowered) -> tuple[float, str]:
   program before optimisation where the backend gives one (the CPU does; JAX 0.11's GPU backend
   gives none), else of the optimised program, in which a GPU's cuDNN convolutions count as no
   FLOPs (a lower bound, named as such)."""
-  cost = lowered.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  def first(cost):  # Some JAX versions give one analysis per partition.
+    return cost[0] if isinstance(cost, (list, tuple)) else cost
+
+  cost = first(lowered.cost_analysis())
   if cost and "flops" in cost:
     return float(cost["flops"]), "xla_cost_analysis_before_optimisation"
-  cost = lowered.compile().cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  cost = first(lowered.compile().cost_analysis())
   return float(cost["flops"]), "xla_cost_analysis_after_optimisation_lower_bound"
 
 
