@@ -33,6 +33,10 @@ _PROFILE = flags.DEFINE_boolean(
 _PROFILE_DEPTH = flags.DEFINE_integer(
     "profile_depth", 2, "Parts of a module's path a --profile row keeps (decoder.layers.0 at 2: "
     "decoder.layers).")
+_RUNS = flags.DEFINE_list(
+    "runs", [], "Instead: train images/s summed over N runs trained as one vectorised program "
+    "(capsjax.sweep --vectorize), for each N listed (e.g. 1,2,4,8); N=1 is the ordinary step, "
+    "and N runs one by one would sum to its rate.")
 flags.mark_flags_as_required(["config"])
 
 
@@ -180,6 +184,49 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
   }
 
 
+def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> list[dict]:
+  """Per N of ``run_counts``: train images/s summed over N runs advanced by one vectorised
+  step (:class:`capsjax.training.vectorize.VectorizedStep`; N=1: the ordinary jitted step),
+  ``speedup`` against N=1 (the rate of the same runs one by one), the seconds per dispatch
+  and the step's new memory per device."""
+  import jax
+
+  from capsjax.training import vectorize
+  from capsjax.training.runtime import Runtime
+
+  runtime = Runtime(config)
+  batch, num_steps = config.train.batch_size, config.train.steps_per_dispatch
+  split = random_split(runtime.task.dataset, max(4 * batch, 1024))
+  runtime.load({"train": split, "test": runtime.task.dataset.eval_split_like(split)})
+  examples, shared = runtime.on_devices(split)
+  state = runtime.fresh_state()
+  rows = []
+  for runs in run_counts:
+    if runs == 1:
+      step = runtime.make_train_step()
+      compiled = step.lower(state, examples, shared, num_steps).compile()
+      holder = [jax.tree.map(lambda x: x.copy(), state)]
+      call = lambda: compiled(holder[0], examples, shared)
+    else:
+      vstep = vectorize.VectorizedStep(runtime)
+      holder = [vectorize.stack([state] * runs, vectorize.replicated(runtime))]
+      compiled = vstep.prepare(holder[0], {}, examples, shared, num_steps)
+      call = lambda: compiled(holder[0], {}, examples, shared)
+
+    def once():
+      holder[0], metrics = call()
+      jax.block_until_ready(metrics)
+
+    seconds = _time_repeated(once, min_seconds)
+    rate = runs * batch * num_steps / seconds
+    rows.append({"runs": runs, "images_per_second": rate,
+                 "speedup": rate / rows[0]["images_per_second"] if rows else 1.0,
+                 "seconds_per_dispatch": seconds,
+                 "new_memory_bytes": vectorize.new_memory_bytes(compiled)})
+    holder = compiled = None  # Freed before the next program is compiled.
+  return rows
+
+
 def random_split(builder, num_examples: int):
   """Random bytes and labels of the shapes the builder's train split has (the data are
   not read: benchmarks need no files)."""
@@ -205,6 +252,11 @@ def main(argv):
   with cli.clear_errors():
     if _PROFILE.value and _PROFILE_DEPTH.value < 1:
       raise UsageError(f"--profile_depth must be at least 1, got {_PROFILE_DEPTH.value}.")
+    if _RUNS.value:
+      counts = [_positive_int(n) for n in _RUNS.value]
+      rows = vectorized_throughput(cli.config_from_flag(_CONFIG), counts, _SECONDS.value)
+      _print_runs_table(rows)
+      return
     if _PROFILE.value:  # Before any backend starts (layer_profile's docstring says why).
       from capsjax.runs import layer_profile
       os.environ["XLA_FLAGS"] = layer_profile.without_command_buffers(
@@ -219,6 +271,29 @@ def main(argv):
   if table:
     print(table)
   print(json.dumps(result))
+
+
+def _positive_int(text: str) -> int:
+  if not text.strip().isdigit() or int(text) < 1:
+    raise UsageError(f"--runs takes counts of runs >= 1, e.g. --runs=1,2,4,8; got {text!r}.")
+  return int(text)
+
+
+def _print_runs_table(rows: list[dict]) -> None:
+  import jax
+
+  device = jax.devices()[0]
+  print(f"{len(jax.devices())} x {device.device_kind} ({device.platform})")
+  print("| runs | train img/s, summed | per run | x one by one | ms per dispatch | "
+        "new memory |")
+  print("|---|---|---|---|---|---|")
+  for r in rows:
+    memory = r["new_memory_bytes"]
+    print(f"| {r['runs']} | {r['images_per_second']:,.0f} | "
+          f"{r['images_per_second'] / r['runs']:,.0f} | {r['speedup']:.2f} | "
+          f"{1000 * r['seconds_per_dispatch']:.2f} | "
+          f"{'?' if memory is None else f'{memory / 2**20:,.0f} MiB'} |")
+  print(json.dumps(rows))
 
 
 if __name__ == "__main__":

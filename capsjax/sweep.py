@@ -12,17 +12,26 @@ with ``grid`` (``{dotted.key: [values]}``, crossed) or ``points`` (a list of
 config of a point for another config file, e.g. ``{"config":
 "configs/affnist.py:baseline"}`` to compare two models. Command-line
 ``--config.*`` overrides apply to every run (``--config=...`` replaces the base
-config). Each run has
-its own sub-workdir ``DIR/<point>``; finished runs are skipped and unfinished
-ones resume, so rerunning a sweep continues it. ``--index=K`` runs point K
-only, for SLURM arrays or Kubernetes indexed jobs; ``--collect`` (also done
-after a full run) writes ``results.csv``, ``results.md`` and plots. An experiment may also
-define ``TABLES`` (``{title: ["EVALUATION/KEY", ...]}``: further tables of results.md) and
-``MATCHED`` (a comparison at matched familiar error: :mod:`capsjax.runs.matched`).
+config). Each run has its own sub-workdir ``DIR/<point>``; finished runs are skipped and
+unfinished ones resume, so rerunning a sweep continues it.
+
+``--vectorize`` trains the points that differ only in numbers (seeds, learning rates, loss
+weights, init scales) as one jitted program each (``jax.vmap`` over the runs); each point
+keeps its own workdir, checkpoints and results (:mod:`capsjax.training.run_group`). Without
+the flag, groups of at least four runs are vectorised on accelerators and none on CPUs, as
+measured (:func:`capsjax.training.vectorize.default_min_runs`); ``--novectorize``: never. ``--index=K`` runs point K only, for SLURM
+arrays or Kubernetes indexed jobs; ``--collect`` (also done after a full run) writes
+``results.csv``, ``results.md`` and plots. An experiment may also define ``TABLES``
+(``{title: ["EVALUATION/KEY", ...]}``: further tables of results.md) and
+``MATCHED`` (a comparison at matched familiar error: :mod:`capsjax.runs.matched`) and
+``REFERENCES`` (``{column title: function(setting) -> text}``: published numbers beside each
+row of results.md; ``setting`` maps each swept key to the row's value as the table shows it).
+``EXPERIMENT.py:variant`` calls ``get_sweep(variant)``.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import os
@@ -34,7 +43,7 @@ from typing import NamedTuple
 from absl import flags, logging
 from ml_collections import config_flags
 
-from capsjax.common.errors import UsageError
+from capsjax.common.errors import NonFiniteLossError, UsageError
 from capsjax.runs import cli, preemption, workdirs
 from capsjax.runs.reporting import is_finished
 from capsjax.runs.sweep_results import CONFIG_KEY, collect, config_label, format_value
@@ -42,8 +51,10 @@ from capsjax.runs.sweep_results import CONFIG_KEY, collect, config_label, format
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def load_experiment(path: str):
-  """Imports an experiment file; checks it defines BASE_CONFIG and get_sweep()."""
+def load_experiment(spec: str):
+  """Imports an experiment file (``PATH`` or ``PATH:variant``); checks it defines BASE_CONFIG
+  and get_sweep()."""
+  path = spec.partition(":")[0]
   if not os.path.isfile(path):
     raise UsageError(f"Experiment file {path!r} not found (e.g. experiments/routing_iterations.py).")
   spec = importlib.util.spec_from_file_location(f"capsjax_experiment_{pathlib.Path(path).stem}",
@@ -61,8 +72,21 @@ def load_experiment(path: str):
   return module
 
 
+def experiment_sweep(experiment_module, spec: str) -> dict:
+  """The experiment's ``get_sweep()``, or ``get_sweep(variant)`` for ``PATH:variant`` (e.g. a
+  tiny variant of the same sweep for tests)."""
+  variant = spec.partition(":")[2]
+  if not variant:
+    return experiment_module.get_sweep()
+  try:
+    return experiment_module.get_sweep(variant)
+  except TypeError as e:
+    raise UsageError(f"{spec}: this experiment's get_sweep() takes no variant ({e}).") from e
+
+
 def base_config_path(experiment_module, experiment_path: str) -> str:
   """BASE_CONFIG resolved against the repository root, then the experiment's folder."""
+  experiment_path = experiment_path.partition(":")[0]
   path, _, variant = experiment_module.BASE_CONFIG.partition(":")
   for root in (REPO, pathlib.Path(experiment_path).resolve().parent):
     if (root / path).exists():
@@ -181,6 +205,81 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
               flush=True)
 
 
+def run_vectorized(config, points: list[Point], workdir: str, command_line: dict | None = None,
+                   skip_held: bool = True, min_runs: int = 2) -> None:
+  """Runs the unfinished points with those that differ only in numbers trained as one
+  program each (:mod:`capsjax.training.vectorize` groups them, by what their train step
+  does; :mod:`capsjax.training.run_group` trains a group); a group of fewer than ``min_runs``
+  runs one by one. Every point keeps its own workdir, as :func:`run_points` gives it. A
+  point whose loss becomes non-finite stops alone; the others go on, and the sweep ends
+  with :class:`NonFiniteLossError` naming it."""
+  from capsjax import train
+  from capsjax.training import run_group, vectorize
+  from capsjax.training.runtime import Runtime
+
+  pending = []
+  for point in points:
+    if is_finished(os.path.join(workdir, point.name)):
+      print(f"{point.name}: finished, skipped.", flush=True)
+    else:
+      pending.append(point)
+  if not pending:
+    return
+  configs = [point_config(config, p, command_line or {}) for p in pending]
+  runtimes = [Runtime(c) for c in configs]
+  run_group.load_shared(runtimes)
+  groups = vectorize.plan_groups(runtimes)
+  print(describe_groups(groups, pending), flush=True)
+  diverged = []
+  for k, group in enumerate(groups):
+    members = [pending[i] for i in group.indices]
+    dirs = [os.path.join(workdir, p.name) for p in members]
+    print(f"[group {k + 1}/{len(groups)}] {len(members)} run(s): "
+          f"{', '.join(p.name for p in members)}", flush=True)
+    if len(members) < max(2, min_runs):
+      outcomes = [_run_alone(train, configs[i], d) for i, d in zip(group.indices, dirs)]
+    else:
+      outcomes = run_group.train_and_evaluate_group(
+          [configs[i] for i in group.indices], dirs, group.traced_keys,
+          runtimes=[runtimes[i] for i in group.indices])
+    for point, outcome in zip(members, outcomes):
+      if isinstance(outcome, workdirs.WorkdirBusy):
+        if not skip_held:
+          raise outcome
+        print(f"{point.name}: held by another worker, skipped.", flush=True)
+      elif isinstance(outcome, NonFiniteLossError):
+        diverged.append(f"{point.name}: {outcome}")
+  if diverged:
+    raise NonFiniteLossError("These runs stopped on a non-finite loss (the others finished):\n  "
+                             + "\n  ".join(diverged))
+
+
+def _run_alone(train, config, run_dir: str):
+  """``train_and_evaluate`` of one point, its stop on a non-finite loss returned as the
+  outcome (as a group's runs report it) and a held workdir too."""
+  try:
+    return train.train_and_evaluate(config, run_dir)
+  except (NonFiniteLossError, workdirs.WorkdirBusy) as e:
+    return e
+
+
+def describe_groups(groups, points: list[Point]) -> str:
+  """The vectorisation plan: one line per group, its traced settings and what split it."""
+  lines = [f"Vectorised: {len(points)} run(s) in {len(groups)} program(s)."]
+  for k, group in enumerate(groups):
+    names = ", ".join(points[i].name for i in group.indices)
+    notes = []
+    if group.traced_keys:
+      notes.append(f"traced: {', '.join(group.traced_keys)}")
+    if group.init_keys:
+      notes.append(f"initialisation only: {', '.join(group.init_keys)}")
+    if group.split_by:
+      notes.append(f"apart by {', '.join(group.split_by)} (read as constants by the step)")
+    lines.append(f"  program {k + 1}: {len(group.indices)} run(s) [{names}]"
+                 + (f"; {'; '.join(notes)}" if notes else ""))
+  return "\n".join(lines)
+
+
 # --- Command line ------------------------------------------------------------------
 
 def _experiment_path_from_argv(argv: list[str]) -> str | None:
@@ -212,9 +311,15 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", _DEFAULT_CONFIG, "Base config; defaults to the experiment's BASE_CONFIG.",
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory; one sub-workdir per run.")
-_INDEX = flags.DEFINE_integer("index", None, "Run only point K (0-based), e.g. $SLURM_ARRAY_TASK_ID.")
+_INDEX = flags.DEFINE_list("index", None, "Run only point K (0-based), e.g. "
+                           "$SLURM_ARRAY_TASK_ID, or the points K,L,... (vectorised together "
+                           "where they can be).")
 _LIST = flags.DEFINE_bool("list", False, "Print the points and exit.")
 _COLLECT = flags.DEFINE_bool("collect", False, "Only collect results of finished runs.")
+_VECTORIZE = flags.DEFINE_bool(
+    "vectorize", None, "Train the points that differ only in numbers (seeds, learning rates, "
+    "loss weights, ...) as one program each (jax.vmap over runs). Default: groups of 4 or "
+    "more on accelerators, none on CPUs (docs/performance.md); --novectorize: one at a time.")
 
 
 def main(argv):
@@ -224,7 +329,7 @@ def main(argv):
       raise UsageError("Usage: python -m capsjax.sweep EXPERIMENT.py --workdir=DIR "
                        "[--config.KEY=VALUE ...] [--index=K | --list | --collect]")
     experiment = load_experiment(argv[1])
-    points = expand(experiment.get_sweep())
+    points = expand(experiment_sweep(experiment, argv[1]))
     if _LIST.value:
       for p in points:
         done = _WORKDIR.value and is_finished(os.path.join(_WORKDIR.value, p.name))
@@ -236,20 +341,43 @@ def main(argv):
     command_line = config_flags.get_override_values(flags.FLAGS["config"])
     config = cli.config_from_flag(_CONFIG)
     report = {"tables": getattr(experiment, "TABLES", None),
-              "matched": getattr(experiment, "MATCHED", None)}
+              "matched": getattr(experiment, "MATCHED", None),
+              "references": getattr(experiment, "REFERENCES", None)}
     if _COLLECT.value:
       collect(points, workdir, **report)
       return
-    if _INDEX.value is not None:
-      if not 0 <= _INDEX.value < len(points):
-        raise UsageError(f"--index={_INDEX.value} is out of range: the sweep has "
-                         f"{len(points)} points (0..{len(points) - 1}); see --list.")
-      run_points(config, [points[_INDEX.value]], workdir, command_line, skip_held=False)
+    from capsjax.training import vectorize
+
+    min_runs = 2 if _VECTORIZE.value else None
+    if _VECTORIZE.value is None:
+      min_runs = vectorize.default_min_runs()
+    run = (functools.partial(run_vectorized, min_runs=min_runs) if min_runs is not None
+           else run_points)
+    if _INDEX.value:
+      selected = [points[k] for k in _indices(_INDEX.value, len(points))]
+      for p in selected:
+        point_config(config, p, command_line)
+      run(config, selected, workdir, command_line, skip_held=False)
       return
     for p in points:  # Fail on a bad key before any run starts.
       point_config(config, p, command_line)
-    run_points(config, points, workdir, command_line)
+    try:
+      run(config, points, workdir, command_line)
+    except NonFiniteLossError:  # The finished runs' tables all the same.
+      collect(points, workdir, **report)
+      raise
     collect(points, workdir, **report)
+
+
+def _indices(texts: list[str], num_points: int) -> list[int]:
+  """``--index`` as point numbers, each checked against the sweep's size."""
+  indices = []
+  for text in texts:
+    if not text.strip().lstrip("-").isdigit() or not 0 <= int(text) < num_points:
+      raise UsageError(f"--index={text} is out of range: the sweep has {num_points} points "
+                       f"(0..{num_points - 1}); see --list.")
+    indices.append(int(text))
+  return indices
 
 
 if __name__ == "__main__":

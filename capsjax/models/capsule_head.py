@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from capsjax import routing
+from capsjax.common import traced_settings
 from capsjax.common.errors import UsageError
 from capsjax.models import losses, metrics
 from capsjax.models.outputs import Outputs
@@ -187,15 +188,19 @@ def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None
   (built by hand) reconstructs its images. ``step`` is unused (no schedule)."""
   del step
   s = self.head.loss_settings
-  margin = losses.margin_loss_per_example(outputs.scores, batch["labels"], m_plus=s.m_plus,
-                                          m_minus=s.m_minus, lam=s.lam)
+  # A vectorised sweep's runs may differ in these (capsjax/common/traced_settings.py).
+  setting = lambda name: traced_settings.value(f"loss.{name}", getattr(s, name))
+  margin = losses.margin_loss_per_example(outputs.scores, batch["labels"],
+                                          m_plus=setting("m_plus"),
+                                          m_minus=setting("m_minus"), lam=setting("lam"))
   several = batch["labels"].ndim == 2
   reconstructions = outputs.label_reconstructions if several else outputs.reconstructions
-  if reconstructions is not None and s.reconstruction_weight:
+  weight = setting("reconstruction_weight")
+  if reconstructions is not None and (traced_settings.is_traced("loss.reconstruction_weight")
+                                      or weight):
     # A batch built by hand, outside a task (Task.complete_batch), has no targets: its images.
     targets = batch.get("reconstruction_targets", batch["images"])
-    recon = losses.reconstruction_loss_per_example(reconstructions, targets,
-                                                   weight=s.reconstruction_weight)
+    recon = losses.reconstruction_loss_per_example(reconstructions, targets, weight=weight)
   else:
     recon = jnp.zeros_like(margin)
   return margin + recon, {"margin_loss": margin, "reconstruction_loss": recon}

@@ -150,14 +150,16 @@ def count_progress(prefix: str, n: int, total: int, stream=None) -> None:
 class ProgressBar:
   """``step 1200/23400 [##---] 5% | loss 0.031 | acc 98.4% | 160 img/s | ETA 0:38:10``.
 
-  Redraws one line on a terminal; prints a line per update otherwise (logs).
+  Redraws one line on a terminal; prints a line per update otherwise (logs), and always with
+  a ``label`` (several runs of one program each print theirs, ``[label] step ...``).
   """
 
-  def __init__(self, total_steps: int, stream=None, width: int = 20):
+  def __init__(self, total_steps: int, stream=None, width: int = 20, label: str | None = None):
     self.total = max(1, total_steps)
     self.stream = stream or sys.stderr
     self.width = width
-    self.interactive = is_terminal(self.stream)
+    self.prefix = f"[{label}] " if label else ""
+    self.interactive = is_terminal(self.stream) and not label
 
   def update(self, step: int, loss: float, accuracy: float, images_per_second: float,
              seconds_per_step: float) -> None:
@@ -165,7 +167,7 @@ class ProgressBar:
     filled = int(round(frac * self.width))
     eta = (self.total - step) * seconds_per_step
     rate = f"{images_per_second:.0f}" if math.isfinite(images_per_second) else "?"
-    line = (f"step {step}/{self.total} [{'#' * filled}{'-' * (self.width - filled)}] "
+    line = (f"{self.prefix}step {step}/{self.total} [{'#' * filled}{'-' * (self.width - filled)}] "
             f"{100 * frac:3.0f}% | loss {loss:.4f} | acc {100 * accuracy:.1f}% | "
             f"{rate} img/s | ETA {format_duration(eta)}")
     if self.interactive:
@@ -176,7 +178,7 @@ class ProgressBar:
 
   def message(self, text: str) -> None:
     """A line that does not overwrite the bar."""
-    self.stream.write(("\n" if self.interactive else "") + text + "\n")
+    self.stream.write(("\n" if self.interactive else "") + self.prefix + text + "\n")
     self.stream.flush()
 
   def close(self) -> None:

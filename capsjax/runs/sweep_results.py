@@ -70,14 +70,16 @@ def _is_extra(column: str) -> bool:
 
 
 def collect(points: list, workdir: str, tables: dict | None = None,
-            matched: dict | None = None) -> list[dict]:
+            matched: dict | None = None, references: dict | None = None) -> list[dict]:
   """Writes results.csv, results.md and plots from the finished runs' summaries.
 
   ``points``: the sweep's :class:`capsjax.sweep.Point` s; each run is ``WORKDIR/point.name``.
   ``tables`` (an experiment's ``TABLES``): ``{title: ["EVALUATION/KEY", ...]}``, each a further
   table in results.md, one column per metric (percent, mean ± std over seeds); ``matched``
   (an experiment's ``MATCHED``): ``{"familiar", "novel", "target_errors"}``, the comparison at
-  matched familiar error of :mod:`capsjax.runs.matched`.
+  matched familiar error of :mod:`capsjax.runs.matched`; ``references`` (an experiment's
+  ``REFERENCES``): ``{column title: function(setting) -> text}``, published numbers in
+  columns beside the test error (``setting``: the row's ``{key: value as shown}``).
   """
   from capsjax.runs import runconfig
 
@@ -114,7 +116,7 @@ def collect(points: list, workdir: str, tables: dict | None = None,
     writer.writerows(rows)
   groups = _group(rows, keys)
   with files.atomic_write(os.path.join(workdir, "results.md")) as f:
-    f.write(markdown_table(groups, keys))
+    f.write(markdown_table(groups, keys, references))
     for title, metrics in (tables or {}).items():
       f.write(f"\n{title}\n\n" + metric_table(rows, keys, evaluations, metrics))
     if matched:
@@ -187,14 +189,15 @@ def _group(rows: list[dict], keys: list[str]) -> list[dict]:
   return out
 
 
-def markdown_table(groups: list[dict], keys: list[str]) -> str:
+def markdown_table(groups: list[dict], keys: list[str], references: dict | None = None) -> str:
   """Mean ± std over seeds per setting (the mean alone for one seed); beside the test error its chance level and how the
   numbers were chosen (``selected_on``: ``final``, ``validation`` or ``test`` when a run
   stopped on test accuracy); other evaluations' accuracies (and at-least-one rates) as
   extra columns."""
   extra = list(dict.fromkeys(c for g in groups for c in g.get("extra", {})))
-  header = [*keys, "seeds", "test error (%)", "chance (%)", "selected on", "test loss",
-            "train images/s", *(_extra_header(c) for c in extra)]
+  references = references or {}
+  header = [*keys, "seeds", "test error (%)", *references, "chance (%)", "selected on",
+            "test loss", "train images/s", *(_extra_header(c) for c in extra)]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for g in groups:
     err_m, err_s = g["test_error"]
@@ -204,6 +207,8 @@ def markdown_table(groups: list[dict], keys: list[str]) -> str:
     lines.append("| " + " | ".join([*(g["setting"][k] or NOT_APPLICABLE for k in keys),
                                     str(g["seeds"]),
                                     _mean_pm(err_m, err_s),
+                                    *(str(ref(dict(g["setting"]))) for ref in
+                                      references.values()),
                                     g.get("chance", "?"), g.get("selected_on", "final"),
                                     _mean_pm(loss_m, loss_s, 1.0, 4), f"{ips_m:.0f}",
                                     *extra_cells]) + " |")

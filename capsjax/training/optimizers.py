@@ -37,6 +37,7 @@ import ml_collections
 import optax
 from ml_collections import config_dict
 
+from capsjax.common import traced_settings
 from capsjax.common.errors import UsageError
 
 # Each optimiser's own settings and their defaults (TF's Adam defaults are optax's).
@@ -184,6 +185,21 @@ def make_schedule(settings: dict, steps_per_epoch: int | None = None,
   return schedule
 
 
+def traceable_schedule(settings: dict, steps_per_epoch: int | None = None,
+                       num_steps: int | None = None) -> optax.Schedule:
+  """:func:`make_schedule`, whose peak ``learning_rate`` may differ between the runs of a
+  vectorised sweep (:mod:`capsjax.common.traced_settings`): there the rate is the schedule
+  of peak 1 times the run's traced peak; elsewhere exactly :func:`make_schedule`'s."""
+  schedule = make_schedule(settings, steps_per_epoch, num_steps)
+  unit = make_schedule({**settings, "learning_rate": 1.0}, steps_per_epoch, num_steps)
+
+  def rate(count):
+    peak = traced_settings.value("optimizer.learning_rate", None)
+    return schedule(count) if peak is None else unit(count) * peak
+
+  return rate
+
+
 def _transform(settings: dict, schedule: optax.Schedule) -> optax.GradientTransformation:
   s = settings
   if s["name"] == "adam":
@@ -212,7 +228,7 @@ def build(config: ml_collections.ConfigDict, steps_per_epoch: int | None = None,
   which decays its own way), then the optimiser on the schedule. With neither clipping nor
   decay it is exactly ``optax.adam(...)`` etc., so checkpoints of earlier runs restore."""
   settings = resolve(config)
-  schedule = make_schedule(settings, steps_per_epoch, num_steps)
+  schedule = traceable_schedule(settings, steps_per_epoch, num_steps)
   parts = []
   if settings["clip_norm"] > 0:
     parts.append(optax.clip_by_global_norm(settings["clip_norm"]))

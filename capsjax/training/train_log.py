@@ -18,13 +18,15 @@ class TrainLog:
   """Train metrics (fetched from the devices only at log points), timing, progress line,
   metrics.jsonl and TensorBoard (process 0 writes)."""
 
-  def __init__(self, workdir: str, plan: Plan, schedule, ckpt, watches=()):
+  def __init__(self, workdir: str, plan: Plan, schedule, ckpt, watches=(),
+               label: str | None = None):
     """``watches``: objects with ``update(steps, metrics) -> warning or None`` (the model's
-    ``monitors``, e.g. :class:`capsjax.training.monitors.SaturationWatch`)."""
+    ``monitors``, e.g. :class:`capsjax.training.monitors.SaturationWatch`); ``label``: the
+    run's name on its progress lines (runs trained together)."""
     self.plan, self.schedule, self.ckpt, self.watches = plan, schedule, ckpt, list(watches)
     is_main = jax.process_index() == 0
     self.writer = reporting.MetricWriter(workdir) if is_main else None
-    self.bar = reporting.ProgressBar(plan.num_steps) if is_main else None
+    self.bar = reporting.ProgressBar(plan.num_steps, label=label) if is_main else None
     self.pending: list[tuple[int, dict]] = []   # (first step, stacked metrics) not yet fetched.
     # Fetched at a checkpoint that was not a log point: logged with the next log point's, so a
     # logged mean is over every step since the last log, however often the run checkpoints.

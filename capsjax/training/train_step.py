@@ -17,7 +17,6 @@ step.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import jax
@@ -93,7 +92,16 @@ def abstract_state(task: Task, tx: optax.GradientTransformation,
 
 def make_train_step(task: Task, tx: optax.GradientTransformation, num_train: int,
                     mesh) -> Callable:
-  """``fn(state, examples, shared, num_steps) -> (state, metrics)``, jitted.
+  """``fn(state, examples, shared, num_steps) -> (state, metrics)``, jitted
+  (:func:`train_steps`, with ``num_steps`` static and the state donated)."""
+  return jax.jit(train_steps(task, tx, num_train, mesh), static_argnums=3, donate_argnums=0)
+
+
+def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
+                mesh) -> Callable:
+  """``fn(state, examples, shared, num_steps) -> (state, metrics)``, a pure function (not
+  jitted: :func:`make_train_step` jits it, :mod:`capsjax.training.vectorize` maps it over
+  runs first).
 
   ``num_steps`` (static) train steps run in one dispatch, through ``lax.scan`` when more than
   one; each metric comes back with a leading axis of that length, and the result equals that
@@ -147,7 +155,6 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, num_train: int
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                          model_state=model_state), metrics
 
-  @functools.partial(jax.jit, static_argnums=3, donate_argnums=0)
   def train_step(state, examples, shared, num_steps: int):
     if num_steps == 1:
       state, metrics = one_step(state, examples, shared)

@@ -1,0 +1,281 @@
+"""One run's bookkeeping around its train steps: restore or start, log, evaluate, checkpoint,
+stop, summarise.
+
+:func:`capsjax.train.train_and_evaluate` drives one :class:`Run` with its own train step;
+:mod:`capsjax.training.run_group` drives several, whose states one vectorised step advances
+together. Either way a run's workdir ends the same: ``config.json``, ``metrics.jsonl``,
+TensorBoard events, checkpoints, ``summary.json`` and figures.
+
+Nothing is chosen on the test set: with a validation split (``data.validation_size``) the
+run keeps the best checkpoint by validation accuracy and ``train.stop_at_accuracy`` watches
+validation; without one there is no best checkpoint, the test set is evaluated periodically
+only to draw the curves, and a stop on its accuracy is said to be one. ``summary.json``
+records how its numbers were chosen (``selected_on``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+import jax
+import numpy as np
+
+from capsjax.common.errors import UsageError
+from capsjax.runs import checkpointing, files, hardware, preemption, reporting, runconfig
+from capsjax.runs.reporting import log
+from capsjax.training import run_figures
+from capsjax.training.runtime import Runtime
+from capsjax.training.train_log import TrainLog
+
+
+class Run:
+  """A loaded :class:`Runtime` training into ``workdir`` (held by the caller).
+
+  Attributes:
+    runtime, workdir, plan;
+    state: the train state after :meth:`start` (restored or fresh), replicated;
+    step: the step reached; reached: whether ``train.stop_at_accuracy`` was met;
+    results: the latest evaluations, by name.
+  """
+
+  def __init__(self, runtime: Runtime, workdir: str):
+    self.runtime, self.workdir, self.plan = runtime, workdir, runtime.plan
+    config = runtime.config
+    self.validation = len(runtime.splits.get("validation", ())) > 0
+    self.ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                           keep=config.train.keep_checkpoints,
+                                           keep_best=self.validation)
+    self.watched = "validation" if self.validation else "test"  # Evaluated during training.
+    self.results: dict = {}
+    self.progress: TrainLog | None = None
+    self.runs_in_program = 1  # More when a vectorised group trains it (summary.json says).
+    self.label: str | None = None  # Its name on progress lines, when trained with others.
+    self.created = False  # Whether the workdir was made for it (a failed start removes it).
+
+  def start(self, announce: bool = True):
+    """Restores the newest checkpoint (or starts fresh), builds the evaluations and the
+    train log; returns the state."""
+    runtime, config = self.runtime, self.runtime.config
+    self.state, self.reached = init_or_restore(runtime, self.ckpt, self.workdir)
+    self.step = self.first_step = int(self.state.step)
+    self.evals = runtime.evaluations()
+    # Recorded beside it (e.g. novel viewpoints, for comparisons at matched familiar error);
+    # never used to choose anything.
+    self.recorded = [n for n in (config.train.get("eval_during") or ()) if n != self.watched]
+    if unknown := [n for n in self.recorded if n not in self.evals]:
+      raise UsageError(f"config.train.eval_during names {unknown}, which config.evals does "
+                       f"not hold (it has {sorted(self.evals)}).")
+    if announce:
+      log(banner(runtime, self.evals, self.state.params))
+      log(hardware.describe())
+      if warning := hardware.cpu_fallback_warning(jax.default_backend()):
+        log(warning)
+    if config.train.get("stop_at_accuracy") is not None and not self.validation:
+      log("Warning: config.train.stop_at_accuracy watches the test accuracy, since this run "
+          "holds out no validation split: the stopping step is then chosen on the test set "
+          "(summary.json says selected_on: test). Hold one out with "
+          "--config.data.validation_size=10000.")
+    self.progress = TrainLog(self.workdir, self.plan, runtime.optimizer.schedule, self.ckpt,
+                             runtime.task.monitors(), label=self.label)
+    return self.state
+
+  @property
+  def training(self) -> bool:
+    return self.step < self.plan.num_steps and not self.reached
+
+  def dispatched(self, num_steps: int, metrics: dict, state) -> None:
+    """Records a dispatch of ``num_steps`` steps from :attr:`step`; ``state`` is what it made
+    (one run's, or a vectorised group's: it is only waited on to time the first dispatch)."""
+    self.progress.add(self.step, metrics, state)
+    self.step += num_steps
+
+  def after_dispatch(self, state) -> None:
+    """Logs, evaluates and checkpoints when due at :attr:`step` (:meth:`log`, then
+    :meth:`evaluate_and_checkpoint`)."""
+    if self.log():
+      self.evaluate_and_checkpoint(state)
+
+  def log(self) -> bool:
+    """Fetches and logs the train metrics when a log or checkpoint is due at :attr:`step`;
+    returns whether one is. Raises NonFiniteLossError when the loss became non-finite."""
+    plan, step = self.plan, self.step
+    if not plan.log_due(step) and not plan.checkpoint_due(step):
+      return False
+    self.progress.flush(step, write=plan.log_due(step))
+    return True
+
+  def evaluate_and_checkpoint(self, state: Callable | object) -> None:
+    """Evaluates and checkpoints where due at :attr:`step` (after :meth:`log`). ``state`` is
+    the run's state or a function giving it (a group takes it out of the stacked state only
+    when it is needed)."""
+    plan, step = self.plan, self.step
+    get = state if callable(state) else (lambda: state)
+    accuracy = None
+    if plan.eval_due(step):
+      variables = get().variables
+      self.results = {self.watched: self.evals[self.watched].run(variables)}
+      self.progress.evaluation(self.watched, step, self.results[self.watched])
+      accuracy = self.results[self.watched]["accuracy"]
+      for name in self.recorded:
+        self.results[name] = self.evals[name].run(variables)
+        self.progress.evaluation(name, step, self.results[name])
+      self.reached = target_reached(self.runtime.config, accuracy,
+                                    f"{self.watched} accuracy at step {step}")
+    if plan.checkpoint_due(step):  # Ranked for the best checkpoint on validation only.
+      best = self.validation and accuracy is not None
+      self.ckpt.save(step, get(), plan.meta(step, accuracy),
+                     {checkpointing.BEST_METRIC: accuracy} if best else None)
+    self.progress.restart_timer(step)
+
+  def save_for_stop(self, state) -> None:
+    """After a stop signal: logs the pending train metrics and saves :attr:`step`."""
+    self.progress.flush(self.step, write=True)
+    if self.step not in self.ckpt.all_steps():
+      self.ckpt.save(self.step, state, self.plan.meta(self.step, None))
+    self.close()
+
+  def finish(self, state) -> dict:
+    """Every evaluation of the final parameters, ``summary.json`` and the figures; returns
+    the summary."""
+    runtime, step = self.runtime, self.step
+    for name, evaluator in self.evals.items():
+      if name not in self.results:
+        self.results[name] = evaluator.run(state.variables)
+        if step > self.first_step:  # A rerun of a finished run has logged these already.
+          self.progress.evaluation(name, step, self.results[name])
+    self.ckpt.wait()
+    summary = summarise(runtime, step, state.params, self.results, self.progress, self.ckpt,
+                        selected_on=(self.watched if self.reached else "final"))
+    summary["runs_in_program"] = self.runs_in_program
+    if jax.process_index() == 0:  # The summary first: figures can be redrawn by evaluate.
+      files.write_json(os.path.join(self.workdir, "summary.json"), summary)
+      run_figures.draw_figures(self.workdir, runtime.task, state.variables,
+                               runtime.splits["test"], self.evals,
+                               runtime.config.eval.num_figure_examples, self.progress.writer,
+                               step)
+    self.close()
+    log(f"Done: step {step}, test accuracy {100 * summary['test_accuracy']:.2f}% "
+        f"(error {100 * summary['test_error']:.2f}%; chance, in %: "
+        f"{reporting.chance_text(summary['chance'])}). Results in {self.workdir}.")
+    return summary
+
+  def close(self) -> None:
+    """Waits for pending checkpoints and closes the log (also after a failure)."""
+    self.ckpt.wait()
+    if self.progress is not None:
+      self.progress.close()
+    self.ckpt.close()
+
+
+def stopped(stop: preemption.StopRequest, runs: list[tuple[Run, object]]) -> None:
+  """Saves each ``(run, state)`` at its step after a stop signal and raises
+  :class:`capsjax.runs.preemption.Preempted`."""
+  stop.saving = True
+  for run, state in runs:
+    run.save_for_stop(state)
+  where = (f"at step {runs[0][0].step}; checkpoint saved in {runs[0][0].ckpt.directory}"
+           if len(runs) == 1 else
+           f"at step {runs[0][0].step}; each of the {len(runs)} runs saved its checkpoint")
+  raise preemption.Preempted(f"Stopped by {stop.signal_name} {where}; rerun the same command "
+                             "to resume.", stop.signal_name)
+
+
+# --- What a run uses -------------------------------------------------------------------
+
+def target_reached(config, accuracy: float | None, what: str) -> bool:
+  """Whether ``accuracy`` (``what`` names it) meets ``config.train.stop_at_accuracy``; says so
+  when it does."""
+  target = config.train.get("stop_at_accuracy")
+  reached = target is not None and accuracy is not None and accuracy >= target
+  if reached:
+    log(f"Reached config.train.stop_at_accuracy={target}: {what} is "
+        f"{100 * accuracy:.2f}%; training stops here.")
+  return reached
+
+
+def banner(runtime: Runtime, evals: dict, params) -> str:
+  """One line on what this run trains, on what, where, and what chance would score."""
+  config, plan, splits = runtime.config, runtime.plan, runtime.splits
+  num_params = sum(x.size for x in jax.tree.leaves(params))
+  dataset = runtime.task.dataset.describe()
+  chance = runtime.task.chance_levels()
+  return (f"capsjax: {config.model.name} ({num_params:,} parameters) on "
+          f"{dataset}: {plan.num_train} train, {len(splits.get('validation', ()))} validation, "
+          f"{len(splits['test'])} test examples; evaluations {', '.join(evals)}; "
+          f"{jax.device_count()} {jax.devices()[0].platform} device(s) in "
+          f"{jax.process_count()} process(es); {plan.num_steps} steps of batch "
+          f"{plan.batch_size} ({plan.steps_per_epoch} steps per epoch); "
+          f"{runtime.optimizer.settings['name']}, {runtime.optimizer.settings['schedule']}"
+          f" learning-rate schedule. Chance: {reporting.chance_text(chance)}.")
+
+
+def init_or_restore(runtime: Runtime, ckpt, workdir: str):
+  """The newest checkpoint of ``ckpt`` that restores (damaged newer ones are reported and
+  moved aside), else fresh parameters; and whether it had already reached
+  ``train.stop_at_accuracy``. Records the config."""
+  config, plan = runtime.config, runtime.plan
+  if ckpt.all_steps():
+    runconfig.check_same_model(runtime, workdir)
+  restored = runtime.restore(ckpt, move_aside=jax.process_index() == 0)
+  if jax.process_count() > 1:  # Process 0 may have moved damaged checkpoints aside.
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("capsjax: checkpoints restored")
+    ckpt.reload()
+  if restored is None:
+    state, latest, reached = runtime.fresh_state(), None, False
+  else:
+    latest, state, meta = restored
+    log(f"Resuming from the checkpoint at step {latest} (epoch {meta.get('epoch')}, "
+        f"position {meta.get('position_in_epoch')}) in {ckpt.directory}.")
+    if meta.get("num_train") != plan.num_train or meta.get("batch_size") != plan.batch_size:
+      log(f"Warning: the checkpoint was made with {meta.get('num_train')} training examples "
+          f"and batch {meta.get('batch_size')}; now {plan.num_train} and {plan.batch_size}, so "
+          "the data order differs from an uninterrupted run.")
+    reached = target_reached(config, meta.get("selection_accuracy"),
+                             f"the accuracy watched at the checkpoint of step {latest}")
+    if jax.process_index() == 0:
+      _truncate_metrics(workdir, latest)
+  if jax.process_index() == 0:
+    runconfig.record(workdir, config, latest, log=log)
+  return state, reached
+
+
+def _truncate_metrics(workdir: str, step: int) -> None:
+  """After a resume, drop records newer than the restored step (they will be redone)."""
+  records = reporting.read_metrics(workdir)
+  with files.atomic_write(os.path.join(workdir, "metrics.jsonl")) as f:
+    for r in records:
+      if r["step"] <= step:
+        f.write(json.dumps(r) + "\n")
+
+
+def summarise(runtime: Runtime, step: int, params, results: dict, progress: TrainLog, ckpt,
+              selected_on: str) -> dict:
+  """What ``summary.json`` holds: the main test set at the top level, every evaluation under
+  ``evaluations``, the chance levels, and how the numbers were chosen: ``selected_on`` is
+  ``final`` (the parameters at the last step), ``validation`` (training stopped when the
+  validation accuracy reached ``train.stop_at_accuracy``) or ``test`` (it stopped on the test
+  accuracy, since no validation split was held out)."""
+  config, plan = runtime.config, runtime.plan
+  summary = {
+      "num_params": int(sum(np.size(x) for x in jax.tree.leaves(params))),
+      "step": int(step), "num_steps": int(plan.num_steps),
+      "epochs": step / plan.steps_per_epoch, "selected_on": selected_on,
+      "stopped_at_accuracy": selected_on != "final",
+      "test_accuracy": results["test"]["accuracy"], "test_error": results["test"]["error"],
+      "test_loss": results["test"].get("loss"),
+      "chance": runtime.task.chance_levels(),
+      "train_images_per_second": progress.images_per_second(),
+      "train_seconds": progress.seconds, "devices": jax.device_count(),
+      "platform": jax.devices()[0].platform, "processes": jax.process_count(),
+      "best_checkpoint_step": ckpt.best_step(),
+      "optimizer": runtime.optimizer.settings,
+      "evaluations": results,
+      "config": json.loads(config.to_json_best_effort()),
+  }
+  if "validation" in results:
+    summary["validation_accuracy"] = results["validation"]["accuracy"]
+  return summary

@@ -1,0 +1,173 @@
+"""Several runs trained as one program: ``train_and_evaluate_group(configs, workdirs)``.
+
+The runs of a :class:`capsjax.training.vectorize.Group` (the same model, data and schedule;
+different seeds, learning rates, loss weights, ...) advance together through one vectorised
+train step, while each keeps its own :class:`capsjax.training.run.Run`: its workdir, lock,
+checkpoints, resume, metrics.jsonl, TensorBoard, evaluations, summary.json and figures, as if
+it had run alone (its results equal those of the run alone to float32 rounding: batched
+matrix products sum in another order).
+
+* A run whose loss becomes non-finite stops alone, as it would alone
+  (:class:`capsjax.common.errors.NonFiniteLossError`, its last good checkpoint kept); the
+  others go on without it. So does a run that reaches ``train.stop_at_accuracy``.
+* Runs restored at different steps (one's newest checkpoint was damaged, say) train as
+  separate programs, each from its step.
+* A group whose step needs more memory than the device has free is split in halves until
+  each part fits, and says so; a single run that does not fit is refused with advice.
+* SIGTERM or SIGINT saves every run at the step reached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Sequence
+
+import jax
+import ml_collections
+
+from capsjax.common.errors import NonFiniteLossError, UsageError
+from capsjax.runs import preemption, workdirs
+from capsjax.runs.reporting import log
+from capsjax.training import run as run_lib
+from capsjax.training import vectorize
+from capsjax.training.runtime import Runtime
+
+
+def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
+                             run_dirs: Sequence[str], traced_keys: Sequence[str] = (),
+                             runtimes: Sequence[Runtime] | None = None,
+                             memory_limit=vectorize.available_memory_bytes) -> list:
+  """Trains the runs of ``configs`` into ``run_dirs`` as one vectorised program.
+
+  ``traced_keys``: the float settings that differ between the runs and are traced
+  (:func:`capsjax.training.vectorize.plan_groups` finds them; any other difference must not
+  change the train step). ``runtimes``: the configs' runtimes already loaded (the planner's),
+  else built here. Returns, per run, its summary or the exception that stopped it alone
+  (:class:`NonFiniteLossError`, or :class:`capsjax.runs.workdirs.WorkdirBusy` when another
+  process holds its workdir). A stop signal saves every run and raises
+  :class:`capsjax.runs.preemption.Preempted`.
+  """
+  if runtimes is None:
+    runtimes = [Runtime(c) for c in configs]
+  load_shared(runtimes)
+  outcomes: list = [None] * len(configs)
+  with contextlib.ExitStack() as held, preemption.watch() as stop:
+    runs = {}
+    for i, (runtime, workdir) in enumerate(zip(runtimes, run_dirs)):
+      created = not os.path.isdir(workdir)
+      workdir = workdirs.prepare(workdir)
+      try:
+        held.enter_context(workdirs.hold(workdir, tidy_failed_start=True, created=created))
+      except workdirs.WorkdirBusy as e:
+        outcomes[i] = e
+        continue
+      runs[i] = run_lib.Run(runtime, workdir)
+      runs[i].label, runs[i].created = os.path.basename(workdir), created
+      runs[i].start(announce=len(runs) == 1)
+    log(f"{len(runs)} runs in one program (jax.vmap over the runs); traced settings: "
+        f"{', '.join(traced_keys) or 'none (they differ in seed or initialisation only)'}.")
+    by_step: dict[int, list[int]] = {}
+    for i, run in runs.items():
+      by_step.setdefault(run.step, []).append(i)
+    if len(by_step) > 1:
+      log("The runs were restored at different steps "
+          f"({', '.join(str(s) for s in sorted(by_step))}); each step's runs train as one "
+          "program.")
+    for step in sorted(by_step):
+      members = by_step[step]
+      _train(runtimes[members[0]], [runs[i] for i in members], traced_keys, stop,
+             memory_limit, outcomes, members)
+  return outcomes
+
+
+def load_shared(runtimes: Sequence[Runtime]) -> None:
+  """Loads each runtime's data once per distinct data config (the runs share the arrays)."""
+  loaded = {}
+  for runtime in runtimes:
+    if runtime.splits is not None:
+      continue
+    key = (runtime.config.dataset, runtime.config.data.to_json_best_effort())
+    if key in loaded:
+      runtime.load(loaded[key].splits)
+    else:
+      loaded[key] = runtime.load()
+
+
+def _train(template: Runtime, runs: list, traced_keys, stop, memory_limit, outcomes: list,
+           indices: list[int]) -> None:
+  """Trains ``runs`` (all at the same step) together; fills ``outcomes[indices[k]]``. Splits
+  in halves while the program does not fit in memory."""
+  training = [k for k, run in enumerate(runs) if run.training]
+  for k, run in enumerate(runs):
+    if not run.training:  # Finished or reached its target before: only its final records.
+      outcomes[indices[k]] = run.finish(run.state)
+  runs = [runs[k] for k in training]
+  indices = [indices[k] for k in training]
+  if not runs:
+    return
+  step_fn = vectorize.VectorizedStep(template, traced_keys, memory_limit)
+  try:
+    _train_together(template, runs, step_fn, traced_keys, stop, outcomes, indices)
+  except vectorize.GroupTooLarge as e:
+    if len(runs) == 1:
+      raise UsageError(f"{e} Lower config.train.batch_size, config.train.steps_per_dispatch "
+                       "or set config.model.compute_dtype=bfloat16 (where the model has it), "
+                       "or use a device with more memory.") from None
+    half = (len(runs) + 1) // 2
+    log(f"{e} Splitting them into {half} and {len(runs) - half} runs.")
+    for part, part_indices in ((runs[:half], indices[:half]), (runs[half:], indices[half:])):
+      _train(template, part, traced_keys, stop, memory_limit, outcomes, part_indices)
+
+
+def _train_together(template: Runtime, runs: list, step_fn, traced_keys, stop,
+                    outcomes: list, indices: list[int]) -> None:
+  sharding = vectorize.replicated(template)
+  examples, shared = template.on_devices(template.splits["train"])
+  states = vectorize.stack([run.state for run in runs], sharding)
+  values = jax.device_put(
+      vectorize.run_values([run.runtime.config for run in runs], traced_keys), sharding)
+  plan = template.plan
+  for run in runs:
+    run.runs_in_program = len(runs)
+  while runs:
+    n = plan.next_dispatch(runs[0].step)
+    states, metrics = step_fn(states, values, examples, shared, n)
+    for run in runs:  # The stacked copy is the state now (a split would have come first).
+      run.state = None
+    for run, run_metrics in zip(runs, vectorize.unstack(metrics, len(runs))):
+      run.dispatched(n, run_metrics, states)
+    state_of = lambda k: jax.tree.map(lambda x: x[k], states)
+    if stop.due(runs[0].step):
+      run_lib.stopped(stop, [(run, state_of(k)) for k, run in enumerate(runs)])
+    keep, due = [], []
+    for k, run in enumerate(runs):  # Every run's train metrics before anyone's evaluation.
+      try:
+        due.append(run.log())
+      except NonFiniteLossError as e:  # Stopped alone, as alone; the others go on.
+        run.close()
+        workdirs.remove_failed_start(run.workdir, run.created)  # What its hold does alone.
+        outcomes[indices[k]] = e
+        log(f"{run.workdir}: {e} The other runs of its program go on.")
+        due.append(None)
+    for k, run in enumerate(runs):
+      if due[k] is None:
+        continue
+      if due[k]:
+        run.evaluate_and_checkpoint(lambda k=k: state_of(k))
+      if run.training:
+        keep.append(k)
+      else:
+        outcomes[indices[k]] = run.finish(state_of(k))
+    if any(due):  # Each run's evaluation and checkpoint took the others' time: not training.
+      for k in keep:
+        runs[k].progress.restart_timer(runs[k].step)
+    if len(keep) < len(runs):
+      runs, indices = [runs[k] for k in keep], [indices[k] for k in keep]
+      if runs:
+        states, values = jax.device_put(vectorize.take((states, values), keep), sharding)
+        # Compiled for the fewer runs before the timers restart: compiling is not training.
+        step_fn.prepare(states, values, examples, shared, plan.next_dispatch(runs[0].step))
+        for run in runs:
+          run.runs_in_program = len(runs)
+          run.progress.restart_timer(run.step)

@@ -1,0 +1,261 @@
+"""Several runs in one program (capsjax/training/vectorize.py, run_group.py): each vectorised
+run ends where it ends alone, a diverging one stops alone, groups follow what the train step
+does, a group that does not fit is split, and runs restored at different steps resume."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import mnist
+from capsjax import sweep, train
+from capsjax.common.errors import NonFiniteLossError, UsageError
+from capsjax.training import run_group, vectorize
+from capsjax.training.runtime import Runtime
+from helpers import final_params, read_summary, train_records, write_idx_dataset
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=64, num_test=16)
+
+
+def point(data_dir, seed, **overrides):
+  """The smoke config for 4 steps on ``data_dir``, with ``overrides`` and ``seed``."""
+  config = mnist.get_config("smoke")
+  config.data.source, config.data.dir = "idx", str(data_dir)
+  config.train.num_steps, config.train.log_every_steps = 4, 2
+  config.train.checkpoint_every_steps = 2
+  config.eval.num_figure_examples = 0
+  return sweep.apply_overrides(config, overrides, seed)
+
+
+# Differ in seed, a traced loss weight, the traced learning rate and an init-only scale; the
+# third's weight makes its loss infinite at once.
+POINTS = (dict(seed=0),
+          dict(seed=1, **{"loss.reconstruction_weight": 0.002, "optimizer.learning_rate": 3e-3,
+                          "model.class_capsules.init_scale": 0.05}),
+          dict(seed=2, **{"loss.reconstruction_weight": 1e38}))
+
+
+def configs_of(data_dir, points=POINTS):
+  return [point(data_dir, p["seed"], **{k: v for k, v in p.items() if k != "seed"})
+          for p in points]
+
+
+def assert_same_run(alone_dir, together_dir):
+  """Per step, the same train losses; the same test loss and final parameters."""
+  alone, together = train_records(alone_dir), train_records(together_dir)
+  assert [r["step"] for r in alone] == [r["step"] for r in together]
+  np.testing.assert_allclose([r["loss"] for r in together], [r["loss"] for r in alone],
+                             rtol=2e-5)
+  np.testing.assert_allclose(read_summary(together_dir)["test_loss"],
+                             read_summary(alone_dir)["test_loss"], rtol=2e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=1e-4, atol=PARAMS_ATOL),
+               final_params(alone_dir), final_params(together_dir))
+
+
+# Batched matrix products sum in another order: float32 rounding in the gradients, which
+# Adam's normalised update (about lr x sign(g) in the first steps) turns into moves of up to
+# the learning rate for elements whose gradient is near zero. 1e-5 is 1% of one step at 1e-3.
+PARAMS_ATOL = 1e-5
+
+
+def test_vectorised_runs_end_where_they_end_alone_and_a_diverging_one_stops_alone(
+    data_dir, tmp_path):
+  """On the conftest's 4 CPU devices (the sweep test below: 1)."""
+  configs = configs_of(data_dir)
+  alone = []
+  for k, config in enumerate(configs):
+    try:
+      alone.append(train.train_and_evaluate(config, str(tmp_path / f"alone{k}")))
+    except NonFiniteLossError as e:
+      alone.append(e)
+  assert isinstance(alone[2], NonFiniteLossError)
+
+  runtimes = [Runtime(c) for c in configs]
+  run_group.load_shared(runtimes)
+  [group] = vectorize.plan_groups(runtimes)
+  assert group.traced_keys == ("loss.reconstruction_weight", "optimizer.learning_rate")
+  assert group.init_keys == ("model.class_capsules.init_scale",)
+  dirs = [str(tmp_path / f"together{k}") for k in range(3)]
+  outcomes = run_group.train_and_evaluate_group(configs, dirs, group.traced_keys,
+                                                runtimes=runtimes)
+  for k in (0, 1):
+    assert outcomes[k]["runs_in_program"] == 2  # Three until the third stopped.
+    assert outcomes[k]["step"] == 4 and outcomes[k]["devices"] == 4
+    assert_same_run(tmp_path / f"alone{k}", dirs[k])
+  # The second run's own learning rate, in its log and its optimiser record.
+  assert train_records(dirs[1])[0]["learning_rate"] == pytest.approx(3e-3, rel=1e-3)
+  assert read_summary(dirs[1])["optimizer"]["learning_rate"] == 3e-3
+  # The diverged run stopped as it stops alone: the same message, and having logged nothing
+  # its workdir is removed, as alone.
+  assert isinstance(outcomes[2], NonFiniteLossError)
+  assert str(outcomes[2]).replace("together2", "alone2") == str(alone[2])
+  assert not os.path.exists(tmp_path / "alone2") and not os.path.exists(dirs[2])
+
+
+def test_a_traced_setting_really_reaches_the_step(data_dir):
+  """The same group with the learning rate and the loss weight traced: each run's loss
+  differs as its settings do (not the first run's constants for all)."""
+  configs = configs_of(data_dir, [dict(seed=0), dict(seed=0, **{
+      "loss.reconstruction_weight": 0.05, "optimizer.learning_rate": 0.0})])
+  runtimes = [Runtime(c) for c in configs]
+  run_group.load_shared(runtimes)
+  step = vectorize.VectorizedStep(runtimes[0], ("loss.reconstruction_weight",
+                                                "optimizer.learning_rate"))
+  sharding = vectorize.replicated(runtimes[0])
+  state = runtimes[0].fresh_state()
+  states = vectorize.stack([state, state], sharding)
+  values = jax.device_put(vectorize.run_values(configs, step.traced_keys), sharding)
+  examples, shared = runtimes[0].on_devices(runtimes[0].splits["train"])
+  states, metrics = step(states, values, examples, shared, 2)
+  recon = np.asarray(metrics["reconstruction_loss"])
+  np.testing.assert_allclose(recon[1, 0], 100 * recon[0, 0], rtol=1e-5)  # 0.05 / 0.0005.
+  params = jax.tree.leaves(states.params)
+  assert any(not np.allclose(p[0], p[1]) for p in params)
+  assert all(np.array_equal(p[1], q) for p, q in zip(params, jax.tree.leaves(state.params)))
+
+
+def test_groups_follow_what_the_train_step_does(data_dir, monkeypatch):
+  configs = [point(data_dir, 0), point(data_dir, 1, **{"loss.m_plus": 0.8}),
+             point(data_dir, 0, **{"model.routing.iterations": 1}),
+             point(data_dir, 2, **{"model.routing.squash_epsilon": 1e-7}),
+             point(data_dir, 3, **{"model.routing.squash_epsilon": 1e-7,
+                                   "loss.m_plus": 0.7})]
+  runtimes = [Runtime(c) for c in configs]
+  run_group.load_shared(runtimes)
+  groups = vectorize.plan_groups(runtimes)
+  # Iterations change the program's structure; squash_epsilon is a float the router reads
+  # as a constant; m_plus is traced.
+  assert [g.indices for g in groups] == [(0, 1), (3, 4), (2,)]
+  assert groups[0].traced_keys == ("loss.m_plus",) and groups[0].split_by == (
+      "model.routing.squash_epsilon",)
+  assert groups[1].traced_keys == ("loss.m_plus",) and groups[2].split_by == ()
+  text = sweep.describe_groups(groups, sweep.expand({"points": [{}] * 5, "seeds": [0]}))
+  assert "apart by model.routing.squash_epsilon" in text and "traced: loss.m_plus" in text
+
+  # A setting whose tracing fails (Python control flow on it) is a constant too.
+  def failing(runtime, keys):
+    if "loss.m_plus" in keys:
+      raise jax.errors.TracerBoolConversionError(None)
+    return set(keys)
+
+  monkeypatch.setattr(vectorize, "traced_reads", failing)
+  traced, init_only, constant = vectorize.classify(
+      runtimes[0], ["loss.m_plus", "loss.lam"], [c.config for c in runtimes[1:2]])
+  assert (traced, init_only, constant) == (["loss.lam"], [], ["loss.m_plus"])
+
+
+def test_a_group_that_does_not_fit_is_split_and_a_single_run_refused(data_dir, tmp_path,
+                                                                      capsys):
+  configs = configs_of(data_dir, POINTS[:2])
+  limits = iter([0])  # No room for both at the first compile; room afterwards.
+  outcomes = run_group.train_and_evaluate_group(
+      configs, [str(tmp_path / f"run{k}") for k in range(2)], ("loss.reconstruction_weight",
+                                                               "optimizer.learning_rate"),
+      memory_limit=lambda: next(limits, None))
+  assert "Splitting them into 1 and 1 runs" in capsys.readouterr().out
+  assert [o["runs_in_program"] for o in outcomes] == [1, 1]
+  with pytest.raises(UsageError, match=r"Lower config.train.batch_size.*more memory"):
+    run_group.train_and_evaluate_group(configs[:1], [str(tmp_path / "none")],
+                                       memory_limit=lambda: 0)
+
+
+def test_runs_restored_at_different_steps_resume_as_separate_programs(data_dir, tmp_path,
+                                                                      capsys):
+  configs = configs_of(data_dir, POINTS[:2])
+  keys = ("loss.reconstruction_weight", "optimizer.learning_rate")
+  short = [c.copy_and_resolve_references() for c in configs]
+  for c in short:
+    c.train.num_steps = 2
+  dirs = [str(tmp_path / f"run{k}") for k in range(2)]
+  run_group.train_and_evaluate_group(short, dirs, keys)
+  # The first run's checkpoint is lost: it starts over, the second resumes at step 2.
+  import shutil
+  shutil.rmtree(os.path.join(dirs[0], "checkpoints"))
+  os.remove(os.path.join(dirs[0], "summary.json"))
+  outcomes = run_group.train_and_evaluate_group(configs, dirs, keys)
+  assert "restored at different steps (0, 2)" in capsys.readouterr().out
+  assert [o["step"] for o in outcomes] == [4, 4]
+  fresh = str(tmp_path / "alone1")
+  train.train_and_evaluate(configs[1], fresh)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=1e-4, atol=PARAMS_ATOL),
+               final_params(fresh), final_params(dirs[1]))
+
+
+def test_sweep_vectorised_equals_one_by_one_on_one_device(tmp_path):
+  """The tiny Table 1 through the command line on 1 CPU device: with and without reconstruction
+  (a traced weight) in one program, the baseline CNN alone; then the table with the paper's
+  column."""
+  from test_sweep import run_sweep
+
+  data = write_idx_dataset(tmp_path / "idx", num_train=64, num_test=16)
+  experiment = "experiments/paper_table1.py:tiny"
+  extra = ("--index=0,6,12", "--config.train.num_steps=3", "--config.eval.num_figure_examples=0")
+  together = run_sweep(experiment, tmp_path / "together", "--vectorize", *extra, data_dir=data)
+  assert together.returncode == 0, together.stderr
+  assert "Vectorised: 3 run(s) in 2 program(s)" in together.stdout
+  assert "traced: loss.reconstruction_weight" in together.stdout
+  alone = run_sweep(experiment, tmp_path / "alone", "--novectorize", *extra, data_dir=data)
+  assert alone.returncode == 0, alone.stderr
+  names = sorted(os.listdir(tmp_path / "alone"))
+  assert len(names) == 3 and sorted(os.listdir(tmp_path / "together")) == names
+  for name in names:
+    a, b = train_records(tmp_path / "alone" / name), train_records(tmp_path / "together" / name)
+    np.testing.assert_allclose([r["loss"] for r in b], [r["loss"] for r in a], rtol=2e-5)
+    summary = read_summary(tmp_path / "together" / name)
+    assert summary["runs_in_program"] == (1 if "baseline" in name else 2)
+    assert summary["devices"] == 1
+  module = sweep.load_experiment(experiment)  # What --collect does.
+  sweep.collect(sweep.expand(sweep.experiment_sweep(module, experiment)),
+                str(tmp_path / "together"), references=module.REFERENCES)
+  table = (tmp_path / "together" / "results.md").read_text()
+  assert "| paper test error (%) |" in table.splitlines()[0]
+  assert "| 0.25 ± 0.005 |" in table and "| 0.35 ± 0.036 |" in table and "| 0.39 |" in table
+  assert "Not finished (12)" in table
+  with pytest.raises(UsageError, match="--index=99 is out of range: the sweep has 15 points"):
+    sweep._indices(["0", "99"], 15)
+
+
+def test_the_table1_experiment_lists_the_paper_grid():
+  experiment = sweep.load_experiment("experiments/paper_table1.py")
+  points = sweep.expand(sweep.experiment_sweep(experiment, "experiments/paper_table1.py"))
+  assert len(points) == 15 and [p.seed for p in points[:3]] == [0, 1, 2]
+  assert points[0].overrides == {"model.routing.iterations": 3,
+                                 "loss.reconstruction_weight": 0.0005}  # Headline first.
+  assert points[12].overrides == {"config": "configs/mnist_baseline.py"}
+  tiny = sweep.expand(sweep.experiment_sweep(experiment, "experiments/paper_table1.py:tiny"))
+  assert [p.overrides.get("config") for p in tiny[::3]] == (
+      ["configs/mnist.py:smoke"] * 4 + ["configs/mnist_baseline.py:smoke"])
+  with pytest.raises(ValueError, match="unknown variant"):
+    experiment.get_sweep("huge")
+  assert json.dumps(experiment.paper_error({"config": "mnist_baseline"})) == '"0.39"'
+
+
+def test_benchmark_measures_vectorised_throughput_against_one_run():
+  import subprocess
+  import sys
+
+  from test_sweep import REPO
+
+  result = subprocess.run(
+      [sys.executable, "-m", "capsjax.benchmark", f"--config={REPO}/configs/mnist.py:smoke",
+       "--runs=1,2", "--seconds=0.05"],
+      env=dict(os.environ, JAX_NUM_CPU_DEVICES="1"), cwd=REPO, capture_output=True, text=True,
+      timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert "| runs | train img/s, summed | per run | x one by one |" in result.stdout
+  rows = json.loads(result.stdout.strip().splitlines()[-1])
+  assert [r["runs"] for r in rows] == [1, 2] and rows[0]["speedup"] == 1.0
+  assert all(r["images_per_second"] > 0 and r["seconds_per_dispatch"] > 0 for r in rows)
+  assert rows[1]["speedup"] == pytest.approx(
+      rows[1]["images_per_second"] / rows[0]["images_per_second"])
+  # Two runs' gradients, optimiser updates and activations: about twice one run's new memory.
+  assert rows[1]["new_memory_bytes"] > 1.5 * rows[0]["new_memory_bytes"]
+  bad = subprocess.run(
+      [sys.executable, "-m", "capsjax.benchmark", f"--config={REPO}/configs/mnist.py:smoke",
+       "--runs=1,0"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert bad.returncode == 2 and "--runs takes counts of runs >= 1" in bad.stderr
