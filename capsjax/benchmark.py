@@ -191,7 +191,7 @@ def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> 
   and the step's new memory per device."""
   import jax
 
-  from capsjax.training import vectorize
+  from capsjax.training import memory, vectorize
   from capsjax.training.runtime import Runtime
 
   runtime = Runtime(config)
@@ -222,7 +222,7 @@ def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> 
     rows.append({"runs": runs, "images_per_second": rate,
                  "speedup": rate / rows[0]["images_per_second"] if rows else 1.0,
                  "seconds_per_dispatch": seconds,
-                 "new_memory_bytes": vectorize.new_memory_bytes(compiled)})
+                 "new_memory_bytes": memory.new_memory_bytes(compiled)})
     holder = compiled = None  # Freed before the next program is compiled.
   return rows
 
@@ -288,11 +288,11 @@ def _print_runs_table(rows: list[dict]) -> None:
         "new memory |")
   print("|---|---|---|---|---|---|")
   for r in rows:
-    memory = r["new_memory_bytes"]
+    new_bytes = r["new_memory_bytes"]
     print(f"| {r['runs']} | {r['images_per_second']:,.0f} | "
           f"{r['images_per_second'] / r['runs']:,.0f} | {r['speedup']:.2f} | "
           f"{1000 * r['seconds_per_dispatch']:.2f} | "
-          f"{'?' if memory is None else f'{memory / 2**20:,.0f} MiB'} |")
+          f"{'?' if new_bytes is None else f'{new_bytes / 2**20:,.0f} MiB'} |")
   print(json.dumps(rows))
 
 

@@ -141,6 +141,14 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
     raise UsageError(f"--evals names {clash}, which the run's config already evaluates "
                      f"({sorted(taken)}); give them other names in the file.")
   evaluators.check_types(settings, "--evals")
+  path = os.path.join(workdir, EXTRA)
+  # Read (and refused if damaged) before anything is evaluated or drawn: nothing is
+  # overwritten by an evaluation this call could not record.
+  stored = files.read_json(path, f"Move it aside to start a new {EXTRA}.") if os.path.exists(
+      path) else {}
+  if not isinstance(stored, dict):
+    raise UsageError(f"{path} holds a {type(stored).__name__}, not the object of evaluations "
+                     f"by name capsjax writes. Move it aside to start a new {EXTRA}.")
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                     keep=config.train.keep_checkpoints,
                                     keep_best=checkpoint == "best")
@@ -151,25 +159,23 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
   selected_on = ("validation" if checkpoint == "best" else
                  "final" if step == runtime.plan.num_steps else f"step {step}")
   results = {name: evaluator.run(state.variables) for name, evaluator in built.items()}
-  if jax.process_index() == 0:
+  if jax.process_index() == 0:  # Recorded first, then drawn.
     from capsjax.training.run_figures import JittedModel
 
+    stored.update({name: {"checkpoint_step": step, "selected_on": selected_on,
+                          "settings": settings[name].to_dict(), "result": result}
+                   for name, result in results.items()})
+    files.write_json(path, stored)
     model = JittedModel(runtime.task, jax.tree.map(jax.device_get, state.variables))
     writer = reporting.MetricWriter(workdir)
     for evaluator in built.values():
       evaluator.draw(model, workdir, writer, step)
     writer.close()
-    path = os.path.join(workdir, EXTRA)
-    stored = files.read_json(path, f"Move it aside to start a new {EXTRA}.") if os.path.exists(
-        path) else {}
-    stored.update({name: {"checkpoint_step": step, "selected_on": selected_on,
-                          "settings": settings[name].to_dict(), "result": result}
-                   for name, result in results.items()})
-    files.write_json(path, stored)
     chance = reporting.chance_text(runtime.task.chance_levels())
     for name, result in results.items():
       print(f"{name} (checkpoint step {step}, {selected_on}): accuracy "
-            f"{100 * result['accuracy']:.2f}% (chance {chance}); every number in {path}.")
+            f"{100 * result['accuracy']:.2f}% (error {100 * (1 - result['accuracy']):.2f}%; "
+            f"chance, in %: {chance}); every number in {path}.")
   ckpt.close()
   return results
 

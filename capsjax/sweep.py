@@ -31,6 +31,7 @@ row of results.md; ``setting`` maps each swept key to the row's value as the tab
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib.util
 import itertools
@@ -101,8 +102,17 @@ class Point(NamedTuple):
   name: str
 
 
+SWEEP_KEYS = ("grid", "points", "seeds")
+
+
 def expand(sweep: dict) -> list[Point]:
   """The sweep's points: grid (crossed) or points (listed), each with every seed."""
+  for key in sweep:
+    if key not in SWEEP_KEYS:
+      close = difflib.get_close_matches(str(key), SWEEP_KEYS, n=1, cutoff=0.5)
+      raise UsageError(f"get_sweep() returned the key {key!r}, which a sweep does not have "
+                       f"(it has {', '.join(SWEEP_KEYS)})"
+                       + (f"; did you mean {close[0]!r}?" if close else "."))
   if ("grid" in sweep) == ("points" in sweep):
     raise UsageError("get_sweep() must return exactly one of 'grid' or 'points'.")
   if "grid" in sweep:

@@ -15,6 +15,7 @@ import os
 import ml_collections
 
 from capsjax.runs import preemption, workdirs
+from capsjax.training import memory
 from capsjax.training import run as run_lib
 from capsjax.training.runtime import Runtime
 
@@ -35,7 +36,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     run = run_lib.Run(runtime, workdir)
     state = run.start()
     examples, shared = runtime.on_devices(runtime.splits["train"])
-    train_step = runtime.make_train_step()
+    # Compiled and its memory checked before the first step (memory.OutOfMemory says what to
+    # change, and nothing of the run is written).
+    train_step = memory.CompiledSteps(runtime.make_train_step(), runtime.config)
     while run.training:
       n = run.plan.next_dispatch(run.step)
       state, metrics = train_step(state, examples, shared, n)

@@ -23,8 +23,8 @@ epochs of 390 steps = 19,500 steps, far below the official 600,000); raise it
 for a full reproduction.
 
 Cost: XLA counts 9.45 GFLOP per training image
-(python -m capsjax.benchmark --config=configs/cifar10.py); the README's
-Performance table has its speed on the machines we measured.
+(python -m capsjax.benchmark --config=configs/cifar10.py);
+docs/performance.md has its speed on the machines we measured.
 
 Variant ``smoke``: a tiny model for a few steps (tests, on tfds.testing.mock_data).
 """

@@ -2,7 +2,7 @@
 
 Usage:
   python -m capsjax.main --config=configs/efficient_capsnet.py --workdir=/tmp/effcaps \\
-      --config.data.source=idx --config.data.dir=../shared/data/mnist
+      --config.data.source=idx --config.data.dir=/path/to/mnist
   python -m capsjax.main --config=configs/efficient_capsnet.py:smoke --workdir=/tmp/smoke
 
 Paper: 0.26% MNIST test error (99.74%) with 161,824 parameters in the capsule network

@@ -119,7 +119,7 @@ def make_config(*, smoke: bool = False) -> ml_collections.ConfigDict:
   # curves (e.g. novel viewpoints for comparisons at matched familiar error); never to choose.
   c.train.eval_during = ()
   # Warn when this fraction of the class capsules is saturated (longer than 0.95) for this
-  # many consecutive steps (steps=0: never); README, "Saturated class capsules".
+  # many consecutive steps (steps=0: never); docs/training.md, "Saturated class capsules".
   c.train.saturation_warning = ml_collections.ConfigDict(dict(fraction=0.9, steps=100))
 
   c.eval = ml_collections.ConfigDict()

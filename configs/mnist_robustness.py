@@ -10,7 +10,7 @@ Usage:
 Variants (keywords after ':'):
   model=NAME  capsnet (the paper's, dynamic routing with 3 iterations), uniform (the same with
               uniform coupling), self_attention (the same with Efficient-CapsNet's routing,
-              W_ij at std 0.03 as the README's router section says),
+              W_ij at std 0.03 as docs/routers.md says),
               baseline (the paper's baseline CNN), efficient (Efficient-CapsNet) [capsnet]
   steps=N, batch=N   the training budget, the same for every model [300 steps of 64; smoke: 8]
   limit=N     test images of each evaluation [500]

@@ -15,8 +15,8 @@ Resizing 96 -> 48 averages 2x2 blocks here (the official code: TF's bilinear
 resize). 9,327,104 parameters.
 
 Cost: XLA counts 2.2 GFLOP per training image
-(python -m capsjax.benchmark --config=configs/smallnorb.py); the README's
-Performance table has its speed on the machines we measured.
+(python -m capsjax.benchmark --config=configs/smallnorb.py);
+docs/performance.md has its speed on the machines we measured.
 
 Variants (keywords after ':', any together):
   smoke      a tiny model for a few steps (tests, on tfds.testing.mock_data)

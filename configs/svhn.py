@@ -15,8 +15,8 @@ the masked class capsules, reconstruction weight 0.0005, Adam 1e-3 decayed
 augmentation (the paper names none). 4,720,480 parameters.
 
 Cost: XLA counts 0.265 GFLOP per training image
-(python -m capsjax.benchmark --config=configs/svhn.py); the README's
-Performance table has its speed on the machines we measured.
+(python -m capsjax.benchmark --config=configs/svhn.py);
+docs/performance.md has its speed on the machines we measured.
 
 Variant ``smoke``: a tiny model for a few steps (tests, on tfds.testing.mock_data).
 """

@@ -4,7 +4,7 @@ dataset, each named by import path, none registered in capsjax.
     python -m capsjax.main --config=examples/config.py:model,router,evaluator,dataset \
         --workdir=/tmp/examples        # all four; offline (the dataset is generated)
     python -m capsjax.main --config=examples/config.py:router --workdir=/tmp/ex_router \
-        --config.data.source=idx --config.data.dir=../shared/data/mnist   # one, on MNIST
+        --config.data.source=idx --config.data.dir=/path/to/mnist   # one, on MNIST
 
 Keywords (capsjax/common/config_args.py), each off by default; with none this is
 ``configs/mnist.py:smoke`` run for ``steps``:

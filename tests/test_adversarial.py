@@ -107,7 +107,8 @@ def test_checks_catch_a_rising_curve_and_a_weak_iterative_attack():
 @pytest.mark.parametrize("settings,message", [
     ({"attacks": ("fgsm", "cw")}, "attacks="),
     ({"epsilons": (-0.1,)}, "epsilons="),
-    ({"steps": 0}, "steps must be at least 1"),
+    ({"steps": 0}, "config.evals.adversarial.steps must be an integer >= 1, got 0"),
+    ({"limit": -5}, "config.evals.adversarial.limit must be an integer >= 0, got -5"),
     ({"loss": "hinge"}, "loss='hinge'"),
     ({"loss": "model", "targeted": True}, "targeted attack needs loss='cross_entropy'"),
     ({"split": "nope"}, "split='nope'"),

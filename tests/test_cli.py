@@ -18,9 +18,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
      f"capsjax's configs are in {REPO / 'configs'}", "/"),
     (("--config=configs/mnist.py:bogus",), "configs/mnist.py: unknown variant keyword 'bogus'", REPO),
     (("--config=configs/mnist.py", "--config.train.num_step=3"),
-     "does not have: num_step. Did you mean --config.train.num_steps", REPO),
+     "--config does not have: 'train.num_step'. Did you mean --config.train.num_steps", REPO),
     (("--config=configs/mnist.py", "--config.num_steps=3"),  # Another section.
-     "does not have: num_steps. Did you mean --config.train.num_steps?", REPO),
+     "does not have: 'num_steps'. Did you mean --config.train.num_steps?", REPO),
+    (("--config=configs/mnist.py:smoke", "--config.data.test_limit=-5"),
+     "config.data.test_limit must be an integer >= 0, got -5.", REPO),
 ])
 def test_bad_config_flags(tmp_path, args, message, cwd):
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
@@ -31,3 +33,15 @@ def test_bad_config_flags(tmp_path, args, message, cwd):
   assert message in result.stderr and result.stderr.startswith("error: ")
   assert "Traceback" not in result.stderr + result.stdout
   assert not (tmp_path / "run").exists()
+
+
+def test_a_misspelled_evaluation_in_an_evals_override_is_named_with_its_flag(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "capsjax.evaluate", f"--workdir={tmp_path}",
+       "--evals=configs/evals/robustness.py:adversarial", "--evals.advesarial.limit=3"],
+      env=dict(os.environ, JAX_NUM_CPU_DEVICES="1"), cwd=REPO, capture_output=True, text=True,
+      timeout=120)
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert result.stderr.startswith(
+      "error: a --evals.* override names a key that --evals does not have: "
+      "'advesarial.limit'. Did you mean --evals.adversarial.limit?"), result.stderr

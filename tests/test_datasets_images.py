@@ -147,3 +147,13 @@ def test_a_viewpoint_split_needs_a_known_axis():
   config.data.viewpoint_split = "lighting"
   with pytest.raises(UsageError, match="viewpoint_split='lighting'"):
     datasets.get(config)
+
+
+def test_a_viewpoint_split_by_flag_alone_is_refused_naming_the_variant():
+  """The flag alone would hold the novel viewpoints out of training and never evaluate them."""
+  config = smallnorb.get_config("smoke")
+  config.data.viewpoint_split = "azimuth"
+  with pytest.raises(UsageError, match=r"evaluates none of them. Use the variant "
+                     r"--config=configs/smallnorb.py:azimuth"):
+    datasets.get(config)
+  datasets.get(smallnorb.get_config("smoke,azimuth"))  # The variant evaluates them.

@@ -61,16 +61,33 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
   for figure in ("adversarial_accuracy_vs_epsilon.png", "detection_distances.png"):
     assert (trained / figure).exists()
   assert "adversarial (checkpoint step 4, final): accuracy" in result.stdout
+  assert "% (error " in result.stdout and "%; chance, in %: error 90.00)" in result.stdout
 
   # A second call replaces the evaluations it names and keeps the others.
+  # Attacks listed on the command line as epsilons are: "fgsm,pgd" is two attacks.
   again = _evaluate(trained, "--evals=configs/evals/robustness.py:adversarial,limit=8",
                     "--evals.adversarial.steps=1", "--evals.adversarial.epsilons=0,0.1",
-                    "--evals.adversarial.attacks=pgd")
+                    "--evals.adversarial.attacks=fgsm,pgd")
   assert again.returncode == 0, again.stderr
   extra = json.loads((trained / "extra_evaluations.json").read_text())
   assert set(extra) == {"adversarial", "detection", "vote_attack"}
   assert extra["adversarial"]["settings"]["limit"] == 8
+  assert {"fgsm_eps0.1_accuracy", "pgd_eps0.1_accuracy"} <= set(extra["adversarial"]["result"])
   assert extra["detection"]["settings"]["limit"] == 12
+
+  # A negative size is refused by name; a damaged record is refused before anything is
+  # evaluated or drawn.
+  result = _evaluate(trained, "--evals=configs/evals/robustness.py:adversarial",
+                     "--evals.adversarial.limit=-5")
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert "config.evals.adversarial.limit must be an integer >= 0, got -5" in result.stderr
+  figure = trained / "adversarial_accuracy_vs_epsilon.png"
+  drawn = _digest(figure)
+  (trained / "extra_evaluations.json").write_text('{"adversarial": ')
+  result = _evaluate(trained, "--evals=configs/evals/robustness.py:adversarial,limit=8",
+                     "--evals.adversarial.steps=1", "--evals.adversarial.attacks=pgd")
+  assert result.returncode == 2 and "extra_evaluations.json is damaged" in result.stderr
+  assert _digest(figure) == drawn
 
   clash = tmp_path / "clash.py"
   clash.write_text("import ml_collections\n\ndef get_config():\n"

@@ -1,7 +1,8 @@
 """Every command in the READMEs' shell blocks pastes and runs: the capsjax invocations parse.
 
 Each `python -m capsjax.X ...` and `python experiments/X.py ...` line (with its `\\`
-continuations) of a ```bash block in README.md and experiments/README.md is checked without
+continuations) of a ```bash block in README.md, experiments/README.md and docs/*.md is checked
+without
 running it: no optional-part brackets or `...` placeholders a shell would choke on, every flag
 defined by that command, every `--config=FILE[:VARIANT]` a config file with that variant, and
 every `--config.KEY=...` override a key of that config (for a sweep, of its experiment's
@@ -21,7 +22,8 @@ import pytest
 from capsjax.runs import runconfig
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "experiments/README.md", "docs/performance.md")
+DOCS = ("README.md", "experiments/README.md",
+        *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")))
 
 
 def shell_commands(text: str) -> list[str]:
@@ -122,7 +124,7 @@ def test_command_parses(doc, target, args):
       config_file = value
   if target == "capsjax.sweep":
     assert len(positional) == 1, f"{doc}: `{line}` names no single experiment file"
-    experiment = REPO / positional[0]
+    experiment = REPO / positional[0].partition(":")[0]  # EXPERIMENT.py[:variant]
     assert experiment.exists(), f"{doc}: {positional[0]} does not exist"
     config_file = config_file or runconfig.import_config_file(experiment).BASE_CONFIG
   else:
@@ -157,3 +159,27 @@ def test_commands_are_read_as_bash_reads_them():
   (command,) = shell_commands(text)
   assert command.startswith("python -m capsjax.main --config=configs/mnist.py")
   assert "--config.data.dir=/m" in command
+
+
+def test_every_doc_page_is_reachable_from_the_readme():
+  readme = (REPO / "README.md").read_text()
+  for doc in DOCS[2:]:
+    assert f"({doc})" in readme, f"README.md links no {doc}"
+  assert len(readme.splitlines()) <= 260  # A front page; the rest lives in docs/.
+
+
+def test_no_file_points_at_the_development_machines_data():
+  """Commands a user reads say /path/to/mnist: ../shared exists on capsjax's own machines only
+  (one test reads it there and skips elsewhere)."""
+  allowed = {"tests/test_datasets_sources.py", "tests/test_readme_commands.py"}
+  skip = {".git", "__pycache__", ".pytest_cache", "build", "dist"}
+  found = []
+  for path in REPO.rglob("*"):
+    parts = path.relative_to(REPO).parts
+    if (not path.is_file() or set(parts) & skip or parts[0].startswith(".")
+        or any(p.endswith(".egg-info") for p in parts) or path.suffix not in (
+            ".py", ".md", ".sh", ".toml", ".txt", ".cfg", "")):
+      continue
+    if "../shared" in path.read_text(errors="ignore"):
+      found.append(str(path.relative_to(REPO)))
+  assert sorted(set(found) - allowed) == []

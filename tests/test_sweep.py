@@ -42,6 +42,9 @@ def test_expand_grid_and_points():
   assert listed[0].overrides == {"model.routing.leaky": True} and listed[0].seed == 3
   with pytest.raises(UsageError, match="exactly one"):
     sweep.expand({"seeds": [0]})
+  # A misspelt key would silently run every point with seed 0.
+  with pytest.raises(UsageError, match="the key 'seed', .* did you mean 'seeds'"):
+    sweep.expand({"grid": {"model.routing.iterations": [1]}, "seed": [0, 1, 2]})
 
 
 def test_apply_overrides_sets_values_and_rejects_unknown_keys():

@@ -159,7 +159,8 @@ def test_a_group_that_does_not_fit_is_split_and_a_single_run_refused(data_dir, t
       memory_limit=lambda: next(limits, None))
   assert "Splitting them into 1 and 1 runs" in capsys.readouterr().out
   assert [o["runs_in_program"] for o in outcomes] == [1, 1]
-  with pytest.raises(UsageError, match=r"Lower config.train.batch_size.*more memory"):
+  with pytest.raises(UsageError, match=r"needs .* per device .* \(batch 16, 1 step\(s\) per "
+                     r"dispatch\); the device has 0.0 MiB free. Lower --config.train.batch_size"):
     run_group.train_and_evaluate_group(configs[:1], [str(tmp_path / "none")],
                                        memory_limit=lambda: 0)
 

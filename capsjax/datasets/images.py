@@ -245,6 +245,17 @@ class SmallNORB(TFDSImages):
     if self.viewpoint_split and self.viewpoint_split not in FAMILIAR_VIEWPOINTS:
       raise UsageError(f"config.data.viewpoint_split={self.viewpoint_split!r}: use 'azimuth', "
                        "'elevation' or '' (the standard split).")
+    evals = config.get("evals") or {}
+    if self.viewpoint_split and not any(
+        (evals[name].get("split") if hasattr(evals[name], "get") else None) == NOVEL_SPLIT
+        for name in evals):
+      # Else the run's "test accuracy" would cover the familiar views alone, with no word.
+      raise UsageError(
+          f"config.data.viewpoint_split={self.viewpoint_split!r} holds the novel viewpoints "
+          "out of training, and config.evals evaluates none of them. Use the variant "
+          f"--config=configs/smallnorb.py:{self.viewpoint_split} (it evaluates them as "
+          f"'{NOVEL_SPLIT}' and holds out a validation split), or add "
+          f"--config.evals.{NOVEL_SPLIT}=... with split='{NOVEL_SPLIT}'.")
 
   def load(self) -> dict[str, datasets.Split]:
     if not self.viewpoint_split:

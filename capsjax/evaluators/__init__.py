@@ -29,6 +29,7 @@ from typing import Callable, ClassVar
 import ml_collections
 
 from capsjax import datasets
+from capsjax.common import checks
 from capsjax.common.errors import UsageError
 from capsjax.common.registry import Registry
 
@@ -36,7 +37,7 @@ from capsjax.common.registry import Registry
 def limit(split: datasets.Split, config) -> datasets.Split:
   """``split`` cut to ``config.data.test_limit`` examples (0: all), a fair sample of it:
   :meth:`capsjax.datasets.Split.sample`."""
-  return split.sample(int(config.data.get("test_limit", 0) or 0))
+  return split.sample(checks.count(config.data.get("test_limit", 0), "config.data.test_limit"))
 
 
 class SkipEvaluation(Exception):
@@ -59,6 +60,12 @@ class Evaluator:
   def limited(self, split: datasets.Split) -> datasets.Split:
     """``split`` limited as :func:`limit` does."""
     return limit(split, self.config)
+
+  def count(self, key: str, default: int, minimum: int = 0) -> int:
+    """The setting ``key`` as an integer >= ``minimum`` (e.g. ``limit``), or UsageError
+    naming ``config.evals.NAME.key``."""
+    return checks.count(self.settings.get(key, default), f"config.evals.{self.name}.{key}",
+                        minimum)
 
   def run(self, params) -> dict:
     """The named metrics of the model with ``params``: every variable of the model, parameters

@@ -66,7 +66,7 @@ import jax.numpy as jnp
 from absl import logging
 
 from capsjax import evaluators
-from capsjax.common import figures
+from capsjax.common import checks, figures
 from capsjax.common.errors import UsageError
 from capsjax.evaluators import attacks, foolbox_attacks
 
@@ -83,9 +83,9 @@ class AdversarialEvaluator(evaluators.Evaluator):
     super().__init__(*args)
     get = self.settings.get
     where = f"config.evals.{self.name}"
-    self.attacks = tuple(get("attacks", ("fgsm", "pgd")))
+    self.attacks = checks.names(get("attacks", ("fgsm", "pgd")))
     self.epsilons = tuple(float(e) for e in get("epsilons", DEFAULT_EPSILONS))
-    self.steps = int(get("steps", 10))
+    self.steps = self.count("steps", 10, minimum=1)
     self.step_size = get("step_size", None)
     self.random_start = bool(get("random_start", True))
     self.targeted = bool(get("targeted", False))
@@ -104,8 +104,6 @@ class AdversarialEvaluator(evaluators.Evaluator):
         foolbox_attacks.PREFIX) else a for a in self.attacks}
     if not self.epsilons or any(e < 0 for e in self.epsilons):
       raise UsageError(f"{where}.epsilons={self.epsilons!r}: give budgets >= 0.")
-    if self.steps < 1:
-      raise UsageError(f"{where}.steps must be at least 1, got {self.steps}.")
     if self.loss not in LOSSES:
       raise UsageError(f"{where}.loss={self.loss!r}: choose from {LOSSES}.")
     voting = [a for a in self.attacks if a.startswith("vote_")]
@@ -128,7 +126,7 @@ class AdversarialEvaluator(evaluators.Evaluator):
     split = get("split", "test")
     if split not in self.splits:
       raise UsageError(f"{where}.split={split!r}: the dataset has {tuple(self.splits)}.")
-    sample = self.splits[split].sample(int(get("limit", 1000) or 0))
+    sample = self.splits[split].sample(self.count("limit", 1000))
     self.set = self.runner.eval_set(sample)
     self.num_examples = len(sample)
     self.chance = self.runner.task.chance_levels()["accuracy"]

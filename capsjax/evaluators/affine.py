@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from capsjax import datasets, evaluators
-from capsjax.common import figures
+from capsjax.common import checks, figures
 from capsjax.common.errors import UsageError
 from capsjax.datasets import affine, affnist
 
@@ -48,11 +48,11 @@ class AffineMNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
   def __init__(self, *args):
     super().__init__(*args)
     s, test = self.settings, self.splits["test"]
-    per_digit = int(s.get("transforms_per_digit", 1))
+    per_digit = self.count("transforms_per_digit", 1, minimum=1)
     if per_digit < 1:
       raise UsageError(f"config.evals.{self.name}.transforms_per_digit must be >= 1, "
                        f"got {per_digit}.")
-    limit = int(self.config.data.get("test_limit", 0) or 0)
+    limit = checks.count(self.config.data.get("test_limit", 0), "config.data.test_limit")
     digits = test.sample(-(-limit // per_digit) if limit else 0)
     ranges = affine.AffineRanges(float(s.get("rotation_degrees", 20.0)),
                                  float(s.get("shear", 0.2)),

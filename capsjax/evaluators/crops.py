@@ -45,7 +45,7 @@ class CropAverageEvaluator(evaluators.Evaluator):
     split = self.settings.get("split", "test")
     if split not in self.splits:
       raise UsageError(f"{where}.split={split!r}: the dataset has {tuple(self.splits)}.")
-    sample = self.limited(self.splits[split]).sample(int(self.settings.get("limit", 0) or 0))
+    sample = self.limited(self.splits[split]).sample(self.count("limit", 0))
     h, w = self.builder.stored_shape[:2]
     room = (h - self.builder.crop) // 2, (w - self.builder.crop) // 2
     if not self.offsets or any(abs(dy) > room[0] or abs(dx) > room[1]

@@ -81,7 +81,7 @@ class ReconstructionDetectionEvaluator(AdversarialEvaluator):
     self.percentile = float(self.settings.get("percentile", 95.0))
     if not 0 < self.percentile < 100:
       raise UsageError(f"{where}.percentile={self.percentile!r}: give a number in (0, 100).")
-    sample = validation.sample(int(self.settings.get("validation_limit", 0) or 0))
+    sample = validation.sample(self.count("validation_limit", 0))
     self.validation_set = self.runner.eval_set(sample)
     self.distances: dict[str, np.ndarray] = {}
 

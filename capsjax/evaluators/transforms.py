@@ -92,7 +92,7 @@ class TransformsEvaluator(evaluators.Evaluator):
     split = get("split", "test")
     if split not in self.splits:
       raise UsageError(f"{where}.split={split!r}: the dataset has {tuple(self.splits)}.")
-    sample = self.splits[split].sample(int(get("limit", 1000) or 0))
+    sample = self.splits[split].sample(self.count("limit", 1000))
     if "images" not in sample.examples or sample.examples["images"].dtype != np.uint8:
       raise UsageError(f"{where}: type 'transforms' moves uint8 images; this dataset's "
                        "examples hold none.")

@@ -136,8 +136,8 @@ def coupling_statistics(coupling: jax.Array, axis: int = 2) -> dict[str, jax.Arr
     coupling: ``(batch, in_caps, out_caps)``, each distribution along ``axis``.
 
   Returns:
-    ``coupling_entropy`` and ``coupling_max``, ``(batch,)`` each. Uniform over n parents gives
-    ``log n`` and ``1/n``; a one-hot coupling 0 and 1.
+    A dict, ``{"coupling_entropy": (batch,), "coupling_max": (batch,)}``. Uniform over n
+    parents gives ``log n`` and ``1/n``; a one-hot coupling 0 and 1.
   """
   c = coupling
   entropy = -jnp.sum(jnp.where(c > 0, c * jnp.log(jnp.where(c > 0, c, 1.0)), 0.0), axis=axis)

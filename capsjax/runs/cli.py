@@ -37,15 +37,21 @@ def parse_flags(argv: list[str]) -> list[str]:
           file=sys.stderr)
     sys.exit(2)
   except (AttributeError, KeyError) as e:  # ml_collections: an override of a missing key.
-    chain = [e]
-    while isinstance(chain[-1].__context__, (AttributeError, KeyError)):
-      chain.append(chain[-1].__context__)
-    texts = [" ".join(str(c.args[0] if c.args else c).replace("\\n", " ").replace("\\'", "")
-                      .split()).strip("'\"") for c in chain]
-    detail = next((t for t in texts if "Did you mean" in t), texts[-1])
-    detail = detail.split("Did you mean")[0].strip().rstrip(".")
-    print(f"error: a --config.* override names a key the config does not have: {detail}."
-          f"{suggest_keys(argv)}", file=sys.stderr)
+    found = missing_override(argv)
+    if found is None:  # The config file could not be read back: ml_collections' words.
+      chain = [e]
+      while isinstance(chain[-1].__context__, (AttributeError, KeyError)):
+        chain.append(chain[-1].__context__)
+      texts = [" ".join(str(c.args[0] if c.args else c).replace("\\n", " ")
+                        .replace("\\'", "").split()).strip("'\"") for c in chain]
+      detail = next((t for t in texts if "Did you mean" in t), texts[-1])
+      detail = detail.split("Did you mean")[0].strip().strip("'\"").rstrip(".")
+      family = next((f for f in CONFIG_FLAGS if any(a.startswith(f"--{f}.") for a in argv)),
+                    "config")
+      found = (family, detail, "")
+    family, key, hint = found
+    print(f"error: a --{family}.* override names a key that --{family} does not have: "
+          f"{key!r}.{hint}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -81,30 +87,39 @@ def _missing_config_file(argv: list[str]) -> str | None:
   return None
 
 
-def suggest_keys(argv: list[str]) -> str:
-  """`` Did you mean --config.train.num_steps?`` for an override whose key the config lacks:
-  keys of any section that end the same way, else the closest spellings."""
-  spec = _config_spec(argv)
-  if not spec:
-    return ""
-  try:
-    from capsjax.runs import runconfig
+# The config-file flags of capsjax's commands, whose overrides are --NAME.KEY=VALUE.
+CONFIG_FLAGS = ("config", "evals")
 
-    path, _, variant = spec.partition(":")
-    config = runconfig.import_config_file(path).get_config(variant or None)
-    keys = sorted(runconfig.flatten(config.to_dict()))
-  except Exception:  # The config itself is at fault; the message above says so.
-    return ""
-  asked = [a.split("=", 1)[0][len("--config."):] for a in argv if a.startswith("--config.")]
-  for key in asked:
-    if key in keys or any(k.startswith(key + ".") for k in keys):
+
+def missing_override(argv: list[str]) -> tuple[str, str, str] | None:
+  """``(flag, key, hint)`` for the first ``--FLAG.KEY=...`` override of ``argv`` whose key
+  the file of ``--FLAG`` lacks; ``hint`` is `` Did you mean --config.train.num_steps?`` (keys
+  of any section that end the same way, else the closest spellings) or "". None when every
+  key exists or a file cannot be read."""
+  from capsjax.runs import runconfig
+
+  for family in CONFIG_FLAGS:
+    prefix = f"--{family}."
+    asked = [a.split("=", 1)[0][len(prefix):] for a in argv if a.startswith(prefix)]
+    spec = _config_spec(argv, family)
+    if not asked or not spec:
       continue
-    last = key.rsplit(".", 1)[-1]
-    matches = [k for k in keys if k.rsplit(".", 1)[-1] == last]
-    matches = matches or difflib.get_close_matches(key, keys, n=2, cutoff=0.6)
-    if matches:
-      return " Did you mean " + " or ".join(f"--config.{m}" for m in matches) + "?"
-  return ""
+    try:
+      path, _, variant = spec.partition(":")
+      config = runconfig.import_config_file(path).get_config(variant or None)
+      keys = sorted(runconfig.flatten(config.to_dict()))
+    except Exception:  # The file itself is at fault; the caller says so.
+      return None
+    for key in asked:
+      if key in keys or any(k.startswith(key + ".") for k in keys):
+        continue
+      last = key.rsplit(".", 1)[-1]
+      matches = [k for k in keys if k.rsplit(".", 1)[-1] == last]
+      matches = matches or difflib.get_close_matches(key, keys, n=2, cutoff=0.6)
+      hint = (" Did you mean " + " or ".join(f"--{family}.{m}" for m in matches) + "?"
+              if matches else "")
+      return family, key, hint
+  return None
 
 
 def config_from_flag(holder):

@@ -10,7 +10,7 @@ heap that is kept between steps and backed by transparent huge pages:
   glibc.malloc.mmap_max=0          no per-block mmap; reuse the heap
   glibc.malloc.trim_threshold=...  do not hand freed memory back between steps
 
-The README's Performance section gives what this saves on the paper model's train
+docs/performance.md gives what this saves on the paper model's train
 step. Tunables are read only when a process starts, so the entry points (``capsjax.main``,
 ``capsjax.benchmark``, ``capsjax.evaluate``, ``capsjax.sweep``) restart
 themselves once with them set. Set ``CAPSJAX_MALLOC_TUNING=0`` to turn this

@@ -6,7 +6,7 @@ no longer kills the process: the train loop asks :meth:`StopRequest.due` after
 every dispatch, finishes the step it is in, saves a checkpoint of it and raises
 :class:`Preempted`, which the command lines turn into exit status 128 + the
 signal's number (143 for SIGTERM, 130 for SIGINT), as if the signal had ended
-the process, so a scheduler's requeue rules apply (README: "Preemption").
+the process, so a scheduler's requeue rules apply (docs/training.md: "Preemption and Ctrl-C").
 
 One process: Python handlers record the signal; a second signal while saving
 is reported and ignored, so the save completes. Several processes

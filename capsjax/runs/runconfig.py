@@ -106,25 +106,55 @@ def comparable(raw: dict) -> dict:
   return raw
 
 
-def record(workdir: str, config, resumed_step: int | None, log=print) -> None:
-  """Writes ``WORKDIR/config.json``; when a resumed run changed settings, warns and keeps the
-  earlier file as ``config.before_step_N.json`` so the run's history is not lost."""
+def announce_changes(workdir: str, config, resumed_step: int | None, log=print) -> list[str]:
+  """Warns when a resumed run's settings differ from its ``config.json`` (at the start, before
+  anything is written); returns the changes."""
+  earlier_config = read_raw(workdir) if resumed_step is not None else None
+  if earlier_config is None:
+    return []
+  changes = config_changes(earlier_config, json.loads(config.to_json_best_effort()))
+  if changes:
+    log(f"Warning: resuming with settings that differ from the run's config.json: "
+        f"{'; '.join(changes)}. The checkpoint's parameters, optimiser state, RNG and data "
+        f"position carry on under the new settings; once a step has run with them, the "
+        f"earlier config is kept as config.before_step_{resumed_step}.json.")
+    if earlier_config.get("seed") != config.seed and config.data.validation_size:
+      log("Warning: config.seed draws the validation split, so the new seed's validation "
+          "examples overlap the ones trained on so far.")
+  return changes
+
+
+def record(workdir: str, config, resumed_step: int | None, log=print,
+           announce: bool = True) -> None:
+  """Writes ``WORKDIR/config.json``; when a resumed run changed settings, keeps the earlier
+  file as ``config.before_step_N.json`` (``config.before_step_N.2.json`` and so on when that
+  name holds another config already: nothing is overwritten), so the run's history is not
+  lost. Call it once a step has run with ``config`` (a run that fails at its first step leaves
+  the record as it was); ``announce``: also warn of the changes (:func:`announce_changes`)."""
   path = os.path.join(workdir, "config.json")
   resolved = config.to_json_best_effort(indent=2)
   earlier_config = read_raw(workdir) if resumed_step is not None else None
-  if earlier_config is not None:
-    changes = config_changes(earlier_config, json.loads(resolved))
-    if changes:
-      kept = os.path.join(workdir, f"config.before_step_{resumed_step}.json")
+  changes = (announce_changes(workdir, config, resumed_step, log) if announce else
+             config_changes(earlier_config, json.loads(resolved)) if earlier_config else [])
+  if changes:
+    kept = os.path.join(workdir, f"config.before_step_{resumed_step}.json")
+    k = 1
+    while os.path.exists(kept) and read_raw_file(kept) != earlier_config:
+      k += 1
+      kept = os.path.join(workdir, f"config.before_step_{resumed_step}.{k}.json")
+    if not os.path.exists(kept):
       files.write_json(kept, earlier_config)
-      log(f"Warning: resuming with settings that differ from the run's config.json: "
-          f"{'; '.join(changes)}. The checkpoint's parameters, optimiser state, RNG and data "
-          f"position carry on under the new settings; the earlier config is kept in {kept}.")
-      if earlier_config.get("seed") != config.seed and config.data.validation_size:
-        log("Warning: config.seed draws the validation split, so the new seed's validation "
-            "examples overlap the ones trained on so far.")
   with files.atomic_write(path) as f:
     f.write(resolved)
+
+
+def read_raw_file(path: str) -> dict | None:
+  """A kept config file as JSON, or None when it is not readable JSON (never overwritten)."""
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
 
 
 def load(workdir: str) -> ml_collections.ConfigDict:

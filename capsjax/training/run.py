@@ -22,6 +22,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from capsjax.common import checks
 from capsjax.common.errors import UsageError
 from capsjax.runs import checkpointing, files, hardware, preemption, reporting, runconfig
 from capsjax.runs.reporting import log
@@ -58,12 +59,15 @@ class Run:
     """Restores the newest checkpoint (or starts fresh), builds the evaluations and the
     train log; returns the state."""
     runtime, config = self.runtime, self.runtime.config
-    self.state, self.reached = init_or_restore(runtime, self.ckpt, self.workdir)
+    self.state, self.reached, self.resumed_step = init_or_restore(runtime, self.ckpt,
+                                                                  self.workdir)
+    self.config_recorded = False
     self.step = self.first_step = int(self.state.step)
     self.evals = runtime.evaluations()
     # Recorded beside it (e.g. novel viewpoints, for comparisons at matched familiar error);
     # never used to choose anything.
-    self.recorded = [n for n in (config.train.get("eval_during") or ()) if n != self.watched]
+    self.recorded = [n for n in checks.names(config.train.get("eval_during"))
+                     if n != self.watched]
     if unknown := [n for n in self.recorded if n not in self.evals]:
       raise UsageError(f"config.train.eval_during names {unknown}, which config.evals does "
                        f"not hold (it has {sorted(self.evals)}).")
@@ -88,8 +92,17 @@ class Run:
   def dispatched(self, num_steps: int, metrics: dict, state) -> None:
     """Records a dispatch of ``num_steps`` steps from :attr:`step`; ``state`` is what it made
     (one run's, or a vectorised group's: it is only waited on to time the first dispatch)."""
-    self.progress.add(self.step, metrics, state)
+    self.progress.add(self.step, metrics, state)  # The first dispatch is waited for here.
     self.step += num_steps
+    self.record_config()
+
+  def record_config(self) -> None:
+    """``config.json`` (and the earlier one kept) once a step has run with these settings:
+    a run that fails at its first step (out of memory, say) leaves the record as it was."""
+    if not self.config_recorded and jax.process_index() == 0:
+      runconfig.record(self.workdir, self.runtime.config, self.resumed_step, log=log,
+                       announce=False)
+    self.config_recorded = True
 
   def after_dispatch(self, state) -> None:
     """Logs, evaluates and checkpoints when due at :attr:`step` (:meth:`log`, then
@@ -145,6 +158,7 @@ class Run:
         self.results[name] = evaluator.run(state.variables)
         if step > self.first_step:  # A rerun of a finished run has logged these already.
           self.progress.evaluation(name, step, self.results[name])
+    self.record_config()  # A finished run rerun: its evaluations ran with these settings.
     self.ckpt.wait()
     summary = summarise(runtime, step, state.params, self.results, self.progress, self.ckpt,
                         selected_on=(self.watched if self.reached else "final"))
@@ -214,7 +228,9 @@ def banner(runtime: Runtime, evals: dict, params) -> str:
 def init_or_restore(runtime: Runtime, ckpt, workdir: str):
   """The newest checkpoint of ``ckpt`` that restores (damaged newer ones are reported and
   moved aside), else fresh parameters; and whether it had already reached
-  ``train.stop_at_accuracy``. Records the config."""
+  ``train.stop_at_accuracy``, and the step restored (None: fresh). Warns of changed settings
+  (:func:`capsjax.runs.runconfig.announce_changes`); :meth:`Run.record_config` writes them
+  once a step has run."""
   config, plan = runtime.config, runtime.plan
   if ckpt.all_steps():
     runconfig.check_same_model(runtime, workdir)
@@ -239,8 +255,8 @@ def init_or_restore(runtime: Runtime, ckpt, workdir: str):
     if jax.process_index() == 0:
       _truncate_metrics(workdir, latest)
   if jax.process_index() == 0:
-    runconfig.record(workdir, config, latest, log=log)
-  return state, reached
+    runconfig.announce_changes(workdir, config, latest, log=log)
+  return state, reached, latest
 
 
 def _truncate_metrics(workdir: str, step: int) -> None:

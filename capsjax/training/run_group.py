@@ -26,18 +26,18 @@ from typing import Sequence
 import jax
 import ml_collections
 
-from capsjax.common.errors import NonFiniteLossError, UsageError
+from capsjax.common.errors import NonFiniteLossError
 from capsjax.runs import preemption, workdirs
 from capsjax.runs.reporting import log
 from capsjax.training import run as run_lib
-from capsjax.training import vectorize
+from capsjax.training import memory, vectorize
 from capsjax.training.runtime import Runtime
 
 
 def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
                              run_dirs: Sequence[str], traced_keys: Sequence[str] = (),
                              runtimes: Sequence[Runtime] | None = None,
-                             memory_limit=vectorize.available_memory_bytes) -> list:
+                             memory_limit=None) -> list:
   """Trains the runs of ``configs`` into ``run_dirs`` as one vectorised program.
 
   ``traced_keys``: the float settings that differ between the runs and are traced
@@ -65,7 +65,8 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
       runs[i] = run_lib.Run(runtime, workdir)
       runs[i].label, runs[i].created = os.path.basename(workdir), created
       runs[i].start(announce=len(runs) == 1)
-    log(f"{len(runs)} runs in one program (jax.vmap over the runs); traced settings: "
+    log(f"{len(runs)} run{'s' if len(runs) != 1 else ''} in one program (jax.vmap over the "
+        f"runs); traced settings: "
         f"{', '.join(traced_keys) or 'none (they differ in seed or initialisation only)'}.")
     by_step: dict[int, list[int]] = {}
     for i, run in runs.items():
@@ -109,13 +110,12 @@ def _train(template: Runtime, runs: list, traced_keys, stop, memory_limit, outco
   step_fn = vectorize.VectorizedStep(template, traced_keys, memory_limit)
   try:
     _train_together(template, runs, step_fn, traced_keys, stop, outcomes, indices)
-  except vectorize.GroupTooLarge as e:
-    if len(runs) == 1:
-      raise UsageError(f"{e} Lower config.train.batch_size, config.train.steps_per_dispatch "
-                       "or set config.model.compute_dtype=bfloat16 (where the model has it), "
-                       "or use a device with more memory.") from None
+  except memory.OutOfMemory as e:
+    if len(runs) == 1 or any(run.step > run.first_step for run in runs):
+      raise  # One run alone does not fit (the message says what to change).
     half = (len(runs) + 1) // 2
-    log(f"{e} Splitting them into {half} and {len(runs) - half} runs.")
+    log(f"{len(runs)} runs in one program do not fit: {e} Splitting them into {half} and "
+        f"{len(runs) - half} runs.")
     for part, part_indices in ((runs[:half], indices[:half]), (runs[half:], indices[half:])):
       _train(template, part, traced_keys, stop, memory_limit, outcomes, part_indices)
 

@@ -32,9 +32,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax.common import traced_settings
-from capsjax.common.errors import UsageError
 from capsjax.runs.runconfig import flatten
-from capsjax.training import optimizers, train_step
+from capsjax.training import memory, optimizers, train_step
 from capsjax.training.runtime import Runtime
 from capsjax.training.tasks import Task
 
@@ -189,55 +188,18 @@ def step_program(task: Task, runtime: Runtime, optimizer_config=None) -> str:
 
 # --- The vectorised train step ------------------------------------------------------------
 
-class GroupTooLarge(UsageError):
-  """The vectorised step of a group needs more memory than the device has free."""
-
-
-def available_memory_bytes(device: jax.Device | None = None) -> int | None:
-  """Free memory for a program on ``device``: the accelerator's allocator limit less what is
-  in use, or on a CPU the host's available memory (``MemAvailable``); None if unknown."""
-  device = device or jax.devices()[0]
-  stats = device.memory_stats() or {}
-  if "bytes_limit" in stats:
-    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-  try:
-    with open("/proc/meminfo") as f:
-      for line in f:
-        if line.startswith("MemAvailable:"):
-          return int(line.split()[1]) * 1024
-  except OSError:
-    pass
-  return None
-
-
-def new_memory_bytes(compiled) -> int | None:
-  """What a compiled program allocates when it runs, per device: outputs that do not reuse
-  an input's buffer, and temporaries (its inputs are already allocated)."""
-  memory = compiled.memory_analysis()
-  if memory is None:
-    return None
-  return int(memory.output_size_in_bytes - memory.alias_size_in_bytes
-             + memory.temp_size_in_bytes)
-
-
-def format_bytes(n: float) -> str:
-  return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
 class VectorizedStep:
   """``step(states, values, examples, shared, num_steps) -> (states, metrics)``: the train
   step of ``runtime`` mapped over a leading run axis of ``states`` (stacked train states) and
   ``values`` (``{key: (runs,) float32}``, each run's traced settings); metrics come back
-  ``(runs, num_steps)``. Compiled once per run count and ``num_steps``; before the first
-  call of each, the program's memory is checked against the device's free memory
-  (:class:`GroupTooLarge`)."""
+  ``(runs, num_steps)``. Compiled once per run count and ``num_steps``, its memory checked
+  before it first runs (:class:`capsjax.training.memory.OutOfMemory`)."""
 
   def __init__(self, runtime: Runtime, traced_keys: Sequence[str] = (),
-               memory_limit: Callable[[], int | None] = available_memory_bytes):
+               memory_limit: Callable[[], int | None] | None = None):
     body = train_step.train_steps(runtime.task, runtime.optimizer.tx, runtime.plan.num_train,
                                   runtime.mesh)
     self.traced_keys = tuple(traced_keys)
-    self.memory_limit = memory_limit
 
     def step(states, values, examples, shared, num_steps):
       def one_run(state, run_values):
@@ -245,26 +207,16 @@ class VectorizedStep:
           return body(state, examples, shared, num_steps)
       return jax.vmap(one_run)(states, values)
 
-    self._jitted = jax.jit(step, static_argnums=4, donate_argnums=0)
-    self._compiled: dict[tuple[int, int], object] = {}
+    self._steps = memory.CompiledSteps(jax.jit(step, static_argnums=4, donate_argnums=0),
+                                       runtime.config, "The runs' vectorised train step",
+                                       memory_limit)
 
   def __call__(self, states, values, examples, shared, num_steps: int):
-    return self.prepare(states, values, examples, shared, num_steps)(states, values, examples,
-                                                                      shared)
+    return self._steps(states, values, examples, shared, num_steps)
 
   def prepare(self, states, values, examples, shared, num_steps: int):
     """The program for these runs and ``num_steps``, compiled and its memory checked."""
-    runs = len(jax.tree.leaves(states)[0])
-    key = (runs, num_steps)
-    if key not in self._compiled:
-      compiled = self._jitted.lower(states, values, examples, shared, num_steps).compile()
-      need, free = new_memory_bytes(compiled), self.memory_limit()
-      if need is not None and free is not None and need > free:
-        raise GroupTooLarge(
-            f"{runs} runs in one program need {format_bytes(need)} per device for a dispatch "
-            f"of {num_steps} step(s), more than the {format_bytes(free)} free.")
-      self._compiled[key] = compiled
-    return self._compiled[key]
+    return self._steps.prepare(states, values, examples, shared, num_steps)
 
 
 def stack(trees: Sequence, sharding: NamedSharding):

@@ -1,0 +1,108 @@
+"""Whether a train step fits in the device's memory, known before it runs.
+
+XLA's memory analysis of the compiled step gives what it allocates when it runs (outputs that
+do not reuse an input's buffer, and temporaries); its inputs (the train state, the data on the
+device) are allocated already. :class:`CompiledSteps` compiles a jitted step once per number of
+steps per dispatch and refuses one that would not fit (:class:`OutOfMemory`, a UsageError that
+says what to change) before it runs, and turns an allocation failure while it runs (XLA's
+``RESOURCE_EXHAUSTED``) into the same error: no traceback, nothing of the run written.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+
+from capsjax.common.errors import UsageError
+
+
+class OutOfMemory(UsageError):
+  """A train step needs more memory than the device has free."""
+
+
+def available_memory_bytes(device: jax.Device | None = None) -> int | None:
+  """Free memory for a program on ``device``: the accelerator's allocator limit less what is
+  in use, or on a CPU the host's available memory (``MemAvailable``); None if unknown."""
+  device = device or jax.local_devices()[0]
+  stats = device.memory_stats() or {}
+  if "bytes_limit" in stats:
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return None
+
+
+def new_memory_bytes(compiled) -> int | None:
+  """What a compiled program allocates when it runs, per device: outputs that do not reuse
+  an input's buffer, and temporaries (its inputs are already allocated)."""
+  memory = compiled.memory_analysis()
+  if memory is None:
+    return None
+  return int(memory.output_size_in_bytes - memory.alias_size_in_bytes
+             + memory.temp_size_in_bytes)
+
+
+def format_bytes(n: float) -> str:
+  return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def advice(config) -> str:
+  """What to change for a train step that does not fit, with a batch size that would."""
+  batch = config.train.batch_size
+  dtype = ("set --config.model.compute_dtype=bfloat16, "
+           if config.model.get("compute_dtype") == "float32" else "")
+  dispatch = (f"lower --config.train.steps_per_dispatch={config.train.steps_per_dispatch} "
+              "(its steps' metrics are kept), "
+              if config.train.get("steps_per_dispatch", 1) > 1 else "")
+  return (f"Lower --config.train.batch_size={batch} (e.g. to {max(1, batch // 2)}), "
+          f"{dispatch}{dtype}or run on more devices (the batch is split over them).")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+  """Whether ``error`` is XLA's allocation failure (``RESOURCE_EXHAUSTED``)."""
+  return "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error)
+
+
+class CompiledSteps:
+  """``fn(*args, num_steps)`` of a jitted step ``fn(*args, num_steps)`` (``num_steps`` its
+  last, static argument), compiled once per ``num_steps`` and checked against the device's
+  free memory before its first run (:class:`OutOfMemory`, naming ``what`` and the config's
+  remedies)."""
+
+  def __init__(self, jitted: Callable, config, what: str = "The train step",
+               memory_limit: Callable[[], int | None] | None = None):
+    """``memory_limit``: the free bytes per device (default :func:`available_memory_bytes`)."""
+    self.jitted, self.config, self.what = jitted, config, what
+    self.memory_limit = memory_limit or (lambda: available_memory_bytes())
+    self._compiled: dict[int, object] = {}
+
+  def prepare(self, *args):
+    """The program for ``args`` (the last: ``num_steps``), compiled and its memory checked."""
+    *inputs, num_steps = args
+    key = (num_steps, jax.tree.leaves(inputs[0])[0].shape)  # A vectorised step's run count.
+    if key not in self._compiled:
+      compiled = self.jitted.lower(*args).compile()
+      need, free = new_memory_bytes(compiled), self.memory_limit()
+      if need is not None and free is not None and need > free:
+        raise OutOfMemory(
+            f"{self.what} needs {format_bytes(need)} per device beyond the state and data it "
+            f"holds (batch {self.config.train.batch_size}, {num_steps} step(s) per dispatch); "
+            f"the device has {format_bytes(free)} free. {advice(self.config)}")
+      self._compiled[key] = compiled
+    return self._compiled[key]
+
+  def __call__(self, *args):
+    compiled = self.prepare(*args)
+    try:
+      return compiled(*args[:-1])
+    except Exception as e:
+      if is_out_of_memory(e):
+        raise OutOfMemory(f"{self.what} ran out of device memory ({str(e).splitlines()[0]}). "
+                          f"{advice(self.config)}") from None
+      raise
