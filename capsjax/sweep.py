@@ -19,9 +19,10 @@ unfinished ones resume, so rerunning a sweep continues it.
 weights, init scales) as one jitted program each (``jax.vmap`` over the runs); each point
 keeps its own workdir, checkpoints and results (:mod:`capsjax.training.run_group`). Without
 the flag, groups of at least four runs are vectorised on accelerators and none on CPUs, as
-measured (:func:`capsjax.training.vectorize.default_min_runs`); ``--novectorize``: never. ``--index=K`` runs point K only, for SLURM
-arrays or Kubernetes indexed jobs; ``--collect`` (also done after a full run) writes
-``results.csv``, ``results.md`` and plots. An experiment may also define ``TABLES``
+measured (:func:`capsjax.training.vectorize.default_min_runs`); ``--novectorize``: never.
+``--index=K`` runs point K only, for SLURM arrays or Kubernetes indexed jobs (``--index=K,L``:
+those points); ``--collect`` (also done after a full run) writes ``results.csv``,
+``results.md`` and plots. An experiment may also define ``TABLES``
 (``{title: ["EVALUATION/KEY", ...]}``: further tables of results.md) and
 ``MATCHED`` (a comparison at matched familiar error: :mod:`capsjax.runs.matched`) and
 ``REFERENCES`` (``{column title: function(setting) -> text}``: published numbers beside each

@@ -119,36 +119,35 @@ def classify(template: Runtime, keys: Sequence[str], others
   try:
     reads = traced_reads(template, keys)
   except Exception:  # Any failure to trace: find the settings that cause it, one by one.
-    failing = []
-    for key in keys:
-      try:
-        traced_reads(template, [key])
-      except Exception:
-        failing.append(key)
-    failing = failing or list(keys)
-    traced, init_only, constant = classify(
-        template, [k for k in keys if k not in failing], others) if len(failing) < len(
-            keys) else ([], [], [])
+    failing = [key for key in keys if not _traces(template, key)] or list(keys)
+    rest = [k for k in keys if k not in failing]
+    traced, init_only, constant = classify(template, rest, others) if rest else ([], [], [])
     return traced, init_only, failing + constant
-  traced = [k for k in keys if k in reads]
   unread = [k for k in keys if k not in reads]
   reference = step_program(template.task, template) if unread else None
   init_only, constant = [], []
   for key in unread:
-    changes = False
-    for config in others:
-      value = setting(config, key)
-      if value == setting(template.config, key):
-        continue
-      variant = template.config.copy_and_resolve_references()
-      *parents, leaf = key.split(".")
-      (setting(variant, ".".join(parents)) if parents else variant)[leaf] = value
-      task = Task(variant, template.task.dataset, template.task.model_class)
-      if step_program(task, template, optimizer_config=variant.optimizer) != reference:
-        changes = True
-        break
+    changes = any(step_program(*_variant(template, key, setting(config, key))) != reference
+                  for config in others if setting(config, key) != setting(template.config, key))
     (constant if changes else init_only).append(key)
-  return traced, init_only, constant
+  return [k for k in keys if k in reads], init_only, constant
+
+
+def _traces(runtime: Runtime, key: str) -> bool:
+  try:
+    traced_reads(runtime, [key])
+    return True
+  except Exception:  # Whatever tracing raises: the setting cannot be a traced value.
+    return False
+
+
+def _variant(template: Runtime, key: str, value):
+  """``(task, runtime, optimizer config)`` of ``template``'s config with ``key`` set to
+  ``value``: what :func:`step_program` compares."""
+  config = template.config.copy_and_resolve_references()
+  *parents, leaf = key.split(".")
+  (setting(config, ".".join(parents)) if parents else config)[leaf] = value
+  return Task(config, template.task.dataset, template.task.model_class), template, config.optimizer
 
 
 def _abstract_inputs(runtime: Runtime):
@@ -172,7 +171,8 @@ def traced_reads(runtime: Runtime, keys: Sequence[str]) -> set[str]:
     return out
 
   values = {k: jax.ShapeDtypeStruct((), jnp.float32) for k in keys}
-  jax.eval_shape(one, _abstract_inputs(runtime)[0], values, *_abstract_inputs(runtime)[1:])
+  state, examples, shared = _abstract_inputs(runtime)
+  jax.eval_shape(one, state, values, examples, shared)
   return found
 
 
