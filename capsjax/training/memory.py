@@ -52,15 +52,20 @@ def format_bytes(n: float) -> str:
   return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def advice(config) -> str:
-  """What to change for a train step that does not fit, with a batch size that would."""
+def advice(config, need: int | None = None, free: int | None = None) -> str:
+  """What to change for a train step that does not fit, with a batch size that would: the
+  largest power of two at most ``batch x free / need`` where the need is known (a step's
+  memory grows about in proportion to its batch), else half the batch."""
   batch = config.train.batch_size
+  smaller = max(1, batch // 2)
+  if need and free is not None and need > free:
+    smaller = 2 ** max(0, int(batch * free / need).bit_length() - 1)
   dtype = ("set --config.model.compute_dtype=bfloat16, "
            if config.model.get("compute_dtype") == "float32" else "")
   dispatch = (f"lower --config.train.steps_per_dispatch={config.train.steps_per_dispatch} "
               "(its steps' metrics are kept), "
               if config.train.get("steps_per_dispatch", 1) > 1 else "")
-  return (f"Lower --config.train.batch_size={batch} (e.g. to {max(1, batch // 2)}), "
+  return (f"Lower --config.train.batch_size={batch} (e.g. to {smaller}), "
           f"{dispatch}{dtype}or run on more devices (the batch is split over them).")
 
 
@@ -71,7 +76,8 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 class CompiledSteps:
   """``fn(*args, num_steps)`` of a jitted step ``fn(*args, num_steps)`` (``num_steps`` its
-  last, static argument), compiled once per ``num_steps`` and checked against the device's
+  last, static argument; the other arguments' shapes fixed), compiled once per ``num_steps``
+  and checked against the device's
   free memory before its first run (:class:`OutOfMemory`, naming ``what`` and the config's
   remedies)."""
 
@@ -84,18 +90,17 @@ class CompiledSteps:
 
   def prepare(self, *args):
     """The program for ``args`` (the last: ``num_steps``), compiled and its memory checked."""
-    *inputs, num_steps = args
-    key = (num_steps, jax.tree.leaves(inputs[0])[0].shape)  # A vectorised step's run count.
-    if key not in self._compiled:
+    num_steps = args[-1]
+    if num_steps not in self._compiled:
       compiled = self.jitted.lower(*args).compile()
       need, free = new_memory_bytes(compiled), self.memory_limit()
       if need is not None and free is not None and need > free:
         raise OutOfMemory(
             f"{self.what} needs {format_bytes(need)} per device beyond the state and data it "
             f"holds (batch {self.config.train.batch_size}, {num_steps} step(s) per dispatch); "
-            f"the device has {format_bytes(free)} free. {advice(self.config)}")
-      self._compiled[key] = compiled
-    return self._compiled[key]
+            f"the device has {format_bytes(free)} free. {advice(self.config, need, free)}")
+      self._compiled[num_steps] = compiled
+    return self._compiled[num_steps]
 
   def __call__(self, *args):
     compiled = self.prepare(*args)

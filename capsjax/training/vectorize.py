@@ -207,16 +207,23 @@ class VectorizedStep:
           return body(state, examples, shared, num_steps)
       return jax.vmap(one_run)(states, values)
 
-    self._steps = memory.CompiledSteps(jax.jit(step, static_argnums=4, donate_argnums=0),
-                                       runtime.config, "The runs' vectorised train step",
-                                       memory_limit)
+    jitted = jax.jit(step, static_argnums=4, donate_argnums=0)
+    self._new_steps = lambda: memory.CompiledSteps(
+        jitted, runtime.config, "The runs' vectorised train step", memory_limit)
+    self._steps: dict[int, memory.CompiledSteps] = {}  # By the number of runs.
+
+  def _for(self, states) -> memory.CompiledSteps:
+    runs = states.step.shape[0]
+    if runs not in self._steps:
+      self._steps[runs] = self._new_steps()
+    return self._steps[runs]
 
   def __call__(self, states, values, examples, shared, num_steps: int):
-    return self._steps(states, values, examples, shared, num_steps)
+    return self._for(states)(states, values, examples, shared, num_steps)
 
   def prepare(self, states, values, examples, shared, num_steps: int):
     """The program for these runs and ``num_steps``, compiled and its memory checked."""
-    return self._steps.prepare(states, values, examples, shared, num_steps)
+    return self._for(states).prepare(states, values, examples, shared, num_steps)
 
 
 def stack(trees: Sequence, sharding: NamedSharding):
