@@ -92,16 +92,11 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
   import jax
 
   from capsjax.runs import layer_profile
-  from capsjax.training.runtime import Runtime
 
   devices = jax.devices()
-  runtime = Runtime(config)
   batch = config.train.batch_size
   num_steps = config.train.steps_per_dispatch
-  num_examples = max(4 * batch, 1024, config.eval.batch_size)
-  split = random_split(runtime.task.dataset, num_examples)
-  runtime.load({"train": split, "test": runtime.task.dataset.eval_split_like(split)})
-  state = runtime.fresh_state()
+  runtime, split, state = _random_data_runtime(config)
   examples, shared = runtime.on_devices(split)
 
   train_step = runtime.make_train_step()
@@ -192,14 +187,10 @@ def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> 
   import jax
 
   from capsjax.training import memory, vectorize
-  from capsjax.training.runtime import Runtime
 
-  runtime = Runtime(config)
   batch, num_steps = config.train.batch_size, config.train.steps_per_dispatch
-  split = random_split(runtime.task.dataset, max(4 * batch, 1024))
-  runtime.load({"train": split, "test": runtime.task.dataset.eval_split_like(split)})
+  runtime, split, state = _random_data_runtime(config)
   examples, shared = runtime.on_devices(split)
-  state = runtime.fresh_state()
   rows = []
   for runs in run_counts:
     if runs == 1:
@@ -225,6 +216,19 @@ def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> 
                  "new_memory_bytes": memory.new_memory_bytes(compiled)})
     holder = compiled = None  # Freed before the next program is compiled.
   return rows
+
+
+def _random_data_runtime(config):
+  """``(runtime, split, state)``: the config's runtime loaded with random data of its train
+  split's shapes (at least 4 batches, 1,024 examples and an evaluation batch) as both train
+  and test, and fresh parameters."""
+  from capsjax.training.runtime import Runtime
+
+  runtime = Runtime(config)
+  split = random_split(runtime.task.dataset, max(4 * config.train.batch_size, 1024,
+                                                 config.eval.batch_size))
+  runtime.load({"train": split, "test": runtime.task.dataset.eval_split_like(split)})
+  return runtime, split, runtime.fresh_state()
 
 
 def random_split(builder, num_examples: int):

@@ -6,13 +6,12 @@ from capsjax.common.errors import UsageError
 
 
 def count(value, key: str, minimum: int = 0) -> int:
-  """``value`` of the setting ``key`` as an integer of at least ``minimum`` (None counts as 0,
-  as the configs' "0: all" settings read it)."""
-  value = 0 if value is None else value
-  if (isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value)
-      or value < minimum):
+  """``value`` of the setting ``key``, an integer of at least ``minimum`` (None counts as 0,
+  as the configs' "0: all" settings read it), or a UsageError naming the key."""
+  number = 0 if value is None else value
+  if isinstance(number, bool) or not isinstance(number, int) or number < minimum:
     raise UsageError(f"{key} must be an integer >= {minimum}, got {value!r}.")
-  return int(value)
+  return number
 
 
 def names(value) -> tuple[str, ...]:

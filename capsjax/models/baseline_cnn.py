@@ -20,6 +20,7 @@ import ml_collections
 import optax
 from flax import nnx
 
+from capsjax.common import checks
 from capsjax.common.errors import UsageError
 from capsjax.models import layers, metrics
 from capsjax.models.outputs import Outputs
@@ -40,9 +41,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                      f"of the {len(tuple(config.conv_features))} convolutions, got {pool!r}.")
   if not 0.0 <= config.dropout_rate < 1.0:
     raise UsageError(f"config.model.dropout_rate must be in [0, 1), got {config.dropout_rate!r}.")
-  if not isinstance(config.kernel_size, int) or config.kernel_size < 1:
-    raise UsageError(f"config.model.kernel_size must be an integer >= 1, "
-                     f"got {config.kernel_size!r}.")
+  checks.count(config.kernel_size, "config.model.kernel_size", minimum=1)
 
 
 class BaselineCNN(nnx.Module):

@@ -171,11 +171,9 @@ def coupled_parents(votes: jax.Array, coupling: jax.Array, *, bias: jax.Array | 
 
 def check_iterations(value) -> None:
   """UsageError unless ``config.model.routing.iterations`` is an integer >= 1."""
-  from capsjax.common.errors import UsageError
+  from capsjax.common import checks
 
-  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-    raise UsageError(f"config.model.routing.iterations must be an integer >= 1, "
-                     f"got {value!r}.")
+  checks.count(value, "config.model.routing.iterations", minimum=1)
 
 
 def per_iteration(rows: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:

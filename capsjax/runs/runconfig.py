@@ -106,19 +106,24 @@ def comparable(raw: dict) -> dict:
   return raw
 
 
+def _changes(workdir: str, config, resumed_step: int | None) -> tuple[dict | None, list[str]]:
+  """The run's earlier ``config.json`` (None when fresh) and how ``config`` differs from it."""
+  earlier = read_raw(workdir) if resumed_step is not None else None
+  if earlier is None:
+    return None, []
+  return earlier, config_changes(earlier, json.loads(config.to_json_best_effort()))
+
+
 def announce_changes(workdir: str, config, resumed_step: int | None, log=print) -> list[str]:
   """Warns when a resumed run's settings differ from its ``config.json`` (at the start, before
   anything is written); returns the changes."""
-  earlier_config = read_raw(workdir) if resumed_step is not None else None
-  if earlier_config is None:
-    return []
-  changes = config_changes(earlier_config, json.loads(config.to_json_best_effort()))
+  earlier, changes = _changes(workdir, config, resumed_step)
   if changes:
     log(f"Warning: resuming with settings that differ from the run's config.json: "
         f"{'; '.join(changes)}. The checkpoint's parameters, optimiser state, RNG and data "
         f"position carry on under the new settings; once a step has run with them, the "
         f"earlier config is kept as config.before_step_{resumed_step}.json.")
-    if earlier_config.get("seed") != config.seed and config.data.validation_size:
+    if earlier.get("seed") != config.seed and config.data.validation_size:
       log("Warning: config.seed draws the validation split, so the new seed's validation "
           "examples overlap the ones trained on so far.")
   return changes
@@ -131,21 +136,19 @@ def record(workdir: str, config, resumed_step: int | None, log=print,
   name holds another config already: nothing is overwritten), so the run's history is not
   lost. Call it once a step has run with ``config`` (a run that fails at its first step leaves
   the record as it was); ``announce``: also warn of the changes (:func:`announce_changes`)."""
-  path = os.path.join(workdir, "config.json")
-  resolved = config.to_json_best_effort(indent=2)
-  earlier_config = read_raw(workdir) if resumed_step is not None else None
-  changes = (announce_changes(workdir, config, resumed_step, log) if announce else
-             config_changes(earlier_config, json.loads(resolved)) if earlier_config else [])
+  if announce:
+    announce_changes(workdir, config, resumed_step, log)
+  earlier, changes = _changes(workdir, config, resumed_step)
   if changes:
     kept = os.path.join(workdir, f"config.before_step_{resumed_step}.json")
     k = 1
-    while os.path.exists(kept) and read_raw_file(kept) != earlier_config:
+    while os.path.exists(kept) and read_raw_file(kept) != earlier:
       k += 1
       kept = os.path.join(workdir, f"config.before_step_{resumed_step}.{k}.json")
     if not os.path.exists(kept):
-      files.write_json(kept, earlier_config)
-  with files.atomic_write(path) as f:
-    f.write(resolved)
+      files.write_json(kept, earlier)
+  with files.atomic_write(os.path.join(workdir, "config.json")) as f:
+    f.write(config.to_json_best_effort(indent=2))
 
 
 def read_raw_file(path: str) -> dict | None:

@@ -72,8 +72,7 @@ def validate_train_config(config: ml_collections.ConfigDict, num_devices: int) -
   t = config.train
   for key in ("batch_size", "log_every_steps", "checkpoint_every_steps", "keep_checkpoints",
               "steps_per_dispatch"):
-    if not isinstance(t[key], int) or t[key] < 1:
-      raise UsageError(f"config.train.{key} must be an integer >= 1, got {t[key]!r}.")
+    checks.count(t[key], f"config.train.{key}", minimum=1)
   if t.num_steps is not None and t.num_steps < 0:
     raise UsageError(f"config.train.num_steps must be >= 0, got {t.num_steps}.")
   if t.num_steps is None and t.num_epochs < 0:
