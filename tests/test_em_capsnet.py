@@ -205,11 +205,18 @@ def test_variational_bayes_routes_the_same_layers_with_batch_norms():
     assert metrics[name].shape == (6, 3) and np.isfinite(metrics[name]).all()
 
 
-def test_a_variational_bayes_smoke_run(idx_dir, tmp_path):
-  config = em_mnist.get_config("smoke")
+def test_the_vb_variant_trains_with_its_cross_entropy(idx_dir, tmp_path):
+  """``configs/em_mnist.py:smoke,vb``: variational Bayes routing trained as its authors' code,
+  with the softmax cross-entropy over the class activations (``loss.kind``) and no decay."""
+  config = em_mnist.get_config("smoke,vb")
   config.data.source, config.data.dir = "idx", str(idx_dir)
-  config.model.routing.name = "variational_bayes"
   summary = train.train_and_evaluate(config, str(tmp_path))
   assert summary["step"] == 8 and np.isfinite(summary["test_loss"])
+  assert summary["config"]["model"]["routing"]["name"] == "variational_bayes"
   assert summary["config"]["model"]["routing"]["prior_nu_offset"] == 1.0
+  assert summary["config"]["loss"]["kind"] == "cross_entropy"
+  test = summary["evaluations"]["test"]
+  assert "cross_entropy" in test and "spread_loss" not in test
+  np.testing.assert_allclose(test["loss"], test["cross_entropy"] + test["weight_decay"],
+                             rtol=1e-5)
   assert "caps1_mixing_entropy" in (tmp_path / "metrics.jsonl").read_text()

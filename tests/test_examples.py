@@ -1,5 +1,5 @@
 """examples/: a researcher's own model, router, evaluator and dataset, each named by import
-path, run end to end as the README's commands run them; the slow test shows they learn."""
+path, run end to end as the README's commands run them, and shown to learn together."""
 
 import json
 import os
@@ -85,7 +85,6 @@ def test_an_unknown_path_is_refused_naming_the_key(tmp_path):
   assert "Traceback" not in result.stderr
 
 
-@pytest.mark.slow
 def test_the_four_examples_together_learn_the_bars(tmp_path):
   """300 steps of the example model with the example router on the generated bars: well
   above the 25% of chance, and the attack lowers the accuracy."""

@@ -1,6 +1,7 @@
 """Variational Bayes routing (capsjax/routing/variational_bayes.py) against a float64 NumPy
 re-derivation of the variational Gaussian mixture (Bishop, PRML Sec. 10.2, diagonal
-precisions) with the authors' code's assignment rule, written here with loops."""
+precisions) with the authors' code's assignment rules (at its HEAD, and its first commits),
+written here with loops."""
 
 import math
 
@@ -18,43 +19,61 @@ CODE = dict(vb.SETTINGS)
 
 def np_vb(votes, acts, beta_u, beta_a, s):
   """votes (b, c, o, d); acts (b, c); one position. Returns m (b, o, d), logits (b, o), R."""
-  b, c, o, d = votes.shape
-  r = np.full((b, c, o), 1.0 / o)
+  m, logits, r = np_vb_positions(votes[:, :, :, None], acts[:, :, None], beta_u, beta_a, s)
+  return m[:, :, 0], logits[:, :, 0], r[..., 0]
+
+
+def np_vb_positions(votes, acts, beta_u, beta_a, s, groups=None):
+  """votes (b, c, o, P, d); acts (b, c, P). ``groups``: lists of (c, o, P) indices over which
+  the code's rule sums p_ij (a convolutional layer's true children); default: over o at each
+  (c, P). Returns m (b, o, P, d), logits (b, o, P), R (b, c, o, P)."""
+  b, c, o, positions, d = votes.shape
+  r = np.full((b, c, o, positions), 1.0 / o)
   alpha0, kappa0, psi0 = s["prior_alpha"], s["prior_kappa"], s["prior_psi"]
   nu0 = d + s["prior_nu_offset"]
   for t in range(s["iterations"]):
-    m = np.zeros((b, o, d))
-    psi = np.zeros((b, o, d))
-    kappa, nu, e_log_pi, e_log_lam = (np.zeros((b, o)) for _ in range(4))
+    m = np.zeros((b, o, positions, d))
+    psi = np.zeros((b, o, positions, d))
+    kappa, nu, e_log_pi, e_log_lam = (np.zeros((b, o, positions)) for _ in range(4))
     for n in range(b):
-      alpha = np.zeros(o)
-      for j in range(o):
-        w = r[n, :, j] * acts[n]
-        n_j = w.sum()
-        alpha[j] = alpha0 + n_j
-        kappa[n, j], nu[n, j] = kappa0 + n_j, nu0 + n_j
-        xbar = (w[:, None] * votes[n, :, j]).sum(0) / (n_j + s["mass_epsilon"])
-        scatter = (w[:, None] * (votes[n, :, j] - xbar) ** 2).sum(0)
-        m[n, j] = n_j * xbar / kappa[n, j]                             # m0 = 0
-        psi[n, j] = 1 / (1 / psi0 + scatter + kappa0 * n_j / kappa[n, j] * xbar ** 2)
-        e_log_lam[n, j] = (sum(digamma((nu[n, j] + 1 - i) / 2) for i in range(1, d + 1))
-                           + d * math.log(2) + np.log(psi[n, j]).sum())
-      e_log_pi[n] = digamma(alpha) - digamma(alpha.sum())
+      for q in range(positions):
+        alpha = np.zeros(o)
+        for j in range(o):
+          w = r[n, :, j, q] * acts[n, :, q]
+          n_j = w.sum()
+          alpha[j] = alpha0 + n_j
+          kappa[n, j, q], nu[n, j, q] = kappa0 + n_j, nu0 + n_j
+          x = votes[n, :, j, q]
+          xbar = (w[:, None] * x).sum(0) / (n_j + s["mass_epsilon"])
+          scatter = (w[:, None] * (x - xbar) ** 2).sum(0)
+          m[n, j, q] = n_j * xbar / kappa[n, j, q]                             # m0 = 0
+          psi[n, j, q] = 1 / (1 / psi0 + scatter + kappa0 * n_j / kappa[n, j, q] * xbar ** 2)
+          e_log_lam[n, j, q] = (sum(digamma((nu[n, j, q] + 1 - i) / 2) for i in range(1, d + 1))
+                                + d * math.log(2) + np.log(psi[n, j, q]).sum())
+        e_log_pi[n, :, q] = digamma(alpha) - digamma(alpha.sum())
     if t == s["iterations"] - 1:
       entropy = 0.5 * d * math.log(2 * math.pi * math.e) - 0.5 * e_log_lam
-      return m, beta_a - (np.exp(e_log_pi) * entropy + beta_u), r
-    log_p = np.zeros((b, c, o))
+      return m, beta_a[:, None] - (np.exp(e_log_pi) * entropy + beta_u[:, None]), r
+    log_p = np.zeros((b, c, o, positions))
     for n in range(b):
       for i in range(c):
         for j in range(o):
-          quad = (psi[n, j] * (votes[n, i, j] - m[n, j]) ** 2).sum()
-          log_p[n, i, j] = 0.5 * (e_log_lam[n, j] - d * math.log(2 * math.pi)
-                                  - d / kappa[n, j] - nu[n, j] * quad)
+          for q in range(positions):
+            quad = (psi[n, j, q] * (votes[n, i, j, q] - m[n, j, q]) ** 2).sum()
+            log_p[n, i, j, q] = 0.5 * (e_log_lam[n, j, q] - d * math.log(2 * math.pi)
+                                       - d / kappa[n, j, q] - nu[n, j, q] * quad)
     joint = e_log_pi[:, None] + log_p
     if s["assignments"] == "textbook":
       r = np.exp(joint - logsumexp(joint, axis=2, keepdims=True))
-    else:
+    elif s["assignments"] == "first_commits":
       r = np.exp(log_p - logsumexp(joint, axis=2, keepdims=True))
+    else:  # HEAD: p / clamp(sum of p over the child's parents, floor).
+      p = np.exp(joint)
+      total = np.repeat(p.sum(axis=2, keepdims=True), o, axis=2)
+      for group in groups or ():
+        idx = (slice(None),) + tuple(np.array(group).T)
+        total[idx] = p[idx].sum(axis=1, keepdims=True)
+      r = p / np.maximum(total, s["normaliser_floor"])
 
 
 def route(votes, acts, beta_u, beta_a, settings, diagnostics=False):
@@ -65,6 +84,7 @@ def route(votes, acts, beta_u, beta_a, settings, diagnostics=False):
 
 @pytest.mark.parametrize("settings", [
     CODE,
+    dict(CODE, assignments="first_commits"),
     dict(CODE, assignments="textbook"),
     dict(CODE, prior_kappa=0.5, prior_psi=2.0, prior_alpha=0.7, prior_nu_offset=3.0),
     dict(CODE, iterations=1),
@@ -81,18 +101,88 @@ def test_matches_the_variational_mixture_re_derived_in_numpy(settings):
 
 
 def test_assignment_rules_normalise_as_documented():
-  """Textbook: each child's R sums to 1; code: sum_j exp(E ln pi_j) R_ij = 1."""
+  """Textbook: each child's R sums to 1; first commits: sum_j exp(E ln pi_j) R_ij = 1; HEAD
+  (code): p_ij / max(sum_j p_ij, floor), so 1 where the sum is above the floor and the sum
+  over the floor where it is not."""
   rng = np.random.default_rng(2)
-  votes = jnp.asarray(rng.normal(size=(2, 5, 4, 3, 16)), jnp.float32)
+  votes = jnp.asarray(rng.normal(size=(2, 5, 4, 3, 16)) * 0.1, jnp.float32)
   weights = jnp.asarray(rng.uniform(size=(2, 5, 4, 3)), jnp.float32)
   q = vb.update_posteriors(votes, weights, CODE)
   log_p = vb.log_predictive(votes, q)
   textbook = vb.assignments_from(log_p, q, "textbook")
-  code = vb.assignments_from(log_p, q, "code")
+  first = vb.assignments_from(log_p, q, "first_commits")
   np.testing.assert_allclose(jnp.sum(textbook, axis=2), 1.0, rtol=1e-5)
-  np.testing.assert_allclose(jnp.sum(jnp.exp(q.log_mixing)[:, None] * code, axis=2), 1.0,
+  np.testing.assert_allclose(jnp.sum(jnp.exp(q.log_mixing)[:, None] * first, axis=2), 1.0,
                              rtol=1e-5)
-  assert not np.allclose(jnp.sum(code, axis=2), 1.0, rtol=1e-3)
+  assert not np.allclose(jnp.sum(first, axis=2), 1.0, rtol=1e-3)
+  joint = np.asarray(q.log_mixing[:, None] + log_p, np.float64)
+  totals = np.exp(joint).sum(axis=2)
+  assert totals.min() > 1e-11  # Votes of scale 0.1 stay above the floor: code = textbook.
+  np.testing.assert_allclose(vb.assignments_from(log_p, q, "code"), textbook, rtol=1e-4,
+                             atol=1e-7)
+  floor = float(np.median(totals))   # A floor above half the sums: it binds there.
+  code = np.asarray(vb.assignments_from(log_p, q, "code", floor), np.float64)
+  np.testing.assert_allclose(code.sum(axis=2), totals / np.maximum(totals, floor), rtol=1e-4)
+  assert np.sum(totals < floor) > 0 and np.all(code.sum(axis=2) <= 1 + 1e-5)
+
+
+def route64(votes, acts, beta_u, beta_a, settings, child_sum=None):
+  """vb_routing in float64: votes (b, c, o, P, d), acts (b, c, P)."""
+  with jax.enable_x64(True):
+    result = vb.vb_routing(jnp.asarray(votes, jnp.float64),
+                           jnp.asarray(acts, jnp.float64)[:, :, None],
+                           jnp.asarray(beta_u, jnp.float64), jnp.asarray(beta_a, jnp.float64),
+                           settings=settings, child_sum=child_sum)
+    return np.asarray(result.poses), np.asarray(result.activation_logits)
+
+
+@pytest.mark.parametrize("case", ["above the floor", "the floor binds"])
+def test_the_authors_current_rule_in_float64(case):
+  """The class layer's routing at HEAD against the NumPy re-derivation to 1e-10, where the
+  clamp does not bind (votes of scale 0.1) and where it does (16-dimensional votes of unit
+  scale: many children's sums of p_ij fall below the floor of 1e-11, so their R shrink and
+  their parents fall back towards the prior)."""
+  rng = np.random.default_rng(6)
+  scale = 0.1 if case == "above the floor" else 1.0
+  votes = rng.normal(size=(2, 7, 3, 1, 16)) * scale + rng.normal(size=(1, 1, 3, 1, 16))
+  acts = rng.uniform(0.2, 1.0, size=(2, 7, 1))
+  beta_u, beta_a = rng.normal(size=3), rng.normal(size=3)
+  poses, logits = route64(votes, acts, beta_u, beta_a, CODE)
+  mean, expected, r = np_vb_positions(votes, acts, beta_u, beta_a, CODE)
+  np.testing.assert_allclose(poses, mean, rtol=1e-10, atol=1e-12)
+  np.testing.assert_allclose(logits, expected, rtol=1e-10, atol=1e-10)
+  bound = r.sum(axis=2) < 1 - 1e-6   # Children whose assignments the floor shrank.
+  assert bound.any() == (case == "the floor binds")
+  # The first commits' rule differs from HEAD's in both cases.
+  _, first = route64(votes, acts, beta_u, beta_a, dict(CODE, assignments="first_commits"))
+  assert not np.allclose(first, logits, rtol=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["child", "patch"])
+def test_a_convolutional_layer_normalises_each_child_over_all_its_parents(mode):
+  """At stride 2 (3x3 kernels on a 7x7 grid: children in up to four receptive fields), HEAD's
+  rule sums a child's p_ij over every parent whose receptive field holds it (``"child"``,
+  :class:`capsjax.models.em_layers.ReceptiveFieldGrid`), the first commits per receptive
+  field (``"patch"``): each against the re-derivation in float64 to 1e-10."""
+  from capsjax.models import em_layers
+  from test_em_routing import np_groups
+
+  rng = np.random.default_rng(7)
+  i_types, o_types, k, stride, oh = 2, 3, 3, 2, 3
+  votes = rng.normal(size=(2, i_types * k * k, o_types, oh * oh, 16)) * 0.4
+  acts = rng.uniform(0.2, 1.0, size=(2, i_types * k * k, oh * oh))
+  beta_u, beta_a = rng.normal(size=3), rng.normal(size=3)
+  settings = dict(CODE, conv_normalisation=mode)
+  child_sum = em_layers.ReceptiveFieldGrid(i_types, k, stride, oh, oh).child_sum \
+      if mode == "child" else None
+  poses, logits = route64(votes, acts, beta_u, beta_a, settings, child_sum)
+  groups = np_groups(i_types, k, o_types, oh, oh, stride, "child") if mode == "child" else None
+  mean, expected, r = np_vb_positions(votes, acts, beta_u, beta_a, settings, groups)
+  np.testing.assert_allclose(poses, mean, rtol=1e-10, atol=1e-12)
+  np.testing.assert_allclose(logits, expected, rtol=1e-10, atol=1e-10)
+  if mode == "child":  # Every true child's assignments sum to one over all its parents.
+    for group in groups:
+      np.testing.assert_allclose(r[(slice(None),) + tuple(np.array(group).T)].sum(1), 1.0)
 
 
 def test_a_parent_with_identical_votes_keeps_a_finite_variance():
@@ -161,6 +251,8 @@ def test_diagnostics_per_iteration():
 
 
 @pytest.mark.parametrize("key,value", [("assignments", "bishop"), ("prior_alpha", 0.0),
+                                       ("conv_normalisation", "field"),
+                                       ("normaliser_floor", 0.0),
                                        ("prior_nu_offset", -1.0), ("iterations", 0),
                                        ("mass_epsilon", -1e-7)])
 def test_bad_settings_are_named(key, value):

@@ -29,7 +29,8 @@ RUNS = [("mnist", "smoke", "idx"), ("fashion_mnist", "smoke", "idx"),
         ("mnist_baseline", "smoke", "idx"), ("affnist", "smoke", "idx"),
         ("affnist", "baseline_smoke", "idx"), ("multimnist", "smoke", "idx"),
         ("multimnist", "baseline_smoke", "idx"), ("efficient_capsnet", "smoke", "idx"),
-        ("cifar10", "smoke", "mock"), ("svhn", "smoke", "mock"), ("smallnorb", "smoke", "mock")]
+        ("cifar10", "smoke", "mock"), ("svhn", "smoke", "mock"), ("smallnorb", "smoke", "mock"),
+        ("em_mnist", "smoke", "idx"), ("em_mnist", "smoke,vb", "idx")]
 
 
 def get_config(module, variant):

@@ -155,8 +155,8 @@ class AdversarialEvaluator(evaluators.Evaluator):
 
       def loss_fn(images):  # Through everything the model does, routing included.
         out = task.forward(variables, {**batch, "images": images}, train=False)
-        if self.loss == "model":  # The batch mean: times the batch, each example's own.
-          return jnp.full(labels.shape, out.loss * labels.shape[0]), out.outputs
+        if self.loss == "model":  # The model's per-example training loss.
+          return out.loss, out.outputs
         return sign * attacks.cross_entropy(out.outputs.log_probabilities, aim), out.outputs
 
       def vote_loss_fn(images):  # The votes averaged, no routing (Gu et al. 2021).

@@ -205,7 +205,7 @@ class EMCapsNet(nnx.Module):
       parts = {"cross_entropy": data}
     else:
       margin = losses.spread_margin(step, settings["margin_schedule"],
-                                    settings["margin_steps"])
+                                    settings["margin_steps"], outputs.scores.dtype)
       data = losses.spread_loss_per_example(outputs.scores, labels, margin,
                                             settings["reduction"])
       parts = {"spread_loss": data, "margin": margin * jnp.ones_like(data)}

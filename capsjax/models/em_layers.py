@@ -19,9 +19,12 @@ normalised when it lies in the receptive fields of several parents (``normalisat
   receptive field routed on its own, as most reimplementations do.
 
 With ``router="variational_bayes"`` (:mod:`capsjax.routing.variational_bayes`) the same layers
-route by variational Bayes instead, as its authors' code does: each receptive field on its own
-(``normalisation`` is EM's only), and the parents' activation logits and poses batch-normalised
-per output type (no scale or offset; running statistics at evaluation) before the sigmoid.
+route by variational Bayes instead, as its authors' code does (``normalisation`` is EM's only):
+at its HEAD each child's ``p_ij`` normalised over every parent whose receptive field holds it
+(the router's ``conv_normalisation="child"``, :meth:`ReceptiveFieldGrid.child_sum`), in its
+first commits each receptive field on its own (``"patch"``); and the parents' activation
+logits and poses batch-normalised per output type (no scale or offset; running statistics at
+evaluation) before the sigmoid.
 """
 
 from __future__ import annotations
@@ -78,33 +81,54 @@ def gather_children(grid: jax.Array, stride: int, kernel: int, oh: int, ow: int)
   return jnp.stack(rows, axis=-2)
 
 
+class ReceptiveFieldGrid:
+  """Moves a convolutional layer's routing arrays ``(batch, in_types * k * k, out_types,
+  oh * ow)`` to and from ``(batch, in_types, out_types, oh, ow, k, k)``, and sums over every
+  parent of each child (:func:`child_reduce` then :func:`gather_children`)."""
+
+  def __init__(self, in_types: int, kernel: int, stride: int, oh: int, ow: int):
+    self.in_types, self.kernel, self.stride, self.oh, self.ow = in_types, kernel, stride, oh, ow
+
+  def to_grid(self, x: jax.Array) -> jax.Array:
+    b, _, o, _ = x.shape
+    k = self.kernel
+    return x.reshape(b, self.in_types, k, k, o, self.oh, self.ow).transpose(0, 1, 4, 5, 6, 2, 3)
+
+  def from_grid(self, x: jax.Array) -> jax.Array:
+    b, _, o = x.shape[:3]
+    return x.transpose(0, 1, 5, 6, 2, 3, 4).reshape(
+        b, self.in_types * self.kernel * self.kernel, o, self.oh * self.ow)
+
+  def gather(self, per_child: jax.Array, stride: int) -> jax.Array:
+    return gather_children(per_child, stride, self.kernel, self.oh, self.ow)
+
+  def child_sum(self, values: jax.Array) -> jax.Array:
+    """Each entry replaced by the sum of ``values`` over every (output type, position,
+    offset) of its child: the true child ``stride y + dy`` (same shape)."""
+    g = self.to_grid(values)
+    total = self.gather(child_reduce(jnp.sum(g, axis=2), self.stride), self.stride)
+    return self.from_grid(jnp.broadcast_to(total[:, :, None], g.shape))
+
+
 def conv_normaliser(mode: str, in_types: int, kernel: int, stride: int, oh: int, ow: int,
                     epsilon: float = 1e-7):
   """The E-step's normalisation for a convolutional EM layer, ``log p (batch, in_types * k *
   k, out_types, oh * ow)`` -> assignments of the same shape (module docstring). ``epsilon``
   is the code's 1e-7 in the denominator (``"code"`` only)."""
-
-  def to_grid(x):  # (b, i*k*k, o, oh*ow) -> (b, i, o, oh, ow, k, k)
-    b, _, o, _ = x.shape
-    return x.reshape(b, in_types, kernel, kernel, o, oh, ow).transpose(0, 1, 4, 5, 6, 2, 3)
-
-  def from_grid(x):
-    b, _, o = x.shape[:3]
-    return x.transpose(0, 1, 5, 6, 2, 3, 4).reshape(b, in_types * kernel * kernel, o, oh * ow)
+  grid = ReceptiveFieldGrid(in_types, kernel, stride, oh, ow)
 
   def normalise(log_p):
     if mode == "patch":
       return jax.nn.softmax(log_p, axis=2)
-    g = to_grid(log_p)
+    g = grid.to_grid(log_p)
     if mode == "code":
       e = jnp.exp(g - jnp.max(g, axis=(3, 4, 5, 6), keepdims=True))
-      total = gather_children(child_reduce(e, 1), 1, kernel, oh, ow)
-      return from_grid(e / (total + epsilon))
-    peak = gather_children(child_reduce(jnp.max(g, axis=2), stride, "max"), stride, kernel,
-                           oh, ow)[:, :, None]
+      total = grid.gather(child_reduce(e, 1), 1)
+      return grid.from_grid(e / (total + epsilon))
+    peak = grid.gather(child_reduce(jnp.max(g, axis=2), stride, "max"), stride)[:, :, None]
     e = jnp.exp(g - jax.lax.stop_gradient(peak))
-    total = gather_children(child_reduce(jnp.sum(e, axis=2), stride), stride, kernel, oh, ow)
-    return from_grid(e / total[:, :, None])
+    total = grid.gather(child_reduce(jnp.sum(e, axis=2), stride), stride)
+    return grid.from_grid(e / total[:, :, None])
 
   return normalise
 
@@ -128,13 +152,14 @@ class RoutingNorms(nnx.Module):
 
 def routed(router: str, votes: jax.Array, activations: jax.Array, beta_u: jax.Array,
            beta_a: jax.Array, settings: dict, *, normalise=None, initial=None,
-           num_children=None, diagnostics: bool = False):
+           num_children=None, child_sum=None, diagnostics: bool = False):
   """The layer's routing of ``votes (batch, children, out_types, positions, D)``: poses
   ``(batch, out_types, positions, D)``, EM's activations or VB's activation logits ``(batch,
-  out_types, positions)``, diagnostics."""
+  out_types, positions)``, diagnostics. ``normalise``, ``initial``, ``num_children``: EM's;
+  ``child_sum``: VB's (:func:`capsjax.routing.variational_bayes.vb_routing`)."""
   if router == "variational_bayes":
     result = vb.vb_routing(votes, activations, beta_u, beta_a, settings=settings,
-                           diagnostics=diagnostics)
+                           diagnostics=diagnostics, child_sum=child_sum)
     return result.poses, result.activation_logits, result.diagnostics
   result = em.em_routing(votes, activations, beta_u, beta_a, settings=settings,
                          normalise=normalise, initial=initial, num_children=num_children,
@@ -235,9 +260,13 @@ class ConvCapsules(nnx.Module):
     normalise = conv_normaliser(self.normalisation, i, k, s, oh, ow, settings["mass_epsilon"])
     initial = normalise(jnp.zeros(votes.shape[:4], votes.dtype)) \
         if self.normalisation == "child" and self.router == "em" else None
+    child_sum = ReceptiveFieldGrid(i, k, s, oh, ow).child_sum if (
+        self.router == "variational_bayes" and settings["conv_normalisation"] == "child") \
+        else None
     means, activations, measured = routed(
         self.router, votes, child_activations, self.beta_u[...], self.beta_a[...], settings,
-        normalise=normalise, initial=initial, num_children=i * h * w, diagnostics=diagnostics)
+        normalise=normalise, initial=initial, num_children=i * h * w, child_sum=child_sum,
+        diagnostics=diagnostics)
     out_types = votes.shape[2]
     poses = means.reshape(b, out_types, oh, ow, -1).transpose(0, 2, 3, 1, 4)
     activations = activations.reshape(b, out_types, oh, ow).transpose(0, 2, 3, 1)
@@ -254,7 +283,7 @@ def receptive_field_centres(image_size: int, layers: list[tuple[int, int]]) -> n
   for kernel, stride in layers:
     n = (len(centres) - kernel) // stride + 1
     centres = np.array([centres[j * stride:j * stride + kernel].mean() for j in range(n)])
-  return centres.astype(np.float32)
+  return centres
 
 
 class ClassCapsules(nnx.Module):
@@ -289,9 +318,9 @@ class ClassCapsules(nnx.Module):
 
   def offsets(self) -> np.ndarray:
     """What coordinate addition adds to the votes, ``(h, w, p*p)``."""
-    rows, columns = (np.asarray(c, np.float32) for c in self.centres)
+    rows, columns = (np.asarray(c, np.float64) for c in self.centres)
     p = self.pose_size
-    offsets = np.zeros((len(rows), len(columns), p * p), np.float32)
+    offsets = np.zeros((len(rows), len(columns), p * p))
     if self.coordinate_addition == "code":
       offsets[:, :, 0] = columns[None, :]
       offsets[:, :, 1] = rows[:, None]
@@ -306,7 +335,7 @@ class ClassCapsules(nnx.Module):
     p = self.pose_size
     votes = jnp.einsum("bxytrc,tkcd->bxytkrd", poses.reshape(b, h, w, t, p, p),
                        self.weights[...]).reshape(b, h, w, t, -1, p * p)
-    votes = votes + self.offsets()[None, :, :, None, None, :]
+    votes = votes + jnp.asarray(self.offsets(), votes.dtype)[None, :, :, None, None, :]
     return votes.reshape(b, h * w * t, -1, p * p)
 
   def __call__(self, poses: jax.Array, activations: jax.Array, *, train: bool = False,

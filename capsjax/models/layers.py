@@ -220,10 +220,13 @@ class Conv2D(nnx.Module):
     self.compute_dtype = compute_dtype
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    """``(batch, h, w, in_features)`` -> ``(batch, h', w', out_features)``, float32."""
-    y = conv2d(x.astype(self.compute_dtype), self.kernel[...].astype(self.compute_dtype),
-               self.stride, self.impl, self.padding)
-    return y.astype(jnp.float32) + self.bias[...]
+    """``(batch, h, w, in_features)`` -> ``(batch, h', w', out_features)``, float32 (float64
+    for float64 inputs: a float64 run, e.g. a test against a NumPy reference, stays float64;
+    ``compute_dtype`` only ever lowers float32)."""
+    dtype = x.dtype if jnp.finfo(x.dtype).bits > 32 else self.compute_dtype
+    y = conv2d(x.astype(dtype), self.kernel[...].astype(dtype), self.stride, self.impl,
+               self.padding)
+    return y.astype(jnp.promote_types(dtype, jnp.float32)) + self.bias[...]
 
 
 class Capsules(NamedTuple):

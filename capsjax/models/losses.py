@@ -64,19 +64,20 @@ MARGIN_SCHEDULES = ("code", "linear")
 
 
 def spread_margin(step: jax.Array | None, schedule: str = "code",
-                  linear_steps: int = 400_000) -> jax.Array:
+                  linear_steps: int = 400_000, dtype=jnp.float32) -> jax.Array:
   """The spread loss's margin m at a training step (Hinton et al. 2018, Sec. 3).
 
   ``"code"``: the authors' code (``capsule_em/layers.py``), ``0.2 + 0.79 sigmoid(min(10,
   step / 50000 - 4))``: 0.21 at step 0, 0.6 at 200,000, 0.99 from about 700,000. ``"linear"``:
   the paper's text, "starting from a small margin of 0.2 and linearly increasing it during
   training to 0.9", over ``linear_steps``. ``step`` None (evaluation): the final margin.
+  ``dtype``: the activations' (float64 in a float64 run).
   """
   if schedule == "linear":
     if step is None:
-      return jnp.asarray(0.9, jnp.float32)
-    return 0.2 + 0.7 * jnp.clip(jnp.asarray(step, jnp.float32) / linear_steps, 0.0, 1.0)
-  step = jnp.asarray(1e9 if step is None else step, jnp.float32)
+      return jnp.asarray(0.9, dtype)
+    return 0.2 + 0.7 * jnp.clip(jnp.asarray(step, dtype) / linear_steps, 0.0, 1.0)
+  step = jnp.asarray(1e9 if step is None else step, dtype)
   return 0.2 + 0.79 * jax.nn.sigmoid(jnp.minimum(10.0, step / 50000.0 - 4.0))
 
 

@@ -102,9 +102,11 @@ class EMResult(NamedTuple):
   diagnostics: dict
 
 
-def inverse_temperatures(final: float, growth: float, iterations: int) -> jax.Array:
-  """``lambda_t = final (1 - growth^(t+1))``, ``t = 0 .. iterations-1`` (code's schedule)."""
-  return final * (1.0 - growth ** jnp.arange(1, iterations + 1, dtype=jnp.float32))
+def inverse_temperatures(final: float, growth: float, iterations: int,
+                         dtype=jnp.float32) -> jax.Array:
+  """``lambda_t = final (1 - growth^(t+1))``, ``t = 0 .. iterations-1`` (code's schedule), in
+  ``dtype`` (the votes': a float64 run's schedule is float64)."""
+  return final * (1.0 - growth ** jnp.arange(1, iterations + 1, dtype=dtype))
 
 
 def m_step(votes: jax.Array, weights: jax.Array, previous_mean: jax.Array, beta_u: jax.Array,
@@ -177,7 +179,7 @@ def em_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
   check_iterations(iterations)
   batch, children, out_caps, positions, d = votes.shape
   lambdas = inverse_temperatures(settings["inverse_temperature"],
-                                 settings["temperature_growth"], iterations)
+                                 settings["temperature_growth"], iterations, votes.dtype)
   assignments = jnp.broadcast_to(1.0 / out_caps if initial is None else initial,
                                  (batch, children, out_caps, positions)).astype(votes.dtype)
   mean = jnp.zeros((batch, out_caps, positions, d), votes.dtype)

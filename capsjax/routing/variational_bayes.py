@@ -18,7 +18,8 @@ parameters' posteriors then of the assignments::
     E ln pi_j     = digamma(alpha_j) - digamma(sum_j' alpha_j')
     E ln|Lam_j|   = sum_{k<D} digamma((nu_j - k) / 2) + D ln 2 + ln|Psi_j|
     ln p_ij   = (E ln|Lam_j| - D ln(2 pi) - D / kappa_j - nu_j sum_h Psi_jh (V_ijh - m_jh)^2) / 2
-    ln R_ij   = ln p_ij - logsumexp_j (E ln pi_j + ln p_ij)       # code (assignments="code")
+    p_ij      = exp(E ln pi_j + ln p_ij)
+    R_ij      = p_ij / max(sum_j p_ij, 1e-11)                  # the code (assignments="code")
 
 and, after the last parameter update (no E-step), each parent's activation logit from its
 posterior entropy::
@@ -31,9 +32,20 @@ The code then batch-normalises ``a_j`` (no affine parameters) before a sigmoid, 
 
 Where the code departs from the textbook update (each a setting, the code's the default):
 
-* ``assignments="code"``: the code's ``ln R_ij`` leaves ``E ln pi_j`` out of the numerator but
-  keeps it in the normaliser, so ``sum_j exp(E ln pi_j) R_ij = 1`` rather than ``sum_j R_ij =
-  1``; ``"textbook"``: ``R_ij = softmax_j(E ln pi_j + ln p_ij)`` (Bishop Eq. 10.46-10.49).
+* ``assignments``: the code at its HEAD (9fee27e; since 9908079, 19 Feb 2020), ``"code"``:
+  ``E ln pi_j`` in the numerator and a linear normaliser clamped from below
+  (``torch.clamp(sum_j p_ij, min=1e-11)``, ``normaliser_floor``): a softmax wherever the sum
+  is above the floor, but where every ``p_ij`` of a child is tiny (common with 16-dimensional
+  votes: ``exp`` of a log-density far below zero) its ``R_ij`` shrink towards 0 and its
+  parents fall back towards their priors. ``"first_commits"``: the code's first commits
+  (826f731..1482128, 3-7 Feb 2020), ``ln R_ij = ln p_ij - logsumexp_j (E ln pi_j + ln p_ij)``,
+  which leaves ``E ln pi_j`` out of the numerator (``sum_j exp(E ln pi_j) R_ij = 1``).
+  ``"textbook"``: ``R_ij = softmax_j(E ln pi_j + ln p_ij)`` (Bishop Eq. 10.46-10.49).
+* in a convolutional layer (:mod:`capsjax.models.em_layers`), ``conv_normalisation``: the
+  code at HEAD sums ``p_ij`` of a child over every parent whose receptive field holds it
+  (all positions and output types; ``"child"``, its ``conv_transpose2d`` and ``unfold``);
+  the first commits routed each receptive field on its own (``"patch"``). The fully
+  connected class layer has one receptive field, where both are the same.
 * the code fixes ``m0 = 0`` and drops ``kappa0`` from the ``1/Psi_j`` update ("priors removed
   for faster computation"), which equals the full update only for ``kappa0 = 1`` (its value);
   here the full update is used, so any ``prior_kappa`` is right and the code's value gives the
@@ -46,8 +58,8 @@ Priors as the code's network (``capsnet.py``): alpha0 = 1, kappa0 = 1, nu0 = D +
 beta_u and beta_a initialised to 0 per parent type; 3 iterations; no stop-gradient.
 
 Shapes as :mod:`capsjax.routing.em`: votes ``(batch, children, out_caps, positions, D)``; each
-child's assignments normalised over ``out_caps`` at its position (the code routes each
-receptive field on its own: ``patch``).
+child's assignments normalised over ``out_caps`` at its position, unless the layer passes
+``child_sum`` (:func:`vb_routing`), the sum over every parent of each child.
 """
 
 from __future__ import annotations
@@ -63,12 +75,15 @@ from capsjax.common.errors import UsageError
 from capsjax.routing.core import Router, RoutingResult, check_iterations
 from capsjax.routing.em import parameters
 
-ASSIGNMENTS = ("code", "textbook")
+ASSIGNMENTS = ("code", "first_commits", "textbook")
+CONV_NORMALISATIONS = ("child", "patch")
 
 SETTINGS = {
     "iterations": 3,             # The code's routing_iter (its default).
     "stop_gradient": False,      # The code has none.
-    "assignments": "code",       # "textbook": R = softmax(E ln pi + ln p) (module docstring).
+    "assignments": "code",       # HEAD's; "first_commits" | "textbook" (module docstring).
+    "normaliser_floor": 1e-11,   # The code's clamp of sum_j p_ij (HEAD; 9908079: 1e-8).
+    "conv_normalisation": "child",  # Over every parent of a child (HEAD) | "patch" (first).
     "prior_alpha": 1.0,          # Dirichlet alpha0.
     "prior_kappa": 1.0,          # Gaussian precision scaling kappa0.
     "prior_nu_offset": 1.0,      # Wishart degrees of freedom nu0 = D + this.
@@ -142,12 +157,19 @@ def log_predictive(votes: jax.Array, q: Posterior) -> jax.Array:
   return 0.5 * (q.log_det_precision[:, None] - d * _LOG_2PI - expected)
 
 
-def assignments_from(log_p: jax.Array, q: Posterior, mode: str) -> jax.Array:
-  """New assignments ``R (batch, children, out_caps, positions)``, normalised over out_caps."""
+def assignments_from(log_p: jax.Array, q: Posterior, mode: str, floor: float = 1e-11,
+                     child_sum=None) -> jax.Array:
+  """New assignments ``R (batch, children, out_caps, positions)`` by the rule ``mode``
+  (module docstring). ``child_sum`` (``"code"`` only): ``p -> sum of p over every parent of
+  each entry's child``, same shape; default the sum over ``out_caps``."""
   joint = q.log_mixing[:, None] + log_p
   if mode == "textbook":
     return jax.nn.softmax(joint, axis=2)
-  return jnp.exp(log_p - jax.nn.logsumexp(joint, axis=2, keepdims=True))
+  if mode == "first_commits":
+    return jnp.exp(log_p - jax.nn.logsumexp(joint, axis=2, keepdims=True))
+  p = jnp.exp(joint)  # Not shifted by a max: where it underflows, the clamp binds (code).
+  total = jnp.sum(p, axis=2, keepdims=True) if child_sum is None else child_sum(p)
+  return p / jnp.maximum(total, floor)
 
 
 def activation_logits(q: Posterior, beta_u: jax.Array, beta_a: jax.Array) -> jax.Array:
@@ -158,10 +180,11 @@ def activation_logits(q: Posterior, beta_u: jax.Array, beta_a: jax.Array) -> jax
 
 
 def vb_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta_a: jax.Array,
-               *, settings: dict, diagnostics: bool = False) -> VBResult:
+               *, settings: dict, diagnostics: bool = False, child_sum=None) -> VBResult:
   """Variational Bayes routing of ``votes (batch, children, out_caps, positions, D)``;
   ``activations`` a_i broadcastable to ``(batch, children, out_caps, positions)``;
-  ``beta_u``, ``beta_a`` ``(out_caps,)``."""
+  ``beta_u``, ``beta_a`` ``(out_caps,)``; ``child_sum``: a convolutional layer's sum of
+  ``p_ij`` over every parent of each child (:func:`assignments_from`)."""
   check(settings)
   iterations = settings["iterations"]
   batch, children, out_caps, positions, _ = votes.shape
@@ -173,8 +196,10 @@ def vb_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
       return measured
     assignments, q = jax.lax.stop_gradient((assignments, q))
     # Over the parents of each routed child (a receptive-field copy in a convolutional layer),
-    # of R normalised to sum to one (the code's rule leaves them unnormalised).
-    r = assignments / jnp.sum(assignments, axis=2, keepdims=True)
+    # of R normalised to sum to one (the code's rules need not: a child whose p_ij all
+    # underflow has R = 0 and no entropy).
+    total = jnp.sum(assignments, axis=2, keepdims=True)
+    r = assignments / jnp.where(total > 0, total, 1.0)
     coupling = -jnp.sum(jnp.where(r > 0, r * jnp.log(jnp.where(r > 0, r, 1.0)), 0.0),
                         axis=(1, 2, 3)) / (children * positions)
     log_sigma = -0.5 * jnp.log(q.nu[..., None] * q.precision_scale)
@@ -188,7 +213,8 @@ def vb_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
     assignments, measured = carry
     q = update_posteriors(votes, assignments * activations, settings)
     measured = measure(measured, t, assignments, q)
-    assignments = assignments_from(log_predictive(votes, q), q, settings["assignments"])
+    assignments = assignments_from(log_predictive(votes, q), q, settings["assignments"],
+                                   settings["normaliser_floor"], child_sum)
     if settings["stop_gradient"]:
       assignments = jax.lax.stop_gradient(assignments)
     return assignments, measured
@@ -213,7 +239,10 @@ def check(settings: dict) -> None:
   if settings["assignments"] not in ASSIGNMENTS:
     raise UsageError(f"config.model.routing.assignments must be one of {ASSIGNMENTS}, "
                      f"got {settings['assignments']!r}.")
-  for key in ("prior_alpha", "prior_kappa", "prior_psi", "mass_epsilon"):
+  if settings["conv_normalisation"] not in CONV_NORMALISATIONS:
+    raise UsageError(f"config.model.routing.conv_normalisation must be one of "
+                     f"{CONV_NORMALISATIONS}, got {settings['conv_normalisation']!r}.")
+  for key in ("prior_alpha", "prior_kappa", "prior_psi", "mass_epsilon", "normaliser_floor"):
     if not (isinstance(settings[key], (int, float)) and settings[key] > 0):
       raise UsageError(f"config.model.routing.{key} must be a number > 0, "
                        f"got {settings[key]!r}.")
