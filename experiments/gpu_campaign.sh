@@ -6,6 +6,13 @@
 #   2. train images/s of N = 1, 2, 4, 8 runs in one program (paper CapsNet, Efficient-CapsNet);
 #   3. the next Table 1 rows while time is left (each stage stops by SIGTERM at its limit,
 #      which saves its runs: rerun to continue).
+# ROWS and THROUGHPUT choose what a later sitting spends its time on: ROWS is the list of
+# `--index` groups in order, each one program (default "0,1,2 3,4,5"; the first gets all but
+# 200 s, the others what is left), THROUGHPUT=0 skips the throughput stages. The sitting that
+# measured the baseline CNN and the last CapsNet row ran
+#   ROWS="12 9,10,11 13 14" THROUGHPUT=0 experiments/gpu_campaign.sh /path/to/mnist OUT 540
+# (the baseline's seeds one at a time: its step is compute-bound, so one program of three
+# would take three runs' time and finish none of them if cut off).
 # Then results.md of what finished, and one tarball of the sweep without its checkpoints.
 #
 #   experiments/gpu_campaign.sh /path/to/mnist OUT_DIR [SECONDS]
@@ -47,12 +54,18 @@ stage() {  # stage NAME SECONDS COMMAND...: runs COMMAND for at most SECONDS, ou
 }
 
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
-stage table1_headline $(($(left) - 200)) "${sweep[@]}" --vectorize --index=0,1,2
-stage throughput_capsnet 90 "$python" -m capsjax.benchmark --config=configs/mnist.py \
-  --runs=1,2,4,8 --seconds=2 ${BENCH_EXTRA:-}
-stage throughput_efficient 80 "$python" -m capsjax.benchmark --config=configs/efficient_capsnet.py \
-  --runs=1,2,4,8 --seconds=2 ${BENCH_EXTRA:-}
-stage table1_r1 $(($(left) - 25)) "${sweep[@]}" --vectorize --index=3,4,5
+rows=(${ROWS:-0,1,2 3,4,5})
+reserve=$([[ ${THROUGHPUT:-1} != 0 ]] && echo 200 || echo 25)
+stage "table1_${rows[0]//,/_}" $(($(left) - reserve)) "${sweep[@]}" --vectorize --index="${rows[0]}"
+if [[ ${THROUGHPUT:-1} != 0 ]]; then
+  stage throughput_capsnet 90 "$python" -m capsjax.benchmark --config=configs/mnist.py \
+    --runs=1,2,4,8 --seconds=2 ${BENCH_EXTRA:-}
+  stage throughput_efficient 80 "$python" -m capsjax.benchmark \
+    --config=configs/efficient_capsnet.py --runs=1,2,4,8 --seconds=2 ${BENCH_EXTRA:-}
+fi
+for row in "${rows[@]:1}"; do
+  stage "table1_${row//,/_}" $(($(left) - 25)) "${sweep[@]}" --vectorize --index="$row"
+done
 "${sweep[@]}" --collect >"$out/collect.log" 2>&1
 cp "$work/table1/results.md" "$out/" 2>/dev/null && cat "$out/results.md"
 tar czf "$out/table1.tgz" --exclude=checkpoints --exclude=tensorboard --exclude=xla_cache \
