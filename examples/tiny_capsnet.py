@@ -21,7 +21,7 @@ from flax import nnx
 
 from capsjax import routing
 from capsjax.common.errors import UsageError
-from capsjax.models import layers
+from capsjax.models import capsule_layers, layers
 from capsjax.models import Outputs
 
 
@@ -46,11 +46,11 @@ class TinyCapsNet(nnx.Module):
                class_dim: int, routing_settings: dict, margin_steps: int, rngs: nnx.Rngs):
     h, w, c = image_shape
     self.conv = layers.Conv2D(c, features, 5, 2, rngs=rngs)
-    self.primary = layers.PrimaryCapsules(features, types, dim, 3, 2, rngs=rngs)
+    self.primary = capsule_layers.PrimaryCapsules(features, types, dim, 3, 2, rngs=rngs)
     grid = lambda n: ((n - 5) // 2 + 1 - 3) // 2 + 1
     if grid(h) < 1 or grid(w) < 1:
       raise UsageError(f"TinyCapsNet: images of {h}x{w} are too small (at least 11x11).")
-    self.class_capsules = layers.ClassCapsules(grid(h) * grid(w) * types, dim, num_classes,
+    self.class_capsules = capsule_layers.ClassCapsules(grid(h) * grid(w) * types, dim, num_classes,
                                                class_dim, routing=routing_settings, rngs=rngs)
     self.margin_steps = margin_steps
 

@@ -28,7 +28,7 @@ def smoke_config(router="dynamic"):
 
 def _batch(n=4):
   images = jnp.asarray(np.random.RandomState(0).rand(n, 28, 28, 1), jnp.float32)
-  return {"images": images, "labels": jnp.arange(n) % 10}
+  return {"images": images, "labels": jnp.arange(n) % 10, "reconstruction_targets": images}
 
 
 def test_the_models_class_capsules_are_procedure_1_computed_in_numpy():

@@ -82,7 +82,8 @@ def test_the_model_has_finite_gradients_with_all_zero_capsules():
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   params = jax.tree.map(jnp.zeros_like, nnx.to_pure_dict(params))
   rest = nnx.to_pure_dict(rest)
-  batch = {"images": jnp.zeros((4, 28, 28, 1)), "labels": jnp.arange(4)}
+  batch = {"images": jnp.zeros((4, 28, 28, 1)), "labels": jnp.arange(4),
+           "reconstruction_targets": jnp.zeros((4, 28, 28, 1))}
 
   def loss(p, s):
     m = nnx.merge(graphdef, p, s)
@@ -141,7 +142,8 @@ def test_batch_norm_statistics_over_four_devices_equal_those_over_one():
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
   graphdef, params, rest = nnx.split(smoke_model(), nnx.Param, ...)
-  batch = {"images": _images(16), "labels": jnp.arange(16) % 10}
+  batch = {"images": _images(16), "labels": jnp.arange(16) % 10,
+           "reconstruction_targets": _images(16)}
 
   @jax.jit
   def forward(p, s, b):

@@ -87,7 +87,7 @@ def test_bad_settings_are_refused_naming_the_key():
       ("conv_caps.normalisation", "stride", "normalisation must be one of"),
       ("class_capsules.coordinate_addition", "left", "coordinate_addition must be one of"),
       ("primary.layout", "mixed", "layout must be one of"),
-      ("routing.name", "dynamic", "routes matrix capsules with one of"),
+      ("routing.name", "dynamc", "is not a registered router"),
       ("conv_caps.inverse_temperature", 0.0, "inverse_temperature must be a number > 0")):
     config = model_config()
     section, name = key.split(".")

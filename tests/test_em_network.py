@@ -60,10 +60,11 @@ def weights_of(model) -> dict:
   return {"conv1": (get(model.conv1.kernel), get(model.conv1.bias)),
           "pose_kernel": get(model.primary_capsules.pose_kernel),
           "activation_kernel": get(model.primary_capsules.activation_kernel),
-          "caps": [(get(l.weights), get(l.beta_u), get(l.beta_a))
-                   for l in model.conv_capsules],
-          "class": (get(model.class_capsules.weights), get(model.class_capsules.beta_u),
-                    get(model.class_capsules.beta_a))}
+          "caps": [(get(l.weights), get(l.router_params["beta_u"]),
+                    get(l.router_params["beta_a"])) for l in model.conv_capsules],
+          "class": (get(model.class_capsules.weights),
+                    get(model.class_capsules.router_params["beta_u"]),
+                    get(model.class_capsules.router_params["beta_a"]))}
 
 
 def np_conv1(images, kernel, bias, stride):

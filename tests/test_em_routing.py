@@ -1,4 +1,4 @@
-"""EM routing (capsjax/routing/em.py) and its convolutional layers (capsjax/models/em_layers.py)
+"""EM routing (capsjax/routing/em.py) and its convolutional layers (capsjax/models/capsule_layers.py, receptive_fields.py)
 against NumPy re-derivations of the authors' code's equations, in float64 with loops."""
 
 import collections
@@ -11,7 +11,8 @@ import pytest
 from flax import nnx
 
 from capsjax import routing
-from capsjax.models import em_layers
+from capsjax.models import capsule_layers, conv_capsules
+from capsjax.models import receptive_fields as fields
 from capsjax.routing import em
 
 CODE = dict(em.SETTINGS)
@@ -132,15 +133,16 @@ def np_normalise(log_p, groups, mode, i_types, k):
   return out
 
 
-@pytest.mark.parametrize("mode", em_layers.NORMALISATIONS)
+@pytest.mark.parametrize("mode", fields.NORMALISATIONS)
 @pytest.mark.parametrize("stride", [1, 2])
 def test_convolutional_em_layer_matches_the_equations(mode, stride):
   rng = np.random.default_rng(1)
   i_types, o_types, k = 2, 3, 3
   poses = rng.normal(size=(2, 7, 7, i_types, 16))
   acts = rng.uniform(size=(2, 7, 7, i_types))
-  layer = em_layers.ConvCapsules(i_types, o_types, k, stride, 4, init_scale=0.3, settings=CONV,
-                                 normalisation=mode, rngs=nnx.Rngs(0))
+  layer = conv_capsules.ConvCapsules(i_types, o_types, k, stride, 4, init_scale=0.3,
+                                      routing=dict(CONV, name="em"), normalisation=mode,
+                                      rngs=nnx.Rngs(0))
   weights = np.asarray(layer.weights[...], np.float64)
   got_poses, got_acts, _ = layer(jnp.asarray(poses, jnp.float32),
                                  jnp.asarray(acts, jnp.float32))
@@ -170,19 +172,19 @@ def test_the_normalisations_sum_to_one_where_they_should():
   i_types, o_types, k, stride, oh = 2, 3, 3, 2, 3
   log_p = jnp.asarray(rng.normal(size=(1, i_types * k * k, o_types, oh * oh)) * 5, jnp.float32)
   for mode in ("child", "patch"):
-    r = np.asarray(em_layers.conv_normaliser(mode, i_types, k, stride, oh, oh)(log_p))
+    r = np.asarray(fields.conv_normaliser(mode, i_types, k, stride, oh, oh)(log_p))
     for group in np_groups(i_types, k, o_types, oh, oh, stride, mode):
       np.testing.assert_allclose(r[(0,) + tuple(np.array(group).T)].sum(), 1.0, rtol=1e-5)
   # The code's: S / (S + 1e-7) over its groups, S the group's sum of exp(log p - max), the max
   # taken per (input type, output type) over every position and offset.
-  r = np.asarray(em_layers.conv_normaliser("code", i_types, k, stride, oh, oh)(log_p))
+  r = np.asarray(fields.conv_normaliser("code", i_types, k, stride, oh, oh)(log_p))
   grid = np.asarray(log_p, np.float64).reshape(1, i_types, k * k, o_types, oh * oh)
   e = np.exp(grid - grid.max(axis=(2, 4), keepdims=True)).reshape(log_p.shape)
   for group in np_groups(i_types, k, o_types, oh, oh, stride, "code"):
     idx = (0,) + tuple(np.array(group).T)
     np.testing.assert_allclose(r[idx].sum(), e[idx].sum() / (e[idx].sum() + 1e-7), rtol=1e-5)
   # At stride 2 the code's groups are not the children: a child's shares need not sum to 1.
-  r = np.asarray(em_layers.conv_normaliser("code", i_types, k, stride, oh, oh)(log_p))
+  r = np.asarray(fields.conv_normaliser("code", i_types, k, stride, oh, oh)(log_p))
   sums = [r[(0,) + tuple(np.array(g).T)].sum()
           for g in np_groups(i_types, k, o_types, oh, oh, stride, "child")]
   assert not np.allclose(sums, 1.0)
@@ -192,7 +194,7 @@ def test_child_reduce_and_gather_invert_each_other_as_loops_say():
   rng = np.random.default_rng(3)
   values = rng.normal(size=(2, 3, 3, 3, 3))          # (lead, oh, ow, k, k)
   for stride in (1, 2):
-    got = np.asarray(em_layers.child_reduce(jnp.asarray(values), stride))
+    got = np.asarray(fields.child_reduce(jnp.asarray(values), stride))
     size = stride * 2 + 3
     expected = np.zeros((2, size, size))
     for y in range(3):
@@ -201,7 +203,7 @@ def test_child_reduce_and_gather_invert_each_other_as_loops_say():
           for dx in range(3):
             expected[:, stride * y + dy, stride * x + dx] += values[:, y, x, dy, dx]
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)  # float32 sums.
-    back = np.asarray(em_layers.gather_children(jnp.asarray(expected), stride, 3, 3, 3))
+    back = np.asarray(fields.gather_children(jnp.asarray(expected), stride, 3, 3, 3))
     for y, x, dy, dx in np.ndindex(3, 3, 3, 3):
       np.testing.assert_allclose(back[:, y, x, dy, dx],
                                  expected[:, stride * y + dy, stride * x + dx])
@@ -210,7 +212,7 @@ def test_child_reduce_and_gather_invert_each_other_as_loops_say():
 def test_receptive_field_centres_by_hand():
   # 32 px: grid -16..15; conv1 5x5/2 -> -14..12 step 2; 3x3/2 -> -12..8 step 4; 3x3/1 -> -8..4.
   np.testing.assert_allclose(
-      em_layers.receptive_field_centres(32, [(5, 2), (3, 2), (3, 1)]),
+      fields.receptive_field_centres(32, [(5, 2), (3, 2), (3, 1)]),
       [-0.08, -0.04, 0.0, 0.04], atol=1e-7)
 
 
@@ -218,11 +220,12 @@ def test_coordinate_addition_puts_the_centres_where_each_setting_says():
   centres = np.array([-0.05, 0.0, 0.07], np.float32)
   poses = jnp.asarray(np.random.default_rng(4).normal(size=(1, 3, 3, 2, 16)), jnp.float32)
 
+  weights = jnp.asarray(np.random.default_rng(5).normal(size=(2, 5, 4, 4)), jnp.float32)
+
   def votes(where):
-    layer = em_layers.ClassCapsules(2, 5, 4, init_scale=0.01, coordinate_addition=where,
-                                    row_centres=centres, column_centres=centres * 2,
-                                    settings=CODE, rngs=nnx.Rngs(0))
-    return np.asarray(layer.votes(poses)).reshape(1, 3, 3, 2, 5, 16)
+    grid = capsule_layers.GridMatrixVotes.create(
+        3, 3, 2, 4, fields.coordinate_offsets(centres, centres * 2, 4, where))
+    return np.asarray(grid(poses.reshape(1, 18, 16), weights)).reshape(1, 3, 3, 2, 5, 16)
 
   none = votes("none")
   for where, (row_at, column_at) in {"code": (1, 0), "paper": (3, 7)}.items():
@@ -262,8 +265,9 @@ def test_routing_and_its_gradient_stay_finite(case, stop_gradient):
 
 
 def test_a_convolutional_layer_stays_finite_on_degenerate_inputs():
-  layer = em_layers.ConvCapsules(2, 3, 3, 2, 4, init_scale=0.3, settings=CONV,
-                                 normalisation="code", rngs=nnx.Rngs(0))
+  layer = conv_capsules.ConvCapsules(2, 3, 3, 2, 4, init_scale=0.3,
+                                      routing=dict(CONV, name="em"), normalisation="code",
+                                      rngs=nnx.Rngs(0))
   # One program for both cases, as a model runs the layer (op by op it took about 7 s).
   pose_gradient = jax.jit(jax.grad(lambda p, a: jnp.sum(layer(p, a)[1])))
   for poses, acts in ((jnp.ones((1, 5, 5, 2, 16)), jnp.zeros((1, 5, 5, 2))),

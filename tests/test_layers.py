@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from capsjax import routing
-from capsjax.models import layers
+from capsjax.models import capsule_layers, layers
 
 
 @pytest.mark.parametrize("size,kernel,stride",
@@ -109,7 +109,7 @@ def official_primary_capsules(conv_nhwc, num_types, dim):
 
 def test_primary_capsules_group_channels_as_the_official_code():
   num_types, dim = 4, 5
-  layer = layers.PrimaryCapsules(3, num_types=num_types, dim=dim, kernel_size=3, stride=2,
+  layer = capsule_layers.PrimaryCapsules(3, num_types=num_types, dim=dim, kernel_size=3, stride=2,
                                  rngs=nnx.Rngs(0))
   x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 9, 9, 3)), jnp.float32)
   caps = np.asarray(layer(x).poses)
@@ -132,9 +132,9 @@ def test_primary_output_scale_scales_the_convolution_before_its_bias():
   convolution, plus the bias, then squash."""
   num_types, dim = 4, 5
   x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 9, 9, 3)), jnp.float32)
-  plain = layers.PrimaryCapsules(3, num_types=num_types, dim=dim, kernel_size=3, stride=2,
+  plain = capsule_layers.PrimaryCapsules(3, num_types=num_types, dim=dim, kernel_size=3, stride=2,
                                  bias_init=0.3, rngs=nnx.Rngs(0))
-  scaled = layers.PrimaryCapsules(3, num_types=num_types, dim=dim, kernel_size=3, stride=2,
+  scaled = capsule_layers.PrimaryCapsules(3, num_types=num_types, dim=dim, kernel_size=3, stride=2,
                                   bias_init=0.3, output_scale=1 / num_types, rngs=nnx.Rngs(0))
   conv = np.asarray(plain.conv(x)) - 0.3  # Same kernels: same seed.
   expected = routing.squash(jnp.asarray((conv / num_types + 0.3).reshape(2, -1, dim)))
@@ -144,7 +144,7 @@ def test_primary_output_scale_scales_the_convolution_before_its_bias():
 
 
 def test_class_capsule_votes_are_w_times_u():
-  layer = layers.ClassCapsules(6, 3, 4, 5, rngs=nnx.Rngs(0))
+  layer = capsule_layers.ClassCapsules(6, 3, 4, 5, rngs=nnx.Rngs(0))
   u = np.random.default_rng(0).normal(size=(2, 6, 3))
   w = np.asarray(layer.weights[...])
   expected = np.zeros((2, 6, 4, 5))
@@ -158,7 +158,7 @@ def test_class_capsule_votes_are_w_times_u():
 def test_matrix_votes_are_pose_matrices_times_w_and_every_router_takes_them():
   """V_ij = M_i W_ij (Hinton et al. 2018) with 4x4 poses, row by row in NumPy; the layer
   routes them with a router written for vector votes."""
-  layer = layers.ClassCapsules(6, 16, 4, 16, votes="matrix", rngs=nnx.Rngs(0))
+  layer = capsule_layers.ClassCapsules(6, 16, 4, 16, votes="matrix", rngs=nnx.Rngs(0))
   w = np.asarray(layer.weights[...], np.float64)
   assert w.shape == (6, 4, 4, 4)
   poses = np.random.default_rng(0).normal(size=(2, 6, 16)).astype(np.float32)
@@ -169,27 +169,27 @@ def test_matrix_votes_are_pose_matrices_times_w_and_every_router_takes_them():
         expected[b, i, j] = (poses[b, i].astype(np.float64).reshape(4, 4) @ w[i, j]).ravel()
   np.testing.assert_allclose(np.asarray(layer.votes(jnp.asarray(poses))), expected,
                              rtol=1e-5, atol=1e-6)
-  children = layers.Capsules(jnp.asarray(poses), jnp.ones((2, 6)))
+  children = capsule_layers.Capsules(jnp.asarray(poses), jnp.ones((2, 6)))
   assert layer.route(children).capsules.shape == (2, 4, 16)
   with pytest.raises(ValueError, match="square poses"):
-    layers.ClassCapsules(6, 8, 4, 8, votes="matrix", rngs=nnx.Rngs(0))
+    capsule_layers.ClassCapsules(6, 8, 4, 8, votes="matrix", rngs=nnx.Rngs(0))
 
 
 def test_a_layer_takes_its_vote_function():
   """Votes formed by the function the layer is given: here 2 x W_ij u_i."""
-  double = (layers.vector_vote_weights, lambda u, w: 2 * routing.capsule_votes(u, w))
-  plain = layers.ClassCapsules(6, 3, 4, 5, rngs=nnx.Rngs(0))
-  doubled = layers.ClassCapsules(6, 3, 4, 5, votes=double, rngs=nnx.Rngs(0))
+  double = (capsule_layers.vector_vote_weights, lambda u, w: 2 * routing.capsule_votes(u, w))
+  plain = capsule_layers.ClassCapsules(6, 3, 4, 5, rngs=nnx.Rngs(0))
+  doubled = capsule_layers.ClassCapsules(6, 3, 4, 5, votes=double, rngs=nnx.Rngs(0))
   u = jnp.asarray(np.random.default_rng(1).normal(size=(2, 6, 3)), jnp.float32)
   np.testing.assert_allclose(np.asarray(doubled.votes(u)), 2 * np.asarray(plain.votes(u)),
                              rtol=1e-6)
   with pytest.raises(ValueError, match="votes must be one of"):
-    layers.ClassCapsules(6, 3, 4, 5, votes="tensor", rngs=nnx.Rngs(0))
+    capsule_layers.ClassCapsules(6, 3, 4, 5, votes="tensor", rngs=nnx.Rngs(0))
 
 
 def test_class_capsules_init_scale_and_bias():
-  small = layers.ClassCapsules(200, 8, 10, 16, init_scale=0.01, rngs=nnx.Rngs(0))
-  large = layers.ClassCapsules(200, 8, 10, 16, init_scale=0.5, rngs=nnx.Rngs(0))
+  small = capsule_layers.ClassCapsules(200, 8, 10, 16, init_scale=0.01, rngs=nnx.Rngs(0))
+  large = capsule_layers.ClassCapsules(200, 8, 10, 16, init_scale=0.5, rngs=nnx.Rngs(0))
   # A normal with std init_scale truncated at 2 std (TF's truncated_normal, as the
   # official code uses): std 0.8796 * init_scale, |w| <= 2 * init_scale.
   for layer, scale in ((small, 0.01), (large, 0.5)):
@@ -197,7 +197,7 @@ def test_class_capsules_init_scale_and_bias():
     np.testing.assert_allclose(w.std(), 0.8796 * scale, rtol=0.02)
     assert np.abs(w).max() <= 2 * scale
   assert small.bias is None
-  biased = layers.ClassCapsules(5, 3, 2, 4, use_bias=True, bias_init=0.3, rngs=nnx.Rngs(0))
+  biased = capsule_layers.ClassCapsules(5, 3, 2, 4, use_bias=True, bias_init=0.3, rngs=nnx.Rngs(0))
   np.testing.assert_allclose(np.asarray(biased.bias[...]), 0.3, rtol=1e-7)
 
 

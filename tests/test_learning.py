@@ -2,12 +2,16 @@
 shapes far above chance, in a few dozen steps."""
 
 import json
+import pathlib
 
 import pytest
 
 import mnist
 from capsjax import train
+from capsjax.runs.runconfig import import_config_file
 from helpers import write_shapes_dataset
+
+em_mnist = import_config_file(pathlib.Path(__file__).parents[1] / "configs" / "em_mnist.py")
 
 
 def learning_run(config):
@@ -67,3 +71,23 @@ def test_every_router_learns_three_shapes(tmp_path, router, steps, learning_rate
   assert losses[-1] < 0.5 * losses[0], losses
   assert summary["test_accuracy"] > 0.9, summary["evaluations"]["test"]
   assert summary["config"]["model"]["routing"]["name"] == router
+
+
+def test_matrix_capsules_learn_three_shapes_with_dynamic_routing(tmp_path):
+  """``configs/em_mnist.py:smoke`` (matrix capsules) with ``routing.name=dynamic`` at every
+  routed layer: the capsule type and the router are separate choices. Measured: 160 steps at
+  1e-2, loss 0.022 -> 0.001, 98% test accuracy (80 steps: 71%; EM at 80 steps: 59%)."""
+  config = em_mnist.get_config("smoke")
+  config.model.routing.name = "dynamic"
+  config.data.source, config.data.dir = "idx", str(write_shapes_dataset(tmp_path / "shapes"))
+  config.data.train_limit = config.data.test_limit = 0
+  config.train.num_steps, config.train.log_every_steps = 160, 10
+  config.optimizer.learning_rate = 1e-2
+  learning_run(config)
+  summary = train.train_and_evaluate(config, str(tmp_path / "run"))
+  losses = [r["loss"] for r in map(json.loads, open(tmp_path / "run" / "metrics.jsonl"))
+            if r["kind"] == "train"]
+  assert losses[-1] < 0.5 * losses[0], losses
+  assert summary["test_accuracy"] > 0.9, summary["evaluations"]["test"]
+  assert summary["config"]["model"]["routing"]["name"] == "dynamic"
+  assert "caps1_coupling_entropy" in (tmp_path / "run" / "metrics.jsonl").read_text()

@@ -241,3 +241,17 @@ def test_padding_shapes_and_sizes_of_the_image_configs(name, padding, grid, coun
                                  (16, 16) if name == "cifar10" else
                                  (32, 32) if padding == "SAME" else (24, 24))
   assert nnx.eval_shape(lambda m, x: m(x).lengths, model, image).shape == (1, 10)
+
+
+def test_a_batch_without_reconstruction_targets_is_refused_not_reconstructed_from_its_images():
+  """The head never falls back to ``batch["images"]`` (which an attack may have moved)."""
+  config = mnist.get_config("smoke")
+  config.model.image_shape, config.model.num_classes = (28, 28, 1), 10
+  model = capsnet.CapsNet.from_config(config, rngs=nnx.Rngs(0))
+  images = jnp.full((2, 28, 28, 1), 0.5)
+  batch = {"images": images, "labels": jnp.arange(2)}
+  outputs = model.apply(batch, train=True)
+  with pytest.raises(ValueError, match="no 'reconstruction_targets'.*Task.complete_batch"):
+    model.loss(outputs, batch)
+  loss, parts = model.loss(outputs, {**batch, "reconstruction_targets": images})
+  assert np.all(np.asarray(parts["reconstruction_loss"]) > 0)

@@ -127,12 +127,29 @@ def _tiny(idx_dir, name, margin_steps=10):
     ("ClaimsReconstruction", "declares 'reconstruction' but outputs.reconstructions is None"),
     ("UnknownCapability", r"declares \['telepathy'\]"),
     ("NotOutputs", "apply returned dict, not capsjax.models.Outputs"),
+    ("LossWithoutStep", r"LossWithoutStep.loss takes no step= keyword"),
+    ("ApplyWithoutRng", r"ApplyWithoutRng.apply takes no rng= keyword"),
+    ("PartsNotADict", "loss returned its parts as tuple, not a dict"),
+    ("FloatPredictions", "outputs.predictions has dtype float32, not integer class ids"),
+    ("WrongVoteScores", r"vote_scores has shape \(2, 9\), not \(batch, num_classes\)"),
 ])
 def test_a_model_that_breaks_the_contract_is_refused_at_the_start(idx_dir, model, match):
-  task = tasks.Task.from_config(_tiny(idx_dir, f"{pathlib.Path(__file__)}:{model}"))
-  test = task.dataset.load()["test"]
-  with pytest.raises(UsageError, match=match):
-    task.check_outputs(test.examples, test.shared)
+  with pytest.raises(UsageError, match=match):  # By the class (signatures) or its trace.
+    task = tasks.Task.from_config(_tiny(idx_dir, f"{pathlib.Path(__file__)}:{model}"))
+    task.check_outputs(task.dataset.load())
+
+
+def test_training_is_traced_on_a_train_batch_as_the_train_step_builds_it(idx_dir):
+  task = tasks.Task.from_config(_tiny(idx_dir, str(EXAMPLES / "tiny_capsnet.py:TinyCapsNet")))
+  built, original = [], task.dataset.train_batch
+
+  def train_batch(key, indices, examples, shared):
+    built.append(indices.shape)
+    return original(key, indices, examples, shared)
+
+  task.dataset.train_batch = train_batch
+  task.check_outputs(task.dataset.load())
+  assert built == [(2,)]
 
 
 def test_a_class_without_the_interface_is_refused_naming_what_it_lacks(idx_dir):
@@ -163,6 +180,36 @@ class ClaimsReconstruction(_tiny_capsnet()):
 class UnknownCapability(_tiny_capsnet()):
   def capabilities(self):
     return frozenset({"telepathy"})
+
+
+class LossWithoutStep(_tiny_capsnet()):
+  def loss(self, outputs, batch):
+    return super().loss(outputs, batch)
+
+
+class ApplyWithoutRng(_tiny_capsnet()):
+  def apply(self, batch, *, train):
+    return super().apply(batch, train=train)
+
+
+class PartsNotADict(_tiny_capsnet()):
+  def loss(self, outputs, batch, *, step=None):
+    loss, parts = super().loss(outputs, batch, step=step)
+    return loss, tuple(parts.values())
+
+
+class FloatPredictions(_tiny_capsnet()):
+  def apply(self, batch, *, train, rng=None):
+    out = super().apply(batch, train=train, rng=rng)
+    return out.replace(predictions=out.predictions.astype(jnp.float32))
+
+
+class WrongVoteScores(_tiny_capsnet()):
+  def capabilities(self):
+    return frozenset({"votes"})
+
+  def vote_scores(self, batch):
+    return jnp.zeros((batch["images"].shape[0], 9))
 
 
 class NotOutputs(_tiny_capsnet()):

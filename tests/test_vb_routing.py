@@ -162,9 +162,9 @@ def test_the_authors_current_rule_in_float64(case):
 def test_a_convolutional_layer_normalises_each_child_over_all_its_parents(mode):
   """At stride 2 (3x3 kernels on a 7x7 grid: children in up to four receptive fields), HEAD's
   rule sums a child's p_ij over every parent whose receptive field holds it (``"child"``,
-  :class:`capsjax.models.em_layers.ReceptiveFieldGrid`), the first commits per receptive
+  :class:`capsjax.models.receptive_fields.ReceptiveFieldGrid`), the first commits per receptive
   field (``"patch"``): each against the re-derivation in float64 to 1e-10."""
-  from capsjax.models import em_layers
+  from capsjax.models import receptive_fields as fields
   from test_em_routing import np_groups
 
   rng = np.random.default_rng(7)
@@ -173,7 +173,7 @@ def test_a_convolutional_layer_normalises_each_child_over_all_its_parents(mode):
   acts = rng.uniform(0.2, 1.0, size=(2, i_types * k * k, oh * oh))
   beta_u, beta_a = rng.normal(size=3), rng.normal(size=3)
   settings = dict(CODE, conv_normalisation=mode)
-  child_sum = em_layers.ReceptiveFieldGrid(i_types, k, stride, oh, oh).child_sum \
+  child_sum = fields.ReceptiveFieldGrid(i_types, k, stride, oh, oh).child_sum \
       if mode == "child" else None
   poses, logits = route64(votes, acts, beta_u, beta_a, settings, child_sum)
   groups = np_groups(i_types, k, o_types, oh, oh, stride, "child") if mode == "child" else None

@@ -50,7 +50,10 @@ To add a model: a module with such a class, and one line in :data:`MODELS`
 
 from __future__ import annotations
 
+import inspect
+
 import jax
+import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
@@ -76,13 +79,27 @@ def get(config: ml_collections.ConfigDict) -> type[nnx.Module]:
   return MODELS.get(config.model.get("name") or defaults.MODEL)
 
 
+# The keywords each method of the interface is called with.
+KEYWORDS = {"apply": ("train", "rng"), "loss": ("step",)}
+
+
 def check_class(model_class: type, name: str) -> None:
-  """UsageError naming the model and what it lacks, for a class without the interface."""
+  """UsageError naming the model and what it lacks, for a class without the interface (a
+  method missing, or one that does not take the keywords it is called with)."""
   missing = [m for m in ("from_config", "apply", "loss", "metrics")
              if not callable(getattr(model_class, m, None))]
   if missing:
     raise UsageError(f"config.model.name={name!r}: {model_class.__name__} lacks "
                      f"{', '.join(missing)} (the model interface: capsjax/models/__init__.py).")
+  for method, keywords in KEYWORDS.items():
+    parameters = inspect.signature(getattr(model_class, method)).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+      continue
+    if absent := [k for k in keywords if k not in parameters]:
+      raise UsageError(f"config.model.name={name!r}: {model_class.__name__}.{method} takes no "
+                       f"{', '.join(k + '=' for k in absent)} keyword (the model interface: "
+                       f"{method}(..., {', '.join(k + '=...' for k in keywords)}); "
+                       "capsjax/models/__init__.py).")
 
 
 def capabilities(model: nnx.Module) -> frozenset[str]:
@@ -99,10 +116,11 @@ def capabilities(model: nnx.Module) -> frozenset[str]:
 
 
 def check_forward(result, name: str, declared: frozenset[str], num_classes: int,
-                  train: bool) -> None:
+                  train: bool, vote_scores=None) -> None:
   """UsageError naming the model and the broken promise, for a traced
   :class:`capsjax.training.tasks.Forward` (shapes) of a batch of 2 that does not keep the
-  contract."""
+  contract; ``vote_scores``: the traced ``model.vote_scores`` of a model that declares
+  ``votes`` (evaluation)."""
   mode = "training" if train else "evaluation"
   problems = []
   out = result.outputs
@@ -115,19 +133,31 @@ def check_forward(result, name: str, declared: frozenset[str], num_classes: int,
                         f"(batch, num_classes) = (2, {num_classes})")
     if out.predictions.shape[:1] != (2,):
       problems.append(f"outputs.predictions has shape {out.predictions.shape}")
+    if not jnp.issubdtype(out.predictions.dtype, jnp.integer):
+      problems.append(f"outputs.predictions has dtype {out.predictions.dtype}, not integer "
+                      "class ids")
     if out.score_kind not in SCORE_KINDS:
       problems.append(f"outputs.score_kind={out.score_kind!r} is not one of {SCORE_KINDS}")
     if "reconstruction" in declared and out.reconstructions is None:
       problems.append("it declares 'reconstruction' but outputs.reconstructions is None")
     if "routing_diagnostics" in declared and not train and out.diagnostics is None:
       problems.append("it declares 'routing_diagnostics' but outputs.diagnostics is None")
-  if result.loss.shape != (2,):
-    problems.append(f"loss has shape {result.loss.shape}, not (batch,) = (2,)")
-  for kind, values in (("loss part", result.loss_parts), ("metric", result.metrics)):
-    problems += [f"{kind} {k!r} has shape {v.shape}, not (batch, ...)"
-                 for k, v in values.items() if v.shape[:1] != (2,)]
-  if "accuracy" not in result.metrics:
+  if getattr(result.loss, "shape", None) != (2,):
+    problems.append(f"loss has shape {getattr(result.loss, 'shape', None)}, not (batch,) = (2,)")
+  for kind, values in (("loss", result.loss_parts), ("metrics", result.metrics)):
+    if not isinstance(values, dict):
+      what = "its parts" if kind == "loss" else "metrics"
+      problems.append(f"{kind} returned {what} as {type(values).__name__}, not a dict "
+                      "{name: per-example values}")
+      continue
+    problems += [f"{'loss part' if kind == 'loss' else 'metric'} {k!r} has shape "
+                 f"{getattr(v, 'shape', None)}, not (batch, ...)"
+                 for k, v in values.items() if getattr(v, "shape", (None,))[:1] != (2,)]
+  if isinstance(result.metrics, dict) and "accuracy" not in result.metrics:
     problems.append("metrics has no 'accuracy'")
+  if vote_scores is not None and vote_scores.shape != (2, num_classes):
+    problems.append(f"vote_scores has shape {vote_scores.shape}, not (batch, num_classes) = "
+                    f"(2, {num_classes})")
   if "saturation" in declared and train and "saturated_fraction" not in result.metrics:
     problems.append("it declares 'saturation' but reports no 'saturated_fraction' metric")
   if problems:

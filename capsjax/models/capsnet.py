@@ -14,7 +14,7 @@ from flax import nnx
 
 from capsjax import routing
 from capsjax.common.errors import UsageError
-from capsjax.models import layers
+from capsjax.models import capsule_layers, layers
 from capsjax.models import capsule_head
 from capsjax.models.capsule_head import LossSettings, check_scores  # noqa: F401 (re-exported)
 
@@ -75,7 +75,7 @@ class CapsNet(nnx.Module):
                                config.conv1.stride, impl=config.conv_impl,
                                compute_dtype=dtype, init_scale=config.conv1.init_scale,
                                bias_init=config.conv1.bias_init, padding=padding, rngs=rngs)
-    self.primary_capsules = layers.PrimaryCapsules(
+    self.primary_capsules = capsule_layers.PrimaryCapsules(
         config.conv1.features, config.primary.num_types, config.primary.dim,
         config.primary.kernel_size, config.primary.stride,
         squash_epsilon=settings.get("squash_epsilon", 0.0), impl=config.conv_impl,
@@ -83,7 +83,7 @@ class CapsNet(nnx.Module):
         bias_init=config.primary.bias_init, padding=padding,
         output_scale=config.primary.get("output_scale", 1.0), rngs=rngs)  # .get: old configs.
     grid_h, grid_w = primary_grid(config)
-    self.class_capsules = layers.ClassCapsules(
+    self.class_capsules = capsule_layers.ClassCapsules(
         grid_h * grid_w * config.primary.num_types, config.primary.dim,
         config.num_classes, config.class_capsules.dim,
         init_scale=config.class_capsules.init_scale,
@@ -110,7 +110,7 @@ class CapsNet(nnx.Module):
   saturation_settings = ("model.class_capsules.init_scale", "model.primary.output_scale",
                          "optimizer.learning_rate")
 
-  def primary(self, images: jax.Array, *, train: bool = False) -> layers.Capsules:
+  def primary(self, images: jax.Array, *, train: bool = False) -> capsule_layers.Capsules:
     """The backbone, Conv1 (ReLU) and PrimaryCaps: ``(batch, h, w, c)`` -> primary capsules
     (poses ``(batch, in_caps, in_dim)`` and their lengths)."""
     del train

@@ -3,8 +3,8 @@ reconstructions, the margin + reconstruction loss and the metrics (Sabour et al.
 Sec. 3-4).
 
 A capsule model is a backbone (its own ``primary(images, *, train)`` giving primary capsules
-:class:`capsjax.models.layers.Capsules`) composed with this head: it holds the head's layers as
-``class_capsules`` (:class:`capsjax.models.layers.ClassCapsules`) and ``decoder``
+:class:`capsjax.models.capsule_layers.Capsules`) composed with this head: it holds the head's layers as
+``class_capsules`` (:class:`capsjax.models.capsule_layers.ClassCapsules`) and ``decoder``
 (:class:`capsjax.models.layers.Decoder` or None), the head's settings as ``head`` (a
 :class:`CapsuleHead`), and takes the head's functions as its methods::
 
@@ -184,8 +184,9 @@ def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None
   The reconstruction target is ``batch["reconstruction_targets"]`` (the clean images, or with
   several digits per image, Sec. 6, each digit's own image, reconstructed from the capsule of
   its label; the sums are added), not the input: an attack that moves the input of a batch
-  completed by :meth:`capsjax.training.tasks.Task.complete_batch` leaves it. A batch without targets
-  (built by hand) reconstructs its images. ``step`` is unused (no schedule)."""
+  completed by :meth:`capsjax.training.tasks.Task.complete_batch` leaves it. A batch without
+  targets is refused (it is never the images silently: those may be an attack's). ``step`` is
+  unused (no schedule)."""
   del step
   s = self.head.loss_settings
   # A vectorised sweep's runs may differ in these (capsjax/common/traced_settings.py).
@@ -198,8 +199,11 @@ def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None
   weight = setting("reconstruction_weight")
   if reconstructions is not None and (traced_settings.is_traced("loss.reconstruction_weight")
                                       or weight):
-    # A batch built by hand, outside a task (Task.complete_batch), has no targets: its images.
-    targets = batch.get("reconstruction_targets", batch["images"])
+    if "reconstruction_targets" not in batch:
+      raise ValueError("the batch has no 'reconstruction_targets' to reconstruct: complete it "
+                       "with capsjax.training.tasks.Task.complete_batch (the dataset's clean "
+                       "images) before moving its images.")
+    targets = batch["reconstruction_targets"]
     recon = losses.reconstruction_loss_per_example(reconstructions, targets, weight=weight)
   else:
     recon = jnp.zeros_like(margin)

@@ -42,7 +42,7 @@ from flax import nnx
 
 from capsjax import routing
 from capsjax.common.errors import UsageError
-from capsjax.models import layers
+from capsjax.models import capsule_layers, layers
 from capsjax.models import capsule_head
 from capsjax.models.capsule_head import LossSettings, check_scores
 
@@ -125,11 +125,11 @@ class DepthwisePrimaryCapsules(nnx.Module):
     self.bias = nnx.Param(jnp.zeros((channels,), jnp.float32))
     self.dim, self.impl = dim, impl
 
-  def __call__(self, features: jax.Array) -> layers.Capsules:
+  def __call__(self, features: jax.Array) -> capsule_layers.Capsules:
     """``(batch, h, w, channels)`` -> vector capsules, poses ``(batch, h' * w' * channels /
     dim, dim)`` and their lengths."""
     x = layers.depthwise_conv2d(features, self.kernel[...], self.impl) + self.bias[...]
-    return layers.vector_capsules(routing.exp_squash(x.reshape(x.shape[0], -1, self.dim)))
+    return capsule_layers.vector_capsules(routing.exp_squash(x.reshape(x.shape[0], -1, self.dim)))
 
 
 class EfficientCapsNet(nnx.Module):
@@ -159,7 +159,7 @@ class EfficientCapsNet(nnx.Module):
         impl="native" if config.conv_impl == "native" else "auto", rngs=rngs)
     k = config.primary.kernel_size
     grid_h, grid_w = (n - k + 1 for n in backbone_grid(config))
-    self.class_capsules = layers.ClassCapsules(
+    self.class_capsules = capsule_layers.ClassCapsules(
         grid_h * grid_w * channels[-1] // config.primary.dim, config.primary.dim,
         config.num_classes, config.class_capsules.dim,
         initializer=class_capsule_init(config.class_capsules.init),
@@ -181,7 +181,7 @@ class EfficientCapsNet(nnx.Module):
 
   saturation_settings = ("model.class_capsules.init", "optimizer.learning_rate")
 
-  def primary(self, images: jax.Array, *, train: bool = False) -> layers.Capsules:
+  def primary(self, images: jax.Array, *, train: bool = False) -> capsule_layers.Capsules:
     """The backbone: ``(batch, h, w, c)`` -> primary capsules ``(batch, 16, 8)``. BatchNorm
     normalises with the batch's statistics and updates its running ones when ``train``, and
     uses the running ones otherwise."""

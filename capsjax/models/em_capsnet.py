@@ -15,10 +15,13 @@ Parameters (A=B=C=D=32, 5 classes, two stereo channels): conv1 1,632; primary 17
 ConvCaps1 147,520; ConvCaps2 147,520; class 2,570; 316,650 (the paper's "310K"). The small
 network (A=64, B=8, C=D=16): 68,618 (the paper's "68K").
 
-``config.model.routing.name="variational_bayes"`` routes the same layers by variational Bayes
-(Ribeiro et al. 2020, :mod:`capsjax.routing.variational_bayes`), with its batch norms of the
-parents' activation logits and poses (:mod:`capsjax.models.em_layers`), so EM and VB compare
-on one backbone. (The VB authors' own network differs around it: conv1 without bias but with
+The layers are the shared capsule stack (:mod:`capsjax.models.capsule_layers`), so every
+router runs at every routed layer: ``config.model.routing.name="variational_bayes"`` routes
+them by variational Bayes (Ribeiro et al. 2020, :mod:`capsjax.routing.variational_bayes`),
+with its batch norms of the parents' activation logits and poses, so EM and VB compare on one
+backbone; ``"dynamic"``, ``"uniform"`` and the others route the same matrix capsules (the
+convolutional layers each receptive field on its own, the parents' lengths their
+activations), which separates the capsule type from the routing. (The VB authors' own network differs around it: conv1 without bias but with
 BatchNorm, and the class capsules' transforms applied per 1x1 position; not reproduced here.)
 
 Where the paper's text and the code differ, the code is the default and a setting picks (the
@@ -29,10 +32,11 @@ routing's own differences are listed in :mod:`capsjax.routing.em`):
   the loss over classes (``loss.reduction="mean"``), Eq. 3 sums (``"sum"``);
 * coordinate addition: the code adds the receptive field's centre (column, row) to the first
   two pose entries, the text to the first two entries of the right-hand column
-  (``model.class_capsules.coordinate_addition``, :class:`~capsjax.models.em_layers.ClassCapsules`);
+  (``model.class_capsules.coordinate_addition``,
+  :func:`~capsjax.models.receptive_fields.coordinate_offsets`);
 * a child in several receptive fields: the code normalises its assignments per output type
   over stride-1 groups (``model.conv_caps.normalisation``,
-  :mod:`capsjax.models.em_layers`);
+  :mod:`capsjax.models.conv_capsules`);
 * the primary capsules' interleaved kernel columns (``model.primary.layout``);
 * inverse temperatures: 0.01 in the convolutional capsule layers, 0.01 / 4 at the class
   layer (``model.conv_caps.inverse_temperature``, ``model.routing.inverse_temperature``).
@@ -47,7 +51,8 @@ from flax import nnx
 
 from capsjax import routing
 from capsjax.common.errors import UsageError
-from capsjax.models import em_layers, layers, losses, metrics
+from capsjax.models import capsule_layers, conv_capsules, layers, losses, metrics
+from capsjax.models import receptive_fields as fields
 from capsjax.models.outputs import Outputs
 
 
@@ -55,7 +60,8 @@ def conv_routing_settings(config: ml_collections.ConfigDict, class_settings: dic
                           router: str = "em") -> dict:
   """The convolutional capsule layers' routing settings: the class router's, under EM with
   the layer's own inverse temperature, mass epsilon and beta inits (``config.conv_caps``);
-  variational Bayes uses one set of priors for every layer, as its authors' code."""
+  variational Bayes uses one set of priors for every layer, as its authors' code, and every
+  other router its one set of settings."""
   settings = dict(class_settings)
   if router == "em":
     for key in ("inverse_temperature", "mass_epsilon", "beta_u_init", "beta_a_init"):
@@ -75,26 +81,22 @@ def grids(config: ml_collections.ConfigDict) -> list[int]:
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Raises UsageError naming the ``config.model`` key that cannot work."""
   router, settings = routing.resolve(config.routing)
-  if router.name not in em_layers.ROUTERS:
-    raise UsageError(f"config.model.routing.name={router.name!r}: em_capsnet routes matrix "
-                     f"capsules with one of {em_layers.ROUTERS} (other routers run on the "
-                     "capsnet and efficient_capsnet backbones).")
   caps = config.conv_caps
   n = len(tuple(caps.types))
   if n != len(tuple(caps.kernel_sizes)) or n != len(tuple(caps.strides)):
     raise UsageError(f"config.model.conv_caps.types, kernel_sizes and strides must have one "
                      f"length, got {tuple(caps.types)}, {tuple(caps.kernel_sizes)}, "
                      f"{tuple(caps.strides)}.")
-  if caps.normalisation not in em_layers.NORMALISATIONS:
+  if caps.normalisation not in fields.NORMALISATIONS:
     raise UsageError(f"config.model.conv_caps.normalisation must be one of "
-                     f"{em_layers.NORMALISATIONS}, got {caps.normalisation!r}.")
+                     f"{fields.NORMALISATIONS}, got {caps.normalisation!r}.")
   router.check(conv_routing_settings(config, settings, router.name))
-  if config.class_capsules.coordinate_addition not in em_layers.COORDINATE_ADDITIONS:
+  if config.class_capsules.coordinate_addition not in fields.COORDINATE_ADDITIONS:
     raise UsageError(f"config.model.class_capsules.coordinate_addition must be one of "
-                     f"{em_layers.COORDINATE_ADDITIONS}, "
+                     f"{fields.COORDINATE_ADDITIONS}, "
                      f"got {config.class_capsules.coordinate_addition!r}.")
-  if config.primary.layout not in em_layers.PRIMARY_LAYOUTS:
-    raise UsageError(f"config.model.primary.layout must be one of {em_layers.PRIMARY_LAYOUTS}, "
+  if config.primary.layout not in capsule_layers.PRIMARY_LAYOUTS:
+    raise UsageError(f"config.model.primary.layout must be one of {capsule_layers.PRIMARY_LAYOUTS}, "
                      f"got {config.primary.layout!r}.")
   if config.image_shape[0] != config.image_shape[1]:
     raise UsageError(f"config.model.image_shape {tuple(config.image_shape)}: em_capsnet takes "
@@ -114,12 +116,13 @@ class EMCapsNet(nnx.Module):
     validate_config(config)
     router, class_settings = routing.resolve(config.routing)
     conv_settings = conv_routing_settings(config, class_settings, router.name)
+    norms = router.name == "variational_bayes"  # The VB authors' batch norms of the parents.
     pose = config.pose_size
     self.conv1 = layers.Conv2D(config.image_shape[2], config.conv1.features,
                                config.conv1.kernel_size, config.conv1.stride,
                                impl=config.conv_impl, init_scale=config.conv1.init_scale,
                                bias_init=config.conv1.bias_init, rngs=rngs)
-    self.primary_capsules = em_layers.PrimaryCapsules(
+    self.primary_capsules = capsule_layers.MatrixPrimaryCapsules(
         config.conv1.features, config.primary.types, pose,
         pose_init=config.primary.pose_init, activation_init=config.primary.activation_init,
         activation_offset=config.primary.activation_offset, layout=config.primary.layout,
@@ -127,17 +130,23 @@ class EMCapsNet(nnx.Module):
     caps = config.conv_caps
     types = [config.primary.types, *caps.types]
     self.conv_capsules = nnx.List([
-        em_layers.ConvCapsules(a, b, k, s, pose, init_scale=caps.init_scale,
-                               settings=conv_settings, normalisation=caps.normalisation,
-                               rngs=rngs, router=router.name)
+        conv_capsules.ConvCapsules(
+            a, b, k, s, pose, init_scale=caps.init_scale,
+            routing={"name": router.name, **conv_settings}, normalisation=caps.normalisation,
+            routing_norms=norms, rngs=rngs)
         for a, b, k, s in zip(types, types[1:], caps.kernel_sizes, caps.strides)])
     stack = [(config.conv1.kernel_size, config.conv1.stride),
              *zip(caps.kernel_sizes, caps.strides)]
-    centres = em_layers.receptive_field_centres(config.image_shape[0], stack)
-    self.class_capsules = em_layers.ClassCapsules(
-        types[-1], config.num_classes, pose, init_scale=config.class_capsules.init_scale,
-        coordinate_addition=config.class_capsules.coordinate_addition, row_centres=centres,
-        column_centres=centres, settings=class_settings, rngs=rngs, router=router.name)
+    centres = fields.receptive_field_centres(config.image_shape[0], stack)
+    size = grids(config)[-1]
+    grid_votes = capsule_layers.GridMatrixVotes.create(
+        size, size, types[-1], pose, fields.coordinate_offsets(
+            centres, centres, pose, config.class_capsules.coordinate_addition))
+    self.class_capsules = capsule_layers.ClassCapsules(
+        size * size * types[-1], pose * pose, config.num_classes, pose * pose,
+        init_scale=config.class_capsules.init_scale,
+        routing={"name": router.name, **class_settings}, votes=grid_votes.pair,
+        routing_norms=norms, rngs=rngs)
     loss = loss or default_loss()
     check_loss(loss)
     self.loss_items = tuple(sorted(loss.items()))  # Hashable, static.
@@ -153,28 +162,36 @@ class EMCapsNet(nnx.Module):
     """Writes the class router's settings in effect into ``config.routing``."""
     routing.fill(config.routing)
 
-  def capsules(self, images: jax.Array, *, train: bool = False, diagnostics: bool = False):
+  def capsules(self, images: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
+               diagnostics: bool = False):
     """``(batch, h, w, c)`` -> class poses ``(batch, classes, 16)``, class activations
     ``(batch, classes)`` and ``{name: (batch, iterations)}`` diagnostics of every routing
     layer (``caps1_...``, ``caps2_...``, and the class layer's without prefix). ``train``:
-    variational Bayes routing's batch norms use the batch's statistics."""
+    variational Bayes routing's batch norms use the batch's statistics; ``rng``: for routers
+    that draw (``random``), split among the routed layers."""
     poses, activations = self.primary_capsules(jax.nn.relu(self.conv1(images)))
+    rngs = [None] * (len(self.conv_capsules) + 1) if rng is None else list(
+        jax.random.split(rng, len(self.conv_capsules) + 1))
     found = {}
     for n, layer in enumerate(self.conv_capsules, start=1):
-      poses, activations, measured = layer(poses, activations, train=train,
+      poses, activations, measured = layer(poses, activations, train=train, rng=rngs[n - 1],
                                            diagnostics=diagnostics)
       found.update({f"caps{n}_{k}": v for k, v in measured.items()})
-    poses, activations, measured = self.class_capsules(poses, activations, train=train,
-                                                       diagnostics=diagnostics)
-    found.update(measured)
-    return poses, activations, found
+    b = poses.shape[0]
+    routed = self.class_capsules.route(
+        capsule_layers.Capsules(poses.reshape(b, -1, poses.shape[-1]), activations.reshape(b, -1)),
+        train=train, rng=rngs[-1], diagnostics=diagnostics)
+    scores = (routed.activations if routed.activations is not None
+              else routing.safe_norm(routed.capsules))
+    found.update(routed.diagnostics)
+    return routed.capsules, scores, found
 
   def apply(self, batch: dict, *, train: bool, rng: jax.Array | None = None) -> Outputs:
     """Class activations as scores; routing diagnostics at evaluation."""
-    del rng  # Nothing random in the forward pass.
     labels = batch["labels"]
     per_example = labels.shape[1] if labels.ndim == 2 else 1
     poses, scores, diagnostics = self.capsules(batch["images"], train=train,
+                                               rng=rng if train else None,
                                                diagnostics=not train)
     return Outputs(scores=scores, predictions=metrics.predictions(scores, per_example),
                    log_probabilities=jax.nn.log_softmax(scores), score_kind="activations",

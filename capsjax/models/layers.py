@@ -1,20 +1,18 @@
-"""Flax NNX layers of CapsNet: convolutions, primary and class capsules, decoder.
-
-The layers only hold parameters; the capsule maths lives in
-:mod:`capsjax.routing`. Images are NHWC, kernels HWIO.
+"""Flax NNX layers without capsules: convolutions (native, im2col, polyphase, Winograd;
+VALID or SAME), their initialisers, and the reconstruction decoder. The capsule layers are in
+:mod:`capsjax.models.capsule_layers`. Images are NHWC, kernels HWIO.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, NamedTuple, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from capsjax import routing as routing_lib
 from capsjax.common.errors import UsageError
 from capsjax.models import winograd
 
@@ -227,166 +225,6 @@ class Conv2D(nnx.Module):
     y = conv2d(x.astype(dtype), self.kernel[...].astype(dtype), self.stride, self.impl,
                self.padding)
     return y.astype(jnp.promote_types(dtype, jnp.float32)) + self.bias[...]
-
-
-class Capsules(NamedTuple):
-  """A layer of capsules: what primary capsule layers return and class capsules take.
-
-  Attributes:
-    poses: ``(batch, num_capsules, dim)``: vectors (Sabour et al. 2017), or ``p x p`` pose
-      matrices flattened to ``p * p`` (Hinton et al. 2018).
-    activations: ``(batch, num_capsules)``: the vectors' lengths, or a matrix capsule's
-      logistic activation.
-  """
-  poses: jax.Array
-  activations: jax.Array
-
-
-def vector_capsules(poses: jax.Array) -> Capsules:
-  """Vector capsules, their lengths as activations."""
-  return Capsules(poses, routing_lib.safe_norm(poses))
-
-
-def vector_vote_weights(in_caps: int, in_dim: int, out_caps: int, out_dim: int) -> tuple:
-  """The shape of W_ij for :func:`capsjax.routing.capsule_votes` (u_hat = W_ij u_i)."""
-  return (in_caps, out_caps, out_dim, in_dim)
-
-
-def matrix_vote_weights(in_caps: int, in_dim: int, out_caps: int, out_dim: int) -> tuple:
-  """The shape of W_ij for :func:`capsjax.routing.matrix_votes` (V_ij = M_i W_ij): ``p x p``
-  with ``in_dim = out_dim = p * p``."""
-  p = math.isqrt(in_dim)
-  if p * p != in_dim or out_dim != in_dim:
-    raise ValueError(f"matrix votes need square poses of one size: in_dim={in_dim}, "
-                     f"out_dim={out_dim}.")
-  return (in_caps, out_caps, p, p)
-
-
-# How votes are formed: name -> (the shape of W from the layer's sizes, the vote function).
-VOTES: dict[str, tuple[Callable, Callable]] = {
-    "vector": (vector_vote_weights, routing_lib.capsule_votes),
-    "matrix": (matrix_vote_weights, routing_lib.matrix_votes),
-}
-
-
-class PrimaryCapsules(nnx.Module):
-  """A convolution whose channels are grouped into capsules, then squashed.
-
-  With the paper's settings the 256 channels of a 9x9 stride-2 convolution are
-  32 capsule types of 8 dimensions; on a 6x6 grid that is 1152 capsules.
-
-  ``output_scale`` multiplies the convolution (before its bias) ahead of the squash: 1 in the
-  paper; the official code's PrimaryCaps (``conv_slim_capsule`` with one input capsule and one
-  routing iteration) couples it with softmax(0) = 1/num_types over the types, i.e. 1/32.
-  """
-
-  def __init__(self, in_features: int, num_types: int, dim: int, kernel_size: int,
-               stride: int, *, squash_epsilon: float = 0.0, impl: str = "auto",
-               compute_dtype=jnp.float32, init_scale: float = 0.0, bias_init: float = 0.0,
-               padding: str = "VALID", output_scale: float = 1.0, rngs: nnx.Rngs):
-    self.conv = Conv2D(in_features, num_types * dim, kernel_size, stride, impl=impl,
-                       compute_dtype=compute_dtype, init_scale=init_scale,
-                       bias_init=bias_init, padding=padding, rngs=rngs)
-    self.num_types = num_types
-    self.dim = dim
-    self.squash_epsilon = squash_epsilon
-    self.output_scale = output_scale
-
-  def __call__(self, features: jax.Array) -> Capsules:
-    """``(batch, h, w, in_features)`` -> vector capsules: poses ``(batch, h'*w'*num_types,
-    dim)``, squashed, and their lengths."""
-    x = self.conv(features)
-    if self.output_scale != 1.0:  # Official code: coupling x conv + bias.
-      bias = self.conv.bias[...]
-      x = (x - bias) * self.output_scale + bias
-    capsules = x.reshape(x.shape[0], -1, self.dim)
-    return vector_capsules(routing_lib.squash(capsules, epsilon=self.squash_epsilon))
-
-
-class ClassCapsules(nnx.Module):
-  """Fully connected capsule layer ("DigitCaps"): votes by W_ij, then a router.
-
-  ``votes`` says how a child votes for a parent: ``"vector"``, u_hat_{j|i} = W_ij u_i (Sabour
-  et al., Eq. 2; one ``(out_dim, in_dim)`` matrix per (child i, parent j)), or ``"matrix"``,
-  V_ij = M_i W_ij (Hinton et al. 2018; one ``p x p`` transform per pair, poses of ``p * p``);
-  or a pair ``(weight_shape, vote_fn)`` as in :data:`VOTES`. Votes are formed without tiling
-  W over the batch. The router (:mod:`capsjax.routing`) turns them into parents, so every
-  router runs on either kind; its own learned parameters, if it declares any, are created
-  here (``router_params``).
-
-  ``routing``: ``{"name": ..., **settings}`` with every setting of that router filled in
-  (:func:`capsjax.routing.resolve`); None: dynamic routing with the keyword switches below.
-  """
-
-  def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, *,
-               init_scale: float = 0.1, use_bias: bool = False, bias_init: float = 0.1,
-               routing_iterations: int = 3, softmax_axis: str = "output",
-               stop_gradient: bool = False, leaky: bool = False,
-               squash_epsilon: float = 0.0, routing: dict | None = None,
-               initializer: nnx.Initializer | None = None,
-               votes: str | tuple[Callable, Callable] = "vector", rngs: nnx.Rngs):
-    """``initializer``, if given, draws W (shape ``(in_caps, out_caps, out_dim, in_dim)`` for
-    vector votes) instead of the truncated normal of std ``init_scale``."""
-    if isinstance(votes, str) and votes not in VOTES:
-      raise ValueError(f"ClassCapsules votes must be one of {tuple(VOTES)} or a pair "
-                       f"(weight_shape, vote_fn), got {votes!r}.")
-    weight_shape, self.vote_fn = VOTES[votes] if isinstance(votes, str) else votes
-    if routing is None:
-      routing = {"name": "dynamic", "iterations": routing_iterations,
-                 "softmax_axis": softmax_axis, "stop_gradient": stop_gradient, "leaky": leaky,
-                 "squash_epsilon": squash_epsilon}
-    routing = dict(routing)
-    router = routing_lib.get(routing.pop("name"))
-    # Hashable statics (a name and settings as sorted pairs) for NNX's graph definition.
-    self.router_name = router.name
-    self.routing_items = tuple(sorted(routing.items()))
-    if use_bias and not router.uses_parent_bias:
-      raise UsageError(f"config.model.class_capsules.use_bias adds a bias to s_j, which router "
-                       f"{router.name!r} does not form; leave it False.")
-    init = initializer or nnx.initializers.truncated_normal(stddev=init_scale)
-    self.weights = nnx.Param(init(rngs.params(),
-                                  weight_shape(in_caps, in_dim, out_caps, out_dim)))
-    self.bias = nnx.data(
-        nnx.Param(jnp.full((out_caps, out_dim), bias_init)) if use_bias else None)
-    specs = router.parameters(in_caps, in_dim, out_caps, out_dim, routing)
-    # None without parameters: the parameter tree (and checkpoints) of dynamic routing stay
-    # as they were before routers had parameters.
-    self.router_params = nnx.data(nnx.Dict(
-        {name: nnx.Param(spec.create(rngs.params())) for name, spec in specs.items()})
-        if specs else None)
-
-  @property
-  def router(self) -> routing_lib.Router:
-    return routing_lib.get(self.router_name)
-
-  @property
-  def routing_settings(self) -> dict:
-    return dict(self.routing_items)
-
-  def votes(self, poses: jax.Array) -> jax.Array:
-    """``(batch, in_caps, in_dim)`` -> ``(batch, in_caps, out_caps, out_dim)``."""
-    return self.vote_fn(poses, self.weights[...])
-
-  def route(self, capsules: Capsules | jax.Array, *, train: bool = False,
-            rng: jax.Array | None = None,
-            diagnostics: bool = False) -> routing_lib.RoutingResult:
-    """Child :class:`Capsules` (or bare vector poses ``(batch, in_caps, in_dim)``, their
-    lengths the activations) -> :class:`capsjax.routing.RoutingResult` (parents
-    ``(batch, out_caps, out_dim)``, their activations or None, diagnostics)."""
-    if not isinstance(capsules, Capsules):
-      capsules = vector_capsules(capsules)
-    params = {} if self.router_params is None else {
-        name: p[...] for name, p in self.router_params.items()}
-    if self.bias is not None:
-      params["bias"] = self.bias[...]
-    return self.router.route(
-        self.votes(capsules.poses), inputs=capsules.poses, activations=capsules.activations,
-        params=params, rng=rng, settings=self.routing_settings, train=train,
-        diagnostics=diagnostics)
-
-  def __call__(self, capsules: Capsules | jax.Array) -> jax.Array:
-    """Child capsules -> parents ``(batch, out_caps, out_dim)`` (evaluation)."""
-    return self.route(capsules).capsules
 
 
 class Decoder(nnx.Module):

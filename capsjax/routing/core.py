@@ -202,16 +202,25 @@ class ParamSpec:
 
   Attributes:
     shape: its shape.
-    init: ``"zeros"``, ``"ones"``, or a callable ``(key, shape) -> array``.
+    init: ``"zeros"``, ``"ones"``, a number (every entry that constant), or a callable
+      ``(key, shape) -> array``. A layer draws a key for each parameter but a number's (so
+      that EM's and VB's constant betas in a convolutional capsule layer leave the draws of
+      the layers after it as they were).
   """
   shape: tuple[int, ...]
   init: Any = "zeros"
 
-  def create(self, key: jax.Array) -> jax.Array:
+  @property
+  def needs_key(self) -> bool:
+    return not isinstance(self.init, (int, float))
+
+  def create(self, key: jax.Array | None) -> jax.Array:
     if self.init == "zeros":
       return jnp.zeros(self.shape, jnp.float32)
     if self.init == "ones":
       return jnp.ones(self.shape, jnp.float32)
+    if not self.needs_key:
+      return jnp.full(self.shape, self.init, jnp.float32)
     return self.init(key, self.shape)
 
 

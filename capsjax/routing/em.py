@@ -20,7 +20,7 @@ constants, for iteration ``t = 0, 1, ...``)::
 with R starting uniform over the parents (1/out_caps), and a_j = sigmoid(logit_j) of the last
 M-step (the last E-step is not needed and not computed). ``normalise`` is a softmax over the
 parents for the fully connected class layer; the convolutional layers' grouping is in
-:mod:`capsjax.models.em_layers`. The paper's text and the code differ; the code is the
+:mod:`capsjax.models.conv_capsules`. The paper's text and the code differ; the code is the
 default and each difference a setting:
 
 * the paper's cost ``(beta_u + log sigma_h) sum_i r_ij`` becomes ``m_j (beta_u D (log 2pi +
@@ -234,16 +234,12 @@ def check(settings: dict) -> None:
       raise UsageError(f"config.model.routing.{key} must be in [0, 1), got {settings[key]!r}.")
 
 
-def _constant(value: float):
-  return lambda key, shape: jnp.full(shape, value, jnp.float32)
-
-
 def parameters(in_caps: int, in_dim: int, out_caps: int, out_dim: int, settings: dict) -> dict:
   """beta_u and beta_a, one per parent capsule (the code's sigma_biases, activation_biases),
   from ``settings["beta_u_init"]`` and ``["beta_a_init"]`` (also VB routing's)."""
   del in_caps, in_dim, out_dim
-  return {"beta_u": ParamSpec((out_caps,), _constant(settings["beta_u_init"])),
-          "beta_a": ParamSpec((out_caps,), _constant(settings["beta_a_init"]))}
+  return {"beta_u": ParamSpec((out_caps,), float(settings["beta_u_init"])),
+          "beta_a": ParamSpec((out_caps,), float(settings["beta_a_init"]))}
 
 
 def route(votes, *, inputs=None, activations, params, rng=None, settings, train=False,

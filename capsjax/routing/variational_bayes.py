@@ -41,7 +41,7 @@ Where the code departs from the textbook update (each a setting, the code's the 
   (826f731..1482128, 3-7 Feb 2020), ``ln R_ij = ln p_ij - logsumexp_j (E ln pi_j + ln p_ij)``,
   which leaves ``E ln pi_j`` out of the numerator (``sum_j exp(E ln pi_j) R_ij = 1``).
   ``"textbook"``: ``R_ij = softmax_j(E ln pi_j + ln p_ij)`` (Bishop Eq. 10.46-10.49).
-* in a convolutional layer (:mod:`capsjax.models.em_layers`), ``conv_normalisation``: the
+* in a convolutional layer (:mod:`capsjax.models.conv_capsules`), ``conv_normalisation``: the
   code at HEAD sums ``p_ij`` of a child over every parent whose receptive field holds it
   (all positions and output types; ``"child"``, its ``conv_transpose2d`` and ``unfold``);
   the first commits routed each receptive field on its own (``"patch"``). The fully

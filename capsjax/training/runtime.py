@@ -64,8 +64,7 @@ class Runtime:
     contract on them (:meth:`capsjax.training.tasks.Task.check_outputs`) and plans the run's
     steps."""
     self.splits = self.task.dataset.load() if splits is None else splits
-    test = self.splits["test"]
-    self.task.check_outputs(test.examples, test.shared)
+    self.task.check_outputs(self.splits)
     self.plan = plan.Plan.from_config(self.config.train, len(self.splits["train"]))
     self._optimizer = None  # Epoch-based settings need the plan.
     return self

@@ -19,6 +19,7 @@ import functools
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
@@ -153,21 +154,35 @@ class Task:
     hook = getattr(self.abstract_model, "monitors", None)
     return list(hook(self.config, self.chance_levels()["accuracy"])) if hook else []
 
-  def check_outputs(self, examples: dict, shared: dict) -> None:
-    """Traces :meth:`forward` (shapes only, nothing computed) on a two-example evaluation
-    batch of ``examples`` and in training, and raises UsageError naming the model and what
-    breaks the contract (:func:`capsjax.models.check_forward`): at a run's start, not at its
-    end."""
+  def check_outputs(self, splits: dict) -> None:
+    """Traces :meth:`forward` (shapes only, nothing computed) on two examples, in evaluation
+    on a test batch and in training on a train batch as the train step builds it (and
+    :meth:`vote_log_probabilities` where the model declares ``votes``), and raises UsageError
+    naming the model and what breaks the contract (:func:`capsjax.models.check_forward`): at a
+    run's start, not at its end. ``splits``: the dataset's, ``train`` and ``test`` at
+    least."""
     take = lambda a: jax.ShapeDtypeStruct((2, *a.shape[1:]), a.dtype)
-    spec = jax.tree.map(take, examples)
     abstract = jax.eval_shape(lambda: nnx.to_pure_dict(nnx.state(self.abstract_model)))
+    test, train_split = splits["test"], splits["train"]
+    test_examples = jax.tree.map(take, test.examples)
+    batches = {
+        False: lambda e, s: self.dataset.eval_batch(e, s),
+        True: lambda e, s: self.dataset.train_batch(jax.random.PRNGKey(0), jnp.arange(2), e, s),
+    }
     for train in (False, True):
+      split = train_split if train else test
+      examples = jax.tree.map(take, split.examples)
       result = jax.eval_shape(
-          lambda v, e, s, t=train: self.forward(v, self.dataset.eval_batch(e, s), train=t,
+          lambda v, e, s, t=train: self.forward(v, batches[t](e, s), train=t,
                                                 rng=jax.random.PRNGKey(0), step=0),
-          abstract, spec, shared)
-      models.check_forward(result, self.config.model.name,
-                           self.capabilities, self.dataset.info.num_classes, train)
+          abstract, examples, split.shared)
+      votes = None
+      if not train and "votes" in self.capabilities:
+        votes = jax.eval_shape(
+            lambda v, e, s: self.vote_log_probabilities(v, self.dataset.eval_batch(e, s)),
+            abstract, test_examples, test.shared)
+      models.check_forward(result, self.config.model.name, self.capabilities,
+                           self.dataset.info.num_classes, train, vote_scores=votes)
 
 
 def resolve_config(config: ml_collections.ConfigDict

@@ -1,0 +1,326 @@
+"""The capsule layers every capsule model is built from, vector and matrix capsules alike.
+
+A layer of capsules is :class:`Capsules`: poses ``(batch, ..., dim)`` (vectors, or ``p x p``
+pose matrices flattened to ``p * p``) and activations ``(batch, ...)``. The stack:
+
+* primary capsules: :class:`PrimaryCapsules` (a convolution grouped into squashed vectors,
+  Sabour et al. 2017) or :class:`MatrixPrimaryCapsules` (a 1x1 convolution to pose matrices
+  and logistic activations, Hinton et al. 2018);
+* :class:`~capsjax.models.conv_capsules.ConvCapsules`: capsules over receptive fields, one
+  transform per (input type, kernel offset, output type);
+* :class:`ClassCapsules`: fully connected, one transform per (child, class), or per (child
+  type, class) shared over positions with coordinate addition (:class:`GridMatrixVotes`).
+
+Every routed layer takes any router of :mod:`capsjax.routing` (``routing={"name": ...,
+**settings}``), so the capsule type and the routing are independent choices: dynamic routing
+on matrix capsules, EM on vector capsules. The routers' own parameters are created in the
+layer (``router_params``). A router without activations (``dynamic``, ``uniform``, ...) gives
+its parents their lengths as activations.
+
+How a convolutional layer routes: :mod:`capsjax.models.conv_capsules`. Under variational Bayes
+a layer can batch-normalise its parents' activation logits and poses (``routing_norms``,
+:class:`RoutingNorms`), as the VB authors' code does.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from capsjax import routing as routing_lib
+from capsjax.common.errors import UsageError
+from capsjax.models import layers
+from capsjax.routing import variational_bayes as vb
+
+PRIMARY_LAYOUTS = ("code", "split")
+
+
+class Capsules(NamedTuple):
+  """A layer of capsules: what primary capsule layers return and class capsules take.
+
+  Attributes:
+    poses: ``(batch, num_capsules, dim)``: vectors (Sabour et al. 2017), or ``p x p`` pose
+      matrices flattened to ``p * p`` (Hinton et al. 2018).
+    activations: ``(batch, num_capsules)``: the vectors' lengths, or a matrix capsule's
+      logistic activation.
+  """
+  poses: jax.Array
+  activations: jax.Array
+
+
+def vector_capsules(poses: jax.Array) -> Capsules:
+  """Vector capsules, their lengths as activations."""
+  return Capsules(poses, routing_lib.safe_norm(poses))
+
+
+def vector_vote_weights(in_caps: int, in_dim: int, out_caps: int, out_dim: int) -> tuple:
+  """The shape of W_ij for :func:`capsjax.routing.capsule_votes` (u_hat = W_ij u_i)."""
+  return (in_caps, out_caps, out_dim, in_dim)
+
+
+def matrix_vote_weights(in_caps: int, in_dim: int, out_caps: int, out_dim: int) -> tuple:
+  """The shape of W_ij for :func:`capsjax.routing.matrix_votes` (V_ij = M_i W_ij): ``p x p``
+  with ``in_dim = out_dim = p * p``."""
+  p = math.isqrt(in_dim)
+  if p * p != in_dim or out_dim != in_dim:
+    raise ValueError(f"matrix votes need square poses of one size: in_dim={in_dim}, "
+                     f"out_dim={out_dim}.")
+  return (in_caps, out_caps, p, p)
+
+
+# How votes are formed: name -> (the shape of W from the layer's sizes, the vote function).
+VOTES: dict[str, tuple[Callable, Callable]] = {
+    "vector": (vector_vote_weights, routing_lib.capsule_votes),
+    "matrix": (matrix_vote_weights, routing_lib.matrix_votes),
+}
+
+
+def router_parameters(router: routing_lib.Router, in_caps: int, in_dim: int, out_caps: int,
+                      out_dim: int, settings: dict, rngs: nnx.Rngs):
+  """The router's own learned parameters for a layer of these sizes, as an ``nnx.Dict`` (None
+  when it has none, so that the parameter trees of dynamic routing stay as they were)."""
+  specs = router.parameters(in_caps, in_dim, out_caps, out_dim, settings)
+  if not specs:
+    return None
+  return nnx.Dict({name: nnx.Param(spec.create(rngs.params() if spec.needs_key else None))
+                   for name, spec in specs.items()})
+
+
+def parameter_values(router_params) -> dict:
+  return {} if router_params is None else {k: p[...] for k, p in router_params.items()}
+
+
+def split_routing(routing: dict) -> tuple[routing_lib.Router, tuple]:
+  """``{"name": ..., **settings}`` -> the router and its settings as sorted pairs (hashable,
+  static in NNX's graph definition)."""
+  routing = dict(routing)
+  router = routing_lib.get(routing.pop("name"))
+  return router, tuple(sorted(routing.items()))
+
+
+class PrimaryCapsules(nnx.Module):
+  """A convolution whose channels are grouped into capsules, then squashed.
+
+  With the paper's settings the 256 channels of a 9x9 stride-2 convolution are
+  32 capsule types of 8 dimensions; on a 6x6 grid that is 1152 capsules.
+
+  ``output_scale`` multiplies the convolution (before its bias) ahead of the squash: 1 in the
+  paper; the official code's PrimaryCaps (``conv_slim_capsule`` with one input capsule and one
+  routing iteration) couples it with softmax(0) = 1/num_types over the types, i.e. 1/32.
+  """
+
+  def __init__(self, in_features: int, num_types: int, dim: int, kernel_size: int,
+               stride: int, *, squash_epsilon: float = 0.0, impl: str = "auto",
+               compute_dtype=jnp.float32, init_scale: float = 0.0, bias_init: float = 0.0,
+               padding: str = "VALID", output_scale: float = 1.0, rngs: nnx.Rngs):
+    self.conv = layers.Conv2D(in_features, num_types * dim, kernel_size, stride, impl=impl,
+                       compute_dtype=compute_dtype, init_scale=init_scale,
+                       bias_init=bias_init, padding=padding, rngs=rngs)
+    self.num_types = num_types
+    self.dim = dim
+    self.squash_epsilon = squash_epsilon
+    self.output_scale = output_scale
+
+  def __call__(self, features: jax.Array) -> Capsules:
+    """``(batch, h, w, in_features)`` -> vector capsules: poses ``(batch, h'*w'*num_types,
+    dim)``, squashed, and their lengths."""
+    x = self.conv(features)
+    if self.output_scale != 1.0:  # Official code: coupling x conv + bias.
+      bias = self.conv.bias[...]
+      x = (x - bias) * self.output_scale + bias
+    capsules = x.reshape(x.shape[0], -1, self.dim)
+    return vector_capsules(routing_lib.squash(capsules, epsilon=self.squash_epsilon))
+
+
+class MatrixPrimaryCapsules(nnx.Module):
+  """A 1x1 convolution (no bias) to ``types`` poses of ``p*p`` and an activation logit each;
+  activation ``sigmoid(logit - offset)`` (the code's ``- 1.0``).
+
+  The code concatenates a pose kernel (``types * p*p`` columns, std 0.5) and an activation
+  kernel (``types`` columns, std 3.0), then reshapes the outputs as ``(types, p*p + 1)``: so a
+  type's pose and logit come from interleaved columns of both (``layout="code"``, the
+  default). ``layout="split"`` takes the poses from the pose kernel and the logits from the
+  activation kernel, as the code's names intend. Parameters: ``channels x types (p*p + 1)``.
+  """
+
+  def __init__(self, channels: int, types: int, pose_size: int, *, pose_init: float,
+               activation_init: float, activation_offset: float, layout: str,
+               rngs: nnx.Rngs):
+    atoms = pose_size * pose_size
+    self.pose_kernel = nnx.Param(layers.kernel_init(pose_init)(rngs.params(), (channels, types * atoms)))
+    self.activation_kernel = nnx.Param(layers.kernel_init(activation_init)(rngs.params(),
+                                                                  (channels, types)))
+    self.types, self.atoms = types, atoms
+    self.layout, self.offset = layout, activation_offset
+
+  def __call__(self, features: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(batch, h, w, channels)`` -> poses ``(batch, h, w, types, p*p)``, activations
+    ``(batch, h, w, types)``."""
+    kernel = jnp.concatenate([self.pose_kernel[...], self.activation_kernel[...]], axis=1)
+    out = jnp.einsum("bxyc,cn->bxyn", features, kernel)
+    if self.layout == "code":
+      out = out.reshape(*out.shape[:3], self.types, self.atoms + 1)
+      poses, logits = out[..., :self.atoms], out[..., self.atoms]
+    else:
+      split = self.types * self.atoms
+      poses = out[..., :split].reshape(*out.shape[:3], self.types, self.atoms)
+      logits = out[..., split:]
+    return poses, jax.nn.sigmoid(logits - self.offset)
+
+
+class RoutingNorms(nnx.Module):
+  """Variational Bayes routing's batch norms of a layer's parents (the authors' code's
+  ``BN_a`` and ``BN_v``: PyTorch's defaults, momentum 0.1, epsilon 1e-5, no affine
+  parameters): activation logits ``(batch, ..., types)`` and poses ``(batch, ..., types, D)``,
+  each normalised per type."""
+
+  def __init__(self, types: int, *, rngs: nnx.Rngs):
+    kwargs = dict(use_bias=False, use_scale=False, momentum=0.9, epsilon=1e-5, rngs=rngs)
+    self.activation_norm = nnx.BatchNorm(types, **kwargs)
+    self.pose_norm = nnx.BatchNorm(types, axis=-2, **kwargs)
+
+  def __call__(self, logits: jax.Array, poses: jax.Array, *, train: bool):
+    """-> activations ``sigmoid(BN(logits))`` and ``BN(poses)``."""
+    return (jax.nn.sigmoid(self.activation_norm(logits, use_running_average=not train)),
+            self.pose_norm(poses, use_running_average=not train))
+
+
+class GridMatrixVotes(NamedTuple):
+  """Matrix votes of a grid of child capsules with one ``p x p`` transform per (child type,
+  class) shared over positions, plus coordinate addition (Hinton et al. 2018, Sec. 3; the
+  code's ``connector_capsule_mat``): a vote pair for :class:`ClassCapsules`, whose ``in_caps``
+  are then the ``h * w * types`` children, position-major. ``offsets``: what is added to each
+  position's votes, ``(h, w, p*p)`` as nested tuples (hashable;
+  :func:`capsjax.models.receptive_fields.coordinate_offsets`)."""
+  height: int
+  width: int
+  types: int
+  pose_size: int
+  offsets: tuple
+
+  @classmethod
+  def create(cls, height: int, width: int, types: int, pose_size: int,
+             offsets: np.ndarray) -> "GridMatrixVotes":
+    return cls(height, width, types, pose_size, tuple(map(tuple, np.asarray(
+        offsets, np.float64).reshape(height * width, pose_size * pose_size).tolist())))
+
+  def weight_shape(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int) -> tuple:
+    if in_caps != self.height * self.width * self.types or in_dim != out_dim or (
+        in_dim != self.pose_size ** 2):
+      raise ValueError(f"grid votes of {self.height}x{self.width}x{self.types} poses of "
+                       f"{self.pose_size ** 2}: got in_caps={in_caps}, in_dim={in_dim}, "
+                       f"out_dim={out_dim}.")
+    return (self.types, out_caps, self.pose_size, self.pose_size)
+
+  def __call__(self, poses: jax.Array, weights: jax.Array) -> jax.Array:
+    """``(batch, h * w * types, p*p)`` -> ``(batch, h * w * types, classes, p*p)``."""
+    h, w, t, p = self.height, self.width, self.types, self.pose_size
+    b = poses.shape[0]
+    votes = jnp.einsum("bxytrc,tkcd->bxytkrd", poses.reshape(b, h, w, t, p, p),
+                       weights).reshape(b, h, w, t, -1, p * p)
+    offsets = jnp.asarray(np.asarray(self.offsets).reshape(h, w, p * p), votes.dtype)
+    votes = votes + offsets[None, :, :, None, None, :]
+    return votes.reshape(b, h * w * t, -1, p * p)
+
+  @property
+  def pair(self) -> tuple[Callable, Callable]:
+    return (self.weight_shape, self)
+
+
+class ClassCapsules(nnx.Module):
+  """Fully connected capsule layer ("DigitCaps"): votes by W_ij, then a router.
+
+  ``votes`` says how a child votes for a parent: ``"vector"``, u_hat_{j|i} = W_ij u_i (Sabour
+  et al., Eq. 2; one ``(out_dim, in_dim)`` matrix per (child i, parent j)), or ``"matrix"``,
+  V_ij = M_i W_ij (Hinton et al. 2018; one ``p x p`` transform per pair, poses of ``p * p``);
+  or a pair ``(weight_shape, vote_fn)`` as in :data:`VOTES` (:class:`GridMatrixVotes`: one
+  transform per child type shared over positions, with coordinate addition). Votes are formed without tiling
+  W over the batch. The router (:mod:`capsjax.routing`) turns them into parents, so every
+  router runs on either kind; its own learned parameters, if it declares any, are created
+  here (``router_params``).
+
+  ``routing``: ``{"name": ..., **settings}`` with every setting of that router filled in
+  (:func:`capsjax.routing.resolve`); None: dynamic routing with the keyword switches below.
+  """
+
+  def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, *,
+               init_scale: float = 0.1, use_bias: bool = False, bias_init: float = 0.1,
+               routing_iterations: int = 3, softmax_axis: str = "output",
+               stop_gradient: bool = False, leaky: bool = False,
+               squash_epsilon: float = 0.0, routing: dict | None = None,
+               initializer: nnx.Initializer | None = None,
+               votes: str | tuple[Callable, Callable] = "vector", routing_norms: bool = False,
+               rngs: nnx.Rngs):
+    """``initializer``, if given, draws W (shape ``(in_caps, out_caps, out_dim, in_dim)`` for
+    vector votes) instead of the truncated normal of std ``init_scale``. ``routing_norms``:
+    batch-normalise the parents' activation logits and poses (variational Bayes only, as its
+    authors' code; :class:`RoutingNorms`)."""
+    if isinstance(votes, str) and votes not in VOTES:
+      raise ValueError(f"ClassCapsules votes must be one of {tuple(VOTES)} or a pair "
+                       f"(weight_shape, vote_fn), got {votes!r}.")
+    weight_shape, self.vote_fn = VOTES[votes] if isinstance(votes, str) else votes
+    if routing is None:
+      routing = {"name": "dynamic", "iterations": routing_iterations,
+                 "softmax_axis": softmax_axis, "stop_gradient": stop_gradient, "leaky": leaky,
+                 "squash_epsilon": squash_epsilon}
+    router, self.routing_items = split_routing(routing)
+    self.router_name = router.name
+    if use_bias and not router.uses_parent_bias:
+      raise UsageError(f"config.model.class_capsules.use_bias adds a bias to s_j, which router "
+                       f"{router.name!r} does not form; leave it False.")
+    init = initializer or nnx.initializers.truncated_normal(stddev=init_scale)
+    self.weights = nnx.Param(init(rngs.params(),
+                                  weight_shape(in_caps, in_dim, out_caps, out_dim)))
+    self.bias = nnx.data(
+        nnx.Param(jnp.full((out_caps, out_dim), bias_init)) if use_bias else None)
+    self.router_params = nnx.data(router_parameters(
+        router, in_caps, in_dim, out_caps, out_dim, self.routing_settings, rngs))
+    if routing_norms and router.name != "variational_bayes":
+      raise UsageError(f"routing_norms are variational Bayes routing's batch norms; router "
+                       f"{router.name!r} has none.")
+    self.norms = nnx.data(RoutingNorms(out_caps, rngs=rngs) if routing_norms else None)
+
+  @property
+  def router(self) -> routing_lib.Router:
+    return routing_lib.get(self.router_name)
+
+  @property
+  def routing_settings(self) -> dict:
+    return dict(self.routing_items)
+
+  def votes(self, poses: jax.Array) -> jax.Array:
+    """``(batch, in_caps, in_dim)`` -> ``(batch, in_caps, out_caps, out_dim)``."""
+    return self.vote_fn(poses, self.weights[...])
+
+  def route(self, capsules: Capsules | jax.Array, *, train: bool = False,
+            rng: jax.Array | None = None,
+            diagnostics: bool = False) -> routing_lib.RoutingResult:
+    """Child :class:`Capsules` (or bare vector poses ``(batch, in_caps, in_dim)``, their
+    lengths the activations) -> :class:`capsjax.routing.RoutingResult` (parents
+    ``(batch, out_caps, out_dim)``, their activations or None, diagnostics)."""
+    if not isinstance(capsules, Capsules):
+      capsules = vector_capsules(capsules)
+    params = {} if self.router_params is None else {
+        name: p[...] for name, p in self.router_params.items()}
+    if self.bias is not None:
+      params["bias"] = self.bias[...]
+    votes = self.votes(capsules.poses)
+    if self.norms is not None:  # VB's logits, normalised before the sigmoid.
+      result = vb.vb_routing(votes[:, :, :, None, :], capsules.activations[:, :, None, None],
+                             params["beta_u"], params["beta_a"],
+                             settings=self.routing_settings, diagnostics=diagnostics)
+      activations, poses = self.norms(result.activation_logits[:, :, 0],
+                                      result.poses[:, :, 0], train=train)
+      return routing_lib.RoutingResult(poses, activations, result.diagnostics)
+    return self.router.route(
+        votes, inputs=capsules.poses, activations=capsules.activations, params=params,
+        rng=rng, settings=self.routing_settings, train=train, diagnostics=diagnostics)
+
+  def __call__(self, capsules: Capsules | jax.Array) -> jax.Array:
+    """Child capsules -> parents ``(batch, out_caps, out_dim)`` (evaluation)."""
+    return self.route(capsules).capsules

@@ -1,0 +1,158 @@
+"""Convolutional capsules (:class:`ConvCapsules`): capsules over receptive fields, one ``p x p``
+transform per (input type, kernel offset, output type), a layer of the capsule stack
+(:mod:`capsjax.models.capsule_layers`) that takes any router.
+
+EM and variational Bayes see the whole layer, since a child in several receptive fields
+shares its assignments among all the parents that hold it (``normalisation`` for EM, as in the authors' code; VB's
+``conv_normalisation``; :mod:`capsjax.models.receptive_fields`). EM's ``normalisation``:
+
+* ``"code"`` (default): the code's ``update_conv_routing``. For each child type and output
+  type separately, the assignments are ``exp(log p - max)`` divided by their sum over the
+  (parent position, kernel offset) pairs ``(y, dy)`` with the same ``y + dy``: the children of
+  a stride-1 convolution. At stride 2 these groups are not the true children (child ``2y +
+  dy``), and since output types are normalised separately, after the first iteration (which
+  starts at ``1 / out_types``) output types no longer compete for a child.
+* ``"child"``: each true child's assignments sum to one over every parent whose receptive
+  field holds it (all output types and positions), as the paper describes EM.
+* ``"patch"``: a softmax over output types at each (parent position, kernel offset), each
+  receptive field routed on its own, as most reimplementations do.
+
+Every other router routes each receptive field on its own (positions folded into the batch),
+its parameters shared over positions, and gives a parent its length as activation when it
+computes none.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from capsjax import routing as routing_lib
+from capsjax.common.errors import UsageError
+from capsjax.models import layers
+from capsjax.models import receptive_fields as fields
+from capsjax.models.capsule_layers import (RoutingNorms, parameter_values, router_parameters,
+                                           split_routing)
+from capsjax.routing import em
+from capsjax.routing import variational_bayes as vb
+
+# Routers that route a convolutional layer as a whole (a child shared among its parents).
+LAYER_ROUTERS = ("em", "variational_bayes")
+
+
+class ConvCapsules(nnx.Module):
+  """Convolutional capsules over each parent's receptive field (VALID), matrix votes.
+
+  One ``p x p`` transform per (input type, kernel offset, output type): the vote of child i
+  at offset (dy, dx) for output type o is ``M_i W[i, dy, dx, o]``. EM and variational Bayes
+  route the layer as a whole (module docstring; their ``beta_u`` and ``beta_a`` per output
+  type, the code's sigma_biases and activation_biases); any other router each receptive field
+  on its own, its parameters shared over positions. Parameters: ``in_types k^2 out_types p^2``
+  and the router's.
+  """
+
+  def __init__(self, in_types: int, out_types: int, kernel: int, stride: int, pose_size: int,
+               *, init_scale: float, routing: dict, normalisation: str = "code",
+               routing_norms: bool = False, rngs: nnx.Rngs):
+    """``routing``: ``{"name": ..., **settings}`` with every setting filled in (EM's, the
+    code's: inverse temperature 0.01, mass epsilon 1e-7, beta inits 0.5); ``normalisation``:
+    EM's (module docstring); ``routing_norms``: VB's batch norms of the parents."""
+    router, self.settings_items = split_routing(routing)
+    if normalisation not in fields.NORMALISATIONS:
+      raise UsageError(f"config.model.conv_caps.normalisation must be one of "
+                       f"{fields.NORMALISATIONS}, got {normalisation!r}.")
+    if routing_norms and router.name != "variational_bayes":
+      raise UsageError(f"routing_norms are variational Bayes routing's batch norms; router "
+                       f"{router.name!r} has none.")
+    self.weights = nnx.Param(layers.kernel_init(init_scale)(
+        rngs.params(), (in_types, kernel, kernel, out_types, pose_size, pose_size)))
+    dim = pose_size * pose_size
+    self.router_params = nnx.data(router_parameters(
+        router, in_types * kernel * kernel, dim, out_types, dim, dict(self.settings_items),
+        rngs))
+    self.router_name = router.name
+    self.kernel, self.stride, self.pose_size = kernel, stride, pose_size
+    self.normalisation = normalisation
+    self.norms = nnx.data(RoutingNorms(out_types, rngs=rngs) if routing_norms else None)
+
+  def votes(self, poses: jax.Array) -> jax.Array:
+    """``(batch, h, w, in_types, p*p)`` -> ``(batch, in_types * k * k, out_types, oh * ow,
+    p*p)`` (children of a receptive field, parents, positions, pose)."""
+    p = self.pose_size
+    patches = fields.receptive_fields(poses, self.kernel, self.stride)  # (b,oh,ow,k,k,i,pp)
+    b, oh, ow, k, _, i, _ = patches.shape
+    matrices = patches.reshape(b, oh, ow, k, k, i, p, p)
+    votes = jnp.einsum("bpqhwirc,ihwocd->bihwopqrd", matrices, self.weights[...])
+    return votes.reshape(b, i * k * k, votes.shape[4], oh * ow, p * p)
+
+  def __call__(self, poses: jax.Array, activations: jax.Array, *, train: bool = False,
+               rng: jax.Array | None = None, diagnostics: bool = False):
+    """Poses ``(batch, h, w, in_types, p*p)`` and activations ``(batch, h, w, in_types)`` ->
+    the parents' poses ``(batch, oh, ow, out_types, p*p)``, activations ``(batch, oh, ow,
+    out_types)`` and the routing diagnostics ``{name: (batch, iterations)}`` (per receptive
+    field routers: the mean over positions). ``train``: VB's batch norms use (and update)
+    the batch's statistics; ``rng``: for routers that draw."""
+    b, h, w, i, _ = poses.shape
+    k, s = self.kernel, self.stride
+    oh, ow = (h - k) // s + 1, (w - k) // s + 1
+    votes = self.votes(poses)
+    child_activations = fields.receptive_fields(activations, k, s)  # (b, oh, ow, k, k, i)
+    child_activations = child_activations.transpose(0, 5, 3, 4, 1, 2).reshape(
+        b, i * k * k, 1, oh * ow)
+    params = parameter_values(self.router_params)
+    settings = dict(self.settings_items)
+    out_types = votes.shape[2]
+    if self.router_name in LAYER_ROUTERS:
+      means, activations, measured = self._route_layer(votes, child_activations, params,
+                                                       settings, (i, h, w, oh, ow), diagnostics)
+    else:
+      means, activations, measured = self._route_fields(
+          votes, poses, child_activations, params, settings, train, rng, diagnostics)
+    poses = means.reshape(b, out_types, oh, ow, -1).transpose(0, 2, 3, 1, 4)
+    activations = activations.reshape(b, out_types, oh, ow).transpose(0, 2, 3, 1)
+    if self.norms is not None:
+      activations, poses = self.norms(activations, poses, train=train)
+    return poses, activations, measured
+
+  def _route_layer(self, votes, child_activations, params, settings, sizes, diagnostics):
+    """EM or VB over the whole layer: poses ``(batch, out_types, positions, D)``, EM's
+    activations or VB's activation logits ``(batch, out_types, positions)`` (sigmoid here
+    unless the batch norms come first), diagnostics."""
+    i, h, w, oh, ow = sizes
+    k, s = self.kernel, self.stride
+    if self.router_name == "variational_bayes":
+      child_sum = fields.ReceptiveFieldGrid(i, k, s, oh, ow).child_sum if (
+          settings["conv_normalisation"] == "child") else None
+      result = vb.vb_routing(votes, child_activations, params["beta_u"], params["beta_a"],
+                             settings=settings, diagnostics=diagnostics, child_sum=child_sum)
+      logits = result.activation_logits
+      return (result.poses, logits if self.norms is not None else jax.nn.sigmoid(logits),
+              result.diagnostics)
+    normalise = fields.conv_normaliser(self.normalisation, i, k, s, oh, ow,
+                                       settings["mass_epsilon"])
+    initial = normalise(jnp.zeros(votes.shape[:4], votes.dtype)) \
+        if self.normalisation == "child" else None
+    result = em.em_routing(votes, child_activations, params["beta_u"], params["beta_a"],
+                           settings=settings, normalise=normalise, initial=initial,
+                           num_children=i * h * w, diagnostics=diagnostics)
+    return result.poses, result.activations, result.diagnostics
+
+  def _route_fields(self, votes, poses, child_activations, params, settings, train, rng,
+                    diagnostics):
+    """Any router, each receptive field on its own: the positions join the batch."""
+    b, n, o, positions, d = votes.shape
+    field_votes = votes.transpose(0, 3, 1, 2, 4).reshape(b * positions, n, o, d)
+    children = fields.receptive_fields(poses, self.kernel, self.stride)  # (b,oh,ow,k,k,i,d)
+    children = jnp.moveaxis(children, 5, 3).reshape(b * positions, n, d)
+    field_activations = child_activations[:, :, 0].transpose(0, 2, 1).reshape(b * positions, n)
+    result = routing_lib.get(self.router_name).route(
+        field_votes, inputs=children, activations=field_activations, params=params, rng=rng,
+        settings=settings, train=train, diagnostics=diagnostics)
+    parents = result.capsules.reshape(b, positions, o, d).transpose(0, 2, 1, 3)
+    activations = (result.activations if result.activations is not None
+                   else routing_lib.safe_norm(result.capsules))
+    activations = activations.reshape(b, positions, o).transpose(0, 2, 1)
+    measured = {k: jnp.mean(v.reshape(b, positions, -1), axis=1)
+                for k, v in result.diagnostics.items()}
+    return parents, activations, measured

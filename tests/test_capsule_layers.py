@@ -1,0 +1,114 @@
+"""The one capsule-layer stack (capsjax/models/capsule_layers.py, conv_capsules.py): every
+router at every routed layer of matrix capsules, a convolutional layer's per-receptive-field
+routing against NumPy."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from capsjax import routing
+from capsjax.common.errors import UsageError
+from capsjax.models import conv_capsules, em_capsnet
+from test_em_capsnet import model_config
+from test_em_routing import np_conv_votes
+from test_routing import np_routing
+from helpers import write_idx_dataset
+
+
+def conv_layer(router: str, **settings):
+  routing_config = {"name": router, **routing.resolve({"name": router, **settings})[1]}
+  return conv_capsules.ConvCapsules(2, 3, 3, 2, 4, init_scale=0.3, routing=routing_config,
+                                     rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_dynamic_routing_routes_each_receptive_field_as_procedure_1(iterations):
+  """Dynamic routing in a convolutional layer: each parent position's 2 x 3 x 3 children
+  routed on their own by Procedure 1 (the NumPy re-derivation of tests/test_routing.py), the
+  parents' lengths their activations; the children's activations play no part."""
+  rng = np.random.default_rng(0)
+  poses = rng.normal(size=(2, 7, 7, 2, 16)) * 0.5
+  layer = conv_layer("dynamic", iterations=iterations)
+  got_poses, got_acts, measured = layer(jnp.asarray(poses, jnp.float32),
+                                        jnp.asarray(rng.uniform(size=(2, 7, 7, 2)), jnp.float32),
+                                        diagnostics=True)
+  votes, (oh, ow) = np_conv_votes(poses, np.asarray(layer.weights[...], np.float64), 2)
+  assert got_poses.shape == (2, oh, ow, 3, 16) and got_acts.shape == (2, oh, ow, 3)
+  for y, x in np.ndindex(oh, ow):
+    parents, _ = np_routing(votes[:, :, :, y * ow + x], iterations)
+    np.testing.assert_allclose(got_poses[:, y, x], parents, rtol=2e-4, atol=1e-6)
+    np.testing.assert_allclose(got_acts[:, y, x], np.linalg.norm(parents, axis=-1),
+                               rtol=2e-4, atol=1e-6)
+  assert measured["coupling_entropy"].shape == (2, iterations)
+  # Other children's activations change nothing: dynamic routing reads the votes only.
+  again, _, _ = layer(jnp.asarray(poses, jnp.float32), jnp.zeros((2, 7, 7, 2)))
+  np.testing.assert_allclose(again, got_poses, rtol=1e-6)
+
+
+def test_a_router_without_em_s_settings_refuses_em_s_norms():
+  with pytest.raises(UsageError, match="routing_norms are variational Bayes"):
+    conv_capsules.ConvCapsules(2, 3, 3, 2, 4, init_scale=0.3,
+                                routing={"name": "dynamic", **routing.resolve({})[1]},
+                                routing_norms=True, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("router", routing.ROUTERS.names())
+def test_every_router_runs_at_every_routed_layer_of_em_capsnet(router):
+  """``em_capsnet`` with ``routing.name`` = each router: training gives a finite loss and a
+  gradient into both convolutional capsule layers' and the class layer's transforms;
+  evaluation gives one score per class and each layer's diagnostics (``caps1_...``)."""
+  config = model_config((20, 20, 1), 3, conv1=8, primary=4, caps=(4, 4))
+  config.routing.name = router
+  model = em_capsnet.EMCapsNet(config, rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(0)
+  batch = {"images": jnp.asarray(rng.uniform(size=(4, 20, 20, 1)), jnp.float32),
+           "labels": jnp.arange(4) % 3}
+  graphdef, params, state = nnx.split(model, nnx.Param, ...)
+  params, state = nnx.to_pure_dict(params), nnx.to_pure_dict(state)  # state: VB's norms.
+
+  @jax.jit  # One program for the whole check (op by op it takes minutes).
+  def check(params):
+    def objective(p):
+      m = nnx.merge(graphdef, p, state)
+      out = m.apply(batch, train=True, rng=jax.random.key(1))
+      return jnp.mean(m.loss(out, batch, step=jnp.asarray(0))[0])
+    value, grads = jax.value_and_grad(objective)(params)
+    evaluation = nnx.merge(graphdef, params, state).apply(batch, train=False)
+    return value, grads, evaluation.scores, evaluation.diagnostics
+
+  value, grads, scores, diagnostics = check(params)
+  assert np.isfinite(value) and scores.shape == (4, 3) and np.all(np.isfinite(scores))
+  for layer in (grads["conv_capsules"][0], grads["conv_capsules"][1], grads["class_capsules"]):
+    assert np.all(np.isfinite(layer["weights"])) and np.abs(layer["weights"]).sum() > 0
+  assert {k.split("_")[0] for k in diagnostics} >= {"caps1", "caps2"}, sorted(diagnostics)
+  if not routing.get(router).yields_activations:  # Scores are the class capsules' lengths.
+    poses = nnx.merge(graphdef, params, state).capsules(batch["images"])[0]
+    np.testing.assert_allclose(scores, np.linalg.norm(poses, axis=-1), rtol=1e-5)
+
+
+def test_the_capsule_type_experiment_runs_both_types_through_the_sweep(tmp_path):
+  """``experiments/capsule_type_vs_routing.py``: vector x matrix capsules x four routers;
+  ``:tiny`` runs a vector and a matrix point from the command line, and results.md names each
+  row's capsule type."""
+  from capsjax import sweep
+  from test_sweep import run_sweep
+
+  path = "experiments/capsule_type_vs_routing.py"
+  module = sweep.load_experiment(path)
+  points = sweep.expand(sweep.experiment_sweep(module, path))
+  assert [(p.overrides["config"], p.overrides["model.routing.name"]) for p in points] == [
+      (config, router) for config in ("configs/mnist.py", "configs/em_mnist.py:small")
+      for router in ("dynamic", "em", "variational_bayes", "uniform")]
+  data = write_idx_dataset(tmp_path / "idx", num_train=64, num_test=16)
+  result = run_sweep(path + ":tiny", tmp_path / "runs", "--index=0,4",
+                     "--config.eval.num_figure_examples=0", data_dir=data)
+  assert result.returncode == 0, result.stderr
+  tiny = sweep.expand(sweep.experiment_sweep(module, path + ":tiny"))
+  sweep.collect(tiny, str(tmp_path / "runs"), references=module.REFERENCES)
+  table = (tmp_path / "runs" / "results.md").read_text()
+  assert "| capsules |" in table.splitlines()[0]
+  rows = [line for line in table.splitlines()[2:] if line.startswith("| ")]
+  assert len(rows) == 2 and "| vector |" in rows[0] and "| matrix |" in rows[1], table
+  assert "Not finished (6)" in table
