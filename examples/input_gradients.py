@@ -31,6 +31,7 @@ from capsjax.common.errors import UsageError
 
 class FGSM(evaluators.Evaluator):
   """Settings: ``epsilon`` (L-infinity budget, default 0.1), ``split`` (default "test")."""
+  SETTINGS = ("epsilon", "split")  # Any other key in config.evals.NAME is refused.
 
   def __init__(self, *args):
     super().__init__(*args)

@@ -119,3 +119,26 @@ def test_validation_split_is_evaluated_and_the_registry_checks_types(idx_dir):
   del config.evals["extra"], config.evals["test"]
   with pytest.raises(UsageError, match="needs an evaluation named 'test'"):
     evaluators.validate(config)
+
+
+def test_a_misspelled_evaluator_setting_is_refused_not_defaulted():
+  """Every capsjax evaluator declares the settings it reads: one it does not have (here
+  ``epsilon`` for ``epsilons``) stops the run naming it, instead of running the default. A
+  researcher's own evaluator that declares none is not checked."""
+  for kind, key in (("adversarial", "epsilon"), ("split", "splits"),
+                    ("reconstruction_detection", "percentil"), ("transforms", "rotation")):
+    settings = {"mine": ml_collections.ConfigDict({"type": kind, key: 1})}
+    with pytest.raises(UsageError, match=rf"config.evals.mine.{key} is not a setting of "
+                                         rf"evaluator type '{kind}'; it has \["):
+      evaluators.check_types(settings)
+  evaluators.check_types({"mine": ml_collections.ConfigDict(
+      {"type": "adversarial", "epsilons": (0.1,), "limit": 10})})
+  own = f"{__file__}:Undeclared"
+  evaluators.check_types({"mine": ml_collections.ConfigDict({"type": own, "anything": 1})})
+  with pytest.raises(UsageError, match="config.evals.mine.epsilom is not a setting"):
+    evaluators.check_types({"mine": ml_collections.ConfigDict(
+        {"type": "examples/input_gradients.py:FGSM", "epsilom": 0.1})})
+
+
+class Undeclared(evaluators.Evaluator):
+  """A researcher's evaluator without ``SETTINGS``: its settings are not checked."""

@@ -48,6 +48,9 @@ class Evaluator:
   """Base class: one named evaluation. Subclasses build their sets in ``__init__``
   (through ``self.runner.eval_set``) and implement :meth:`run`."""
   type_name: ClassVar[str] = ""
+  # The settings it reads besides ``type`` (``config.evals.NAME.*``); any other is refused,
+  # so that a misspelled one never runs its default. None: not declared (not checked).
+  SETTINGS: ClassVar[tuple[str, ...] | None] = None
 
   def __init__(self, name: str, settings: ml_collections.ConfigDict, config, builder,
                splits: dict, runner):
@@ -114,6 +117,10 @@ def check_types(settings: dict, where: str = "config.evals") -> None:
     if not (isinstance(cls, type) and issubclass(cls, Evaluator)):
       raise UsageError(f"{where}.{name}.type={kind!r} is not a subclass of "
                        f"capsjax.evaluators.Evaluator.")
+    if cls.SETTINGS is not None:
+      if unknown := sorted(set(s) - set(cls.SETTINGS) - {"type"}):
+        raise UsageError(f"{where}.{name}.{unknown[0]} is not a setting of evaluator type "
+                         f"{kind!r}; it has {sorted(cls.SETTINGS)}.")
 
 
 def validate(config) -> None:

@@ -78,6 +78,8 @@ DEFAULT_EPSILONS = (0.0, 0.05, 0.1, 0.2, 0.3)
 class AdversarialEvaluator(evaluators.Evaluator):
   """FGSM/PGD/BIM accuracy and attack success per epsilon, with gradient-masking checks."""
   type_name = "adversarial"
+  SETTINGS = ("attacks", "epsilons", "steps", "step_size", "random_start", "targeted", "loss",
+              "value_range", "seed", "split", "limit", "foolbox_kwargs")
 
   def __init__(self, *args):
     super().__init__(*args)

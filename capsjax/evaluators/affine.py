@@ -44,6 +44,8 @@ class AffineMNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
   affine transforms (:mod:`capsjax.datasets.affine`), drawn with ``seed``; the ranges are
   ``rotation_degrees``, ``shear``, ``scale_min``/``scale_max``. ``config.data.test_limit``
   limits the number of transformed images."""
+  SETTINGS = ("transforms_per_digit", "rotation_degrees", "shear", "scale_min", "scale_max",
+              "seed")
 
   def __init__(self, *args):
     super().__init__(*args)
@@ -73,6 +75,7 @@ class AffineMNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
 class AffNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
   """The real affNIST test set from ``path`` (``test.mat`` or the folder of test batches);
   skipped, with a message, while ``path`` is unset."""
+  SETTINGS = ("path",)
 
   figure_title = "affNIST test set; (label, prediction)"
 

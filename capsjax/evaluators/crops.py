@@ -31,6 +31,7 @@ CODE_OFFSETS = ((0, 0),) + tuple((k * dy, k * dx) for k in (1, 2, 3)
 class CropAverageEvaluator(evaluators.Evaluator):
   """Accuracy of class scores averaged over crops of each image."""
   type_name = "crop_average"
+  SETTINGS = ("offsets", "split", "limit")
 
   def __init__(self, *args):
     super().__init__(*args)

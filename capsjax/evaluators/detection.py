@@ -58,6 +58,7 @@ def reconstruction_distance(images, reconstructions):
 class ReconstructionDetectionEvaluator(AdversarialEvaluator):
   """The false-positive and detection rates of a threshold on the reconstruction distance."""
   type_name = "reconstruction_detection"
+  SETTINGS = (*AdversarialEvaluator.SETTINGS, "percentile", "validation_limit")
 
   def __init__(self, *args):
     super().__init__(*args)

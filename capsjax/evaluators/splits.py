@@ -34,6 +34,7 @@ def _shifted(split: datasets.Split, images: np.ndarray) -> datasets.Split:
 
 class SplitEvaluator(evaluators.Evaluator):
   """A split of the dataset (``split``: ``test`` or ``validation``) as it is."""
+  SETTINGS = ("split",)
 
   def __init__(self, *args):
     super().__init__(*args)
@@ -47,6 +48,7 @@ class ShiftGridEvaluator(evaluators.Evaluator):
   """The split moved by every (dx, dy) with ``|dx|, |dy| <= max_shift`` px (zero fill, as
   the training shifts): ``accuracy`` is the mean over the shifts, ``accuracy_by_shift``
   maps ``"dx,dy"`` to each one's accuracy."""
+  SETTINGS = ("split", "max_shift")
 
   def __init__(self, *args):
     super().__init__(*args)
@@ -91,6 +93,7 @@ class RandomlyShiftedEvaluator(evaluators.Evaluator):
   On expanded MNIST (``data.pad`` = ``shift_pixels`` = 6) this is the test set with every
   digit at a random position of the 40x40 canvas, like the training images.
   """
+  SETTINGS = ("split", "max_shift", "seed")
 
   def __init__(self, *args):
     super().__init__(*args)

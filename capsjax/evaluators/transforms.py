@@ -72,6 +72,7 @@ def transform(images: np.ndarray, kind: str, value: float) -> np.ndarray:
 class TransformsEvaluator(evaluators.Evaluator):
   """Accuracy per rotation, scale, shear and translation; familiar against novel rotations."""
   type_name = "transforms"
+  SETTINGS = (*DEFAULTS, "familiar_degrees", "split", "limit")
 
   def __init__(self, *args):
     super().__init__(*args)
