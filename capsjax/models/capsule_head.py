@@ -3,8 +3,8 @@ reconstructions, the margin + reconstruction loss and the metrics (Sabour et al.
 Sec. 3-4).
 
 A capsule model is a backbone (its own ``primary(images, *, train)`` giving primary capsules
-:class:`capsjax.models.capsule_layers.Capsules`) composed with this head: it holds the head's layers as
-``class_capsules`` (:class:`capsjax.models.capsule_layers.ClassCapsules`) and ``decoder``
+:class:`capsjax.models.capsule_layers.Capsules`) composed with this head: it holds the head's
+layers as ``class_capsules`` (:class:`capsjax.models.capsule_layers.ClassCapsules`) and ``decoder``
 (:class:`capsjax.models.layers.Decoder` or None), the head's settings as ``head`` (a
 :class:`CapsuleHead`), and takes the head's functions as its methods::
 

@@ -152,7 +152,8 @@ class MatrixPrimaryCapsules(nnx.Module):
                activation_init: float, activation_offset: float, layout: str,
                rngs: nnx.Rngs):
     atoms = pose_size * pose_size
-    self.pose_kernel = nnx.Param(layers.kernel_init(pose_init)(rngs.params(), (channels, types * atoms)))
+    self.pose_kernel = nnx.Param(layers.kernel_init(pose_init)(rngs.params(),
+                                                               (channels, types * atoms)))
     self.activation_kernel = nnx.Param(layers.kernel_init(activation_init)(rngs.params(),
                                                                   (channels, types)))
     self.types, self.atoms = types, atoms
@@ -239,10 +240,10 @@ class ClassCapsules(nnx.Module):
   et al., Eq. 2; one ``(out_dim, in_dim)`` matrix per (child i, parent j)), or ``"matrix"``,
   V_ij = M_i W_ij (Hinton et al. 2018; one ``p x p`` transform per pair, poses of ``p * p``);
   or a pair ``(weight_shape, vote_fn)`` as in :data:`VOTES` (:class:`GridMatrixVotes`: one
-  transform per child type shared over positions, with coordinate addition). Votes are formed without tiling
-  W over the batch. The router (:mod:`capsjax.routing`) turns them into parents, so every
-  router runs on either kind; its own learned parameters, if it declares any, are created
-  here (``router_params``).
+  transform per child type shared over positions, with coordinate addition). Votes are formed
+  without tiling W over the batch. The router (:mod:`capsjax.routing`) turns them into
+  parents, so every router runs on either kind; its own learned parameters, if it declares
+  any, are created here (``router_params``).
 
   ``routing``: ``{"name": ..., **settings}`` with every setting of that router filled in
   (:func:`capsjax.routing.resolve`); None: dynamic routing with the keyword switches below.

@@ -3,8 +3,9 @@ transform per (input type, kernel offset, output type), a layer of the capsule s
 (:mod:`capsjax.models.capsule_layers`) that takes any router.
 
 EM and variational Bayes see the whole layer, since a child in several receptive fields
-shares its assignments among all the parents that hold it (``normalisation`` for EM, as in the authors' code; VB's
-``conv_normalisation``; :mod:`capsjax.models.receptive_fields`). EM's ``normalisation``:
+shares its assignments among all the parents that hold it (``normalisation`` for EM, as in
+the authors' code; VB's ``conv_normalisation``; :mod:`capsjax.models.receptive_fields`).
+EM's ``normalisation``:
 
 * ``"code"`` (default): the code's ``update_conv_routing``. For each child type and output
   type separately, the assignments are ``exp(log p - max)`` divided by their sum over the

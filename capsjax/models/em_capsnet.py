@@ -21,8 +21,9 @@ them by variational Bayes (Ribeiro et al. 2020, :mod:`capsjax.routing.variationa
 with its batch norms of the parents' activation logits and poses, so EM and VB compare on one
 backbone; ``"dynamic"``, ``"uniform"`` and the others route the same matrix capsules (the
 convolutional layers each receptive field on its own, the parents' lengths their
-activations), which separates the capsule type from the routing. (The VB authors' own network differs around it: conv1 without bias but with
-BatchNorm, and the class capsules' transforms applied per 1x1 position; not reproduced here.)
+activations), which separates the capsule type from the routing. (The VB authors' own
+network differs around it: conv1 without bias but with BatchNorm, and the class capsules'
+transforms applied per 1x1 position; not reproduced here.)
 
 Where the paper's text and the code differ, the code is the default and a setting picks (the
 routing's own differences are listed in :mod:`capsjax.routing.em`):
@@ -96,8 +97,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                      f"{fields.COORDINATE_ADDITIONS}, "
                      f"got {config.class_capsules.coordinate_addition!r}.")
   if config.primary.layout not in capsule_layers.PRIMARY_LAYOUTS:
-    raise UsageError(f"config.model.primary.layout must be one of {capsule_layers.PRIMARY_LAYOUTS}, "
-                     f"got {config.primary.layout!r}.")
+    raise UsageError(f"config.model.primary.layout must be one of "
+                     f"{capsule_layers.PRIMARY_LAYOUTS}, got {config.primary.layout!r}.")
   if config.image_shape[0] != config.image_shape[1]:
     raise UsageError(f"config.model.image_shape {tuple(config.image_shape)}: em_capsnet takes "
                      "square images (the code's receptive-field grouping assumes it).")
