@@ -62,34 +62,24 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
   """Restores ``checkpoint`` of ``workdir``, runs every evaluation, redraws figures."""
   import jax
 
-  from capsjax.runs import checkpointing, files, reporting, runconfig
-
-  from capsjax.training import run_figures
+  from capsjax.common import files
+  from capsjax.runs import reporting
+  from capsjax.training import restoring, run_figures
   from capsjax.evaluators.splits import shift_table
-  from capsjax.training.runtime import Runtime, check_no_test_selection
+  from capsjax.training.runtime import Runtime
 
-  config = runconfig.load(workdir)
-  check_no_test_selection(config, checkpoint)
-  if data_dir:
-    config.data.dir = data_dir
+  config = restoring.load_config(workdir, checkpoint, data_dir)
   if max_shift < 0:
     raise UsageError(f"--max_shift={max_shift}: use 0 (no shifted test sets) or more pixels.")
   if max_shift:
     evals = config.get("evals") or {"test": {"type": "split", "split": "test"}}
     config.evals = {**{k: evals[k] for k in evals},
                     SHIFTED: {"type": "shifted", "split": "test", "max_shift": max_shift}}
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                    keep=config.train.keep_checkpoints,
-                                    keep_best=checkpoint == "best")
-  to_try = ckpt.candidates(checkpoint)
-  runtime = Runtime(config).load()
-  # A damaged checkpoint is reported and the next candidate tried; nothing is moved (a
-  # training run may hold this workdir).
-  step, state, _ = runtime.restore(ckpt, steps=to_try)
+  restored = restoring.restore(workdir, Runtime(config).load(), checkpoint)
+  runtime, step, state = restored.runtime, restored.step, restored.state
   evals = runtime.evaluations()
   results = {name: evaluator.run(state.variables) for name, evaluator in evals.items()}
-  selected_on = ("validation" if checkpoint == "best" else
-                 "final" if step == runtime.plan.num_steps else f"step {step}")
+  selected_on = restored.selected_on
   result = {"checkpoint_step": step, "selected_on": selected_on,
             **{f"test_{k}": v for k, v in results["test"].items()},
             "chance": runtime.task.chance_levels(), "evaluations": results}
@@ -112,7 +102,6 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
         print(f"  {name}: accuracy {100 * metrics['accuracy']:.2f}%")
     if max_shift:
       print(shift_table(result["shifted_test_accuracy"], max_shift))
-  ckpt.close()
   return result
 
 
@@ -126,13 +115,12 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
   import ml_collections
 
   from capsjax import evaluators
-  from capsjax.runs import checkpointing, files, reporting, runconfig
-  from capsjax.training.runtime import Runtime, check_no_test_selection
+  from capsjax.common import files
+  from capsjax.runs import reporting
+  from capsjax.training import restoring
+  from capsjax.training.runtime import Runtime
 
-  config = runconfig.load(workdir)
-  check_no_test_selection(config, checkpoint)
-  if data_dir:
-    config.data.dir = data_dir
+  config = restoring.load_config(workdir, checkpoint, data_dir)
   settings = {name: ml_collections.ConfigDict(evals[name]) for name in evals}
   if not settings:
     raise UsageError("--evals lists no evaluation: its get_config() returned nothing.")
@@ -149,15 +137,11 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
   if not isinstance(stored, dict):
     raise UsageError(f"{path} holds a {type(stored).__name__}, not the object of evaluations "
                      f"by name capsjax writes. Move it aside to start a new {EXTRA}.")
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                    keep=config.train.keep_checkpoints,
-                                    keep_best=checkpoint == "best")
-  runtime = Runtime(config).load()
-  step, state, _ = runtime.restore(ckpt, steps=ckpt.candidates(checkpoint))
+  restored = restoring.restore(workdir, Runtime(config).load(), checkpoint)
+  runtime, step, state, selected_on = (restored.runtime, restored.step, restored.state,
+                                       restored.selected_on)
   built = evaluators.build(settings, runtime.config, runtime.task.dataset, runtime.splits,
                            runtime.runner, log=reporting.log)
-  selected_on = ("validation" if checkpoint == "best" else
-                 "final" if step == runtime.plan.num_steps else f"step {step}")
   results = {name: evaluator.run(state.variables) for name, evaluator in built.items()}
   if jax.process_index() == 0:  # Recorded first, then drawn.
     from capsjax.training.run_figures import JittedModel
@@ -176,7 +160,6 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
       print(f"{name} (checkpoint step {step}, {selected_on}): accuracy "
             f"{100 * result['accuracy']:.2f}% (error {100 * (1 - result['accuracy']):.2f}%; "
             f"chance, in %: {chance}); every number in {path}.")
-  ckpt.close()
   return results
 
 

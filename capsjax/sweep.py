@@ -48,7 +48,7 @@ from ml_collections import config_flags
 from capsjax.common.errors import NonFiniteLossError, UsageError
 from capsjax.runs import cli, preemption, workdirs
 from capsjax.runs.reporting import is_finished
-from capsjax.runs.sweep_results import CONFIG_KEY, collect, config_label, format_value
+from capsjax.training.sweep_results import CONFIG_KEY, collect, config_label, format_value
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -28,9 +28,7 @@ import pathlib
 
 import ml_collections
 
-from capsjax import routing
-from capsjax.common import config_args
-from capsjax.models import em_capsnet
+from capsjax.common import config_args, config_keys
 from capsjax.runs.runconfig import import_config_file
 
 mnist = import_config_file(pathlib.Path(__file__).with_name("mnist.py"))
@@ -59,7 +57,7 @@ def em_model(*, conv1=32, primary=32, caps=(32, 32)) -> ml_collections.ConfigDic
   model.class_capsules = ml_collections.ConfigDict(dict(
       init_scale=0.01,
       coordinate_addition="code"))  # "paper" | "none".
-  model.routing = ml_collections.ConfigDict(routing.config_keys())
+  model.routing = ml_collections.ConfigDict(config_keys.routing())
   model.routing.name = "em"         # The class layer: inverse temperature 0.01 / 4, etc.
   model.conv_impl = "auto"
   return model
@@ -71,7 +69,7 @@ def code_training(c: ml_collections.ConfigDict, *, small: bool, smoke: bool) -> 
   c.model = em_model(conv1=64, primary=8, caps=(16, 16)) if small else em_model()
   if smoke:
     c.model = em_model(conv1=8, primary=4, caps=(4, 4))
-  c.loss = em_capsnet.default_loss()
+  c.loss = config_keys.em_loss()
   c.optimizer.update(dict(learning_rate=0.01, decay_rate=0.96, decay_steps=20_000))
   if not smoke:
     c.train.batch_size = 64

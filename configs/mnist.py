@@ -13,9 +13,7 @@ Variants (keywords after ':', capsjax/common/config_args.py):
 import ml_collections
 from ml_collections import config_dict
 
-from capsjax import routing
-from capsjax.common import config_args
-from capsjax.training import optimizers
+from capsjax.common import config_args, config_keys
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -77,7 +75,7 @@ def make_config(*, smoke: bool = False) -> ml_collections.ConfigDict:
   #   leaky=False           True: the official code's extra zero logit (leaky routing).
   #   squash_epsilon=0.0    Eq. 1 exactly; public code often uses 1e-7..1e-9.
   # Routers: dynamic | uniform | random | self_attention | inverted_dot_product | self_routing.
-  c.model.routing = ml_collections.ConfigDict(routing.config_keys())
+  c.model.routing = ml_collections.ConfigDict(config_keys.routing())
   c.model.routing.name = "dynamic"
   # Decoder init: LeCun, biases 0 (Flax's default); the official code's 0.1 / 0.1 measured
   # the same after one epoch (experiments/README.md).
@@ -97,7 +95,7 @@ def make_config(*, smoke: bool = False) -> ml_collections.ConfigDict:
   # decay_steps or decay_epochs, staircase; ...) are unset here, which takes that one's default
   # (Adam: TF's b1 0.9, b2 0.999, eps 1e-8; exponential: the paper's 0.96 every 2000 steps),
   # so that e.g. --config.optimizer.name=sgd or --config.optimizer.schedule=cosine alone works.
-  c.optimizer = ml_collections.ConfigDict(optimizers.config_keys())
+  c.optimizer = ml_collections.ConfigDict(config_keys.optimizer())
   c.optimizer.name = "adam"           # adam | adamw | sgd | rmsprop
   c.optimizer.learning_rate = 1e-3
   c.optimizer.schedule = "exponential"  # exponential | cosine | constant | piecewise

@@ -12,7 +12,8 @@ import pytest
 
 import mnist
 from capsjax import train
-from capsjax.runs import checkpointing, cli, files, reporting
+from capsjax.common import files
+from capsjax.runs import checkpointing, cli, reporting
 from helpers import checkpoint_steps, read_summary, run_main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

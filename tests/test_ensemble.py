@@ -59,6 +59,8 @@ def test_ensemble_averages_the_members_scores(members, idx_dir):
   assert result["accuracy"] == pytest.approx(np.mean(mean.argmax(1) == labels))
   for member, scores in zip(result["members"], by_hand):
     assert member["accuracy"] == pytest.approx(np.mean(scores.argmax(1) == labels))
+    # The vocabulary of evaluate and summary.json (capsjax/training/restoring.py).
+    assert member["checkpoint_step"] == 4 and member["selected_on"] == "final"
   scores, _, _ = ensemble.member_scores([str(members / f"seed={s}") for s in (0, 1)],
                                         checkpoint="latest")
   for ours, theirs in zip(scores, by_hand):

@@ -9,7 +9,7 @@ import mnist
 from capsjax import evaluators
 from capsjax.common.errors import UsageError
 from capsjax.runs import runconfig
-from capsjax.training import optimizers, tasks
+from capsjax.training import config_history, optimizers, tasks
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -19,26 +19,26 @@ def test_config_changes_name_what_a_resume_changes_and_skip_run_length():
   after = mnist.get_config()
   after.train.num_epochs, after.train.eval_every_steps, after.data.dir = 2, 117, "/elsewhere"
   after.eval.batch_size = 100
-  assert runconfig.config_changes(before, json.loads(after.to_json_best_effort())) == []
+  assert config_history.config_changes(before, json.loads(after.to_json_best_effort())) == []
   after.model.routing.iterations, after.optimizer.learning_rate = 1, 2e-3
   after.model.decoder.hidden = (16, 32)
-  assert runconfig.config_changes(before, json.loads(after.to_json_best_effort())) == [
+  assert config_history.config_changes(before, json.loads(after.to_json_best_effort())) == [
       "model.decoder.hidden: [512, 1024] -> [16, 32]",
       "model.routing.iterations: 3 -> 1",
       "optimizer.learning_rate: 0.001 -> 0.002"]
   del before["model"]["conv1"]["bias_init"]
-  assert "model.conv1.bias_init: '(unset)' -> 0.0" in runconfig.config_changes(
+  assert "model.conv1.bias_init: '(unset)' -> 0.0" in config_history.config_changes(
       before, json.loads(after.to_json_best_effort()))
   # An unset router setting is its default: the same setting.
   before["model"]["routing"]["leaky"] = False
-  assert not [c for c in runconfig.config_changes(before, json.loads(
+  assert not [c for c in config_history.config_changes(before, json.loads(
       after.to_json_best_effort())) if "leaky" in c]
   # A key added since, at the value that reproduces the earlier run, is no change ...
   del before["model"]["primary"]["output_scale"]
-  changes = runconfig.config_changes(before, json.loads(after.to_json_best_effort()))
+  changes = config_history.config_changes(before, json.loads(after.to_json_best_effort()))
   assert not [c for c in changes if "output_scale" in c]
   after.model.primary.output_scale = 1 / 32  # ... at another value it is, from the value
-  assert "model.primary.output_scale: 1.0 -> 0.03125" in runconfig.config_changes(
+  assert "model.primary.output_scale: 1.0 -> 0.03125" in config_history.config_changes(
       before, json.loads(after.to_json_best_effort()))  # that reproduces the earlier run.
 
 
@@ -48,7 +48,7 @@ def test_resume_with_new_seed_warns_of_validation_overlap(tmp_path, capsys, vali
   config.data.validation_size = validation_size
   (tmp_path / "config.json").write_text(config.to_json_best_effort())
   config.seed = 3
-  runconfig.record(str(tmp_path), config, resumed_step=10)
+  config_history.record(str(tmp_path), config, resumed_step=10)
   out = capsys.readouterr().out
   assert "seed: 0 -> 3" in out
   assert ("validation examples overlap" in out) == bool(validation_size)

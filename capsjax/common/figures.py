@@ -8,7 +8,7 @@ matplotlib.use("Agg")  # No display on servers; must precede pyplot.
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from capsjax.runs import files  # noqa: E402
+from capsjax.common import files  # noqa: E402
 
 PERTURBATIONS = np.round(np.arange(-0.25, 0.25 + 1e-9, 0.05), 2)  # Paper, Sec. 5.1: 11 values.
 

@@ -27,13 +27,13 @@ Optional, declared by the model and checked at the start of a run:
       evaluation), ``saturation`` (a ``saturated_fraction`` metric), ``votes``
       (``model.vote_scores(batch) -> (batch, num_classes)``, the class scores of the class
       layer's votes combined without routing, what the vote attack differentiates:
-      :func:`capsjax.models.capsule_head.vote_scores`); none if absent;
+      :meth:`capsjax.models.capsule_head.CapsuleHead.vote_scores`); none if absent;
   ``Model.resolve_config(model_config)``
       fills in the model's own defaults (e.g. its router's settings) in the run's resolved
       copy of ``config.model``, so that ``config.json`` records them;
   ``model.monitors(config, chance) -> [watch]``
       watches over the per-step train metrics, each with ``update(steps, metrics) -> str |
-      None`` (a warning to print), e.g. :class:`capsjax.training.monitors.SaturationWatch`;
+      None`` (a warning to print), e.g. :class:`capsjax.models.saturation_watch.SaturationWatch`;
   ``Model.draw_figures(model, batch, workdir, writer, step)``
       the model's own figures of a test batch after training (``model`` is a jitted
       :class:`capsjax.training.run_figures.JittedModel` with ``apply``, ``decode``,

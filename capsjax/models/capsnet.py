@@ -15,7 +15,7 @@ from flax import nnx
 from capsjax import routing
 from capsjax.common.errors import UsageError
 from capsjax.models import capsule_layers, layers
-from capsjax.models import capsule_head
+from capsjax.models import capsule_head, capsule_model
 from capsjax.models.capsule_head import LossSettings, check_scores  # noqa: F401 (re-exported)
 
 
@@ -55,7 +55,7 @@ def primary_grid(config: ml_collections.ConfigDict) -> tuple[int, int]:
   return size[0], size[1]
 
 
-class CapsNet(nnx.Module):
+class CapsNet(capsule_model.CapsuleModel):
   """Conv1 -> PrimaryCaps -> class capsules (routing) [-> decoder].
 
   Every size comes from ``config`` (``config.model`` of the configs in
@@ -115,11 +115,3 @@ class CapsNet(nnx.Module):
     (poses ``(batch, in_caps, in_dim)`` and their lengths)."""
     del train
     return self.primary_capsules(jax.nn.relu(self.conv1(images)))
-
-  # The capsule head (capsjax.models.capsule_head), shared with Efficient-CapsNet: the model
-  # interface of capsjax.models.
-  __call__, apply, decode = capsule_head.call, capsule_head.apply, capsule_head.decode
-  loss, metrics, monitors = capsule_head.loss, capsule_head.metrics_of, capsule_head.monitors
-  capabilities, draw_figures = capsule_head.capabilities, staticmethod(capsule_head.draw_figures)
-  resolve_config = staticmethod(capsule_head.resolve_config)
-  vote_scores = capsule_head.vote_scores

@@ -43,7 +43,7 @@ from flax import nnx
 from capsjax import routing
 from capsjax.common.errors import UsageError
 from capsjax.models import capsule_layers, layers
-from capsjax.models import capsule_head
+from capsjax.models import capsule_head, capsule_model
 from capsjax.models.capsule_head import LossSettings, check_scores
 
 POSITIONS = ("after_relu", "before_relu")
@@ -132,7 +132,7 @@ class DepthwisePrimaryCapsules(nnx.Module):
     return capsule_layers.vector_capsules(routing.exp_squash(x.reshape(x.shape[0], -1, self.dim)))
 
 
-class EfficientCapsNet(nnx.Module):
+class EfficientCapsNet(capsule_model.CapsuleModel):
   """Convolutions with BatchNorm -> depthwise primary capsules -> class capsules [-> decoder].
 
   The BatchNorm statistics are model state (``nnx.BatchStat``): the train step updates them
@@ -193,11 +193,3 @@ class EfficientCapsNet(nnx.Module):
       else:
         x = jax.nn.relu(norm(x, use_running_average=not train))
     return self.primary_capsules(x)
-
-  # The capsule head (capsjax.models.capsule_head), shared with CapsNet: the model interface
-  # of capsjax.models.
-  __call__, apply, decode = capsule_head.call, capsule_head.apply, capsule_head.decode
-  loss, metrics, monitors = capsule_head.loss, capsule_head.metrics_of, capsule_head.monitors
-  capabilities, draw_figures = capsule_head.capabilities, staticmethod(capsule_head.draw_figures)
-  resolve_config = staticmethod(capsule_head.resolve_config)
-  vote_scores = capsule_head.vote_scores

@@ -51,6 +51,7 @@ import ml_collections
 from flax import nnx
 
 from capsjax import routing
+from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.models import capsule_layers, conv_capsules, layers, losses, metrics
 from capsjax.models import receptive_fields as fields
@@ -242,14 +243,9 @@ class EMCapsNet(nnx.Module):
 
 
 def default_loss() -> ml_collections.ConfigDict:
-  """``config.loss`` of em_capsnet: the code's margin schedule, mean over classes, 2e-7."""
-  return ml_collections.ConfigDict(dict(
-      kind="spread",            # Or "cross_entropy": softmax over the activations (VB code).
-      margin_schedule="code",   # Or "linear" (the paper's text).
-      margin_steps=400_000,     # For "linear": steps from 0.2 to 0.9.
-      reduction="mean",         # The code's mean over classes; "sum": Eq. 3.
-      weight_decay=2e-7,        # x l2_loss of the weights (code's utils.weight_variable).
-  ))
+  """``config.loss`` of em_capsnet (:func:`capsjax.common.config_keys.em_loss`, where config
+  files read it without importing JAX)."""
+  return config_keys.em_loss()
 
 
 def check_loss(loss: ml_collections.ConfigDict) -> None:

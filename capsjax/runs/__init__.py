@@ -1,6 +1,7 @@
 """The machinery of a run, which research code can ignore: the workdir and its lock
 (``workdirs``), checkpoints (``checkpointing``), ``config.json`` (``runconfig``), signals and
-preemption (``preemption``), atomic files (``files``), reports and progress (``reporting``),
-devices and hosts (``hardware``, ``distributed``, ``hostmemory``), the command lines' shared
-flags and errors (``cli``), and a sweep's results (``sweep_results``). Imports nothing by
-itself."""
+preemption (``preemption``), reports and progress (``reporting``), devices and hosts
+(``hardware``, ``distributed``, ``hostmemory``) and the command lines' shared flags and errors
+(``cli``). It imports only :mod:`capsjax.common` (tests/test_import_layers.py); what a resume
+changed and a sweep's results, which resolve router and optimiser settings, are in
+:mod:`capsjax.training`. Imports nothing by itself."""

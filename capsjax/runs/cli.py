@@ -13,7 +13,8 @@ from typing import Callable
 from absl import app, flags
 
 from capsjax.common.errors import NonFiniteLossError, UsageError
-from capsjax.runs import files, hostmemory
+from capsjax.common import files
+from capsjax.runs import hostmemory
 
 
 # The repository's configs/: capsjax/runs/cli.py -> the repository root.

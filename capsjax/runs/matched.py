@@ -15,7 +15,7 @@ familiar metric chooses the step, so it should not be the set whose result is re
 novel metric is never used to choose.
 
 An experiment file may define ``MATCHED = dict(familiar=..., novel=..., target_errors=(...))``
-and the sweep's ``results.md`` then holds the table (:mod:`capsjax.runs.sweep_results`).
+and the sweep's ``results.md`` then holds the table (:mod:`capsjax.training.sweep_results`).
 """
 
 from __future__ import annotations

@@ -13,16 +13,7 @@ import ml_collections
 
 from capsjax.common import defaults
 from capsjax.common.errors import UsageError
-from capsjax.runs import files
-
-# Settings a resumed run may change without changing what it computes: its length, how often
-# it logs, evaluates and checkpoints, where the data files live, how convolutions are computed.
-RESUME_NEUTRAL_KEYS = ("train.num_steps", "train.num_epochs", "train.log_every_steps",
-                       "train.eval_every_steps", "train.checkpoint_every_steps",
-                       "train.keep_checkpoints", "train.steps_per_dispatch", "data.dir",
-                       "data.tfds_data_dir", "model.conv_impl", "eval", "evals",
-                       "train.stop_at_accuracy", "train.saturation_warning",
-                       "train.eval_during")
+from capsjax.common import files
 
 # Keys added after the first workdirs were written, with the value that reproduces them: for
 # every run, and (the second table) for runs of the model and dataset that had the key, which
@@ -38,8 +29,7 @@ _DEFAULTS_OF = {
     ("dataset", "smallnorb"): {"data.viewpoint_split": ""},
 }
 # Settings that registries own (a router's, an optimiser's) are not listed: they are compared
-# resolved, and an unset setting of another router or optimiser is no setting
-# (:func:`comparable`).
+# resolved (:func:`capsjax.training.config_history.comparable`).
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -53,23 +43,6 @@ def flatten(tree: dict, prefix: str = "") -> dict:
   return flat
 
 
-def config_changes(before: dict, after: dict) -> list[str]:
-  """``"key: old -> new"`` for each setting (dotted key) that differs between two resolved
-  configs as JSON dicts, leaving out :data:`RESUME_NEUTRAL_KEYS` and the keys under them, and
-  keys added since ``before`` was written whose value reproduces it. Optimiser and router
-  settings are compared resolved (:func:`comparable`)."""
-  # Keys added since ``before`` was written take the value that reproduces it.
-  before, after = flatten(comparable(with_added_keys(before))), flatten(comparable(after))
-  changes = []
-  for key in sorted(before.keys() | after.keys()):
-    if any(key == k or key.startswith(k + ".") for k in RESUME_NEUTRAL_KEYS):
-      continue
-    old, new = before.get(key, "(unset)"), after.get(key, "(unset)")
-    if old != new:
-      changes.append(f"{key}: {old!r} -> {new!r}")
-  return changes
-
-
 DAMAGED_CONFIG_ADVICE = (
     "It records the run's settings. Restore it from a backup, or move it away to go on with "
     "the current command's settings (capsjax then writes it anew).")
@@ -81,74 +54,6 @@ def read_raw(workdir: str) -> dict | None:
   if not os.path.exists(path):
     return None
   return files.read_json(path, DAMAGED_CONFIG_ADVICE)
-
-
-def comparable(raw: dict) -> dict:
-  """A config as JSON with its optimiser and router settings resolved (defaults filled in),
-  so that an unset setting and its default are the same setting."""
-  from capsjax import routing
-  from capsjax.training import optimizers
-
-  raw = json.loads(json.dumps(raw))
-  if isinstance(raw.get("optimizer"), dict):
-    try:
-      raw["optimizer"] = optimizers.resolve(ml_collections.ConfigDict(raw["optimizer"]))
-    except UsageError:
-      pass  # Compared as written.
-  section = raw.get("model", {}).get("routing")
-  if isinstance(section, dict):
-    try:
-      router, settings = routing.resolve(section)
-    except UsageError:
-      return raw
-    # Other routers' settings, unset, are no setting of this run (new routers add them).
-    raw["model"]["routing"] = {"name": router.name, **settings}
-  return raw
-
-
-def _changes(workdir: str, config, resumed_step: int | None) -> tuple[dict | None, list[str]]:
-  """The run's earlier ``config.json`` (None when fresh) and how ``config`` differs from it."""
-  earlier = read_raw(workdir) if resumed_step is not None else None
-  if earlier is None:
-    return None, []
-  return earlier, config_changes(earlier, json.loads(config.to_json_best_effort()))
-
-
-def announce_changes(workdir: str, config, resumed_step: int | None, log=print) -> list[str]:
-  """Warns when a resumed run's settings differ from its ``config.json`` (at the start, before
-  anything is written); returns the changes."""
-  earlier, changes = _changes(workdir, config, resumed_step)
-  if changes:
-    log(f"Warning: resuming with settings that differ from the run's config.json: "
-        f"{'; '.join(changes)}. The checkpoint's parameters, optimiser state, RNG and data "
-        f"position carry on under the new settings; once a step has run with them, the "
-        f"earlier config is kept as config.before_step_{resumed_step}.json.")
-    if earlier.get("seed") != config.seed and config.data.validation_size:
-      log("Warning: config.seed draws the validation split, so the new seed's validation "
-          "examples overlap the ones trained on so far.")
-  return changes
-
-
-def record(workdir: str, config, resumed_step: int | None, log=print,
-           announce: bool = True) -> None:
-  """Writes ``WORKDIR/config.json``; when a resumed run changed settings, keeps the earlier
-  file as ``config.before_step_N.json`` (``config.before_step_N.2.json`` and so on when that
-  name holds another config already: nothing is overwritten), so the run's history is not
-  lost. Call it once a step has run with ``config`` (a run that fails at its first step leaves
-  the record as it was); ``announce``: also warn of the changes (:func:`announce_changes`)."""
-  if announce:
-    announce_changes(workdir, config, resumed_step, log)
-  earlier, changes = _changes(workdir, config, resumed_step)
-  if changes:
-    kept = os.path.join(workdir, f"config.before_step_{resumed_step}.json")
-    k = 1
-    while os.path.exists(kept) and read_raw_file(kept) != earlier:
-      k += 1
-      kept = os.path.join(workdir, f"config.before_step_{resumed_step}.{k}.json")
-    if not os.path.exists(kept):
-      files.write_json(kept, earlier)
-  with files.atomic_write(os.path.join(workdir, "config.json")) as f:
-    f.write(config.to_json_best_effort(indent=2))
 
 
 def read_raw_file(path: str) -> dict | None:
@@ -219,36 +124,3 @@ def import_config_file(path: str | os.PathLike) -> types.ModuleType:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
-
-
-def check_same_model(runtime, workdir: str) -> None:
-  """Raises UsageError when the checkpoints in ``workdir`` cannot hold ``runtime``'s train
-  state: the run there trained a model (or optimiser) of other shapes. The message names the
-  settings that differ from its ``config.json``. Without a readable earlier config there is
-  nothing to compare, and the restore reports what it finds."""
-  import jax
-
-  from capsjax.training import optimizers, tasks, train_step
-
-  earlier_raw = read_raw(workdir)
-  if earlier_raw is None:
-    return
-  try:
-    earlier = from_raw(earlier_raw)
-    task = tasks.Task.from_config(earlier)
-    tx = optimizers.build(earlier.optimizer).tx
-    before = jax.eval_shape(lambda: train_step.init_state(task, tx))
-  except Exception:  # A config this version cannot build: let the restore speak.
-    return
-  now = runtime.abstract_state()
-  shapes = lambda tree: jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), tree)
-  if (jax.tree.structure(before) == jax.tree.structure(now)
-      and shapes(before) == shapes(now)):
-    return
-  changes = config_changes(earlier_raw, json.loads(runtime.config.to_json_best_effort()))
-  raise UsageError(
-      f"{workdir} holds a run of another model: its checkpoints do not fit this config's "
-      f"parameters or optimiser state. Settings that differ from its config.json: "
-      f"{'; '.join(changes) or '(none written there; the code that builds the model changed)'}."
-      " Use a new --workdir for this config, or rerun with that run's settings to go on "
-      "with it.")

@@ -65,34 +65,28 @@ def member_scores(members: list[str], checkpoint: str = "latest",
   ``{"workdir", "checkpoint_step", "selected_on", "accuracy"}``."""
   from capsjax import evaluators
   from capsjax.models import metrics
-  from capsjax.runs import checkpointing, runconfig
   from capsjax.runs.reporting import log
-  from capsjax.training.runtime import Runtime, check_no_test_selection
+  from capsjax.training import restoring
+  from capsjax.training.runtime import Runtime
 
-  configs = [runconfig.load(m) for m in members]
-  check_compatible(members, [json.loads(c.to_json_best_effort()) for c in configs])
-  for member, config in zip(members, configs):
+  configs = []
+  for member in members:
     try:
-      check_no_test_selection(config, checkpoint)
+      configs.append(restoring.load_config(member, checkpoint, data_dir))
     except UsageError as e:
       raise UsageError(f"Ensemble member {member}: {e}") from e
-    if data_dir:
-      config.data.dir = data_dir
+  check_compatible(members, [json.loads(c.to_json_best_effort()) for c in configs])
   first = Runtime(configs[0]).load()  # One test set for all (they share the dataset).
   test = first.runner.eval_set(evaluators.limit(first.splits["test"], configs[0]),
                                first.task.dataset.eval_batch)
   all_scores, labels, results = [], None, []
   for n, (member, config) in enumerate(zip(members, configs), 1):
-    runtime = first if n == 1 else Runtime(config)
-    ckpt = checkpointing.Checkpointer(os.path.join(member, "checkpoints"),
-                                      keep_best=checkpoint == "best")
-    step, state, _ = runtime.restore(ckpt, steps=ckpt.candidates(checkpoint))
-    ckpt.close()
-    scores, labels = runtime.runner.scores(state.variables, test)
+    restored = restoring.restore(member, first if n == 1 else Runtime(config), checkpoint)
+    step = restored.step
+    scores, labels = restored.runtime.runner.scores(restored.state.variables, test)
     accuracy = float(np.mean(metrics.label_sets_correct(scores, labels)["accuracy"]))
     results.append({"workdir": member, "checkpoint_step": step,
-                    "selected_on": "validation" if checkpoint == "best" else checkpoint,
-                    "accuracy": accuracy})
+                    "selected_on": restored.selected_on, "accuracy": accuracy})
     all_scores.append(scores)
     log(f"member {n}/{len(members)}: {member} (step {step}): test accuracy "
         f"{100 * accuracy:.2f}%")
@@ -106,7 +100,7 @@ def evaluate_ensemble(paths: list[str], checkpoint: str = "latest", data_dir: st
 
   from capsjax.models import metrics
 
-  from capsjax.runs import files
+  from capsjax.common import files
   from capsjax.runs.reporting import chance_text, log
 
   members, default_output = members_of(paths)

@@ -22,11 +22,11 @@ from typing import Callable
 import jax
 import numpy as np
 
-from capsjax.common import checks
+from capsjax.common import checks, files
 from capsjax.common.errors import UsageError
-from capsjax.runs import checkpointing, files, hardware, preemption, reporting, runconfig
+from capsjax.runs import checkpointing, hardware, preemption, reporting
 from capsjax.runs.reporting import log
-from capsjax.training import run_figures
+from capsjax.training import config_history, run_figures
 from capsjax.training.runtime import Runtime
 from capsjax.training.train_log import TrainLog
 
@@ -100,7 +100,7 @@ class Run:
     """``config.json`` (and the earlier one kept) once a step has run with these settings:
     a run that fails at its first step (out of memory, say) leaves the record as it was."""
     if not self.config_recorded and jax.process_index() == 0:
-      runconfig.record(self.workdir, self.runtime.config, self.resumed_step, log=log,
+      config_history.record(self.workdir, self.runtime.config, self.resumed_step, log=log,
                        announce=False)
     self.config_recorded = True
 
@@ -229,11 +229,11 @@ def init_or_restore(runtime: Runtime, ckpt, workdir: str):
   """The newest checkpoint of ``ckpt`` that restores (damaged newer ones are reported and
   moved aside), else fresh parameters; and whether it had already reached
   ``train.stop_at_accuracy``, and the step restored (None: fresh). Warns of changed settings
-  (:func:`capsjax.runs.runconfig.announce_changes`); :meth:`Run.record_config` writes them
+  (:func:`capsjax.training.config_history.announce_changes`); :meth:`Run.record_config` writes them
   once a step has run."""
   config, plan = runtime.config, runtime.plan
   if ckpt.all_steps():
-    runconfig.check_same_model(runtime, workdir)
+    config_history.check_same_model(runtime, workdir)
   restored = runtime.restore(ckpt, move_aside=jax.process_index() == 0)
   if jax.process_count() > 1:  # Process 0 may have moved damaged checkpoints aside.
     from jax.experimental import multihost_utils
@@ -255,7 +255,7 @@ def init_or_restore(runtime: Runtime, ckpt, workdir: str):
     if jax.process_index() == 0:
       _truncate_metrics(workdir, latest)
   if jax.process_index() == 0:
-    runconfig.announce_changes(workdir, config, latest, log=log)
+    config_history.announce_changes(workdir, config, latest, log=log)
   return state, reached, latest
 
 

@@ -21,7 +21,7 @@ class TrainLog:
   def __init__(self, workdir: str, plan: Plan, schedule, ckpt, watches=(),
                label: str | None = None):
     """``watches``: objects with ``update(steps, metrics) -> warning or None`` (the model's
-    ``monitors``, e.g. :class:`capsjax.training.monitors.SaturationWatch`); ``label``: the
+    ``monitors``, e.g. :class:`capsjax.models.saturation_watch.SaturationWatch`); ``label``: the
     run's name on its progress lines (runs trained together)."""
     self.plan, self.schedule, self.ckpt, self.watches = plan, schedule, ckpt, list(watches)
     is_main = jax.process_index() == 0

@@ -15,7 +15,7 @@ import math
 import os
 import pathlib
 
-from capsjax.runs import files
+from capsjax.common import files
 from capsjax.runs.reporting import chance_text, is_finished
 
 RESULT_COLUMNS = ("test_accuracy", "test_error", "test_loss", "step", "selected_on",
@@ -36,7 +36,7 @@ def config_label(spec: str) -> str:
 
 def value_in_effect(run_config: dict | None, key: str) -> str:
   """The value of dotted ``key`` in a run's saved config, its router and optimiser defaults
-  filled in (:func:`capsjax.runs.runconfig.comparable`); "" where the run has none (the setting
+  filled in (:func:`capsjax.training.config_history.comparable`); "" where the run has none (the setting
   does not apply, or no config.json)."""
   if run_config is None or key == CONFIG_KEY:
     return ""
@@ -82,6 +82,7 @@ def collect(points: list, workdir: str, tables: dict | None = None,
   columns beside the test error (``setting``: the row's ``{key: value as shown}``).
   """
   from capsjax.runs import runconfig
+  from capsjax.training import config_history
 
   keys = list(dict.fromkeys(k for p in points for k in p.overrides))
   rows, missing, evaluations = [], [], {}
@@ -93,7 +94,7 @@ def collect(points: list, workdir: str, tables: dict | None = None,
     with open(path) as f:
       summary = json.load(f)
     run_config = runconfig.read_raw(os.path.join(workdir, point.name))
-    run_config = runconfig.comparable(run_config) if run_config is not None else None
+    run_config = config_history.comparable(run_config) if run_config is not None else None
     row = {"run": point.name, "seed": point.seed}
     for k in keys:
       if k not in point.overrides:

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from capsjax.training import monitors
+from capsjax.models import saturation_watch as monitors
 
 
 def _feed(watch, fractions, start=1, accuracy=0.05):

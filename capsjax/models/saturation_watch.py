@@ -1,13 +1,14 @@
-"""Watches over the per-step train metrics, on the host: warnings a run prints while it trains.
+"""A watch over the per-step train metrics, on the host: a warning a run prints as it trains.
 
 :class:`SaturationWatch` warns when nearly all class capsules stay saturated (longer than
 :data:`capsjax.models.metrics.SATURATED_LENGTH`, where the squash has almost no slope) for a
 sustained stretch of steps. A healthy classifier has only its labelled classes there (about
 1/10 of the capsules on MNIST, 2/10 on MultiMNIST), so "nearly all" (0.9 by default) does
-not fire on one. It reads the
-metric ``saturated_fraction`` that a model reports (CapsNet does; models without capsules
+not fire on one. It reads the metric ``saturated_fraction`` that a model reports (the capsule
+head does, :meth:`capsjax.models.capsule_head.CapsuleHead.monitors`; models without capsules
 report none and are never warned about) and names the settings the model lists in its
-``saturation_settings``.
+``saturation_settings``. It lives with the models, which create it (``model.monitors``); the
+training loop only feeds it (:mod:`capsjax.training.train_log`).
 """
 
 from __future__ import annotations
