@@ -1,15 +1,29 @@
-"""Measures training and evaluation speed against the device's matmul rate.
+"""Measures training and evaluation speed against the device's bounds (a roofline).
 
   python -m capsjax.benchmark --config=configs/mnist.py [--config.train.batch_size=32 ...]
 
-In one process, after compilation: train-step and eval-step images/s at the
-configured batch, compile time, the train step's FLOPs per image (XLA's cost
-analysis of the program before optimisation where the backend gives one, as the
-CPU's does; else of the optimised program, a lower bound: ``flops_source``), the
-rate of a dense f32 matmul on the same device, their ratio (``peak_fraction``)
-and XLA's temp memory for the train step. The last line printed is one JSON
-object with these numbers. Data are random bytes already on the device, through
-the same jitted step that training uses.
+In one process, after compilation: train-step and eval-step images/s at the configured batch,
+compile time, XLA's temp memory for the train step, and the step against the two bounds of
+the device it runs on:
+
+* compute: the train step's FLOPs per image (XLA's cost analysis of the program before
+  optimisation where the backend gives one, as the CPU's does; else of the optimised program,
+  a lower bound: ``flops_source``) at the measured rate of a dense f32 matmul on the same
+  device (``matmul_gflop_per_s``); ``compute_fraction`` (also ``peak_fraction``, its earlier
+  name) is the time that takes over the measured step time;
+* memory: the bytes per image the compiled step moves (``bytes_per_image``: every kernel's
+  operands and output, loops multiplied by their trip counts,
+  :mod:`capsjax.runs.hlo_traffic`; XLA's own ``bytes accessed`` before and after optimisation
+  are reported beside it, ``xla_bytes_per_image_*``, but count a loop's body once) at the
+  measured bandwidth of an elementwise pass over a large array (``copy_gb_per_s``, bytes read
+  plus written); ``memory_fraction`` likewise.
+
+``bound`` names the larger of the two times; a step far above both (fractions well below 1)
+is bound by neither: launch latency, host work or poorly shaped kernels. With ``--profile``,
+also the ops executed per step (``launches_per_step``: kernels on a GPU, thunks on the CPU)
+and a per-layer table of time and bytes. The last line printed is one JSON object with these
+numbers. Data are random bytes already on the device, through the same jitted step that
+training uses.
 """
 
 import json
@@ -26,6 +40,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_c
 _SECONDS = flags.DEFINE_float("seconds", 20.0, "Minimum time to measure each rate over.")
 _MATMUL_SIZE = flags.DEFINE_integer("matmul_size", 0,
                                     "n of the n x n matmul; 0: 2048 on CPU, 8192 elsewhere.")
+_COPY_MB = flags.DEFINE_integer(
+    "copy_mb", 0, "MiB of the array the bandwidth is measured on; 0: 64 on CPU, 1024 elsewhere "
+    "(well beyond the caches).")
 _PROFILE = flags.DEFINE_boolean(
     "profile", False, "Also print the train step's time per layer (forward and backward ms, "
     "share), from a JAX profiler trace (on a GPU without XLA's command buffers, so that each "
@@ -81,8 +98,42 @@ def matmul_gflop_per_s(n: int, min_seconds: float) -> float:
   return 2 * n ** 3 / _time_repeated(run, min_seconds) / 1e9
 
 
+def copy_gb_per_s(num_bytes: int, min_seconds: float) -> float:
+  """Bandwidth of an elementwise pass over an f32 array of ``num_bytes`` on the default device
+  (each call reads it and writes a new one: 2 x ``num_bytes`` moved; chained, so it is not
+  cached), in GB/s."""
+  import jax
+  import jax.numpy as jnp
+
+  x = [jnp.zeros((num_bytes // 4,), jnp.float32)]
+  step = jax.jit(lambda v: v * 0.5 + 1.0)
+
+  def run():
+    x[0] = step(x[0])
+    x[0].block_until_ready()
+
+  return 2 * (num_bytes // 4) * 4 / _time_repeated(run, min_seconds) / 1e9
+
+
+def _xla_bytes(cost) -> float | None:
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost["bytes accessed"]) if cost and "bytes accessed" in cost else None
+
+
+def roofline(flops_per_image: float, bytes_per_image: float, images_per_second: float,
+             matmul_gflop_per_s: float, copy_gb_per_s: float) -> dict:
+  """The step against the device's two bounds: the seconds per image its FLOPs take at the
+  matmul rate and its bytes at the bandwidth, each over the measured seconds per image
+  (``compute_fraction``, ``memory_fraction``), and which bound is the larger (``bound``)."""
+  compute = flops_per_image / (matmul_gflop_per_s * 1e9)
+  memory = bytes_per_image / (copy_gb_per_s * 1e9)
+  return {"compute_fraction": compute * images_per_second,
+          "memory_fraction": memory * images_per_second,
+          "bound": "compute" if compute >= memory else "memory"}
+
+
 def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
-                  profile_depth: int = 0) -> dict:
+                  profile_depth: int = 0, copy_mb: int = 0) -> dict:
   """The measurements of the module docstring as a dict; with ``profile_depth > 0`` also
   ``layer_profile``, the rows of :func:`capsjax.runs.layer_profile.layer_table` (and
   ``layer_profile_table``, their markdown)."""
@@ -91,7 +142,7 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
 
   import jax
 
-  from capsjax.runs import layer_profile
+  from capsjax.runs import hlo_traffic, layer_profile
 
   devices = jax.devices()
   batch = config.train.batch_size
@@ -115,6 +166,12 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
   flops, flops_source = _flops(single)
   # The program before partitioning is the whole batch's, on however many devices.
   flops_per_image = flops / batch
+  # Bytes: the compiled program as it runs (num_steps steps, loops multiplied out), the
+  # whole batch's on one device; on several, each device's program moves its share.
+  traffic = hlo_traffic.program_traffic(compiled.as_text())
+  bytes_per_image = traffic.total_bytes * len(devices) / (batch * num_steps)
+  xla_before = _xla_bytes(single.cost_analysis())
+  xla_after = _xla_bytes(compiled.cost_analysis())  # Counts the steps' loop body once.
   memory = compiled.memory_analysis()
   temp_bytes = int(memory.temp_size_in_bytes) if memory is not None else None
   # What the step holds at once by XLA's buffer assignment: inputs, outputs (less those that
@@ -133,10 +190,12 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
   train_rate = batch * num_steps / train_seconds
   profiled = {}
   if profile_depth:
+    seconds, launches = layer_profile.trace_ops(train_once, repeats=3)
     rows = layer_profile.layer_table(
-        layer_profile.op_seconds(train_once, repeats=3),
-        layer_profile.op_layers(compiled.as_text(), profile_depth), per=num_steps)
-    profiled = {"layer_profile": [row._asdict() for row in rows],
+        seconds, layer_profile.op_layers(compiled.as_text(), profile_depth), per=num_steps,
+        bytes_by_op=traffic.bytes_by_op)
+    profiled = {"launches_per_step": launches / num_steps,
+                "layer_profile": [row._asdict() for row in rows],
                 "layer_profile_table": layer_profile.format_table(rows,
                                                                   train_seconds / num_steps)}
 
@@ -149,6 +208,8 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
 
   n = matmul_size or (2048 if devices[0].platform == "cpu" else 8192)
   matmul_rate = matmul_gflop_per_s(n, min_seconds / 2)
+  copy_bytes = (copy_mb or (64 if devices[0].platform == "cpu" else 1024)) * 2 ** 20
+  copy_rate = copy_gb_per_s(copy_bytes, min_seconds / 2)
   train_gflops = flops_per_image * train_rate / 1e9
   return {
       "batch_size": batch,
@@ -162,6 +223,15 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
       "matmul_size": n,
       "matmul_gflop_per_s": matmul_rate,
       "peak_fraction": train_gflops / matmul_rate,
+      "bytes_per_image": bytes_per_image,
+      "xla_bytes_per_image_before_optimisation": (xla_before / batch
+                                                  if xla_before is not None else None),
+      "xla_bytes_per_image_after_optimisation": (xla_after * len(devices) / batch
+                                                 if xla_after is not None else None),
+      "loops_of_unknown_trip_count": traffic.unknown_trip_counts,
+      "copy_size_bytes": copy_bytes,
+      "copy_gb_per_s": copy_rate,
+      **roofline(flops_per_image, bytes_per_image, train_rate, matmul_rate, copy_rate),
       "compile_seconds": compile_seconds,
       "temp_memory_bytes": temp_bytes,
       "step_memory_bytes": step_bytes,
@@ -266,7 +336,7 @@ def main(argv):
       os.environ["XLA_FLAGS"] = layer_profile.without_command_buffers(
           os.environ.get("XLA_FLAGS", ""))
     result = run_benchmark(cli.config_from_flag(_CONFIG), _SECONDS.value, _MATMUL_SIZE.value,
-                           _PROFILE_DEPTH.value if _PROFILE.value else 0)
+                           _PROFILE_DEPTH.value if _PROFILE.value else 0, _COPY_MB.value)
   table = result.pop("layer_profile_table", None)
   for key, value in result.items():
     if key == "layer_profile":

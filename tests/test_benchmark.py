@@ -12,7 +12,10 @@ from capsjax.runs import hostmemory, layer_profile
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 KEYS = ("train_images_per_second", "eval_images_per_second", "train_gflop_per_s",
-        "matmul_gflop_per_s", "peak_fraction", "compile_seconds", "temp_memory_bytes", "device")
+        "matmul_gflop_per_s", "peak_fraction", "compile_seconds", "temp_memory_bytes", "device",
+        "bytes_per_image", "xla_bytes_per_image_before_optimisation",
+        "xla_bytes_per_image_after_optimisation", "copy_gb_per_s", "compute_fraction",
+        "memory_fraction", "bound")
 
 
 def test_benchmark_prints_json_last_line():
@@ -33,6 +36,22 @@ def test_benchmark_prints_json_last_line():
   assert abs(report["peak_fraction"] - report["train_gflop_per_s"]
              / report["matmul_gflop_per_s"]) < 1e-9
   assert report["device"].startswith("2 x")
+  # The roofline: both bounds from the measured rates, the larger named.
+  for key in ("bytes_per_image", "copy_gb_per_s", "compute_fraction", "memory_fraction",
+              "xla_bytes_per_image_before_optimisation", "xla_bytes_per_image_after_optimisation"):
+    assert report[key] > 0, key
+  assert report["compute_fraction"] == pytest.approx(report["peak_fraction"], rel=1e-9)
+  assert report["memory_fraction"] == pytest.approx(
+      report["bytes_per_image"] * report["train_images_per_second"]
+      / (report["copy_gb_per_s"] * 1e9), rel=1e-9)
+  compute_time = report["train_gflop_per_image"] / report["matmul_gflop_per_s"]
+  memory_time = report["bytes_per_image"] / report["copy_gb_per_s"]
+  assert report["bound"] == ("compute" if compute_time >= memory_time else "memory")
+  # A hand count: Adam reads and writes the parameters and both moments every step, so a
+  # step moves at least 6 x 4 bytes per parameter of the smoke model (123,808), per image
+  # at batch 16; and the routing loop's trip count is known.
+  assert report["bytes_per_image"] * report["batch_size"] >= 6 * 4 * 123_808
+  assert report["loops_of_unknown_trip_count"] == 0
   # The entry point restarted itself with the host-memory tunables (capsjax/runs/hostmemory.py).
   expected = hostmemory.tuned_environment(env)
   assert report["glibc_tunables"] == (expected or {}).get("GLIBC_TUNABLES", "")
@@ -130,7 +149,9 @@ def test_profile_prints_a_table_of_the_model_layers():
   assert rows["primary_capsules.conv"]["forward_ms"] > 0
   assert rows["primary_capsules.conv"]["backward_ms"] > 0
   assert abs(sum(row["share"] for row in rows.values()) - 1) < 1e-6
-  assert "| primary_capsules.conv |" in result.stdout
+  assert abs(sum(row["bytes_share"] for row in rows.values()) - 1) < 1e-6
+  assert rows["class_capsules"]["bytes_share"] > 0 and report["launches_per_step"] > 0
+  assert "| primary_capsules.conv |" in result.stdout and "bytes share |" in result.stdout
   assert report["step_memory_bytes"] >= report["temp_memory_bytes"] > 0
   assert report["host_peak_rss_bytes"] > 0
   # Set before the backend started (the CPU ignores it; a GPU's table depends on it).

@@ -110,6 +110,14 @@ def op_layers(hlo_text: str, depth: int = 2) -> dict[str, tuple[str, str]]:
 def op_seconds(run: Callable[[], None], repeats: int) -> dict[str, float]:
   """Seconds per call of ``run`` spent in each XLA op (by HLO instruction name), from a
   profiler trace of ``repeats`` calls."""
+  return trace_ops(run, repeats)[0]
+
+
+def trace_ops(run: Callable[[], None], repeats: int) -> tuple[dict[str, float], float]:
+  """:func:`op_seconds`, and the number of op executions per call of ``run``: the events that
+  name an HLO op on the accelerators' planes (kernels launched) where the trace has such
+  planes, else on the host's (the CPU's thunks)."""
+  launches = 0
   with tempfile.TemporaryDirectory() as trace_dir:
     jax.profiler.start_trace(trace_dir)
     try:
@@ -120,13 +128,17 @@ def op_seconds(run: Callable[[], None], repeats: int) -> dict[str, float]:
     files = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
     profile = jax.profiler.ProfileData.from_file(files[-1])
   total = collections.defaultdict(float)
-  for plane in profile.planes:
+  planes = list(profile.planes)
+  on_devices = any(plane.name.startswith("/device:") for plane in planes)
+  for plane in planes:
     for line in plane.lines:
       events = [(event.start_ns, event.duration_ns, str(stats["hlo_op"]))
                 for event in line.events if "hlo_op" in (stats := dict(event.stats))]
+      if plane.name.startswith("/device:") or not on_devices:
+        launches += len(events)
       for op, ns in self_times(events).items():
         total[op] += ns / 1e9 / repeats
-  return dict(total)
+  return dict(total), launches / repeats
 
 
 def self_times(events: list[tuple[float, float, str]]) -> dict[str, float]:
@@ -151,26 +163,40 @@ class Row(NamedTuple):
   forward_ms: float
   backward_ms: float
   share: float
+  bytes_share: float | None = None  # Of the bytes the program moves (hlo_traffic).
 
 
 def layer_table(seconds: dict[str, float], layers: dict[str, tuple[str, str]],
-                per: int = 1) -> list[Row]:
+                per: int = 1, bytes_by_op: dict[str, float] | None = None) -> list[Row]:
   """Rows by layer, slowest first: forward and backward ms (divided by ``per``, the steps in
-  one call) and the share of all op time. Ops without metadata count as outside modules."""
+  one call), the share of all op time and, given ``bytes_by_op``
+  (:func:`capsjax.runs.hlo_traffic.program_traffic`), the share of all bytes moved. Ops
+  without metadata count as outside modules."""
   times = collections.defaultdict(lambda: [0.0, 0.0])
   for op, s in seconds.items():
     layer, direction = layers.get(op, (OUTSIDE, "forward"))
     times[layer][direction == "backward"] += s / per
+  moved = collections.defaultdict(float)
+  for op, n in (bytes_by_op or {}).items():
+    moved[layers.get(op, (OUTSIDE, "forward"))[0]] += n
+  for layer in moved:
+    times[layer]  # A layer that moves bytes in ops too short to be seen still gets a row.
   total = sum(f + b for f, b in times.values()) or 1.0
-  rows = [Row(layer, 1e3 * f, 1e3 * b, (f + b) / total) for layer, (f, b) in times.items()]
+  total_bytes = sum(moved.values()) or 1.0
+  rows = [Row(layer, 1e3 * f, 1e3 * b, (f + b) / total,
+              moved[layer] / total_bytes if bytes_by_op is not None else None)
+          for layer, (f, b) in times.items()]
   return sorted(rows, key=lambda r: -(r.forward_ms + r.backward_ms))
 
 
 def format_table(rows: list[Row], step_seconds: float) -> str:
   """The rows as a markdown table, with the measured wall time of a step."""
+  with_bytes = any(r.bytes_share is not None for r in rows)
   lines = [f"per-layer time of one train step (wall {1e3 * step_seconds:.1f} ms; op times "
            "summed over threads, so they can exceed it)",
-           "| layer | forward ms | backward ms | share |", "|---|---|---|---|"]
+           "| layer | forward ms | backward ms | share |" + (" bytes share |" if with_bytes
+                                                           else ""),
+           "|---|---|---|---|" + ("---|" if with_bytes else "")]
   lines += [f"| {r.layer} | {r.forward_ms:.2f} | {r.backward_ms:.2f} | {100 * r.share:.1f}% |"
-            for r in rows]
+            + (f" {100 * (r.bytes_share or 0.0):.1f}% |" if with_bytes else "") for r in rows]
   return "\n".join(lines)
