@@ -67,18 +67,20 @@ def _time_repeated(fn, min_seconds: float, min_repeats: int = 3) -> float:
   return (time.perf_counter() - start) / repeats
 
 
+def _first(cost):
+  """A cost analysis as one dict: some JAX versions give one per partition."""
+  return cost[0] if isinstance(cost, (list, tuple)) else cost
+
+
 def _flops(lowered) -> tuple[float, str]:
   """FLOPs of a lowered program and where the count comes from: XLA's cost analysis of the
   program before optimisation where the backend gives one (the CPU does; JAX 0.11's GPU backend
   gives none), else of the optimised program, in which a GPU's cuDNN convolutions count as no
   FLOPs (a lower bound, named as such)."""
-  def first(cost):  # Some JAX versions give one analysis per partition.
-    return cost[0] if isinstance(cost, (list, tuple)) else cost
-
-  cost = first(lowered.cost_analysis())
+  cost = _first(lowered.cost_analysis())
   if cost and "flops" in cost:
     return float(cost["flops"]), "xla_cost_analysis_before_optimisation"
-  cost = first(lowered.compile().cost_analysis())
+  cost = _first(lowered.compile().cost_analysis())
   return float(cost["flops"]), "xla_cost_analysis_after_optimisation_lower_bound"
 
 
@@ -116,7 +118,7 @@ def copy_gb_per_s(num_bytes: int, min_seconds: float) -> float:
 
 
 def _xla_bytes(cost) -> float | None:
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  cost = _first(cost)
   return float(cost["bytes accessed"]) if cost and "bytes accessed" in cost else None
 
 

@@ -95,6 +95,13 @@ def parameter_values(router_params) -> dict:
   return {} if router_params is None else {k: p[...] for k, p in router_params.items()}
 
 
+def check_routing_norms(routing_norms: bool, router: routing_lib.Router) -> None:
+  """UsageError when a layer is asked for VB's batch norms under another router."""
+  if routing_norms and router.name != "variational_bayes":
+    raise UsageError(f"routing_norms are variational Bayes routing's batch norms; router "
+                     f"{router.name!r} has none.")
+
+
 def split_routing(routing: dict) -> tuple[routing_lib.Router, tuple]:
   """``{"name": ..., **settings}`` -> the router and its settings as sorted pairs (hashable,
   static in NNX's graph definition)."""
@@ -281,9 +288,7 @@ class ClassCapsules(nnx.Module):
         nnx.Param(jnp.full((out_caps, out_dim), bias_init)) if use_bias else None)
     self.router_params = nnx.data(router_parameters(
         router, in_caps, in_dim, out_caps, out_dim, self.routing_settings, rngs))
-    if routing_norms and router.name != "variational_bayes":
-      raise UsageError(f"routing_norms are variational Bayes routing's batch norms; router "
-                       f"{router.name!r} has none.")
+    check_routing_norms(routing_norms, router)
     self.norms = nnx.data(RoutingNorms(out_caps, rngs=rngs) if routing_norms else None)
 
   @property
@@ -306,8 +311,7 @@ class ClassCapsules(nnx.Module):
     ``(batch, out_caps, out_dim)``, their activations or None, diagnostics)."""
     if not isinstance(capsules, Capsules):
       capsules = vector_capsules(capsules)
-    params = {} if self.router_params is None else {
-        name: p[...] for name, p in self.router_params.items()}
+    params = parameter_values(self.router_params)
     if self.bias is not None:
       params["bias"] = self.bias[...]
     votes = self.votes(capsules.poses)

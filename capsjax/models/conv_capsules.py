@@ -33,8 +33,8 @@ from capsjax import routing as routing_lib
 from capsjax.common.errors import UsageError
 from capsjax.models import layers
 from capsjax.models import receptive_fields as fields
-from capsjax.models.capsule_layers import (RoutingNorms, parameter_values, router_parameters,
-                                           split_routing)
+from capsjax.models.capsule_layers import (RoutingNorms, check_routing_norms, parameter_values,
+                                           router_parameters, split_routing)
 from capsjax.routing import em
 from capsjax.routing import variational_bayes as vb
 
@@ -63,9 +63,7 @@ class ConvCapsules(nnx.Module):
     if normalisation not in fields.NORMALISATIONS:
       raise UsageError(f"config.model.conv_caps.normalisation must be one of "
                        f"{fields.NORMALISATIONS}, got {normalisation!r}.")
-    if routing_norms and router.name != "variational_bayes":
-      raise UsageError(f"routing_norms are variational Bayes routing's batch norms; router "
-                       f"{router.name!r} has none.")
+    check_routing_norms(routing_norms, router)
     self.weights = nnx.Param(layers.kernel_init(init_scale)(
         rngs.params(), (in_types, kernel, kernel, out_types, pose_size, pose_size)))
     dim = pose_size * pose_size

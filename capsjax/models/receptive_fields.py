@@ -6,7 +6,7 @@ k, out_types, oh * ow)``: a parent position's children are the ``in_types`` caps
 of its ``k x k`` offsets, so a child ``(y, x)`` of the layer below appears once in each
 receptive field that holds it. :func:`conv_normaliser` says how a child's assignments are
 normalised over those appearances (EM routing; the modes are described in
-:mod:`capsjax.models.capsule_layers`), :meth:`ReceptiveFieldGrid.child_sum` sums over them
+:mod:`capsjax.models.conv_capsules`), :meth:`ReceptiveFieldGrid.child_sum` sums over them
 (variational Bayes routing as its authors' code at HEAD).
 """
 

@@ -164,7 +164,6 @@ class Task:
     take = lambda a: jax.ShapeDtypeStruct((2, *a.shape[1:]), a.dtype)
     abstract = jax.eval_shape(lambda: nnx.to_pure_dict(nnx.state(self.abstract_model)))
     test, train_split = splits["test"], splits["train"]
-    test_examples = jax.tree.map(take, test.examples)
     batches = {
         False: lambda e, s: self.dataset.eval_batch(e, s),
         True: lambda e, s: self.dataset.train_batch(jax.random.PRNGKey(0), jnp.arange(2), e, s),
@@ -180,7 +179,7 @@ class Task:
       if not train and "votes" in self.capabilities:
         votes = jax.eval_shape(
             lambda v, e, s: self.vote_log_probabilities(v, self.dataset.eval_batch(e, s)),
-            abstract, test_examples, test.shared)
+            abstract, examples, split.shared)
       models.check_forward(result, self.config.model.name, self.capabilities,
                            self.dataset.info.num_classes, train, vote_scores=votes)
 
