@@ -37,6 +37,11 @@ _NORMALISATION = flags.DEFINE_enum("normalisation", "code", ["code", "patch"],
 _THREADS = flags.DEFINE_integer("threads", 0, "torch.set_num_threads (0: PyTorch's default).")
 _PROFILE = flags.DEFINE_bool("profile", False, "Also print the operators that take the most "
                              "time in two steps (torch.profiler), before the JSON line.")
+_KEEP_MEMORY = flags.DEFINE_bool(
+    "keep_memory", True, "Tell glibc's allocator not to return memory to the system "
+    "(mallopt(M_MMAP_MAX, 0), mallopt(M_TRIM_THRESHOLD, 2**31 - 1)): without it each step's "
+    "large temporaries are fresh pages, faulted in again (on the 2-core CPU: 2.75 against "
+    "6.07 images/s at batch 16). capsjax's benchmark sets the same through GLIBC_TUNABLES.")
 _DEVICE = flags.DEFINE_string("device", "", "torch device ('': cuda if there is one, else cpu).")
 
 LOG_2PI = math.log(2 * math.pi)
@@ -164,8 +169,23 @@ def build_model(normalisation: str):
   return EMCapsNet()
 
 
+def keep_freed_memory() -> bool:
+  """glibc's ``mallopt``: no ``mmap`` for large blocks, no trimming of the heap; False where
+  the C library has no ``mallopt`` (not glibc)."""
+  import ctypes
+  import ctypes.util
+  try:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    mallopt = libc.mallopt
+  except (OSError, AttributeError, TypeError):
+    return False
+  m_trim_threshold, m_mmap_max = -1, -4        # <malloc.h>
+  return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+
+
 def main(argv):
   del argv
+  kept = keep_freed_memory() if _KEEP_MEMORY.value else False
   import torch
 
   import torch_timing  # experiments/: the script's own folder is on sys.path.
@@ -198,6 +218,7 @@ def main(argv):
     print(torch_timing.profile_train_steps(train_step, device))
   print(json.dumps({
       "framework": f"pytorch {torch.__version__}", "threads": torch.get_num_threads(),
+      "allocator_keeps_memory": kept,
       "normalisation": _NORMALISATION.value, "batch_size": batch,
       "trainable_parameters": sum(p.numel() for p in model.parameters()),
       "first_step_s": round(first_s, 2), "steps": steps, "s_per_step": round(seconds, 4),

@@ -60,6 +60,7 @@ import jax
 import jax.numpy as jnp
 
 from capsjax.common.errors import UsageError
+from capsjax.routing import em_gradient
 from capsjax.routing.core import ParamSpec, Router, RoutingResult, check_iterations
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -75,7 +76,10 @@ SETTINGS = {
     "activation_bias_scale": 5000.0,  # logit = lambda (cost - 5000 beta_a) (code).
     "beta_u_init": 2.0,               # The class layer's sigma_biases.
     "beta_a_init": 1.0,               # The class layer's activation_biases.
+    "gradient": "analytic",           # "autodiff": differentiate the reference (em_gradient).
 }
+
+GRADIENTS = ("analytic", "autodiff")
 
 
 class MStep(NamedTuple):
@@ -177,6 +181,11 @@ def em_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
   """
   iterations = settings["iterations"]
   check_iterations(iterations)
+  if settings["gradient"] == "analytic" and not diagnostics:
+    poses, parent_activations = em_gradient.em_routing_analytic(
+        votes, activations, beta_u, beta_a, settings=settings, normalise=normalise,
+        initial=initial)
+    return EMResult(poses, parent_activations, {})
   batch, children, out_caps, positions, d = votes.shape
   lambdas = inverse_temperatures(settings["inverse_temperature"],
                                  settings["temperature_growth"], iterations, votes.dtype)
@@ -229,6 +238,9 @@ def check(settings: dict) -> None:
     if not (isinstance(settings[key], (int, float)) and settings[key] > 0):
       raise UsageError(f"config.model.routing.{key} must be a number > 0, "
                        f"got {settings[key]!r}.")
+  if settings["gradient"] not in GRADIENTS:
+    raise UsageError(f"config.model.routing.gradient must be one of {GRADIENTS}, "
+                     f"got {settings['gradient']!r}.")
   for key in ("temperature_growth", "mean_damping"):
     if not (isinstance(settings[key], (int, float)) and 0 <= settings[key] < 1):
       raise UsageError(f"config.model.routing.{key} must be in [0, 1), got {settings[key]!r}.")
