@@ -209,3 +209,11 @@ def test_the_setting_is_checked_and_diagnostics_still_come():
                         normalise=softmax_over_parents)
   np.testing.assert_allclose(plain.activations, result.activations, rtol=1e-5)
   np.testing.assert_allclose(plain.poses, result.poses, rtol=1e-5, atol=1e-6)
+
+
+def test_auto_is_the_analytic_form_on_a_cpu_only(monkeypatch):
+  assert em.resolved_gradient("auto") == "analytic"     # The tests run on the CPU.
+  assert em.SETTINGS["gradient"] == "auto"
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert em.resolved_gradient("auto") == "autodiff"
+  assert em.resolved_gradient("analytic") == "analytic"

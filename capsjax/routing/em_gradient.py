@@ -30,10 +30,22 @@ JAX; only the votes-sized steps are written here)::
     dw    = sum_h (dS1 V + dS2 (V - mu)^2) + dm0
     dV    = sum_t [w (dS1 + 2 dS2 (V - mu)) + dq (V - mu) / var]
 
-The residuals are each iteration's assignments, log-likelihoods (1/D of the votes each) and
-parents; the votes themselves are the layer's, kept for the backward pass of their einsum
-anyway. Diagnostics are measured by the reference (:func:`capsjax.routing.em.em_routing`
-calls it when asked for them: evaluation only, no backward pass).
+How XLA:CPU runs this fast (each measured on ``configs/em_mnist.py``, docs/performance.md):
+
+* the votes are made parent-major, ``(b, o, p, n, D)``, so that every sum over the children
+  is a batched matrix-vector product (``sum w V``, ``sum dq V``) and every sum over the pose a
+  product with a parent-sized vector, not a strided reduction (which XLA:CPU runs several
+  times slower, materialising the broadcast products it reduces);
+* ``S2`` and ``sum dq (V - mu)^2`` come from the products with ``V`` and ``V^2`` (``sum w (V -
+  mu)^2 = sum w V^2 - 2 mu sum w V + mu^2 sum w``), the votes first shifted by their mean over
+  the children (a constant: routing is translation-equivariant) so that the difference is of
+  numbers of the spread's size, not the poses';
+* ``dV`` is ``V A + B`` with ``A`` and ``B`` sums of outer products, each one batched product.
+
+The residuals are the shifted votes and their squares (votes-sized), each iteration's
+assignments and log-likelihoods (1/D of the votes each) and the parents. Diagnostics are
+measured by the reference (:func:`capsjax.routing.em.em_routing` calls it when asked for them:
+evaluation only, no backward pass).
 """
 
 from __future__ import annotations
@@ -98,22 +110,21 @@ def _against_parents(votes: jax.Array, parents: jax.Array) -> jax.Array:
 
 
 def _forward(votes, activations, beta_u, beta_a, initial, settings, normalise):
-  """Runs the iterations on ``votes`` ``(b, o, p, n, D)`` (parent-major) and ``activations``
-  broadcastable to ``(b, o, p, n)``; ``initial`` and ``normalise`` in the caller's layout
-  ``(b, n, o, p)``. Returns ``(mean, logit)`` of the last M-step and the residuals."""
+  """Runs the iterations on ``votes`` ``(b, n, o, p, D)`` (the caller's layout, made
+  parent-major here) and ``activations`` broadcastable to ``(b, o, p, n)``; ``initial`` and
+  ``normalise`` in the caller's layout ``(b, n, o, p)``. Returns ``(mean, logit)`` of the last
+  M-step and the residuals."""
   iterations = settings["iterations"]
   lambdas = _lambdas(settings, votes.dtype)
   assignments = _parent_major(initial)
-  # The votes about a shift per parent and pose element (the first M-step's weighted
-  # average): the sums of w V and w V^2 below then subtract numbers of the size of the
-  # spread, not of the poses. Routing is translation-equivariant but for the mass
-  # epsilon, which the mean sees in true coordinates (s1 + shift m0), so the shift is a
-  # constant of the function: no gradient.
-  weights = assignments * activations
-  m0 = jnp.sum(weights, axis=-1)
-  shift = jax.lax.stop_gradient(_over_children(weights, votes)
-                                / (m0 + settings["mass_epsilon"])[..., None])
-  votes = votes - shift[..., None, :]
+  # The votes about a shift per parent and pose element (their mean over the children):
+  # the sums of w V and w V^2 below then subtract numbers of the size of the spread, not
+  # of the poses. Routing is translation-equivariant but for the mass epsilon, which the
+  # mean sees in true coordinates (s1 + shift m0), so the shift is a constant of the
+  # function: no gradient. Taken in the caller's layout, where it is a cheap reduction, and
+  # subtracted in the same pass that makes the votes parent-major.
+  shift = jax.lax.stop_gradient(jnp.mean(votes, axis=1))
+  votes = _parent_major(votes) - shift[..., None, :]
   squares = jnp.square(votes)
   previous_mean = jnp.zeros(shift.shape, votes.dtype)
   saved = []
@@ -160,7 +171,7 @@ def _backward(settings, normalise, residuals, cotangents):
   d_activations = jnp.zeros(activations.shape, activations.dtype)
   d_beta_u, d_beta_a = jnp.zeros_like(beta_u), jnp.zeros_like(beta_a)
   d_next = None                     # The cotangent of the assignments iteration t made.
-  vote_terms = []                   # dV = sum weight factor (V - centre, or 1 if None).
+  vote_terms = []                   # dV = sum_k weight_k (scale_k V + offset_k).
   for t in reversed(range(iterations)):
     # mean: about the shift, as the votes; s1 = sum w V about it.
     assignments, m0, s1, previous_mean, mean, s2, variance, log_p = saved[t]
@@ -176,7 +187,7 @@ def _backward(settings, normalise, residuals, cotangents):
       g2 = _over_children(d_q, squares) - 2.0 * mean * g1 + jnp.square(mean) * g0
       d_mean = d_mean - (g1 - mean * g0) / variance
       d_variance = -g2 / (2.0 * jnp.square(variance))
-      vote_terms.append((d_q, 1.0 / variance, mean))
+      vote_terms.append((d_q, 1.0 / variance, -mean / variance))
     d_logit = d_logit_out if t == iterations - 1 else jnp.zeros_like(m0)
     _, fit_vjp = jax.vjp(lambda *a: _fit(*a, lambdas[t], settings), s2, m0, beta_u, beta_a)
     d_s2, d_m0, du, da = fit_vjp((d_variance, d_logit, d_c))
@@ -191,21 +202,17 @@ def _backward(settings, normalise, residuals, cotangents):
     d_weights = (_against_parents(votes, d_s1 - 2.0 * d_s2 * mean)
                  + _against_parents(squares, d_s2)
                  + (jnp.sum(d_s2 * jnp.square(mean), axis=-1) + d_m0 + d_m0_mean)[..., None])
-    vote_terms.append((weights, d_s1, None))
-    vote_terms.append((2.0 * weights, d_s2, mean))
+    vote_terms.append((weights, 2.0 * d_s2, d_s1 - 2.0 * d_s2 * mean))
     d_activations = d_activations + _sum_to(d_weights * assignments, activations.shape)
     d_next = None if (t == 0 or settings["stop_gradient"]) else d_weights * activations
   # w f (V - c) = (w f) V - w (f c): no votes-sized V - c to share between terms.
-  # dV = V A + B, with A and B each a sum of outer products (children x pose) computed as
-  # one batched product over the stacked terms: XLA fuses what is left, V A + B, into the
+  # dV = V A + B, A and B each a sum of outer products (children x pose) computed as one
+  # batched product over the stacked terms: XLA fuses what is left, V A + B, into the
   # transposes that the votes' einsum's backward pass reads.
-  weight = jnp.stack([w for w, _, _ in vote_terms], axis=-2)                # (b,o,p,k,n)
-  scale = jnp.stack([f if c is not None else jnp.zeros_like(f)
-                     for _, f, c in vote_terms], axis=-2)                   # (b,o,p,k,D)
-  shift = jnp.stack([f if c is None else -f * c for _, f, c in vote_terms], axis=-2)
+  weight, scale, offset = (jnp.stack(parts, axis=-2) for parts in zip(*vote_terms))
   d_votes = (votes * jnp.einsum("bopkn,bopkd->bopnd", weight, scale)
-             + jnp.einsum("bopkn,bopkd->bopnd", weight, shift))
-  return d_votes, d_activations, d_beta_u, d_beta_a, jnp.zeros_like(initial)
+             + jnp.einsum("bopkn,bopkd->bopnd", weight, offset))
+  return _child_major(d_votes), d_activations, d_beta_u, d_beta_a, jnp.zeros_like(initial)
 
 
 def em_routing_analytic(votes: jax.Array, activations: jax.Array, beta_u: jax.Array,
@@ -236,5 +243,5 @@ def em_routing_analytic(votes: jax.Array, activations: jax.Array, beta_u: jax.Ar
 
   route.defvjp(forward, lambda residuals, cotangents: _backward(settings, normalise, residuals,
                                                                 cotangents))
-  mean, logit = route(_parent_major(votes), activations, beta_u, beta_a, initial)
+  mean, logit = route(votes, activations, beta_u, beta_a, initial)
   return mean, jax.nn.sigmoid(logit)
