@@ -8,7 +8,7 @@
 #   experiments/gpu_speed.sh OUT_DIR [SECONDS_PER_RATE]
 #
 # About 6 minutes on an H100 with SECONDS_PER_RATE=3 (compilation included). On a CPU, as a
-# dry run: BATCHES="4" experiments/gpu_speed.sh /tmp/out 1
+# dry run: BATCHES=4 PROFILE_BATCH=4 experiments/gpu_speed.sh /tmp/out 1
 set -uo pipefail
 out=$1
 seconds=${2:-3}
@@ -30,5 +30,8 @@ for batch in ${BATCHES:-128 16}; do
       --config.train.batch_size="$batch" --config.model.routing.gradient="$gradient"
   done
 done
-bench capsnet_b128_profile --config=configs/mnist.py --config.train.batch_size=128 --profile
-bench em_b128_profile --config=configs/em_mnist.py --config.train.batch_size=128 --profile
+profile_batch=${PROFILE_BATCH:-128}
+bench "capsnet_b${profile_batch}_profile" --config=configs/mnist.py \
+  --config.train.batch_size="$profile_batch" --profile
+bench "em_b${profile_batch}_profile" --config=configs/em_mnist.py \
+  --config.train.batch_size="$profile_batch" --profile
