@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# One prepared GPU sitting for the speed issue ("Accelerator speed ..."): whether EM routing's
-# written-out backward pass (routing.gradient=analytic, the CPU's default) is faster on the GPU
-# than autodiff of the reference (the GPU's default until this says otherwise), then the
-# roofline and per-layer profile of the paper CapsNet and of EM. Each benchmark prints its
+# One prepared GPU sitting for the speed issue ("Accelerator speed ..."): whether the routers'
+# written-out backward passes (routing.gradient=analytic: EM's, the CPU's default, and dynamic
+# routing's, nowhere the default yet) are faster on the GPU than autodiff of the reference (the
+# GPU's default until this says otherwise), then the roofline and per-layer profile of the
+# paper CapsNet and of EM. Each benchmark prints its
 # JSON line last; this script keeps those lines in OUT/speed.jsonl.
 #
 #   experiments/gpu_speed.sh OUT_DIR [SECONDS_PER_RATE]
 #
-# About 6 minutes on an H100 with SECONDS_PER_RATE=3 (compilation included). On a CPU, as a
+# About 7 minutes on an H100 with SECONDS_PER_RATE=3 (compilation included). On a CPU, as a
 # dry run: BATCHES=4 PROFILE_BATCH=4 experiments/gpu_speed.sh /tmp/out 1
 set -uo pipefail
 out=$1
@@ -27,6 +28,8 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
 for batch in ${BATCHES:-128 16}; do
   for gradient in autodiff analytic; do
     bench "em_b${batch}_${gradient}" --config=configs/em_mnist.py \
+      --config.train.batch_size="$batch" --config.model.routing.gradient="$gradient"
+    bench "capsnet_b${batch}_${gradient}" --config=configs/mnist.py \
       --config.train.batch_size="$batch" --config.model.routing.gradient="$gradient"
   done
 done

@@ -19,6 +19,7 @@ def test_config_changes_name_what_a_resume_changes_and_skip_run_length():
   after = mnist.get_config()
   after.train.num_epochs, after.train.eval_every_steps, after.data.dir = 2, 117, "/elsewhere"
   after.eval.batch_size = 100
+  after.model.routing.gradient = "analytic"   # How it is differentiated: the same function.
   assert config_history.config_changes(before, json.loads(after.to_json_best_effort())) == []
   after.model.routing.iterations, after.optimizer.learning_rate = 1, 2e-3
   after.model.decoder.hidden = (16, 32)

@@ -24,7 +24,8 @@ ROUTING = {
     "squash_epsilon": float,                                            # dynamic, ...
     "inverse_temperature": float, "temperature_growth": float, "mean_damping": float,
     "min_variance": float, "mass_epsilon": float, "activation_bias_scale": float,
-    "beta_u_init": float, "beta_a_init": float, "gradient": str,        # em, VB
+    "beta_u_init": float, "beta_a_init": float,                         # em, VB
+    "gradient": str,                                                    # dynamic, em
     "agreement_scale": str, "layer_norm_epsilon": float,                # self_attention, IDPA
     "logit_scale": float, "eval_seed": int,                             # random
     "assignments": str, "normaliser_floor": float, "conv_normalisation": str,

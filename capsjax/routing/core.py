@@ -169,6 +169,27 @@ def coupled_parents(votes: jax.Array, coupling: jax.Array, *, bias: jax.Array | 
   return RoutingResult(capsules, None, {k: v[:, None] for k, v in measured.items()})
 
 
+GRADIENTS = ("auto", "analytic", "autodiff")
+
+
+def resolved_gradient(gradient: str, analytic_on: tuple[str, ...]) -> str:
+  """A router's ``gradient`` setting as the form that runs: ``"auto"`` is ``"analytic"``
+  (the router's written-out backward pass) where JAX's default backend is in ``analytic_on``,
+  the backends where it was measured faster, else ``"autodiff"``."""
+  if gradient != "auto":
+    return gradient
+  return "analytic" if jax.default_backend() in analytic_on else "autodiff"
+
+
+def check_gradient(value) -> None:
+  """UsageError unless ``config.model.routing.gradient`` is one of :data:`GRADIENTS`."""
+  from capsjax.common.errors import UsageError
+
+  if value not in GRADIENTS:
+    raise UsageError(f"config.model.routing.gradient must be one of {GRADIENTS}, "
+                     f"got {value!r}.")
+
+
 def check_iterations(value) -> None:
   """UsageError unless ``config.model.routing.iterations`` is an integer >= 1."""
   from capsjax.common import checks

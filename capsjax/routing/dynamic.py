@@ -23,10 +23,23 @@ import jax
 import jax.numpy as jnp
 
 from capsjax.common.errors import UsageError
-from capsjax.routing.core import (Router, RoutingResult, check_iterations, coupling_statistics,
-                                  safe_norm, squash)
+from capsjax.routing import dynamic_gradient
+from capsjax.routing import core
+from capsjax.routing.core import (GRADIENTS, Router, RoutingResult, check_gradient,
+                                  check_iterations, coupling_statistics, safe_norm, squash)
 
 SOFTMAX_AXES = ("output", "input")
+
+# The backends where the written-out backward pass (gradient="analytic") was measured faster
+# than autodiff of the loop, so that "auto" picks it: none yet. On XLA:CPU autodiff already
+# makes the passes over the votes that the chain rule needs (9 products and one write at r = 3;
+# docs/performance.md); GPUs are measured by experiments/gpu_speed.sh.
+ANALYTIC_ON: tuple[str, ...] = ()
+
+
+def resolved_gradient(gradient: str) -> str:
+  """The form ``gradient`` runs as: ``"auto"`` is ``"analytic"`` on :data:`ANALYTIC_ON`."""
+  return core.resolved_gradient(gradient, ANALYTIC_ON)
 
 
 def coupling_coefficients(logits: jax.Array, softmax_axis: str = "output",
@@ -92,7 +105,8 @@ def dynamic_routing(votes: jax.Array,
                     leaky: bool = False,
                     bias: jax.Array | None = None,
                     squash_epsilon: float = 0.0,
-                    return_trace: bool = False):
+                    return_trace: bool = False,
+                    gradient: str = "autodiff"):
   """Routing-by-agreement, Procedure 1 of the paper.
 
   ::
@@ -119,6 +133,10 @@ def dynamic_routing(votes: jax.Array,
       one, the paper does not); None for no bias.
     squash_epsilon: see :func:`squash`.
     return_trace: also return a :class:`RoutingTrace`.
+    gradient: how the routing is differentiated, with equal gradients to rounding:
+      ``"autodiff"`` (default here: JAX differentiates the loop below, the reference),
+      ``"analytic"`` (:mod:`capsjax.routing.dynamic_gradient`'s written-out backward pass;
+      not with ``return_trace``), ``"auto"`` (:func:`resolved_gradient`).
 
   Returns:
     The output capsules v_j, ``(batch, out_caps, out_dim)``; with
@@ -139,8 +157,16 @@ def dynamic_routing(votes: jax.Array,
   # README, Performance).
   _softmax_axis_index(softmax_axis)  # Validates early with a clear message.
   softmax_index = {"output": 1, "input": 2}[softmax_axis]
+  if gradient not in GRADIENTS:
+    raise ValueError(f"gradient must be one of {GRADIENTS}, got {gradient!r}.")
   votes = jnp.transpose(votes, (0, 2, 3, 1))
   batch, out_caps, _, in_caps = votes.shape
+  uniform = 1.0 / ((out_caps if softmax_axis == "output" else in_caps) + int(leaky))
+  if resolved_gradient(gradient) == "analytic" and not return_trace:
+    return dynamic_gradient.dynamic_routing_analytic(
+        votes, bias, iterations=num_iterations, uniform=uniform,
+        normalise=lambda logits: _softmax(logits, softmax_index, leaky),
+        squash_epsilon=squash_epsilon, stop_gradient=stop_gradient)
   votes_routed = jax.lax.stop_gradient(votes) if stop_gradient else votes
 
   def preactivation_of(coupling, votes_):
@@ -175,8 +201,7 @@ def dynamic_routing(votes: jax.Array,
   # Iteration 0 starts from b = 0, so its coupling is the uniform constant; written
   # as one, XLA need not constant-fold a softmax over the whole array (seconds).
   logits = jnp.zeros((batch, out_caps, in_caps), votes.dtype)
-  size = logits.shape[softmax_index] + int(leaky)
-  coupling = jnp.full(logits.shape, 1.0 / size, votes.dtype)
+  coupling = jnp.full(logits.shape, uniform, votes.dtype)
   if num_iterations > 1:
     logits, trace = iteration(0, trace, logits, coupling)
 
@@ -249,6 +274,7 @@ SETTINGS = {
     "stop_gradient": False,     # Paper: gradients flow through every iteration.
     "leaky": False,             # The official code's extra zero logit; paper: none.
     "squash_epsilon": 0.0,      # Eq. 1 exactly.
+    "gradient": "auto",         # How it is differentiated, not a modelling choice (route).
 }
 
 
@@ -258,6 +284,7 @@ def check(settings: dict) -> None:
   if settings["softmax_axis"] not in SOFTMAX_AXES:
     raise UsageError(f"config.model.routing.softmax_axis must be one of {SOFTMAX_AXES}, "
                      f"got {settings['softmax_axis']!r}.")
+  check_gradient(settings["gradient"])
   if not settings["squash_epsilon"] >= 0:
     raise UsageError(f"config.model.routing.squash_epsilon must be >= 0, "
                      f"got {settings['squash_epsilon']!r}.")
@@ -276,7 +303,7 @@ def route(votes, *, inputs=None, activations=None, params=None, rng=None, settin
   result = dynamic_routing(votes, s["iterations"], softmax_axis=s["softmax_axis"],
                            stop_gradient=s["stop_gradient"], leaky=s["leaky"],
                            bias=(params or {}).get("bias"), squash_epsilon=s["squash_epsilon"],
-                           return_trace=diagnostics)
+                           return_trace=diagnostics, gradient=s["gradient"])
   if not diagnostics:
     return RoutingResult(result, None, {})
   capsules, trace = result

@@ -69,7 +69,10 @@ import jax.numpy as jnp
 
 from capsjax.common.errors import UsageError
 from capsjax.routing import em_gradient
-from capsjax.routing.core import ParamSpec, Router, RoutingResult, check_iterations
+from capsjax.routing.core import (ParamSpec, Router, RoutingResult, check_gradient,
+                                  check_iterations)
+from capsjax.routing.core import resolved_gradient as core_resolved_gradient
+from capsjax.routing.em_gradient import inverse_temperatures
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -87,7 +90,6 @@ SETTINGS = {
     "gradient": "auto",               # "analytic" | "autodiff" (module docstring).
 }
 
-GRADIENTS = ("auto", "analytic", "autodiff")
 
 
 class MStep(NamedTuple):
@@ -112,13 +114,6 @@ class EMResult(NamedTuple):
   poses: jax.Array
   activations: jax.Array
   diagnostics: dict
-
-
-def inverse_temperatures(final: float, growth: float, iterations: int,
-                         dtype=jnp.float32) -> jax.Array:
-  """``lambda_t = final (1 - growth^(t+1))``, ``t = 0 .. iterations-1`` (code's schedule), in
-  ``dtype`` (the votes': a float64 run's schedule is float64)."""
-  return final * (1.0 - growth ** jnp.arange(1, iterations + 1, dtype=dtype))
 
 
 def m_step(votes: jax.Array, weights: jax.Array, previous_mean: jax.Array, beta_u: jax.Array,
@@ -169,9 +164,7 @@ def assignment_entropy(assignments: jax.Array, num_children: int) -> jax.Array:
 
 def resolved_gradient(gradient: str) -> str:
   """``"auto"``: ``"analytic"`` where JAX's default backend is the CPU, else ``"autodiff"``."""
-  if gradient != "auto":
-    return gradient
-  return "analytic" if jax.default_backend() == "cpu" else "autodiff"
+  return core_resolved_gradient(gradient, analytic_on=("cpu",))
 
 
 def em_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta_a: jax.Array,
@@ -253,9 +246,7 @@ def check(settings: dict) -> None:
     if not (isinstance(settings[key], (int, float)) and settings[key] > 0):
       raise UsageError(f"config.model.routing.{key} must be a number > 0, "
                        f"got {settings[key]!r}.")
-  if settings["gradient"] not in GRADIENTS:
-    raise UsageError(f"config.model.routing.gradient must be one of {GRADIENTS}, "
-                     f"got {settings['gradient']!r}.")
+  check_gradient(settings["gradient"])
   for key in ("temperature_growth", "mean_damping"):
     if not (isinstance(settings[key], (int, float)) and 0 <= settings[key] < 1):
       raise UsageError(f"config.model.routing.{key} must be in [0, 1), got {settings[key]!r}.")

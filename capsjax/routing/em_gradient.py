@@ -59,11 +59,18 @@ import jax.numpy as jnp
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
+def inverse_temperatures(final: float, growth: float, iterations: int,
+                         dtype=jnp.float32) -> jax.Array:
+  """``lambda_t = final (1 - growth^(t+1))``, ``t = 0 .. iterations-1`` (code's schedule), in
+  ``dtype`` (the votes': a float64 run's schedule is float64). Here, not in
+  :mod:`capsjax.routing.em` (which imports this module), so that both forms share it."""
+  return final * (1.0 - growth ** jnp.arange(1, iterations + 1, dtype=dtype))
+
+
 def _lambdas(settings: dict, dtype) -> jax.Array:
-  """The inverse temperatures, as :func:`capsjax.routing.em.inverse_temperatures` (inlined:
-  that module imports this one)."""
-  final, growth = settings["inverse_temperature"], settings["temperature_growth"]
-  return final * (1.0 - growth ** jnp.arange(1, settings["iterations"] + 1, dtype=dtype))
+  """:func:`inverse_temperatures` of EM's ``settings``."""
+  return inverse_temperatures(settings["inverse_temperature"], settings["temperature_growth"],
+                              settings["iterations"], dtype)
 
 
 def _mean(s1, m0, previous_mean, settings):
@@ -181,8 +188,8 @@ def _backward(settings, normalise, residuals, cotangents):
     if d_next is not None:
       _, normalise_vjp = jax.vjp(normalise, log_p)
       d_q = -_parent_major(normalise_vjp(_child_major(d_next))[0])
-      d_c = -jnp.sum(d_q, axis=-1)
       g0 = jnp.sum(d_q, axis=-1)[..., None]
+      d_c = -g0[..., 0]
       g1 = _over_children(d_q, votes)                               # sum dq V
       g2 = _over_children(d_q, squares) - 2.0 * mean * g1 + jnp.square(mean) * g0
       d_mean = d_mean - (g1 - mean * g0) / variance
