@@ -17,11 +17,11 @@ from capsjax.runs import hlo_traffic
 AXES = ["output", "input"]
 BINARY = list(itertools.product([False, True], [False, True], [0.0, 1e-3], [False, True]))
 # (iterations, softmax_axis, stop_gradient, leaky, squash_epsilon, bias): every combination of
-# the binary switches at the paper's r = 3, and for r = 1, 2, 5 four of them that together
-# set each switch both ways.
-SWITCHES = ([(3, axis, *rest) for axis in AXES for rest in BINARY]
-            + [(r, axis, *rest) for r in (1, 2, 5) for axis in AXES
-               for rest in [BINARY[0], BINARY[-1], BINARY[5], BINARY[10]]])
+# the binary switches at the paper's r = 3 and softmax axis; for the other axis and for r = 1,
+# 2, 5 the two combinations that set every switch one way and the other.
+SWITCHES = ([(3, "output", *rest) for rest in BINARY]
+            + [(r, axis, *rest) for r in (1, 2, 3, 5) for axis in AXES
+               for rest in [BINARY[0], BINARY[-1]] if (r, axis) != (3, "output")])
 
 
 def value_and_gradients(votes, bias, cotangent, gradient, iterations, softmax_axis,

@@ -273,7 +273,8 @@ class ClassCapsules(nnx.Module):
                        f"(weight_shape, vote_fn), got {votes!r}.")
     weight_shape, self.vote_fn = VOTES[votes] if isinstance(votes, str) else votes
     if routing is None:
-      routing = {"name": "dynamic", "iterations": routing_iterations,
+      routing = {"name": "dynamic", **routing_lib.get("dynamic").settings,
+                 "iterations": routing_iterations,
                  "softmax_axis": softmax_axis, "stop_gradient": stop_gradient, "leaky": leaky,
                  "squash_epsilon": squash_epsilon}
     router, self.routing_items = split_routing(routing)
