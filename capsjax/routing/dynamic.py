@@ -23,8 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from capsjax.common.errors import UsageError
-from capsjax.routing import dynamic_gradient
-from capsjax.routing import core
+from capsjax.routing import core, dynamic_gradient
 from capsjax.routing.core import (GRADIENTS, Router, RoutingResult, check_gradient,
                                   check_iterations, coupling_statistics, safe_norm, squash)
 

@@ -6,10 +6,10 @@ chain rule needs and writes their cotangent once.
 Why: the votes ``u_hat (batch, in_caps, out_caps, out_dim)`` are the routing's only large
 array (0.74 MB per image for the paper's MNIST model, 10 x 1152 x 16 floats); everything else
 is 1/out_dim of them (logits, coupling) or smaller (the parents). So the routing costs about
-the number of votes-sized passes it makes. Autodiff of the unrolled loop makes about 16 per
-training step at r = 3 (measured with :mod:`capsjax.runs.hlo_traffic`; docs/performance.md):
-it writes each iteration's share of the votes' cotangent and adds them up, and keeps
-products with the votes between the passes. The chain rule needs fewer.
+the number of votes-sized passes it makes, and this form makes only those the chain rule
+needs. On XLA:CPU autodiff of the unrolled loop turned out to make the same passes (the same
+bytes, measured with :mod:`capsjax.runs.hlo_traffic`, and the same speed; docs/performance.md),
+so the router's ``"auto"`` keeps autodiff there; GPUs are still to be measured.
 
 The derivation. Forward, for ``t = 0 .. r-1`` (Procedure 1; ``c_0`` uniform)::
 
@@ -120,7 +120,7 @@ def dynamic_routing_analytic(votes: jax.Array, bias: jax.Array | None, *, iterat
       parents, squash_vjp = jax.vjp(lambda s: squash(s, epsilon=squash_epsilon),
                                     preactivation)
       if t < iterations - 1:
-        d_parents = _agreement_transpose(votes, d_logits)
+        d_parents = _preactivation(votes, d_logits)   # The transpose of _agreement.
         if d_votes_flow:
           weights.append(d_logits)
           vectors.append(parents)
@@ -144,8 +144,3 @@ def dynamic_routing_analytic(votes: jax.Array, bias: jax.Array | None, *, iterat
 
   route.defvjp(forward, backward)
   return route(votes, bias)
-
-
-def _agreement_transpose(votes: jax.Array, d_agreement: jax.Array) -> jax.Array:
-  """The cotangent of the parents in :func:`_agreement`: ``sum_i V_jdi da_ji``, ``(b, j, d)``."""
-  return _preactivation(votes, d_agreement)

@@ -68,10 +68,9 @@ import jax
 import jax.numpy as jnp
 
 from capsjax.common.errors import UsageError
-from capsjax.routing import em_gradient
+from capsjax.routing import core, em_gradient
 from capsjax.routing.core import (ParamSpec, Router, RoutingResult, check_gradient,
                                   check_iterations)
-from capsjax.routing.core import resolved_gradient as core_resolved_gradient
 from capsjax.routing.em_gradient import inverse_temperatures
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -90,6 +89,9 @@ SETTINGS = {
     "gradient": "auto",               # "analytic" | "autodiff" (module docstring).
 }
 
+# The backends where the written-out backward pass was measured faster than autodiff, so that
+# "auto" picks it (docs/performance.md); GPUs are measured by experiments/gpu_speed.sh.
+ANALYTIC_ON: tuple[str, ...] = ("cpu",)
 
 
 class MStep(NamedTuple):
@@ -163,8 +165,8 @@ def assignment_entropy(assignments: jax.Array, num_children: int) -> jax.Array:
 
 
 def resolved_gradient(gradient: str) -> str:
-  """``"auto"``: ``"analytic"`` where JAX's default backend is the CPU, else ``"autodiff"``."""
-  return core_resolved_gradient(gradient, analytic_on=("cpu",))
+  """The form ``gradient`` runs as: ``"auto"`` is ``"analytic"`` on :data:`ANALYTIC_ON`."""
+  return core.resolved_gradient(gradient, ANALYTIC_ON)
 
 
 def em_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta_a: jax.Array,
