@@ -15,8 +15,9 @@ config of a point for another config file, e.g. ``{"config":
 config). Each run has its own sub-workdir ``DIR/<point>``; finished runs are skipped and
 unfinished ones resume, so rerunning a sweep continues it.
 
-``--vectorize`` trains the points that differ only in numbers (seeds, learning rates, loss
-weights, init scales) as one jitted program each (``jax.vmap`` over the runs); each point
+``--vectorize`` trains the points that differ only in settings declared safe to (seeds,
+learning rates, loss weights, init scales) and load equal data as one jitted program each
+(``jax.vmap`` over the runs; the plan names what sets the others apart); each point
 keeps its own workdir, checkpoints and results (:mod:`capsjax.training.run_group`). Without
 the flag, groups of at least four runs are vectorised on accelerators and none on CPUs, as
 measured (:func:`capsjax.training.vectorize.default_min_runs`); ``--novectorize``: never.
@@ -218,9 +219,9 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
 
 def run_vectorized(config, points: list[Point], workdir: str, command_line: dict | None = None,
                    skip_held: bool = True, min_runs: int = 2) -> None:
-  """Runs the unfinished points with those that differ only in numbers trained as one
-  program each (:mod:`capsjax.training.vectorize` groups them, by what their train step
-  does; :mod:`capsjax.training.run_group` trains a group); a group of fewer than ``min_runs``
+  """Runs the unfinished points with those that differ only in settings declared safe trained
+  as one program each (:mod:`capsjax.training.vectorize` groups them, by declared rules and
+  each point's own data; :mod:`capsjax.training.run_group` trains a group); a group of fewer than ``min_runs``
   runs one by one. Every point keeps its own workdir, as :func:`run_points` gives it. A
   point whose loss becomes non-finite stops alone; the others go on, and the sweep ends
   with :class:`NonFiniteLossError` naming it."""
@@ -238,7 +239,7 @@ def run_vectorized(config, points: list[Point], workdir: str, command_line: dict
     return
   configs = [point_config(config, p, command_line or {}) for p in pending]
   runtimes = [Runtime(c) for c in configs]
-  run_group.load_shared(runtimes)
+  run_group.load_each(runtimes)
   groups = vectorize.plan_groups(runtimes)
   print(describe_groups(groups, pending), flush=True)
   diverged = []
@@ -275,7 +276,9 @@ def _run_alone(train, config, run_dir: str):
 
 
 def describe_groups(groups, points: list[Point]) -> str:
-  """The vectorisation plan: one line per group, its traced settings and what split it."""
+  """The vectorisation plan: one line per group, its traced settings and what set it apart
+  from the others, with why (:mod:`capsjax.training.vectorize`)."""
+  from capsjax.training import vectorize
   lines = [f"Vectorised: {len(points)} run(s) in {len(groups)} program(s)."]
   for k, group in enumerate(groups):
     names = ", ".join(points[i].name for i in group.indices)
@@ -284,8 +287,9 @@ def describe_groups(groups, points: list[Point]) -> str:
       notes.append(f"traced: {', '.join(group.traced_keys)}")
     if group.init_keys:
       notes.append(f"initialisation only: {', '.join(group.init_keys)}")
-    if group.split_by:
-      notes.append(f"apart by {', '.join(group.split_by)} (read as constants by the step)")
+    for why in dict.fromkeys(why for _, why in group.apart):
+      keys = [key for key, w in group.apart if w == why and key != vectorize.DATA]
+      notes.append(f"apart by {', '.join(keys)} ({why})" if keys else f"apart: {why}")
     lines.append(f"  program {k + 1}: {len(group.indices)} run(s) [{names}]"
                  + (f"; {'; '.join(notes)}" if notes else ""))
   return "\n".join(lines)
@@ -328,8 +332,8 @@ _INDEX = flags.DEFINE_list("index", None, "Run only point K (0-based), e.g. "
 _LIST = flags.DEFINE_bool("list", False, "Print the points and exit.")
 _COLLECT = flags.DEFINE_bool("collect", False, "Only collect results of finished runs.")
 _VECTORIZE = flags.DEFINE_bool(
-    "vectorize", None, "Train the points that differ only in numbers (seeds, learning rates, "
-    "loss weights, ...) as one program each (jax.vmap over runs). Default: groups of 4 or "
+    "vectorize", None, "Train the points that differ only in seeds, learning rates, loss "
+    "weights or init scales (and load equal data) as one program each (jax.vmap over runs). Default: groups of 4 or "
     "more on accelerators, none on CPUs (docs/performance.md); --novectorize: one at a time.")
 
 

@@ -23,7 +23,8 @@ def image_config(*, smoke: bool, dataset: str, tfds_name: str,
       source="tfds", name=tfds_name,
       dir=config_dict.placeholder(str),            # tfds's manual dir (offline).
       tfds_data_dir=config_dict.placeholder(str),  # Where tfds keeps prepared data.
-      validation_size=0, train_limit=c.data.train_limit, test_limit=c.data.test_limit,
+      validation_size=0, validation_split="random", train_limit=c.data.train_limit,
+      test_limit=c.data.test_limit,
       resize=0, crop=0, flip=False, brightness=0.0, contrast_lower=1.0, contrast_upper=1.0,
       standardize=False,
   ))

@@ -17,6 +17,8 @@
 #
 #   experiments/gpu_campaign.sh /path/to/mnist OUT_DIR [SECONDS]
 #
+# EXPERIMENT (default experiments/paper_table1.py; PATH[:variant]) runs another experiment's
+# points the same way (experiments/gpu_official.sh does).
 # SECONDS (default 560) is the whole sitting's budget. EXTRA (sweep flags) and BENCH_EXTRA
 # (benchmark flags) shrink it for a dry run on a CPU, e.g.
 #   EXTRA="--config.train.num_steps=2 --config.train.batch_size=8" BENCH_EXTRA=... \
@@ -34,7 +36,10 @@ left() { echo $((budget - ($(date +%s) - start))); }
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$work/xla_cache}
 export PYTHONUNBUFFERED=1
 python=${PYTHON:-python}
-sweep=("$python" -m capsjax.sweep experiments/paper_table1.py --workdir="$work/table1"
+experiment=${EXPERIMENT:-experiments/paper_table1.py}
+name=$(basename "${experiment%%:*}" .py)${experiment#"${experiment%%:*}"}
+name=${name//:/_}
+sweep=("$python" -m capsjax.sweep "$experiment" --workdir="$work/$name"
        --config.data.source=idx --config.data.dir="$data"
        --config.train.eval_every_steps=4680 --config.train.checkpoint_every_steps=100000
        --config.train.steps_per_dispatch=10 --config.train.log_every_steps=230 ${EXTRA:-})
@@ -56,7 +61,7 @@ stage() {  # stage NAME SECONDS COMMAND...: runs COMMAND for at most SECONDS, ou
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
 rows=(${ROWS:-0,1,2 3,4,5})
 reserve=$([[ ${THROUGHPUT:-1} != 0 ]] && echo 200 || echo 25)
-stage "table1_${rows[0]//,/_}" $(($(left) - reserve)) "${sweep[@]}" --vectorize --index="${rows[0]}"
+stage "${name}_${rows[0]//,/_}" $(($(left) - reserve)) "${sweep[@]}" --vectorize --index="${rows[0]}"
 if [[ ${THROUGHPUT:-1} != 0 ]]; then
   stage throughput_capsnet 90 "$python" -m capsjax.benchmark --config=configs/mnist.py \
     --runs=1,2,4,8 --seconds=2 ${BENCH_EXTRA:-}
@@ -64,10 +69,10 @@ if [[ ${THROUGHPUT:-1} != 0 ]]; then
     --config=configs/efficient_capsnet.py --runs=1,2,4,8 --seconds=2 ${BENCH_EXTRA:-}
 fi
 for row in "${rows[@]:1}"; do
-  stage "table1_${row//,/_}" $(($(left) - 25)) "${sweep[@]}" --vectorize --index="$row"
+  stage "${name}_${row//,/_}" $(($(left) - 25)) "${sweep[@]}" --vectorize --index="$row"
 done
 "${sweep[@]}" --collect >"$out/collect.log" 2>&1
-cp "$work/table1/results.md" "$out/" 2>/dev/null && cat "$out/results.md"
-tar czf "$out/table1.tgz" --exclude=checkpoints --exclude=tensorboard --exclude=xla_cache \
-  -C "$work" table1
+cp "$work/$name/results.md" "$out/" 2>/dev/null && cat "$out/results.md"
+tar czf "$out/$name.tgz" --exclude=checkpoints --exclude=tensorboard --exclude=xla_cache \
+  -C "$work" "$name"
 echo "== done in $(($(date +%s) - start)) s"

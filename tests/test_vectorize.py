@@ -4,6 +4,7 @@ does, a group that does not fit is split, and runs restored at different steps r
 
 import json
 import os
+import pathlib
 
 import jax
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import mnist
 from capsjax import sweep, train
 from capsjax.common.errors import NonFiniteLossError, UsageError
+from capsjax.runs import runconfig
 from capsjax.training import run_group, vectorize
 from capsjax.training.runtime import Runtime
 from helpers import final_params, read_summary, train_records, write_idx_dataset
@@ -65,36 +67,37 @@ PARAMS_ATOL = 1e-5
 
 def test_vectorised_runs_end_where_they_end_alone_and_a_diverging_one_stops_alone(
     data_dir, tmp_path):
-  """On the conftest's 4 CPU devices (the sweep test below: 1)."""
-  configs = configs_of(data_dir)
+  """On the conftest's 4 CPU devices (the sweep test below: 1). The diverging run is the
+  middle one of three: the two others keep their own rows of the stacked state."""
+  configs = configs_of(data_dir, (POINTS[0], POINTS[2], POINTS[1]))
   alone = []
   for k, config in enumerate(configs):
     try:
       alone.append(train.train_and_evaluate(config, str(tmp_path / f"alone{k}")))
     except NonFiniteLossError as e:
       alone.append(e)
-  assert isinstance(alone[2], NonFiniteLossError)
+  assert isinstance(alone[1], NonFiniteLossError)
 
   runtimes = [Runtime(c) for c in configs]
-  run_group.load_shared(runtimes)
+  run_group.load_each(runtimes)
   [group] = vectorize.plan_groups(runtimes)
   assert group.traced_keys == ("loss.reconstruction_weight", "optimizer.learning_rate")
   assert group.init_keys == ("model.class_capsules.init_scale",)
   dirs = [str(tmp_path / f"together{k}") for k in range(3)]
   outcomes = run_group.train_and_evaluate_group(configs, dirs, group.traced_keys,
                                                 runtimes=runtimes)
-  for k in (0, 1):
-    assert outcomes[k]["runs_in_program"] == 2  # Three until the third stopped.
+  for k in (0, 2):
+    assert outcomes[k]["runs_in_program"] == 2  # Three until the middle one stopped.
     assert outcomes[k]["step"] == 4 and outcomes[k]["devices"] == 4
     assert_same_run(tmp_path / f"alone{k}", dirs[k])
-  # The second run's own learning rate, in its log and its optimiser record.
-  assert train_records(dirs[1])[0]["learning_rate"] == pytest.approx(3e-3, rel=1e-3)
-  assert read_summary(dirs[1])["optimizer"]["learning_rate"] == 3e-3
+  # The last run's own learning rate, in its log and its optimiser record.
+  assert train_records(dirs[2])[0]["learning_rate"] == pytest.approx(3e-3, rel=1e-3)
+  assert read_summary(dirs[2])["optimizer"]["learning_rate"] == 3e-3
   # The diverged run stopped as it stops alone: the same message, and having logged nothing
   # its workdir is removed, as alone.
-  assert isinstance(outcomes[2], NonFiniteLossError)
-  assert str(outcomes[2]).replace("together2", "alone2") == str(alone[2])
-  assert not os.path.exists(tmp_path / "alone2") and not os.path.exists(dirs[2])
+  assert isinstance(outcomes[1], NonFiniteLossError)
+  assert str(outcomes[1]).replace("together1", "alone1") == str(alone[1])
+  assert not os.path.exists(tmp_path / "alone1") and not os.path.exists(dirs[1])
 
 
 def test_a_traced_setting_really_reaches_the_step(data_dir):
@@ -103,7 +106,7 @@ def test_a_traced_setting_really_reaches_the_step(data_dir):
   configs = configs_of(data_dir, [dict(seed=0), dict(seed=0, **{
       "loss.reconstruction_weight": 0.05, "optimizer.learning_rate": 0.0})])
   runtimes = [Runtime(c) for c in configs]
-  run_group.load_shared(runtimes)
+  run_group.load_each(runtimes)
   step = vectorize.VectorizedStep(runtimes[0], ("loss.reconstruction_weight",
                                                 "optimizer.learning_rate"))
   sharding = vectorize.replicated(runtimes[0])
@@ -119,34 +122,125 @@ def test_a_traced_setting_really_reaches_the_step(data_dir):
   assert all(np.array_equal(p[1], q) for p, q in zip(params, jax.tree.leaves(state.params)))
 
 
-def test_groups_follow_what_the_train_step_does(data_dir, monkeypatch):
+def test_groups_follow_the_declared_rules(data_dir, monkeypatch):
   configs = [point(data_dir, 0), point(data_dir, 1, **{"loss.m_plus": 0.8}),
              point(data_dir, 0, **{"model.routing.iterations": 1}),
              point(data_dir, 2, **{"model.routing.squash_epsilon": 1e-7}),
              point(data_dir, 3, **{"model.routing.squash_epsilon": 1e-7,
                                    "loss.m_plus": 0.7})]
   runtimes = [Runtime(c) for c in configs]
-  run_group.load_shared(runtimes)
+  run_group.load_each(runtimes)
   groups = vectorize.plan_groups(runtimes)
-  # Iterations change the program's structure; squash_epsilon is a float the router reads
-  # as a constant; m_plus is traced.
-  assert [g.indices for g in groups] == [(0, 1), (3, 4), (2,)]
-  assert groups[0].traced_keys == ("loss.m_plus",) and groups[0].split_by == (
-      "model.routing.squash_epsilon",)
-  assert groups[1].traced_keys == ("loss.m_plus",) and groups[2].split_by == ()
+  # m_plus is declared traced (CapsuleModel.traced_settings); the iterations (an integer) and
+  # squash_epsilon (a float) are declared nothing: each value is a program of its own.
+  assert [g.indices for g in groups] == [(0, 1), (2,), (3, 4)]
+  assert groups[0].traced_keys == groups[2].traced_keys == ("loss.m_plus",)
+  assert groups[1].traced_keys == ()
+  assert all(g.split_by == ("model.routing.iterations", "model.routing.squash_epsilon")
+             for g in groups)
   text = sweep.describe_groups(groups, sweep.expand({"points": [{}] * 5, "seeds": [0]}))
-  assert "apart by model.routing.squash_epsilon" in text and "traced: loss.m_plus" in text
+  assert ("apart by model.routing.iterations, model.routing.squash_epsilon (neither traced "
+          "nor initialisation-only)") in text and "traced: loss.m_plus" in text
 
-  # A setting whose tracing fails (Python control flow on it) is a constant too.
-  def failing(runtime, keys):
-    if "loss.m_plus" in keys:
-      raise jax.errors.TracerBoolConversionError(None)
-    return set(keys)
+  # A declared traced setting that the step does not read as a traced value (it reads the
+  # config's number instead) splits the group by its value and says so.
+  monkeypatch.setattr(vectorize, "traced_reads", lambda runtime, keys: set())
+  groups = vectorize.plan_groups(runtimes[:2])
+  assert [g.indices for g in groups] == [(0,), (1,)]
+  assert groups[0].apart == (("loss.m_plus", vectorize.NOT_READ),)
+  text = sweep.describe_groups(groups, sweep.expand({"points": [{}] * 2, "seeds": [0]}))
+  assert "apart by loss.m_plus (declared traced, but the train step does not read it" in text
 
-  monkeypatch.setattr(vectorize, "traced_reads", failing)
-  traced, init_only, constant = vectorize.classify(
-      runtimes[0], ["loss.m_plus", "loss.lam"], [c.config for c in runtimes[1:2]])
-  assert (traced, init_only, constant) == (["loss.lam"], [], ["loss.m_plus"])
+
+# A researcher's dataset and model (tests/data/researcher_modules.py): settings that only
+# their load() or initialisation read.
+RESEARCHER = runconfig.import_config_file(
+    pathlib.Path(__file__).parent / "data" / "researcher_modules.py")
+
+
+def test_runs_whose_data_differ_never_share_the_first_runs_data(data_dir, tmp_path):
+  """Issue 58: a float read only while loading data (the training digits, or only the test
+  set) was classed initialisation-only and every run trained on the first run's data."""
+  flipped = lambda seed, **o: sweep.apply_overrides(
+      RESEARCHER.flipped_config(point(data_dir, seed)), o, seed)
+  configs = [flipped(0), flipped(0, **{"data.flip_fraction": 1.0}),
+             flipped(0, **{"data.flip_test": 1.0}), flipped(1, **{"loss.m_plus": 0.8})]
+  runtimes = [Runtime(c) for c in configs]
+  run_group.load_each(runtimes)
+  assert runtimes[3].splits is runtimes[0].splits  # Equal data: one copy on the host.
+  groups = vectorize.plan_groups(runtimes)
+  assert [g.indices for g in groups] == [(0, 3), (1,), (2,)]
+  assert groups[0].traced_keys == ("loss.m_plus",)
+  text = sweep.describe_groups(groups, sweep.expand({"points": [{}] * 4, "seeds": [0]}))
+  assert ("apart by data.flip_fraction, data.flip_test (neither traced nor "
+          "initialisation-only)") in text
+
+  # Runs that the plan would keep apart are refused by the group's trainer, not trained on
+  # the first one's data.
+  with pytest.raises(ValueError, match="data differ"):
+    run_group.train_and_evaluate_group(configs[:2], [str(tmp_path / "a"), str(tmp_path / "b")])
+  assert not os.path.exists(tmp_path / "a")
+
+  # A seed that draws each run's validation split gives each its own training data: apart,
+  # though the seed alone never splits.
+  held_out = [point(data_dir, seed, **{"data.validation_size": 8}) for seed in (0, 1, 0)]
+  runtimes = [Runtime(c) for c in held_out]
+  run_group.load_each(runtimes)
+  groups = vectorize.plan_groups(runtimes)
+  assert [g.indices for g in groups] == [(0, 2), (1,)]
+  assert groups[1].apart == ((vectorize.DATA, vectorize.DATA_DIFFER),)
+  assert "apart: each run's data, loaded from its own config, differ" in sweep.describe_groups(
+      groups, sweep.expand({"points": [{}] * 3, "seeds": [0]}))
+
+
+def test_a_researchers_model_shares_a_program_only_in_what_it_declares(data_dir, tmp_path):
+  """LinearClassifier declares model.init_std initialisation-only: runs that differ in it
+  train together, each as it trains alone; model.temperature it does not declare: apart."""
+  linear = lambda seed, **o: sweep.apply_overrides(
+      RESEARCHER.linear_config(point(data_dir, seed)), o, seed)
+  configs = [linear(0), linear(1, **{"model.init_std": 0.5}),
+             linear(0, **{"model.temperature": 2.0})]
+  runtimes = [Runtime(c) for c in configs]
+  run_group.load_each(runtimes)
+  groups = vectorize.plan_groups(runtimes)
+  assert [g.indices for g in groups] == [(0, 1), (2,)]
+  assert groups[0].init_keys == ("model.init_std",) and groups[0].traced_keys == ()
+  assert "apart by model.temperature (neither traced nor initialisation-only)" in (
+      sweep.describe_groups(groups, sweep.expand({"points": [{}] * 3, "seeds": [0]})))
+  dirs = [str(tmp_path / f"together{k}") for k in range(2)]
+  run_group.train_and_evaluate_group(configs[:2], dirs, runtimes=runtimes[:2])
+  for k in range(2):
+    train.train_and_evaluate(configs[k], str(tmp_path / f"alone{k}"))
+    assert_same_run(tmp_path / f"alone{k}", dirs[k])
+  first, second = (final_params(tmp_path / f"alone{k}") for k in range(2))
+  assert not np.allclose(first["dense"]["kernel"], second["dense"]["kernel"])
+
+
+def test_sweep_of_a_setting_read_while_loading_data_equals_one_by_one(tmp_path):
+  """The issue's table through the command line: each run's test loss vectorised equals its
+  loss alone, and the two runs differ (the flipped run trained on its own data)."""
+  from test_sweep import run_sweep
+
+  data = write_idx_dataset(tmp_path / "idx", num_train=64, num_test=16)
+  experiment = tmp_path / "flip.py"
+  experiment.write_text(
+      f"BASE_CONFIG = {str(RESEARCHER.__file__)!r}\n\n"
+      "def get_sweep():\n"
+      "  return {'points': [{'data.flip_fraction': 0.0}, {'data.flip_fraction': 1.0}],"
+      " 'seeds': [0]}\n")
+  extra = ("--config.train.num_steps=6", "--config.eval.num_figure_examples=0")
+  losses, output = {}, {}
+  for mode in ("vectorize", "novectorize"):
+    result = run_sweep(experiment, tmp_path / mode, f"--{mode}", *extra, data_dir=data)
+    assert result.returncode == 0, result.stderr
+    output[mode] = result.stdout
+    losses[mode] = [read_summary(tmp_path / mode / f"flip_fraction={f},seed=0")["test_loss"]
+                    for f in ("0.0", "1.0")]
+  assert "Vectorised: 2 run(s) in 2 program(s)" in output["vectorize"]
+  assert ("apart by data.flip_fraction (neither traced nor initialisation-only)"
+          in output["vectorize"])
+  np.testing.assert_allclose(losses["vectorize"], losses["novectorize"], rtol=2e-5)
+  assert abs(losses["novectorize"][0] - losses["novectorize"][1]) > 1e-3
 
 
 def test_a_group_that_does_not_fit_is_split_and_a_single_run_refused(data_dir, tmp_path,

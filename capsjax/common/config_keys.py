@@ -37,9 +37,11 @@ DEFAULT_ROUTER = "dynamic"
 # Every optimiser's and schedule's own settings and their types
 # (capsjax/training/optimizers.py, OPTIMIZERS and SCHEDULES).
 OPTIMIZER = {
-    "b1": float, "b2": float, "eps": float, "momentum": float, "nesterov": bool,
+    "b1": float, "b2": float, "eps": float, "eps_hat": bool, "momentum": float,
+    "nesterov": bool,
     "decay": float, "centered": bool,                                   # optimisers
     "decay_rate": float, "decay_steps": int, "decay_epochs": float, "staircase": bool,
+    "end_value": float,
     "alpha": float, "boundaries": tuple, "boundary_epochs": tuple, "scales": tuple,
 }
 

@@ -10,13 +10,14 @@ differ between runs ask this module for it::
 
 Outside a vectorised step (every ordinary run) ``value`` returns the config's number, so
 nothing changes. Inside one it returns the run's own value, a traced scalar of the run axis.
-Each read is recorded, so the sweep can tell a setting that the step reads this way from one
-it reads as a constant (which then splits the group: see
+The settings read this way are declared (:data:`capsjax.training.vectorize.TRACED_KEYS`
+and a model class's ``traced_settings``); each read is recorded, so the sweep checks that the
+step really reads each declared one this way (one it does not splits the group: see
 :func:`capsjax.training.vectorize.plan_groups`).
 
 Settings read this way: ``optimizer.learning_rate`` (the schedule's peak), and the capsule
 head's loss (``loss.m_plus``, ``loss.m_minus``, ``loss.lam``, ``loss.reconstruction_weight``).
-Settings used only to initialise (``*.init_scale``, ``*.bias_init``) and ``seed`` need none:
+Settings a model declares initialisation-only (``init_only_settings``) and ``seed`` need none:
 each run is initialised on its own.
 """
 

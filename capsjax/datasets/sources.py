@@ -58,7 +58,9 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
   Returns:
     ``{"train", "validation", "test"}`` splits with ``images`` uint8
     ``(n, *image_shape)`` and ``labels`` int32 ``(n,)``; ``validation`` holds
-    ``config.validation_size`` examples drawn from train with ``seed``.
+    ``config.validation_size`` examples drawn from train with ``seed``
+    (``config.validation_split="random"``, the default) or the first ones (``"first"``, as
+    the official CapsNet code's ``--validate``).
 
   Raises:
     UsageError: with the path or config key at fault and what to do.
@@ -105,7 +107,15 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
   if n_val < 0 or n_val >= len(train_images):
     raise UsageError(f"config.data.validation_size={n_val} must be in [0, "
                      f"{len(train_images)}) for {len(train_images)} training examples.")
-  order = np.random.default_rng(seed).permutation(len(train_images))
+  where_from = config.get("validation_split", "random")
+  if where_from == "first":  # The official code's --validate: the first 10,000 of train.
+    order = np.arange(len(train_images))
+  elif where_from == "random":
+    order = np.random.default_rng(seed).permutation(len(train_images))
+  else:
+    raise UsageError(f"config.data.validation_split must be 'random' (drawn with the seed) or "
+                     f"'first' (the first validation_size training examples), got "
+                     f"{where_from!r}.")
   val_idx, train_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
   split = lambda images, labels: Split({"images": images, "labels": labels})
   splits = {"train": split(train_images[train_idx], train_labels[train_idx]),

@@ -37,7 +37,13 @@ Optional, declared by the model and checked at the start of a run:
   ``Model.draw_figures(model, batch, workdir, writer, step)``
       the model's own figures of a test batch after training (``model`` is a jitted
       :class:`capsjax.training.run_figures.JittedModel` with ``apply``, ``decode``,
-      ``capabilities``).
+      ``capabilities``);
+  ``Model.init_only_settings`` and ``Model.traced_settings``
+      dotted config keys (``*`` matches one part) that a vectorised sweep's runs may differ
+      in and still share one program (:mod:`capsjax.training.vectorize`): those used only to
+      draw the initial parameters, and those the step reads as each run's traced value
+      (:func:`capsjax.common.traced_settings.value`). Runs that differ in any undeclared
+      setting train apart.
 
 Variables that are not ``nnx.Param`` (BatchNorm statistics) are the model's state: the train
 step keeps what ``apply(train=True)`` writes to them (:mod:`capsjax.training.train_step`), and

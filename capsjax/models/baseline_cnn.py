@@ -71,6 +71,9 @@ class BaselineCNN(nnx.Module):
                    rngs=rngs) for a, b in zip(sizes, sizes[1:])])
     self.dropout = nnx.Dropout(config.dropout_rate)
 
+  # Used only to draw the initial parameters (a vectorised sweep's runs may differ in it).
+  init_only_settings = ("model.init_scale",)
+
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> "BaselineCNN":
     return cls(config.model, rngs=rngs)

@@ -109,6 +109,10 @@ class CapsNet(capsule_model.CapsuleModel):
   # What to change when the class capsules saturate (the run's warning names these).
   saturation_settings = ("model.class_capsules.init_scale", "model.primary.output_scale",
                          "optimizer.learning_rate")
+  # Used only to draw the initial parameters (a vectorised sweep's runs may differ in them).
+  init_only_settings = tuple(f"model.{layer}.{key}"
+                             for layer in ("conv1", "primary", "class_capsules", "decoder")
+                             for key in ("init_scale", "bias_init"))
 
   def primary(self, images: jax.Array, *, train: bool = False) -> capsule_layers.Capsules:
     """The backbone, Conv1 (ReLU) and PrimaryCaps: ``(batch, h, w, c)`` -> primary capsules

@@ -34,17 +34,23 @@ SCORES = ("auto", "lengths", "activations")
 
 @dataclasses.dataclass(frozen=True)
 class LossSettings:
-  """``config.loss``: Eq. 4's m+, m- and lambda; the weight of the summed squared errors."""
+  """``config.loss``: Eq. 4's m+, m- and lambda; the weight of the summed squared errors; and
+  the margin loss's own weight (1: Eq. 4 summed over the classes; the official code's 0.05 is
+  its 0.5 x a mean over the 10 classes)."""
   m_plus: float = 0.9
   m_minus: float = 0.1
   lam: float = 0.5
   reconstruction_weight: float = 0.0005
+  margin_weight: float = 1.0
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict | None) -> "LossSettings":
+    """From ``config.loss``; a setting it lacks (a config written before it existed) takes the
+    default."""
     if config is None:
       return cls()
-    return cls(**{f.name: float(config[f.name]) for f in dataclasses.fields(cls)})
+    return cls(**{f.name: float(config.get(f.name, f.default))
+                  for f in dataclasses.fields(cls)})
 
 
 def check_scores(config: ml_collections.ConfigDict, router: routing.Router) -> None:
@@ -163,7 +169,8 @@ class CapsuleHead:
     return routing.safe_norm(routing.squash(jnp.mean(votes, axis=1)), axis=-1)
 
   def loss(self, outputs: Outputs, batch: dict) -> tuple[jax.Array, dict]:
-    """Margin loss (Eq. 4) + weight x summed squared reconstruction error, per example.
+    """``margin_weight`` x margin loss (Eq. 4) + ``reconstruction_weight`` x summed squared
+    reconstruction error, per example.
 
     The reconstruction target is ``batch["reconstruction_targets"]`` (the clean images, or with
     several digits per image, Sec. 6, each digit's own image, reconstructed from the capsule of
@@ -173,9 +180,9 @@ class CapsuleHead:
     s = self.loss_settings
     # A vectorised sweep's runs may differ in these (capsjax/common/traced_settings.py).
     setting = lambda name: traced_settings.value(f"loss.{name}", getattr(s, name))
-    margin = losses.margin_loss_per_example(outputs.scores, batch["labels"],
-                                            m_plus=setting("m_plus"),
-                                            m_minus=setting("m_minus"), lam=setting("lam"))
+    margin = setting("margin_weight") * losses.margin_loss_per_example(
+        outputs.scores, batch["labels"], m_plus=setting("m_plus"), m_minus=setting("m_minus"),
+        lam=setting("lam"))
     several = batch["labels"].ndim == 2
     reconstructions = outputs.label_reconstructions if several else outputs.reconstructions
     weight = setting("reconstruction_weight")

@@ -39,13 +39,18 @@ class CapsuleModel(nnx.Module):
 
   Subclasses set ``class_capsules``, ``decoder`` (None without one), ``head`` and the class
   attribute ``saturation_settings`` (the config keys the saturation warning names), and
-  define :meth:`primary`.
+  define :meth:`primary`; they may declare ``init_only_settings`` (config keys used only to
+  build the initial parameters: a vectorised sweep's runs may differ in them).
   """
 
   class_capsules: ClassCapsules
   decoder: Decoder | None
   head: CapsuleHead
   saturation_settings: tuple[str, ...] = ()
+  # What the head's loss reads as each run's traced value (capsule_head.CapsuleHead.loss).
+  traced_settings: tuple[str, ...] = ("loss.m_plus", "loss.m_minus", "loss.lam",
+                                      "loss.reconstruction_weight", "loss.margin_weight")
+  init_only_settings: tuple[str, ...] = ()
 
   def primary(self, images: jax.Array, *, train: bool = False) -> Capsules:
     """The backbone: ``(batch, h, w, c)`` images -> primary capsules."""

@@ -153,6 +153,11 @@ class EMCapsNet(nnx.Module):
     check_loss(loss)
     self.loss_items = tuple(sorted(loss.items()))  # Hashable, static.
 
+  # Used only to draw the initial parameters (a vectorised sweep's runs may differ in them).
+  init_only_settings = ("model.conv1.init_scale", "model.conv1.bias_init",
+                        "model.primary.pose_init", "model.primary.activation_init",
+                        "model.conv_caps.init_scale", "model.class_capsules.init_scale")
+
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> "EMCapsNet":
     return cls(config.model, rngs=rngs, loss=config.get("loss"))

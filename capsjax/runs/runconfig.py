@@ -24,9 +24,13 @@ _DEFAULTS = {"dataset": defaults.DATASET, "model.name": defaults.MODEL,
 _DEFAULTS_OF = {
     ("model.name", "capsnet"): {"model.primary.output_scale": 1.0,
                                 "model.routing.name": "dynamic",
-                                "model.class_capsules.scores": "auto"},
-    ("dataset", "mnist"): {"data.pad": 0},
-    ("dataset", "smallnorb"): {"data.viewpoint_split": ""},
+                                "model.class_capsules.scores": "auto",
+                                "loss.margin_weight": 1.0},
+    ("model.name", "efficient_capsnet"): {"loss.margin_weight": 1.0},
+    ("dataset", "mnist"): {"data.pad": 0, "data.validation_split": "random"},
+    ("dataset", "smallnorb"): {"data.viewpoint_split": "", "data.validation_split": "random"},
+    **{("dataset", name): {"data.validation_split": "random"}
+       for name in ("multimnist", "cifar10", "svhn")},
 }
 # Settings that registries own (a router's, an optimiser's) are not listed: they are compared
 # resolved (:func:`capsjax.training.config_history.comparable`).

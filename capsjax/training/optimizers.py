@@ -33,6 +33,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 from ml_collections import config_dict
@@ -40,18 +42,21 @@ from ml_collections import config_dict
 from capsjax.common import traced_settings
 from capsjax.common.errors import UsageError
 
-# Each optimiser's own settings and their defaults (TF's Adam defaults are optax's).
+# Each optimiser's own settings and their defaults (TF's Adam defaults are optax's). Adam's
+# eps_hat: eps added to the square root of the uncorrected second moment, as TF1's
+# AdamOptimizer (the official CapsNet code's) does: Kingma & Ba's "epsilon hat".
 OPTIMIZERS = {
-    "adam": {"b1": 0.9, "b2": 0.999, "eps": 1e-8},
+    "adam": {"b1": 0.9, "b2": 0.999, "eps": 1e-8, "eps_hat": False},
     "adamw": {"b1": 0.9, "b2": 0.999, "eps": 1e-8},
     "sgd": {"momentum": 0.9, "nesterov": False},
     "rmsprop": {"decay": 0.9, "eps": 1e-8, "momentum": 0.0, "centered": False},
 }
 # Each schedule's own settings and their defaults; exponential's are the paper's (0.96 every
-# 2000 steps). A step count and its epochs twin are alternatives.
+# 2000 steps), its end_value a floor (the official code's tf.maximum(lr, 1e-6); 0: none). A
+# step count and its epochs twin are alternatives.
 SCHEDULES = {
     "exponential": {"decay_rate": 0.96, "decay_steps": 2000, "decay_epochs": None,
-                    "staircase": False},
+                    "staircase": False, "end_value": 0.0},
     "cosine": {"decay_steps": None, "decay_epochs": None, "alpha": 0.0},
     "constant": {},
     "piecewise": {"boundaries": None, "boundary_epochs": None, "scales": None},
@@ -131,7 +136,8 @@ def _check_values(s: dict) -> None:
   for key, value in positive:
     if not value > 0:
       raise UsageError(f"config.optimizer.{key} must be > 0, got {value!r}.")
-  for key in ("warmup_steps", "weight_decay", "clip_norm", "warmup_epochs", "momentum", "alpha"):
+  for key in ("warmup_steps", "weight_decay", "clip_norm", "warmup_epochs", "momentum", "alpha",
+              "end_value"):
     if s.get(key) is not None and s[key] < 0:
       raise UsageError(f"config.optimizer.{key} must be >= 0, got {s[key]!r}.")
   if s["schedule"] == "piecewise":
@@ -165,7 +171,8 @@ def make_schedule(settings: dict, steps_per_epoch: int | None = None,
   name = settings["schedule"]
   if name == "exponential":
     schedule = optax.exponential_decay(lr, _steps(settings, "decay_steps", steps_per_epoch),
-                                       settings["decay_rate"], staircase=settings["staircase"])
+                                       settings["decay_rate"], staircase=settings["staircase"],
+                                       end_value=settings.get("end_value") or None)
   elif name == "cosine":
     length = _steps(settings, "decay_steps", steps_per_epoch)
     if length is None:
@@ -191,17 +198,46 @@ def traceable_schedule(settings: dict, steps_per_epoch: int | None = None,
   vectorised sweep (:mod:`capsjax.common.traced_settings`): there the rate is the schedule
   of peak 1 times the run's traced peak; elsewhere exactly :func:`make_schedule`'s."""
   schedule = make_schedule(settings, steps_per_epoch, num_steps)
-  unit = make_schedule({**settings, "learning_rate": 1.0}, steps_per_epoch, num_steps)
+  floor = settings.get("end_value") or 0.0  # Absolute, whatever the peak.
+  unit = make_schedule({**settings, "learning_rate": 1.0, "end_value": 0.0}, steps_per_epoch,
+                       num_steps)
 
   def rate(count):
     peak = traced_settings.value("optimizer.learning_rate", None)
-    return schedule(count) if peak is None else unit(count) * peak
+    if peak is None:
+      return schedule(count)
+    return jnp.maximum(unit(count) * peak, floor) if floor else unit(count) * peak
 
   return rate
 
 
+def scale_by_adam_eps_hat(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+  """Adam's scaling as TF1's ``AdamOptimizer`` computes it (the official CapsNet code's):
+  ``sqrt(1 - b2^t) / (1 - b1^t) * m_t / (sqrt(v_t) + eps)``, eps added to the root of the
+  uncorrected second moment (Kingma & Ba's "epsilon hat"); optax's ``scale_by_adam`` adds it to
+  the corrected one, ``m_hat / (sqrt(v_hat) + eps)``. The two differ by eps / sqrt(1 - b2^t)
+  against eps: most in the first steps, and not at all with eps 0. Its state is optax's
+  ``ScaleByAdamState``, so checkpoints of either form restore in the other."""
+  adam = optax.scale_by_adam(b1, b2, eps)
+
+  def update(updates, state, params=None):
+    del params
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, updates)
+    count = optax.safe_increment(state.count)
+    t = count.astype(jnp.float32)
+    scale = jnp.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+    updates = jax.tree.map(lambda m, v: scale * m / (jnp.sqrt(v) + eps), mu, nu)
+    return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+  return optax.GradientTransformation(adam.init, update)
+
+
 def _transform(settings: dict, schedule: optax.Schedule) -> optax.GradientTransformation:
   s = settings
+  if s["name"] == "adam" and s.get("eps_hat"):
+    return optax.chain(scale_by_adam_eps_hat(s["b1"], s["b2"], s["eps"]),
+                       optax.scale_by_learning_rate(schedule))
   if s["name"] == "adam":
     return optax.adam(schedule, b1=s["b1"], b2=s["b2"], eps=s["eps"])
   if s["name"] == "adamw":

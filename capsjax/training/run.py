@@ -24,7 +24,7 @@ import numpy as np
 
 from capsjax.common import checks, files
 from capsjax.common.errors import UsageError
-from capsjax.runs import checkpointing, hardware, preemption, reporting
+from capsjax.runs import checkpointing, comparison, hardware, preemption, reporting
 from capsjax.runs.reporting import log
 from capsjax.training import config_history, run_figures
 from capsjax.training.runtime import Runtime
@@ -164,6 +164,9 @@ class Run:
                         selected_on=(self.watched if self.reached else "final"))
     summary["runs_in_program"] = self.runs_in_program
     if jax.process_index() == 0:  # The summary first: figures can be redrawn by evaluate.
+      # Chosen on test or validation during training: never the result (runs/comparison.py).
+      summary["comparison_only"] = comparison.comparison_errors(
+          reporting.read_metrics(self.workdir))
       files.write_json(os.path.join(self.workdir, "summary.json"), summary)
       run_figures.draw_figures(self.workdir, runtime.task, state.variables,
                                runtime.splits["test"], self.evals,

@@ -40,17 +40,18 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
                              memory_limit=None) -> list:
   """Trains the runs of ``configs`` into ``run_dirs`` as one vectorised program.
 
-  ``traced_keys``: the float settings that differ between the runs and are traced
+  ``traced_keys``: the settings that differ between the runs and are traced
   (:func:`capsjax.training.vectorize.plan_groups` finds them; any other difference must not
   change the train step). ``runtimes``: the configs' runtimes already loaded (the planner's),
-  else built here. Returns, per run, its summary or the exception that stopped it alone
+  else built here; either way each run's data must equal the first's (ValueError). Returns, per run, its summary or the exception that stopped it alone
   (:class:`NonFiniteLossError`, or :class:`capsjax.runs.workdirs.WorkdirBusy` when another
   process holds its workdir). A stop signal saves every run and raises
   :class:`capsjax.runs.preemption.Preempted`.
   """
   if runtimes is None:
     runtimes = [Runtime(c) for c in configs]
-  load_shared(runtimes)
+  load_each(runtimes)
+  check_same_data(runtimes)
   outcomes: list = [None] * len(configs)
   with contextlib.ExitStack() as held, preemption.watch() as stop:
     runs = {}
@@ -82,17 +83,31 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
   return outcomes
 
 
-def load_shared(runtimes: Sequence[Runtime]) -> None:
-  """Loads each runtime's data once per distinct data config (the runs share the arrays)."""
-  loaded = {}
+def load_each(runtimes: Sequence[Runtime]) -> None:
+  """Loads each runtime's data from its own config (a setting that only its dataset's
+  ``load()`` reads, or the seed that draws its validation split, may change them); runtimes
+  whose data come out equal then share one copy of the arrays."""
+  by_fingerprint: dict[str, dict] = {}
   for runtime in runtimes:
-    if runtime.splits is not None:
-      continue
-    key = (runtime.config.dataset, runtime.config.data.to_json_best_effort())
-    if key in loaded:
-      runtime.load(loaded[key].splits)
-    else:
-      loaded[key] = runtime.load()
+    if runtime.splits is None:
+      runtime.load()
+    splits = by_fingerprint.setdefault(vectorize.data_fingerprint(runtime.splits),
+                                       runtime.splits)
+    runtime.splits = splits  # Equal arrays: one copy on the host.
+
+
+def check_same_data(runtimes: Sequence[Runtime]) -> None:
+  """Raises ValueError unless every runtime's data equal the first's: the runs of one program
+  all train on the first one's (:func:`capsjax.training.vectorize.plan_groups` keeps runs
+  whose data differ apart)."""
+  first = vectorize.data_fingerprint(runtimes[0].splits)
+  for runtime in runtimes[1:]:
+    if runtime.splits is not runtimes[0].splits and (
+        vectorize.data_fingerprint(runtime.splits) != first):
+      raise ValueError(
+          "These runs' data differ (each loaded from its own config), so they cannot train "
+          "as one program on the first run's data: plan them with "
+          "capsjax.training.vectorize.plan_groups, which keeps them apart.")
 
 
 def _train(template: Runtime, runs: list, traced_keys, stop, memory_limit, outcomes: list,

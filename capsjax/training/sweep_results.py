@@ -20,6 +20,11 @@ from capsjax.runs.reporting import chance_text, is_finished
 
 RESULT_COLUMNS = ("test_accuracy", "test_error", "test_loss", "step", "selected_on",
                   "train_images_per_second", "num_params")
+# Errors chosen during training, beside the result for comparison only (runs/comparison.py).
+COMPARISON_COLUMNS = {
+    "min_test_error": "min test error over evaluations (%; chosen on test: comparison only)",
+    "validation_chosen_test_error": "test error at best validation (%; comparison only)",
+}
 CONFIG_KEY = "config"  # A point's own config file instead of the base config.
 NOT_APPLICABLE = "–"  # In results.md: the run's config has no value for the key.
 
@@ -105,6 +110,7 @@ def collect(points: list, workdir: str, tables: dict | None = None,
         row[k] = format_value(point.overrides[k])
     row.update({c: summary.get(c) for c in RESULT_COLUMNS})
     row["chance"] = chance_text(summary.get("chance"))
+    row.update({c: summary.get("comparison_only", {}).get(c) for c in COMPARISON_COLUMNS})
     row.update(extra_evaluations(summary))
     rows.append(row)
     evaluations[point.name] = summary.get("evaluations", {})
@@ -112,7 +118,7 @@ def collect(points: list, workdir: str, tables: dict | None = None,
   extra = list(dict.fromkeys(k for row in rows for k in row if _is_extra(k)))
   with files.atomic_write(os.path.join(workdir, "results.csv"), newline="") as f:
     writer = csv.DictWriter(f, fieldnames=["run", *keys, "seed", *RESULT_COLUMNS, "chance",
-                                           *extra])
+                                           *COMPARISON_COLUMNS, *extra])
     writer.writeheader()
     writer.writerows(rows)
   groups = _group(rows, keys)
@@ -179,8 +185,8 @@ def _group(rows: list[dict], keys: list[str]) -> list[dict]:
     groups.setdefault(tuple(row[k] for k in keys), []).append(row)
   out = []
   for setting, members in groups.items():
-    stats = {c: _mean_std([m[c] for m in members]) for c in
-             ("test_error", "test_loss", "train_images_per_second")}
+    stats = {c: _mean_std([m.get(c) for m in members]) for c in
+             ("test_error", "test_loss", "train_images_per_second", *COMPARISON_COLUMNS)}
     extra = {c: _mean_std([m.get(c) for m in members]) for c in
              dict.fromkeys(c for m in members for c in m if _is_extra(c))}
     selected = sorted({str(m.get("selected_on") or "final") for m in members})
@@ -194,11 +200,16 @@ def markdown_table(groups: list[dict], keys: list[str], references: dict | None 
   """Mean ± std over seeds per setting (the mean alone for one seed); beside the test error its chance level and how the
   numbers were chosen (``selected_on``: ``final``, ``validation`` or ``test`` when a run
   stopped on test accuracy); other evaluations' accuracies (and at-least-one rates) as
-  extra columns."""
+  extra columns; last, where runs logged them, the comparison-only errors chosen during
+  training (:mod:`capsjax.runs.comparison`), headed as such."""
   extra = list(dict.fromkeys(c for g in groups for c in g.get("extra", {})))
+  compared = [c for c in COMPARISON_COLUMNS
+              if any(g.get(c, (float("nan"),))[0] == g.get(c, (float("nan"),))[0]
+                     for g in groups)]
   references = references or {}
   header = [*keys, "seeds", "test error (%)", *references, "chance (%)", "selected on",
-            "test loss", "train images/s", *(_extra_header(c) for c in extra)]
+            "test loss", "train images/s", *(_extra_header(c) for c in extra),
+            *(COMPARISON_COLUMNS[c] for c in compared)]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for g in groups:
     err_m, err_s = g["test_error"]
@@ -212,7 +223,7 @@ def markdown_table(groups: list[dict], keys: list[str], references: dict | None 
                                       references.values()),
                                     g.get("chance", "?"), g.get("selected_on", "final"),
                                     _mean_pm(loss_m, loss_s, 1.0, 4), f"{ips_m:.0f}",
-                                    *extra_cells]) + " |")
+                                    *extra_cells, *(_mean_pm(*g[c]) for c in compared)]) + " |")
   if any(not g["setting"][k] for g in groups for k in keys):
     lines.append(f"\n{NOT_APPLICABLE}: the setting does not apply to that run (e.g. a router "
                  "without it); keys a point does not set show the value the run used.")

@@ -1,29 +1,37 @@
 """Several runs as one program: which runs can share it, and its train step.
 
-Runs whose configs differ only in numbers (seeds, learning rates, init scales, loss weights)
-train as one jitted program: ``jax.vmap`` over a leading run axis of the ordinary pure train
-step (:func:`capsjax.training.train_step.train_steps`): parameters, optimiser and model state
-and RNG (hence data order and augmentation) carry that axis; the training data are shared.
-On several devices the batch of every run is sharded over them, as in a single run.
+Runs whose configs differ only in settings known to be safe (seeds, learning rates, loss
+weights, init scales) train as one jitted program: ``jax.vmap`` over a leading run axis of
+the ordinary pure train step (:func:`capsjax.training.train_step.train_steps`): parameters,
+optimiser and model state and RNG (hence data order and augmentation) carry that axis; the
+training data are shared. On several devices the batch of every run is sharded over them, as
+in a single run.
 
-:func:`plan_groups` decides which runs can share a program, by what their train step does:
+:func:`plan_groups` decides which runs can share a program from their configs and data, by
+declared rules; nothing is guessed from the program:
 
-* a setting that changes the program's structure (routing iterations, shapes, the model, the
-  dataset, any string or boolean or integer but the seed) puts the runs in separate groups;
-* ``seed`` and settings used only to initialise (the step's program is the same whatever
-  their value) need nothing: each run is initialised on its own;
-* a float that the step reads through :mod:`capsjax.common.traced_settings` (the learning
-  rate, the loss's weights and margins) becomes the run's own traced value;
-* any other float that changes the step (read as a constant, e.g. a router's setting) splits
-  the group by its value, and the plan says so.
+* ``seed`` never splits a group: each run is initialised and draws its batches from its own;
+* a setting the step reads as each run's traced value (:mod:`capsjax.common.traced_settings`)
+  is declared so: :data:`TRACED_KEYS` (the optimiser's peak learning rate) and the model
+  class's ``traced_settings`` (the capsule head's loss weights and margins). Tracing the step
+  once checks that it really reads each one so; one it does not read splits the group;
+* a setting used only to build the initial parameters is declared so by the model class
+  (``init_only_settings``, e.g. CapsNet's ``model.conv1.init_scale``) or in
+  :data:`INIT_ONLY_KEYS`;
+* any other difference, of any type (a float read while loading data or inside the step, a
+  routing setting, a string, another model), splits the group, and the plan names it;
+* runs whose data differ (each run loads its own, from its own config: a dataset's setting,
+  or the seed that draws a validation split) never share a program either.
 
-Each check traces the step (``jax.eval_shape`` / ``jax.make_jaxpr``); nothing is computed.
+Declarations are dotted config keys; ``*`` matches any one part (``model.*.init_scale``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
+import hashlib
 from typing import Callable, Sequence
 
 import jax
@@ -33,12 +41,23 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax.common import traced_settings
 from capsjax.runs.runconfig import flatten
-from capsjax.training import memory, optimizers, train_step
+from capsjax.training import memory, train_step
 from capsjax.training.runtime import Runtime
-from capsjax.training.tasks import Task
 
-# Never a reason to split: each run is initialised and its data drawn from its own seed.
+# Never a reason to split: each run is initialised and its batches drawn from its own seed
+# (a seed that changes the data, e.g. by drawing the validation split, is caught with them).
 PER_RUN_KEYS = ("seed",)
+# Read as each run's traced value by every model's step: the schedule's peak
+# (capsjax/training/optimizers.py, traceable_schedule).
+TRACED_KEYS = ("optimizer.learning_rate",)
+# Used only to initialise, whatever the model (besides each model's init_only_settings).
+INIT_ONLY_KEYS: tuple[str, ...] = ()
+
+# Why a setting sets runs apart, as the plan prints it.
+UNDECLARED = "neither traced nor initialisation-only"
+NOT_READ = "declared traced, but the train step does not read it as a traced value"
+DATA = "data"  # The pseudo-key of runs whose loaded data differ.
+DATA_DIFFER = "each run's data, loaded from its own config, differ"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,17 +66,21 @@ class Group:
 
   Attributes:
     indices: positions of the runs in the list given to :func:`plan_groups`.
-    traced_keys: the float settings that differ between them and that the step reads as each
-      run's traced value.
-    init_keys: the float settings that differ between them but only initialise (the step's
-      program is the same for every value).
-    split_by: the settings whose values set this group apart from others of the same
-      structure (floats that the step reads as constants), for the sweep's message.
+    traced_keys: the settings that differ between them and that the step reads as each run's
+      traced value.
+    init_keys: the settings that differ between them and are declared initialisation-only.
+    apart: ``(setting, why)`` of each difference that set these runs apart from others
+      (:data:`DATA` when their data differ), for the sweep's plan.
   """
   indices: tuple[int, ...]
   traced_keys: tuple[str, ...] = ()
   init_keys: tuple[str, ...] = ()
-  split_by: tuple[str, ...] = ()
+  apart: tuple[tuple[str, str], ...] = ()
+
+  @property
+  def split_by(self) -> tuple[str, ...]:
+    """The settings of :attr:`apart`."""
+    return tuple(key for key, _ in self.apart)
 
 
 def setting(config, key: str):
@@ -68,86 +91,109 @@ def setting(config, key: str):
   return node
 
 
+def declared(runtime: Runtime) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """``(traced, init_only)``: the key patterns declared for ``runtime``'s model (its class's
+  ``traced_settings`` and ``init_only_settings``) and for every model."""
+  model = runtime.task.model_class
+  return (TRACED_KEYS + tuple(getattr(model, "traced_settings", ())),
+          INIT_ONLY_KEYS + tuple(getattr(model, "init_only_settings", ())))
+
+
+def _matches(key: str, patterns: Sequence[str]) -> bool:
+  parts = key.split(".")
+  return any(len(p.split(".")) == len(parts) and fnmatch.fnmatchcase(key, p)
+             for p in patterns)
+
+
+def kind_of(key: str, runtime: Runtime) -> str | None:
+  """``"traced"``, ``"init"`` or None (undeclared): how ``key`` may differ between runs of
+  ``runtime``'s model."""
+  traced, init_only = declared(runtime)
+  if _matches(key, traced):
+    return "traced"
+  if _matches(key, init_only):
+    return "init"
+  return None
+
+
 def plan_groups(runtimes: Sequence[Runtime]) -> list[Group]:
-  """The runs of ``runtimes`` (loaded: :meth:`Runtime.load`) in groups that can share one
-  program, by the rules of the module docstring. Groups keep the runs' order."""
+  """The runs of ``runtimes`` (each loaded from its own config: :meth:`Runtime.load`) in
+  groups that can share one program, by the rules of the module docstring. Groups keep the
+  runs' order."""
   flat = [flatten(r.config.to_dict()) for r in runtimes]
   differing = sorted(k for k in set().union(*flat) if k not in PER_RUN_KEYS
                      and len({repr(f.get(k)) for f in flat}) > 1)
-  # A float setting that some configs lack (another model's loss) is structural only in
-  # whether it is there.
-  floats = [k for k in differing
-            if all(isinstance(f[k], float) for f in flat if f.get(k) is not None)]
-  structural = [k for k in differing if k not in floats]
+  kinds = [{k: kind_of(k, r) for k in differing} for r in runtimes]
+  undeclared = [k for k in differing if any(kind[k] is None for kind in kinds)]
+
+  def signature(i):  # Runs of one bucket agree on every undeclared setting.
+    return (tuple(repr(flat[i].get(k)) if kinds[i][k] is None else kinds[i][k]
+                  for k in differing),
+            tuple(flat[i].get(k) is None for k in differing))
+
+  buckets = _buckets(range(len(runtimes)), signature)
+  apart = tuple((k, UNDECLARED) for k in undeclared) if len(buckets) > 1 else ()
+  fingerprints = _Fingerprints()
   groups = []
-  for indices in _buckets(flat, range(len(flat)), structural, present=floats):
-    groups += _split_until_traceable(runtimes, flat, indices, floats, ())
+  for bucket in buckets:
+    for sub in _buckets(bucket, lambda i: fingerprints(runtimes[i].splits)):
+      data_apart = ((DATA, DATA_DIFFER),) if len(sub) < len(bucket) else ()
+      groups += _check_traced(runtimes, flat, kinds, sub, apart + data_apart)
   return groups
 
 
-def _buckets(flat, indices, keys, present=()) -> list[list[int]]:
-  """``indices`` by their values of ``keys`` (and whether they have each of ``present``), in
-  order of first appearance."""
-  buckets: dict[tuple, list[int]] = {}
+def _buckets(indices, key: Callable) -> list[list[int]]:
+  """``indices`` by ``key(i)``, in order of first appearance."""
+  buckets: dict = {}
   for i in indices:
-    signature = (tuple(repr(flat[i].get(k)) for k in keys),
-                 tuple(flat[i].get(k) is None for k in present))
-    buckets.setdefault(signature, []).append(i)
+    buckets.setdefault(key(i), []).append(i)
   return list(buckets.values())
 
 
-def _split_until_traceable(runtimes, flat, indices, floats, split_by) -> list[Group]:
-  keys = [k for k in floats if len({repr(flat[i].get(k)) for i in indices}) > 1]
-  if len(indices) == 1 or not keys:
-    return [Group(tuple(indices), split_by=tuple(split_by))]
-  traced, init_only, constant = classify(runtimes[indices[0]], keys,
-                                         [runtimes[i].config for i in indices[1:]])
-  if not constant:
-    return [Group(tuple(indices), tuple(traced), tuple(init_only), tuple(split_by))]
-  rest = [k for k in floats if k not in constant]
-  return [g for sub in _buckets(flat, indices, constant)
-          for g in _split_until_traceable(runtimes, flat, sub, rest, (*split_by, *constant))]
+def _check_traced(runtimes, flat, kinds, indices, apart) -> list[Group]:
+  """``indices`` as one group, or split by the declared traced settings its step does not
+  read as traced values (their values then split it, as undeclared ones do)."""
+  keys = [k for k in kinds[indices[0]] if len({repr(flat[i].get(k)) for i in indices}) > 1]
+  traced = [k for k in keys if kinds[indices[0]][k] == "traced"]
+  init_only = [k for k in keys if kinds[indices[0]][k] == "init"]
+  unread = [k for k in traced if k not in traced_reads(runtimes[indices[0]], traced)] \
+      if len(indices) > 1 and traced else []
+  if not unread:
+    return [Group(tuple(indices), tuple(traced), tuple(init_only), tuple(apart))]
+  for k in unread:
+    for i in indices:
+      kinds[i][k] = None
+  subs = _buckets(indices, lambda i: tuple(repr(flat[i].get(k)) for k in unread))
+  return [g for sub in subs
+          for g in _check_traced(runtimes, flat, kinds, sub,
+                                 apart + tuple((k, NOT_READ) for k in unread))]
 
 
-def classify(template: Runtime, keys: Sequence[str], others
-             ) -> tuple[list[str], list[str], list[str]]:
-  """``(traced, init_only, constant)``: the settings of ``keys`` that ``template``'s step
-  reads through :mod:`capsjax.common.traced_settings`; those it does not use (its program is
-  the same with the values of ``others``, configs); and those that cannot be traced values
-  (tracing fails: Python control flow on the value, a conversion to ``float``) or that the
-  step reads as constants (the program changes with the value)."""
-  try:
-    reads = traced_reads(template, keys)
-  except Exception:  # Any failure to trace: find the settings that cause it, one by one.
-    failing = [key for key in keys if not _traces(template, key)] or list(keys)
-    rest = [k for k in keys if k not in failing]
-    traced, init_only, constant = classify(template, rest, others) if rest else ([], [], [])
-    return traced, init_only, failing + constant
-  unread = [k for k in keys if k not in reads]
-  reference = step_program(template.task, template) if unread else None
-  init_only, constant = [], []
-  for key in unread:
-    changes = any(step_program(*_variant(template, key, setting(config, key))) != reference
-                  for config in others if setting(config, key) != setting(template.config, key))
-    (constant if changes else init_only).append(key)
-  return [k for k in keys if k in reads], init_only, constant
+class _Fingerprints:
+  """``fingerprint(splits)``, computed once per splits object (runs that share their arrays
+  share it)."""
+
+  def __init__(self):
+    self._known: dict[int, tuple] = {}
+
+  def __call__(self, splits) -> str:
+    if id(splits) not in self._known:
+      self._known[id(splits)] = (splits, data_fingerprint(splits))  # Kept alive: ids stay.
+    return self._known[id(splits)][1]
 
 
-def _traces(runtime: Runtime, key: str) -> bool:
-  try:
-    traced_reads(runtime, [key])
-    return True
-  except Exception:  # Whatever tracing raises: the setting cannot be a traced value.
-    return False
-
-
-def _variant(template: Runtime, key: str, value):
-  """``(task, runtime, optimizer config)`` of ``template``'s config with ``key`` set to
-  ``value``: what :func:`step_program` compares."""
-  config = template.config.copy_and_resolve_references()
-  *parents, leaf = key.split(".")
-  (setting(config, ".".join(parents)) if parents else config)[leaf] = value
-  return Task(config, template.task.dataset, template.task.model_class), template, config.optimizer
+def data_fingerprint(splits: dict) -> str:
+  """A digest of every split's arrays (names, dtypes, shapes and bytes): equal for equal
+  data."""
+  digest = hashlib.blake2b(digest_size=16)
+  for name in sorted(splits):
+    split = splits[name]
+    for part, arrays in (("examples", split.examples), ("shared", split.shared)):
+      for key in sorted(arrays):
+        array = np.ascontiguousarray(arrays[key])
+        digest.update(f"{name}/{part}/{key}:{array.dtype.str}{array.shape};".encode())
+        digest.update(array.reshape(-1).view(np.uint8))
+  return digest.hexdigest()
 
 
 def _abstract_inputs(runtime: Runtime):
@@ -174,16 +220,6 @@ def traced_reads(runtime: Runtime, keys: Sequence[str]) -> set[str]:
   state, examples, shared = _abstract_inputs(runtime)
   jax.eval_shape(one, state, values, examples, shared)
   return found
-
-
-def step_program(task: Task, runtime: Runtime, optimizer_config=None) -> str:
-  """The text of one train step's program (jaxpr) for ``task``, on ``runtime``'s data and
-  mesh; two configs whose steps print the same text compute the same step."""
-  optimizer = optimizers.build(optimizer_config if optimizer_config is not None
-                               else runtime.config.optimizer,
-                               runtime.plan.steps_per_epoch, runtime.plan.num_steps)
-  body = train_step.train_steps(task, optimizer.tx, runtime.plan.num_train, runtime.mesh)
-  return str(jax.make_jaxpr(lambda s, e, sh: body(s, e, sh, 1))(*_abstract_inputs(runtime)))
 
 
 # --- The vectorised train step ------------------------------------------------------------

@@ -1,0 +1,220 @@
+"""configs/mnist.py:official against the authors' code (Sarasra/models, research/capsules),
+each setting re-derived here from the code's arithmetic: the margin loss with its means,
+PrimaryCaps' 1/32 coupling and bias, the inits and biases, the parameter count, TF1's Adam,
+the learning-rate floor and the validation split of ``--validate``; and the comparison-only
+test errors (capsjax/runs/comparison.py)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import mnist
+from capsjax import models, routing
+from capsjax.common.errors import UsageError
+from capsjax.datasets import sources
+from capsjax.models import capsule_layers
+from capsjax.models.capsule_head import CapsuleHead, LossSettings
+from capsjax.models.outputs import Outputs
+from capsjax.runs import comparison
+from capsjax.runs.runconfig import flatten
+from capsjax.training import optimizers
+from helpers import abstract_model, resolved, write_idx_dataset
+
+
+def code_margin_loss(lengths, one_hot):
+  """layers.py ``_margin_loss`` then ``evaluate``'s ``tf.reduce_mean`` (batch and classes)."""
+  logits = lengths - 0.5
+  positive = one_hot * (logits < 0.4) * (logits - 0.4) ** 2
+  negative = (1 - one_hot) * (logits > -0.4) * (logits + 0.4) ** 2
+  return np.mean(0.5 * positive + 0.5 * 0.5 * negative)
+
+
+def test_margin_weight_of_official_is_the_codes_mean_margin_loss():
+  rng = np.random.default_rng(0)
+  lengths = rng.uniform(0, 1, size=(16, 10)).astype(np.float32)
+  labels = rng.integers(0, 10, size=16)
+  weight = mnist.get_config("official").loss.margin_weight
+  head = CapsuleHead(10, False, True, LossSettings(margin_weight=weight))
+  outputs = Outputs(scores=jnp.asarray(lengths), predictions=jnp.argmax(lengths, -1),
+                    log_probabilities=jnp.log(jnp.asarray(lengths)))
+  _, parts = head.loss(outputs, {"labels": jnp.asarray(labels)})
+  expected = code_margin_loss(lengths, np.eye(10)[labels])
+  np.testing.assert_allclose(float(jnp.mean(parts["margin_loss"])), expected, rtol=1e-5)
+  # The paper's Eq. 4 summed over the classes is 20x that.
+  paper = CapsuleHead(10, False, True, LossSettings())
+  _, paper_parts = paper.loss(outputs, {"labels": jnp.asarray(labels)})
+  np.testing.assert_allclose(float(jnp.mean(paper_parts["margin_loss"])), 20 * expected,
+                             rtol=1e-5)
+
+
+def test_official_primary_capsules_are_the_convolution_over_32_plus_the_bias_squashed():
+  """conv_slim_capsule(input_dim=1, num_routing=1): route = softmax(0) over the 32 types, so
+  each vote is scaled by 1/32; + the bias (0.1); squash over the 8 atoms."""
+  c = resolved(mnist.get_config("official")).model
+  assert c.primary.output_scale == 1 / 32 and c.primary.bias_init == 0.1
+  layer = capsule_layers.PrimaryCapsules(
+      16, num_types=c.primary.num_types, dim=c.primary.dim, kernel_size=3, stride=2,
+      init_scale=c.primary.init_scale, bias_init=c.primary.bias_init,
+      output_scale=c.primary.output_scale, rngs=nnx.Rngs(0))
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 9, 9, 16)), jnp.float32)
+  kernel = np.asarray(layer.conv.kernel[...])
+  conv = jax.lax.conv_general_dilated(x, kernel, (2, 2), "VALID",
+                                      dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  votes = np.asarray(conv).reshape(2, -1, c.primary.dim) / 32 + 0.1
+  norm = np.linalg.norm(votes, axis=-1, keepdims=True)
+  expected = votes / norm * norm ** 2 / (1 + norm ** 2)  # layers.py _squash.
+  np.testing.assert_allclose(np.asarray(layer(x).poses), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_official_has_the_codes_parameter_count_and_every_init_and_bias():
+  assert models.count_params(abstract_model(mnist.get_config("official"))) == 8_215_728
+  assert models.count_params(abstract_model(mnist.get_config())) == 8_215_568
+  model = models.create(resolved(mnist.get_config("official")), rngs=nnx.Rngs(0))
+  biases = {"conv1": model.conv1.bias, "primary": model.primary_capsules.conv.bias,
+            "class capsules": model.class_capsules.bias,
+            **{f"decoder {k}": layer.bias for k, layer in enumerate(model.decoder.layers)}}
+  for name, bias in biases.items():
+    np.testing.assert_array_equal(np.asarray(bias[...]), np.float32(0.1), err_msg=name)
+  assert model.class_capsules.bias[...].shape == (10, 16)
+  # TF's truncated_normal_initializer(stddev=s): normal(0, s) redrawn beyond 2 s, whose std
+  # is 0.8796 s.
+  kernels = {"conv1": (model.conv1.kernel, 0.05),
+             "primary": (model.primary_capsules.conv.kernel, 0.1),
+             "class capsules": (model.class_capsules.weights, 0.1),
+             **{f"decoder {k}": (layer.kernel, 0.1)
+                for k, layer in enumerate(model.decoder.layers)}}
+  for name, (kernel, std) in kernels.items():
+    w = np.asarray(kernel[...])
+    assert np.abs(w).max() <= 2 * std + 1e-6, name
+    assert np.std(w) == pytest.approx(0.8796 * std, rel=0.05 if w.size > 5000 else 0.2), name
+
+
+def test_official_changes_exactly_the_documented_settings():
+  """What :official sets apart from the paper's config: the list docs/paper_experiments.md
+  explains, line by line."""
+  paper, official = (flatten(mnist.get_config(v).to_dict()) for v in (None, "official"))
+  changed = {k for k in official if official[k] != paper.get(k)}
+  assert changed == {
+      "loss.margin_weight", "model.conv1.bias_init", "model.primary.init_scale",
+      "model.primary.bias_init", "model.primary.output_scale",
+      "model.class_capsules.use_bias", "model.decoder.init_scale", "model.decoder.bias_init",
+      "optimizer.eps_hat", "optimizer.end_value", "data.validation_split"}
+  assert official["model.conv1.init_scale"] == 0.05  # The paper's config has it already.
+  assert official["model.class_capsules.init_scale"] == 0.1
+  assert official["model.class_capsules.bias_init"] == 0.1
+
+
+def tf1_adam(grads, lr, b1=0.9, b2=0.999, eps=1e-8):
+  """TF1's AdamOptimizer (adam.py, _apply_dense), as NumPy: the updates of each step."""
+  m = v = 0.0
+  out = []
+  for t, g in enumerate(grads, start=1):
+    m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+    lr_t = lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+    out.append(-lr_t * m / (np.sqrt(v) + eps))
+  return np.array(out)
+
+
+def test_eps_hat_is_tf1_adam_and_differs_from_optax_where_eps_matters():
+  grads = np.array([[1e-3, -2e-4, 5e-2]] * 3 + [[-1e-3, 3e-4, 1e-2]] * 2, np.float32)
+  settings = mnist.get_config().optimizer
+  settings.update(dict(eps_hat=True, eps=1e-4, schedule="constant"))
+  tx = optimizers.build(settings).tx
+  params = {"w": jnp.zeros(3)}
+  state, made = tx.init(params), []
+  for g in grads:
+    update, state = tx.update({"w": jnp.asarray(g)}, state, params)
+    made.append(np.asarray(update["w"]))
+  np.testing.assert_allclose(np.array(made), tf1_adam(grads, 1e-3, eps=1e-4), rtol=2e-5)
+  plain = optax.adam(1e-3, eps=1e-4)
+  state = plain.init(params)
+  first, _ = plain.update({"w": jnp.asarray(grads[0])}, state, params)
+  assert not np.allclose(np.asarray(first["w"]), made[0], rtol=1e-3)
+  # The same state layout as without eps_hat: checkpoints restore either way.
+  settings.eps_hat = False
+  assert jax.tree.structure(tx.init(params)) == jax.tree.structure(
+      optimizers.build(settings).tx.init(params))
+
+
+def test_the_learning_rate_floor_binds_only_where_the_decay_goes_below_it():
+  settings = mnist.get_config("official").optimizer
+  built = optimizers.build(settings)
+  floor_step = 2000 * np.log(1e-3 / 1e-6) / np.log(1 / 0.96)  # About step 338,400.
+  assert float(built.schedule(300_000)) == pytest.approx(1e-3 * 0.96 ** 150, rel=1e-4)
+  assert float(built.schedule(int(floor_step) + 20_000)) == pytest.approx(1e-6, rel=1e-6)
+  # A vectorised sweep's traced peak keeps the floor absolute.
+  from capsjax.common import traced_settings
+  with traced_settings.traced({"optimizer.learning_rate": jnp.float32(2e-3)}):
+    assert float(built.schedule(10**6)) == pytest.approx(1e-6, rel=1e-6)
+    assert float(built.schedule(0)) == pytest.approx(2e-3, rel=1e-6)
+  with pytest.raises(UsageError, match="end_value must be >= 0"):
+    settings.end_value = -1.0
+    optimizers.build(settings)
+
+
+def test_validation_split_first_holds_out_the_first_training_digits(tmp_path):
+  data = mnist.get_config().data
+  data.source, data.dir, data.validation_size = "idx", str(
+      write_idx_dataset(tmp_path, num_train=40, num_test=8)), 8
+  images = sources.load(data, (28, 28, 1), 10)
+  data.validation_split = "first"
+  first = sources.load(data, (28, 28, 1), 10)
+  everything = np.concatenate([first["validation"].examples["images"],
+                               first["train"].examples["images"]])
+  data.validation_size = 0
+  np.testing.assert_array_equal(everything, sources.load(data, (28, 28, 1), 10)["train"]
+                                .examples["images"])
+  assert not np.array_equal(images["validation"].examples["images"],
+                            first["validation"].examples["images"])
+  data.validation_size, data.validation_split = 8, "last"
+  with pytest.raises(UsageError, match="validation_split must be 'random'.*got 'last'"):
+    sources.load(data, (28, 28, 1), 10)
+
+
+def test_comparison_errors_by_hand():
+  records = [{"kind": "train", "step": 10, "accuracy": 1.0},
+             {"kind": "test", "step": 10, "accuracy": 0.90, "error": 0.10},
+             {"kind": "validation", "step": 10, "accuracy": 0.91},
+             {"kind": "test", "step": 20, "accuracy": 0.97, "error": 0.03},
+             {"kind": "validation", "step": 20, "accuracy": 0.95},
+             {"kind": "test", "step": 30, "accuracy": 0.96, "error": 0.04},
+             {"kind": "validation", "step": 30, "accuracy": 0.99},
+             {"kind": "test", "step": 40, "accuracy": 0.95, "error": 0.05},
+             {"kind": "validation", "step": 40, "accuracy": 0.99}]
+  assert comparison.comparison_errors(records) == {
+      "min_test_error": 0.03, "min_test_error_step": 20,
+      "validation_chosen_test_error": 0.04, "validation_chosen_step": 30}
+  assert comparison.comparison_errors(records[:2]) == {"min_test_error": 0.10,
+                                                       "min_test_error_step": 10}
+  assert comparison.comparison_errors([]) == {}
+
+
+def test_old_loss_configs_read_the_papers_margin_weight():
+  old = mnist.get_config().loss
+  del old["margin_weight"]
+  assert LossSettings.from_config(old).margin_weight == 1.0
+  from capsjax.runs import runconfig
+  raw = mnist.get_config().to_dict()
+  del raw["loss"]["margin_weight"]
+  raw["model"]["name"] = "capsnet"
+  assert runconfig.from_raw(raw).loss.margin_weight == 1.0
+
+
+def test_the_official_experiment_lists_its_stages_in_order():
+  from capsjax import sweep
+
+  path = "experiments/paper_table1_official.py"
+  module = sweep.load_experiment(path)
+  points = sweep.expand(sweep.experiment_sweep(module, path))
+  assert [p.seed for p in points] == [0, 1, 2, 0, 1, 2]
+  assert all(p.overrides["config"] == "configs/mnist.py:official" for p in points[:3])
+  assert points[3].overrides["loss.margin_weight"] == 0.05 and "config" not in points[3].overrides
+  assert all(p.overrides["train.eval_every_steps"] == 1500 for p in points)
+  [budget] = sweep.expand(sweep.experiment_sweep(module, path + ":budget"))
+  assert budget.seed == 0 and budget.overrides["train.num_steps"] == 150_000
+  tiny = sweep.expand(sweep.experiment_sweep(module, path + ":tiny"))
+  assert tiny[0].overrides["config"] == "configs/mnist.py:official,smoke"
+  assert module.paper_error({}) == "0.25 ± 0.005"
