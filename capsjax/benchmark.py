@@ -13,7 +13,7 @@ the device it runs on:
   name) is the time that takes over the measured step time;
 * memory: the bytes per image the compiled step moves (``bytes_per_image``: every kernel's
   operands and output, loops multiplied by their trip counts,
-  :mod:`capsjax.runs.hlo_traffic`; XLA's own ``bytes accessed`` before and after optimisation
+  :mod:`capsjax.perf.hlo_traffic`; XLA's own ``bytes accessed`` before and after optimisation
   are reported beside it, ``xla_bytes_per_image_*``, but count a loop's body once) at the
   measured bandwidth of an elementwise pass over a large array (``copy_gb_per_s``, bytes read
   plus written); ``memory_fraction`` likewise.
@@ -23,12 +23,14 @@ is bound by neither: launch latency, host work or poorly shaped kernels. With ``
 also the ops executed per step (``launches_per_step``: kernels on a GPU, thunks on the CPU)
 and a per-layer table of time and bytes. The last line printed is one JSON object with these
 numbers. Data are random bytes already on the device, through the same jitted step that
-training uses.
+training uses. docs/benchmarking.md defines each field, with its unit and caveats.
 """
 
 import json
 import os
+import resource
 import time
+import types
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -36,183 +38,78 @@ from ml_collections import config_flags
 from capsjax.common.errors import UsageError
 from capsjax.runs import cli
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
-_SECONDS = flags.DEFINE_float("seconds", 20.0, "Minimum time to measure each rate over.")
-_MATMUL_SIZE = flags.DEFINE_integer("matmul_size", 0,
-                                    "n of the n x n matmul; 0: 2048 on CPU, 8192 elsewhere.")
-_COPY_MB = flags.DEFINE_integer(
-    "copy_mb", 0, "MiB of the array the bandwidth is measured on; 0: 64 on CPU, 1024 elsewhere "
-    "(well beyond the caches).")
-_PROFILE = flags.DEFINE_boolean(
-    "profile", False, "Also print the train step's time per layer (forward and backward ms, "
-    "share), from a JAX profiler trace (on a GPU without XLA's command buffers, so that each "
-    "kernel is seen).")
-_PROFILE_DEPTH = flags.DEFINE_integer(
-    "profile_depth", 2, "Parts of a module's path a --profile row keeps (decoder.layers.0 at 2: "
-    "decoder.layers).")
-_RUNS = flags.DEFINE_list(
-    "runs", [], "Instead: train images/s summed over N runs trained as one vectorised program "
-    "(capsjax.sweep --vectorize), for each N listed (e.g. 1,2,4,8); N=1 is the ordinary step, "
-    "and N runs one by one would sum to its rate.")
-flags.mark_flags_as_required(["config"])
+# The command's flags (define_flags), once it runs.
+FLAGS: types.SimpleNamespace | None = None
 
 
-def _time_repeated(fn, min_seconds: float, min_repeats: int = 3) -> float:
-  """Seconds per call of ``fn`` (which blocks), over at least ``min_seconds``."""
-  fn()  # Warm-up.
-  repeats, start = 0, time.perf_counter()
-  while repeats < min_repeats or time.perf_counter() - start < min_seconds:
-    fn()
-    repeats += 1
-  return (time.perf_counter() - start) / repeats
-
-
-def _first(cost):
-  """A cost analysis as one dict: some JAX versions give one per partition."""
-  return cost[0] if isinstance(cost, (list, tuple)) else cost
-
-
-def _flops(lowered) -> tuple[float, str]:
-  """FLOPs of a lowered program and where the count comes from: XLA's cost analysis of the
-  program before optimisation where the backend gives one (the CPU does; JAX 0.11's GPU backend
-  gives none), else of the optimised program, in which a GPU's cuDNN convolutions count as no
-  FLOPs (a lower bound, named as such)."""
-  cost = _first(lowered.cost_analysis())
-  if cost and "flops" in cost:
-    return float(cost["flops"]), "xla_cost_analysis_before_optimisation"
-  cost = _first(lowered.compile().cost_analysis())
-  return float(cost["flops"]), "xla_cost_analysis_after_optimisation_lower_bound"
-
-
-def matmul_gflop_per_s(n: int, min_seconds: float) -> float:
-  """Rate of an ``n x n`` f32 matmul on the default device (chained, so it is not cached)."""
-  import jax
-  import jax.numpy as jnp
-
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32) / n ** 0.5
-  step = jax.jit(lambda x: x @ a)
-  x = [a]
-
-  def run():
-    x[0] = step(x[0])
-    x[0].block_until_ready()
-
-  return 2 * n ** 3 / _time_repeated(run, min_seconds) / 1e9
-
-
-def copy_gb_per_s(num_bytes: int, min_seconds: float) -> float:
-  """Bandwidth of an elementwise pass over an f32 array of ``num_bytes`` on the default device
-  (each call reads it and writes a new one: 2 x ``num_bytes`` moved; chained, so it is not
-  cached), in GB/s."""
-  import jax
-  import jax.numpy as jnp
-
-  x = [jnp.zeros((num_bytes // 4,), jnp.float32)]
-  step = jax.jit(lambda v: v * 0.5 + 1.0)
-
-  def run():
-    x[0] = step(x[0])
-    x[0].block_until_ready()
-
-  return 2 * (num_bytes // 4) * 4 / _time_repeated(run, min_seconds) / 1e9
-
-
-def _xla_bytes(cost) -> float | None:
-  cost = _first(cost)
-  return float(cost["bytes accessed"]) if cost and "bytes accessed" in cost else None
-
-
-def roofline(flops_per_image: float, bytes_per_image: float, images_per_second: float,
-             matmul_gflop_per_s: float, copy_gb_per_s: float) -> dict:
-  """The step against the device's two bounds: the seconds per image its FLOPs take at the
-  matmul rate and its bytes at the bandwidth, each over the measured seconds per image
-  (``compute_fraction``, ``memory_fraction``), and which bound is the larger (``bound``)."""
-  compute = flops_per_image / (matmul_gflop_per_s * 1e9)
-  memory = bytes_per_image / (copy_gb_per_s * 1e9)
-  return {"compute_fraction": compute * images_per_second,
-          "memory_fraction": memory * images_per_second,
-          "bound": "compute" if compute >= memory else "memory"}
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
+  """The command's flags, in ``flag_values``; ``argv`` (default sys.argv) holds the
+  config flags' overrides."""
+  global FLAGS
+  define = dict(flag_values=flag_values)
+  FLAGS = types.SimpleNamespace(
+      config=config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True,
+                                             sys_argv=argv, **define),
+      seconds=flags.DEFINE_float("seconds", 20.0, "Minimum time to measure each rate over.",
+                                 **define),
+      matmul_size=flags.DEFINE_integer(
+          "matmul_size", 0, "n of the n x n matmul; 0: 2048 on CPU, 8192 elsewhere.",
+          **define),
+      copy_mb=flags.DEFINE_integer(
+          "copy_mb", 0, "MiB of the array the bandwidth is measured on; 0: 64 on CPU, 1024 "
+          "elsewhere (well beyond the caches).", **define),
+      profile=flags.DEFINE_boolean(
+          "profile", False, "Also print the train step's time per layer (forward and "
+          "backward ms, share), from a JAX profiler trace (on a GPU without XLA's command "
+          "buffers, so that each kernel is seen).", **define),
+      profile_depth=flags.DEFINE_integer(
+          "profile_depth", 2, "Parts of a module's path a --profile row keeps "
+          "(decoder.layers.0 at 2: decoder.layers).", **define),
+      runs=flags.DEFINE_list(
+          "runs", [], "Instead: train images/s summed over N runs trained as one vectorised "
+          "program (capsjax.sweep --vectorize), for each N listed (e.g. 1,2,4,8); N=1 is the "
+          "ordinary step, and N runs one by one would sum to its rate.", **define))
+  flags.mark_flags_as_required(["config"], flag_values=flag_values)
+  return FLAGS
 
 
 def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
                   profile_depth: int = 0, copy_mb: int = 0) -> dict:
   """The measurements of the module docstring as a dict; with ``profile_depth > 0`` also
-  ``layer_profile``, the rows of :func:`capsjax.runs.layer_profile.layer_table` (and
+  ``layer_profile``, the rows of :func:`capsjax.perf.layer_profile.layer_table` (and
   ``layer_profile_table``, their markdown)."""
-  import contextlib
-  import resource
-
   import jax
 
-  from capsjax.runs import hlo_traffic, layer_profile
+  from capsjax.perf import costs, rates
 
   devices = jax.devices()
-  batch = config.train.batch_size
-  num_steps = config.train.steps_per_dispatch
+  batch, num_steps = config.train.batch_size, config.train.steps_per_dispatch
   runtime, split, state = _random_data_runtime(config)
   examples, shared = runtime.on_devices(split)
-
   train_step = runtime.make_train_step()
-  start = time.perf_counter()
-  scopes = (layer_profile.module_scopes(runtime.task.model_class, runtime.task.abstract_model)
-            if profile_depth else contextlib.nullcontext())
-  with scopes:  # Named scopes only label ops: the computation is the same.
-    compiled = train_step.lower(state, examples, shared, num_steps).compile()
-  compile_seconds = time.perf_counter() - start
-  # XLA's cost analysis counts a loop's body once: with steps fused by lax.scan it would give
-  # the FLOPs of one step, not of num_steps. So they are counted on a single step, and on the
-  # program before XLA's optimisations: after them, a GPU's convolutions are cuDNN custom calls
-  # that the analysis counts as no FLOPs (the paper model's 1.23 GFLOP per image read 0.024 on
-  # an H200), while before them every backend counts the same program.
-  single = train_step.lower(state, examples, shared, 1)
-  flops, flops_source = _flops(single)
-  # The program before partitioning is the whole batch's, on however many devices.
-  flops_per_image = flops / batch
-  # Bytes: the compiled program as it runs (num_steps steps, loops multiplied out), the
-  # whole batch's on one device; on several, each device's program moves its share.
-  traffic = hlo_traffic.program_traffic(compiled.as_text())
-  bytes_per_image = traffic.total_bytes * len(devices) / (batch * num_steps)
-  xla_before = _xla_bytes(single.cost_analysis())
-  xla_after = _xla_bytes(compiled.cost_analysis())  # Counts the steps' loop body once.
-  memory = compiled.memory_analysis()
-  temp_bytes = int(memory.temp_size_in_bytes) if memory is not None else None
-  # What the step holds at once by XLA's buffer assignment: inputs, outputs (less those that
-  # reuse an input's buffer) and temporaries.
-  step_bytes = None if memory is None else int(
-      memory.argument_size_in_bytes + memory.output_size_in_bytes
-      - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
-
+  compiled, compile_seconds = _compile(runtime, train_step, state, examples, shared,
+                                       num_steps, profile_depth)
+  cost = costs.step_costs(train_step, compiled, state, examples, shared, batch, num_steps,
+                          len(devices))
   holder = [state]
 
   def train_once():
     holder[0], metrics = compiled(holder[0], examples, shared)
     jax.block_until_ready(metrics)
 
-  train_seconds = _time_repeated(train_once, min_seconds)
+  train_seconds = rates.time_repeated(train_once, min_seconds)
   train_rate = batch * num_steps / train_seconds
-  profiled = {}
-  if profile_depth:
-    seconds, launches = layer_profile.trace_ops(train_once, repeats=3)
-    rows = layer_profile.layer_table(
-        seconds, layer_profile.op_layers(compiled.as_text(), profile_depth), per=num_steps,
-        bytes_by_op=traffic.bytes_by_op)
-    profiled = {"launches_per_step": launches / num_steps,
-                "layer_profile": [row._asdict() for row in rows],
-                "layer_profile_table": layer_profile.format_table(rows,
-                                                                  train_seconds / num_steps)}
-
-  eval_batch = config.eval.batch_size
-  eval_set = runtime.runner.eval_set(runtime.splits["test"].first(eval_batch),
-                                     runtime.task.dataset.eval_batch)
-  eval_seconds = _time_repeated(lambda: runtime.runner.evaluate(holder[0].variables, eval_set),
-                                min_seconds / 2)
-  eval_rate = eval_batch / eval_seconds
-
+  profiled = (_profile(train_once, compiled, cost["traffic"], profile_depth, num_steps,
+                       train_seconds) if profile_depth else {})
+  eval_rate = _eval_rate(runtime, lambda: holder[0].variables, config.eval.batch_size,
+                         min_seconds / 2)
   n = matmul_size or (2048 if devices[0].platform == "cpu" else 8192)
-  matmul_rate = matmul_gflop_per_s(n, min_seconds / 2)
+  matmul_rate = rates.matmul_gflop_per_s(n, min_seconds / 2)
   copy_bytes = (copy_mb or (64 if devices[0].platform == "cpu" else 1024)) * 2 ** 20
-  copy_rate = copy_gb_per_s(copy_bytes, min_seconds / 2)
+  copy_rate = rates.copy_gb_per_s(copy_bytes, min_seconds / 2)
+  flops_per_image, bytes_per_image = cost["flops_per_image"], cost["bytes_per_image"]
   train_gflops = flops_per_image * train_rate / 1e9
+  xla_before, xla_after = cost["xla_before"], cost["xla_after"]
   return {
       "batch_size": batch,
       "steps_per_dispatch": num_steps,
@@ -220,7 +117,7 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
       "train_images_per_second": train_rate,
       "eval_images_per_second": eval_rate,
       "train_gflop_per_image": flops_per_image / 1e9,
-      "flops_source": flops_source,
+      "flops_source": cost["flops_source"],
       "train_gflop_per_s": train_gflops,
       "matmul_size": n,
       "matmul_gflop_per_s": matmul_rate,
@@ -230,13 +127,13 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
                                                   if xla_before is not None else None),
       "xla_bytes_per_image_after_optimisation": (xla_after * len(devices) / batch
                                                  if xla_after is not None else None),
-      "loops_of_unknown_trip_count": traffic.unknown_trip_counts,
+      "loops_of_unknown_trip_count": cost["traffic"].unknown_trip_counts,
       "copy_size_bytes": copy_bytes,
       "copy_gb_per_s": copy_rate,
-      **roofline(flops_per_image, bytes_per_image, train_rate, matmul_rate, copy_rate),
+      **costs.roofline(flops_per_image, bytes_per_image, train_rate, matmul_rate, copy_rate),
       "compile_seconds": compile_seconds,
-      "temp_memory_bytes": temp_bytes,
-      "step_memory_bytes": step_bytes,
+      "temp_memory_bytes": cost["temp_bytes"],
+      "step_memory_bytes": cost["step_bytes"],
       "device_peak_bytes": (devices[0].memory_stats() or {}).get("peak_bytes_in_use"),
       "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
       "device": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
@@ -251,6 +148,49 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
   }
 
 
+def _compile(runtime, train_step, state, examples, shared, num_steps: int,
+             profile_depth: int):
+  """The train step compiled for ``num_steps`` steps per dispatch, and the seconds it took;
+  with a profile, its ops labelled by the model's layers (named scopes only label ops: the
+  computation is the same)."""
+  import contextlib
+
+  from capsjax.perf import layer_profile
+
+  start = time.perf_counter()
+  scopes = (layer_profile.module_scopes(runtime.task.model_class, runtime.task.abstract_model)
+            if profile_depth else contextlib.nullcontext())
+  with scopes:
+    compiled = train_step.lower(state, examples, shared, num_steps).compile()
+  return compiled, time.perf_counter() - start
+
+
+def _profile(train_once, compiled, traffic, depth: int, num_steps: int,
+             train_seconds: float) -> dict:
+  """``launches_per_step`` and the per-layer table (``layer_profile``, and its markdown) of
+  three traced calls of ``train_once``."""
+  from capsjax.perf import layer_profile
+
+  seconds, launches = layer_profile.trace_ops(train_once, repeats=3)
+  rows = layer_profile.layer_table(seconds, layer_profile.op_layers(compiled.as_text(), depth),
+                                   per=num_steps, bytes_by_op=traffic.bytes_by_op)
+  return {"launches_per_step": launches / num_steps,
+          "layer_profile": [row._asdict() for row in rows],
+          "layer_profile_table": layer_profile.format_table(rows, train_seconds / num_steps)}
+
+
+def _eval_rate(runtime, variables, eval_batch: int, min_seconds: float) -> float:
+  """Eval images/s of one evaluation batch of the test split (``variables()``: the current
+  parameters)."""
+  from capsjax.perf import rates
+
+  eval_set = runtime.runner.eval_set(runtime.splits["test"].first(eval_batch),
+                                     runtime.task.dataset.eval_batch)
+  seconds = rates.time_repeated(lambda: runtime.runner.evaluate(variables(), eval_set),
+                                min_seconds)
+  return eval_batch / seconds
+
+
 def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> list[dict]:
   """Per N of ``run_counts``: train images/s summed over N runs advanced by one vectorised
   step (:class:`capsjax.training.vectorize.VectorizedStep`; N=1: the ordinary jitted step),
@@ -258,6 +198,7 @@ def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> 
   and the step's new memory per device."""
   import jax
 
+  from capsjax.perf import rates
   from capsjax.training import memory, vectorize
 
   batch, num_steps = config.train.batch_size, config.train.steps_per_dispatch
@@ -280,7 +221,7 @@ def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> 
       holder[0], metrics = call()
       jax.block_until_ready(metrics)
 
-    seconds = _time_repeated(once, min_seconds)
+    seconds = rates.time_repeated(once, min_seconds)
     rate = runs * batch * num_steps / seconds
     rows.append({"runs": runs, "images_per_second": rate,
                  "speedup": rate / rows[0]["images_per_second"] if rows else 1.0,
@@ -325,20 +266,22 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)
+  f = FLAGS
   with cli.clear_errors():
-    if _PROFILE.value and _PROFILE_DEPTH.value < 1:
-      raise UsageError(f"--profile_depth must be at least 1, got {_PROFILE_DEPTH.value}.")
-    if _RUNS.value:
-      counts = [_positive_int(n) for n in _RUNS.value]
-      rows = vectorized_throughput(cli.config_from_flag(_CONFIG), counts, _SECONDS.value)
+    if f.profile.value and f.profile_depth.value < 1:
+      raise UsageError(f"--profile_depth must be at least 1, got {f.profile_depth.value}.")
+    if f.runs.value:
+      counts = [_positive_int(n) for n in f.runs.value]
+      rows = vectorized_throughput(cli.config_from_flag(f.config), counts, f.seconds.value)
       _print_runs_table(rows)
       return
-    if _PROFILE.value:  # Before any backend starts (layer_profile's docstring says why).
-      from capsjax.runs import layer_profile
+    if f.profile.value:  # Before any backend starts (layer_profile's docstring says why).
+      from capsjax.perf import layer_profile
       os.environ["XLA_FLAGS"] = layer_profile.without_command_buffers(
           os.environ.get("XLA_FLAGS", ""))
-    result = run_benchmark(cli.config_from_flag(_CONFIG), _SECONDS.value, _MATMUL_SIZE.value,
-                           _PROFILE_DEPTH.value if _PROFILE.value else 0, _COPY_MB.value)
+    result = run_benchmark(cli.config_from_flag(f.config), f.seconds.value,
+                           f.matmul_size.value, f.profile_depth.value if f.profile.value else 0,
+                           f.copy_mb.value)
   table = result.pop("layer_profile_table", None)
   for key, value in result.items():
     if key == "layer_profile":
@@ -373,4 +316,4 @@ def _print_runs_table(rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-  cli.run(main, "capsjax.benchmark")
+  cli.run(main, "capsjax.benchmark", define_flags)

@@ -27,6 +27,7 @@ they are. A name the run's config already evaluates is refused.
 """
 
 import os
+import types
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -34,24 +35,38 @@ from ml_collections import config_flags
 from capsjax.common.errors import UsageError
 from capsjax.runs import cli
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory.")
-_ENSEMBLE = flags.DEFINE_string(
-    "ensemble", None, "Comma-separated run directories, or one sweep directory (its finished "
-    "runs): evaluate them as an ensemble, averaging their class scores.")
-_OUTPUT = flags.DEFINE_string("output", None, "Where --ensemble writes ensemble.json (default: "
-                              "the sweep directory, or the members' common parent).")
-_CHECKPOINT = flags.DEFINE_string(
-    "checkpoint", "latest", "'latest' (the final checkpoint), a step number, or 'best' (by "
-    "validation accuracy; only for runs that held out a validation split).")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "Override config.data.dir.")
-_MAX_SHIFT = flags.DEFINE_integer(
-    "max_shift", 0, "Also evaluate the test set shifted by every (dx, dy) with |dx|, |dy| <= "
-    "this many pixels (zero padding, as the training shifts).")
+# The command's flags (define_flags), once it runs.
+FLAGS: types.SimpleNamespace | None = None
 
-_EVALS = config_flags.DEFINE_config_file(
-    "evals", None, "A config file of further evaluations ({name: settings}, e.g. "
-    "configs/evals/robustness.py): run them on the run's checkpoint and write "
-    "WORKDIR/extra_evaluations.json.")
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
+  """The command's flags, in ``flag_values``; ``argv`` (default sys.argv) holds the
+  config flags' overrides."""
+  global FLAGS
+  define = dict(flag_values=flag_values)
+  FLAGS = types.SimpleNamespace(
+      workdir=flags.DEFINE_string("workdir", None, "The run's directory.", **define),
+      ensemble=flags.DEFINE_string(
+          "ensemble", None, "Comma-separated run directories, or one sweep directory (its "
+          "finished runs): evaluate them as an ensemble, averaging their class scores.",
+          **define),
+      output=flags.DEFINE_string(
+          "output", None, "Where --ensemble writes ensemble.json (default: the sweep "
+          "directory, or the members' common parent).", **define),
+      checkpoint=flags.DEFINE_string(
+          "checkpoint", "latest", "'latest' (the final checkpoint), a step number, or 'best' "
+          "(by validation accuracy; only for runs that held out a validation split).",
+          **define),
+      data_dir=flags.DEFINE_string("data_dir", None, "Override config.data.dir.", **define),
+      max_shift=flags.DEFINE_integer(
+          "max_shift", 0, "Also evaluate the test set shifted by every (dx, dy) with |dx|, "
+          "|dy| <= this many pixels (zero padding, as the training shifts).", **define),
+      evals=config_flags.DEFINE_config_file(
+          "evals", None, "A config file of further evaluations ({name: settings}, e.g. "
+          "configs/evals/robustness.py): run them on the run's checkpoint and write "
+          "WORKDIR/extra_evaluations.json.", sys_argv=argv, **define))
+  return FLAGS
+
 
 SHIFTED = "shifted_test"  # The name of the --max_shift evaluation.
 EXTRA = "extra_evaluations.json"
@@ -167,23 +182,25 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)
+  f = FLAGS
   with cli.clear_errors():
-    if bool(_WORKDIR.value) == bool(_ENSEMBLE.value):
+    if bool(f.workdir.value) == bool(f.ensemble.value):
       raise UsageError("Give --workdir=DIR (one run) or --ensemble=DIR1,DIR2,... (several).")
-    if _ENSEMBLE.value:
+    if f.ensemble.value:
       from capsjax.training import ensemble
 
-      ensemble.evaluate_ensemble(_ENSEMBLE.value.split(","), _CHECKPOINT.value,
-                                 _DATA_DIR.value, _OUTPUT.value)
-    elif flags.FLAGS["evals"].present:
-      if _MAX_SHIFT.value:
+      ensemble.evaluate_ensemble(f.ensemble.value.split(","), f.checkpoint.value,
+                                 f.data_dir.value, f.output.value)
+    elif f.evals.present:
+      if f.max_shift.value:
         raise UsageError("--max_shift re-evaluates the run's own evaluations; run it without "
                          "--evals.")
-      evaluate_new(_WORKDIR.value, cli.config_from_flag(_EVALS), _CHECKPOINT.value,
-                   _DATA_DIR.value)
+      evaluate_new(f.workdir.value, cli.config_from_flag(f.evals), f.checkpoint.value,
+                   f.data_dir.value)
     else:
-      evaluate_workdir(_WORKDIR.value, _CHECKPOINT.value, _DATA_DIR.value, _MAX_SHIFT.value)
+      evaluate_workdir(f.workdir.value, f.checkpoint.value, f.data_dir.value,
+                       f.max_shift.value)
 
 
 if __name__ == "__main__":
-  cli.run(main, "capsjax.evaluate")
+  cli.run(main, "capsjax.evaluate", define_flags)

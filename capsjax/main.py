@@ -9,15 +9,31 @@ cluster, start one process per host with --distributed (or with
 --coordinator_address, --num_processes and --process_id).
 """
 
+import types
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from capsjax.runs import cli, distributed  # distributed defines the multi-host flags.
+from capsjax.runs import cli, distributed
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/mnist.py.",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, figures.")
-flags.mark_flags_as_required(["config", "workdir"])
+# The command's flags (define_flags), once it runs.
+FLAGS: types.SimpleNamespace | None = None
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
+  """--config, --workdir and the multi-host flags, in ``flag_values``; ``argv`` (default
+  sys.argv) holds the --config.* overrides."""
+  global FLAGS
+  FLAGS = types.SimpleNamespace(
+      config=config_flags.DEFINE_config_file(
+          "config", None, "Config file, e.g. configs/mnist.py.", lock_config=True,
+          sys_argv=argv, flag_values=flag_values),
+      workdir=flags.DEFINE_string("workdir", None,
+                                  "Directory for checkpoints, metrics, figures.",
+                                  flag_values=flag_values))
+  flags.mark_flags_as_required(["config", "workdir"], flag_values=flag_values)
+  distributed.define_flags(flag_values)
+  return FLAGS
 
 
 def main(argv):
@@ -28,8 +44,8 @@ def main(argv):
   from capsjax import train  # After jax.distributed.initialize.
 
   with cli.clear_errors():
-    train.train_and_evaluate(cli.config_from_flag(_CONFIG), _WORKDIR.value)
+    train.train_and_evaluate(cli.config_from_flag(FLAGS.config), FLAGS.workdir.value)
 
 
 if __name__ == "__main__":
-  cli.run(main, "capsjax.main")
+  cli.run(main, "capsjax.main", define_flags)

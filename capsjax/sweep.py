@@ -41,6 +41,7 @@ import os
 import pathlib
 import re
 import sys
+import types
 from typing import NamedTuple
 
 from absl import flags, logging
@@ -306,10 +307,11 @@ def _experiment_path_from_argv(argv: list[str]) -> str | None:
   return None
 
 
-def _default_config_from_argv() -> str | None:
-  if __name__ != "__main__" or any(a.startswith("--help") for a in sys.argv):
+def _default_config_from_argv(argv: list[str]) -> str | None:
+  """The experiment's BASE_CONFIG, the default of --config (None for --help)."""
+  if any(a.startswith("--help") for a in argv):
     return None
-  path = _experiment_path_from_argv(sys.argv)
+  path = _experiment_path_from_argv(argv)
   try:
     if path is None:
       raise UsageError("Usage: python -m capsjax.sweep EXPERIMENT.py --workdir=DIR "
@@ -320,56 +322,70 @@ def _default_config_from_argv() -> str | None:
     sys.exit(2)
 
 
-_DEFAULT_CONFIG = _default_config_from_argv()
+# The command's flags (define_flags), once it runs.
+FLAGS: types.SimpleNamespace | None = None
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", _DEFAULT_CONFIG, "Base config; defaults to the experiment's BASE_CONFIG.",
-    lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory; one sub-workdir per run.")
-_INDEX = flags.DEFINE_list("index", None, "Run only point K (0-based), e.g. "
-                           "$SLURM_ARRAY_TASK_ID, or the points K,L,... (vectorised together "
-                           "where they can be).")
-_LIST = flags.DEFINE_bool("list", False, "Print the points and exit.")
-_COLLECT = flags.DEFINE_bool("collect", False, "Only collect results of finished runs.")
-_VECTORIZE = flags.DEFINE_bool(
-    "vectorize", None, "Train the points that differ only in seeds, learning rates, loss "
-    "weights or init scales (and load equal data) as one program each (jax.vmap over runs). Default: groups of 4 or "
-    "more on accelerators, none on CPUs (docs/performance.md); --novectorize: one at a time.")
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv: list[str] | None = None):
+  """The command's flags, in ``flag_values``; ``argv`` names the experiment, whose base
+  config is the default of --config (so --config.* overrides parse against it)."""
+  global FLAGS
+  define = dict(flag_values=flag_values)
+  FLAGS = types.SimpleNamespace(
+      config=config_flags.DEFINE_config_file(
+          "config", _default_config_from_argv(argv if argv is not None else sys.argv),
+          "Base config; defaults to the experiment's BASE_CONFIG.", lock_config=True,
+          sys_argv=argv, **define),
+      workdir=flags.DEFINE_string("workdir", None,
+                                  "Sweep directory; one sub-workdir per run.", **define),
+      index=flags.DEFINE_list(
+          "index", None, "Run only point K (0-based), e.g. $SLURM_ARRAY_TASK_ID, or the "
+          "points K,L,... (vectorised together where they can be).", **define),
+      list=flags.DEFINE_bool("list", False, "Print the points and exit.", **define),
+      collect=flags.DEFINE_bool("collect", False, "Only collect results of finished runs.",
+                                **define),
+      vectorize=flags.DEFINE_bool(
+          "vectorize", None, "Train the points that differ only in seeds, learning rates, "
+          "loss weights or init scales (and load equal data) as one program each (jax.vmap "
+          "over runs). Default: groups of 4 or more on accelerators, none on CPUs "
+          "(docs/performance.md); --novectorize: one at a time.", **define))
+  return FLAGS
 
 
 def main(argv):
   logging.set_verbosity(logging.WARNING)
+  f = FLAGS
   with cli.clear_errors():
     if len(argv) != 2:
       raise UsageError("Usage: python -m capsjax.sweep EXPERIMENT.py --workdir=DIR "
                        "[--config.KEY=VALUE ...] [--index=K | --list | --collect]")
     experiment = load_experiment(argv[1])
     points = expand(experiment_sweep(experiment, argv[1]))
-    if _LIST.value:
+    if f.list.value:
       for p in points:
-        done = _WORKDIR.value and is_finished(os.path.join(_WORKDIR.value, p.name))
+        done = f.workdir.value and is_finished(os.path.join(f.workdir.value, p.name))
         print(f"{p.index}\t{p.name}\t{'finished' if done else ''}".rstrip())
       return
-    if not _WORKDIR.value:
+    if not f.workdir.value:
       raise UsageError("--workdir is required.")
-    workdir = os.path.abspath(_WORKDIR.value)
-    command_line = config_flags.get_override_values(flags.FLAGS["config"])
-    config = cli.config_from_flag(_CONFIG)
+    workdir = os.path.abspath(f.workdir.value)
+    command_line = config_flags.get_override_values(cli.flag_of(f.config))
+    config = cli.config_from_flag(f.config)
     report = {"tables": getattr(experiment, "TABLES", None),
               "matched": getattr(experiment, "MATCHED", None),
               "references": getattr(experiment, "REFERENCES", None)}
-    if _COLLECT.value:
+    if f.collect.value:
       collect(points, workdir, **report)
       return
     from capsjax.training import vectorize
 
-    min_runs = 2 if _VECTORIZE.value else None
-    if _VECTORIZE.value is None:
+    min_runs = 2 if f.vectorize.value else None
+    if f.vectorize.value is None:
       min_runs = vectorize.default_min_runs()
     run = (functools.partial(run_vectorized, min_runs=min_runs) if min_runs is not None
            else run_points)
-    if _INDEX.value:
-      selected = [points[k] for k in _indices(_INDEX.value, len(points))]
+    if f.index.value:
+      selected = [points[k] for k in _indices(f.index.value, len(points))]
       for p in selected:
         point_config(config, p, command_line)
       run(config, selected, workdir, command_line, skip_held=False)
@@ -396,4 +412,4 @@ def _indices(texts: list[str], num_points: int) -> list[int]:
 
 
 if __name__ == "__main__":
-  cli.run(main, "capsjax.sweep")
+  cli.run(main, "capsjax.sweep", define_flags)

@@ -31,19 +31,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   created = not os.path.isdir(workdir)
   workdir = workdirs.prepare(workdir)
   with workdirs.hold(workdir, tidy_failed_start=True, created=created), \
-       preemption.watch() as stop:
+       preemption.watch() as stop, memory.advice_on_allocation_failure(config):
     runtime.load()
     run = run_lib.Run(runtime, workdir)
-    state = run.start()
-    examples, shared = runtime.on_devices(runtime.splits["train"])
-    # Compiled and its memory checked before the first step (memory.OutOfMemory says what to
-    # change, and nothing of the run is written).
-    train_step = memory.CompiledSteps(runtime.make_train_step(), runtime.config)
-    while run.training:
-      n = run.plan.next_dispatch(run.step)
-      state, metrics = train_step(state, examples, shared, n)
-      run.dispatched(n, metrics, state)
-      if stop.due(run.step):
-        run_lib.stopped(stop, [(run, state)])
-      run.after_dispatch(state)
-    return run.finish(state)
+    try:
+      state = run.start()
+      examples, shared = runtime.on_devices(runtime.splits["train"])
+      # Compiled and its memory checked before the first step (memory.OutOfMemory says what to
+      # change, and nothing of the run is written).
+      train_step = memory.CompiledSteps(runtime.make_train_step(), runtime.config)
+      while run.training:
+        n = run.plan.next_dispatch(run.step)
+        state, metrics = train_step(state, examples, shared, n)
+        run.dispatched(n, metrics, state)
+        if stop.due(run.step):
+          run_lib.stopped(stop, [(run, state)])
+        run.after_dispatch(state)
+      return run.finish(state)
+    except BaseException:
+      run.close()  # A checkpoint still being written is finished: nothing saved is lost.
+      raise

@@ -135,6 +135,7 @@ def make_config(*, smoke: bool = False, official: bool = False) -> ml_collection
 
   c.eval = ml_collections.ConfigDict()
   c.eval.batch_size = 500
+  c.eval.figures = True           # After training: curves, diagnostics, the model's figures.
   c.eval.num_figure_examples = 8
 
   # Evaluations (capsjax/evaluators), by name; "test" is the main test set. A held-out

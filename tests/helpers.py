@@ -129,10 +129,14 @@ SMOKE = str(REPO / "configs" / "mnist.py") + ":smoke"
 
 
 def run_main(workdir, *overrides, devices=4, extra_flags=(), timeout=300, data_dir=None,
-             wait=True, config=SMOKE):
+             wait=True, config=SMOKE, figures=False):
+  """``python -m capsjax.main`` on the smoke config (or ``config``); no figures unless
+  ``figures`` (the tests that check them ask)."""
   env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), TF_CPP_MIN_LOG_LEVEL="3")
   cmd = [sys.executable, "-m", "capsjax.main", f"--config={config}", f"--workdir={workdir}",
          "--config.data.source=idx", *extra_flags]
+  if not figures:
+    cmd.append("--config.eval.figures=false")
   if data_dir is not None:
     cmd.append(f"--config.data.dir={data_dir}")
   cmd += list(overrides)
@@ -140,6 +144,46 @@ def run_main(workdir, *overrides, devices=4, extra_flags=(), timeout=300, data_d
     return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
   return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def run_in_process(capsys, module: str, *argv) -> subprocess.CompletedProcess:
+  """``python -m MODULE ARGV`` run in this process (capsjax.runs.cli.invoke: its flags of its
+  own, this process's devices), its exit status and output as ``subprocess.run`` gives them:
+  for the commands' error paths, where a process of its own adds nothing."""
+  import importlib
+
+  from capsjax.runs import cli
+
+  capsys.readouterr()
+  code = cli.invoke(importlib.import_module(module), [str(a) for a in argv])
+  out, err = capsys.readouterr()
+  return subprocess.CompletedProcess([module, *argv], code, out, err)
+
+
+def main_in_process(capsys, workdir, *overrides, data_dir=None, config=SMOKE):
+  """:func:`run_main`'s command line, in this process (:func:`run_in_process`)."""
+  args = [f"--config={config}", f"--workdir={workdir}", "--config.data.source=idx",
+          "--config.eval.figures=false"]
+  if data_dir is not None:
+    args.append(f"--config.data.dir={data_dir}")
+  return run_in_process(capsys, "capsjax.main", *args, *overrides)
+
+
+def shared_run(tmp_path_factory, name: str, train) -> pathlib.Path:
+  """A workdir that ``train(workdir)`` fills once per test session, whichever worker asks
+  first (the others wait on a lock and reuse it): for a run several modules' tests read,
+  which per-worker fixtures would train once per worker."""
+  import fcntl
+
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # Shared by the session's workers.
+  workdir = root / f"shared-{name}"
+  with open(root / f"shared-{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (workdir / "summary.json").exists():
+      train(workdir)
+  return workdir
 
 
 def read_summary(workdir):
@@ -202,3 +246,86 @@ def abstract_model(config):
 
   from capsjax import models
   return nnx.eval_shape(lambda: models.create(resolved(config), rngs=nnx.Rngs(0)))
+
+
+# --- Builders several test modules share. ---
+
+def evaluator_config(data_dir, **evals):
+  """The baseline CNN's smoke config on ``data_dir`` (evaluation batches of 8, no test limit)
+  with the evaluations ``evals`` (``{name: settings}``) besides ``test``."""
+  import ml_collections
+  import mnist_baseline
+
+  c = mnist_baseline.get_config("smoke")
+  c.data.source, c.data.dir, c.data.test_limit = "idx", str(data_dir), 0
+  c.eval.batch_size = 8
+  for name, settings in evals.items():
+    c.evals[name] = ml_collections.ConfigDict(settings)
+  return c
+
+
+def capsnet_evaluator_config(data_dir, **evals):
+  """:func:`evaluator_config`'s data and evaluations on the smoke CapsNet."""
+  import mnist
+
+  config = mnist.get_config("smoke")
+  baseline = evaluator_config(data_dir, **evals)
+  config.data, config.eval, config.evals = baseline.data, baseline.eval, baseline.evals
+  return config
+
+
+def build_evaluators(config):
+  """``(evaluators by name, params, model, splits, messages)`` of ``config``'s freshly
+  initialised model (seed 0), without training."""
+  from flax import nnx
+
+  from capsjax import evaluators
+  from capsjax.training import evaluation, runtime, tasks
+
+  task = tasks.Task.from_config(config)
+  splits = task.dataset.load()
+  model = task.model(nnx.Rngs(0))
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  runner = evaluation.Runner(task, runtime.make_mesh(), config.eval.batch_size)
+  messages = []
+  built = evaluators.build_all(task.config, task.dataset, splits, runner, log=messages.append)
+  return built, params, model, splits, messages
+
+
+def run_sweep(experiment, workdir, *extra, data_dir):
+  """``python -m capsjax.sweep EXPERIMENT`` on 1 device, on ``data_dir`` for 2 steps (32 test
+  examples), in a process of its own."""
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
+  return subprocess.run(
+      [sys.executable, "-m", "capsjax.sweep", str(experiment), f"--workdir={workdir}",
+       "--config.data.source=idx", f"--config.data.dir={data_dir}",
+       "--config.train.num_steps=2", "--config.data.test_limit=32", *extra],
+      env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def truncate_data(ckpt, step):
+  """What a crash or a full disk leaves: a checkpoint's array files cut in half."""
+  files = [p for p in pathlib.Path(ckpt.directory, str(step)).rglob("*")
+           if p.is_file() and p.parent.name == "d"]
+  assert files
+  for path in files:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def write_affnist(path, images, labels, **fields):
+  """An affNIST file: struct affNISTdata, image 1600 x N uint8 (a 40x40 image per column),
+  label_int 1 x N, label_one_of_n 10 x N."""
+  import scipy.io
+
+  struct = {"image": images.reshape(len(images), -1).T.astype(np.uint8),
+            "label_int": labels.reshape(1, -1).astype(np.uint8),
+            "label_one_of_n": np.eye(10, dtype=np.uint8)[labels].T}
+  struct.update(fields)
+  scipy.io.savemat(path, {"affNISTdata": struct})
+
+
+def learning_run(config):
+  """Evaluates and checkpoints ``config``'s run once, at its end, and draws no examples: what
+  is under test is that it learns (checkpoints, evaluations and figures have their own)."""
+  config.train.eval_every_steps = config.train.checkpoint_every_steps = config.train.num_steps
+  config.eval.num_figure_examples = 0

@@ -5,24 +5,50 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from capsjax.common.errors import UsageError
 from capsjax.evaluators import attacks
 from capsjax.evaluators.adversarial import AdversarialEvaluator
-from helpers import write_idx_dataset
-from test_evaluators import build, make_config
+from helpers import (build_evaluators, capsnet_evaluator_config, evaluator_config, final_params,
+                     shared_run, write_idx_dataset)
 
 
 @pytest.fixture(scope="module")
-def idx_dir(tmp_path_factory):
+def bars_64_24(tmp_path_factory):
+  """Generated bar digits (helpers.make_images) as MNIST files: 64 train, 24 test."""
   return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=64, num_test=24)
 
 
-def test_accuracy_success_rate_and_checks_on_a_small_cnn(idx_dir):
+@pytest.fixture(scope="module")
+def trained_cnn(tmp_path_factory):
+  """The smoke baseline CNN trained 60 steps on 256 generated bars (96% test accuracy,
+  chance 10%; once per test session): attacks on it have examples to fool."""
+  def train_it(workdir):
+    from capsjax import train
+
+    data = write_idx_dataset(workdir.parent / "shared-bars-256", num_train=256, num_test=24)
+    config = evaluator_config(data)
+    config.train.num_steps, config.optimizer.learning_rate = 60, 3e-3
+    train.train_and_evaluate(config, str(workdir))
+
+  workdir = shared_run(tmp_path_factory, "attacked-cnn", train_it)
+  return workdir.parent / "shared-bars-256", final_params(workdir)
+
+
+def trained(data_dir, params, **evals):
+  """:func:`build_evaluators` of ``evals`` on the trained CNN: (evaluators, its parameters,
+  the model holding them, splits)."""
+  built, _, model, splits, _ = build_evaluators(evaluator_config(data_dir, **evals))
+  return built, params, nnx.merge(nnx.graphdef(model), params), splits
+
+
+def test_accuracy_success_rate_and_checks_on_a_small_cnn(trained_cnn):
   settings = {"type": "adversarial", "attacks": ("fgsm", "pgd", "bim"),
               "epsilons": (0.0, 0.1, 0.3), "steps": 3, "limit": 20}
-  built, params, model, splits, _ = build(make_config(idx_dir, adversarial=settings))
+  built, params, model, splits = trained(*trained_cnn, adversarial=settings)
   result = built["adversarial"].run(params)
+  assert result["clean_accuracy"] >= 0.9 and result["fgsm_eps0.3_accuracy"] < 0.9
   for attack in ("fgsm", "pgd", "bim"):
     for eps in ("0", "0.1", "0.3"):
       assert 0 <= result[f"{attack}_eps{eps}_accuracy"] <= 1
@@ -38,7 +64,18 @@ def test_accuracy_success_rate_and_checks_on_a_small_cnn(idx_dir):
   # The number the log prints: the weakest model under the strongest attack at 0.3.
   assert result["accuracy"] == min(result[f"{a}_eps0.3_accuracy"] for a in ("fgsm", "pgd", "bim"))
   assert result["error"] == pytest.approx(1 - result["accuracy"])
-  assert all(result[k] == v for k, v in checks.items())
+  # The checks in the result, by the rules of the module docstring written out here: two
+  # standard errors of the 20 examples' accuracy allowed back up a curve.
+  two_se = lambda p: 2 * (p * (1 - p) / 20) ** 0.5
+  curve = lambda a: [result[f"{a}_eps{e}_accuracy"] for e in ("0", "0.1", "0.3")]
+  assert {k: result[k] for k in checks} == {
+      "check_accuracy_falls": float(all(later <= earlier + two_se(earlier) + 1e-6
+                                        for a in ("fgsm", "pgd", "bim")
+                                        for earlier, later in zip(curve(a), curve(a)[1:]))),
+      "check_pgd_at_least_fgsm": float(all(p <= f + 1e-6
+                                           for p, f in zip(curve("pgd"), curve("fgsm")))),
+      "check_unbounded_at_most_chance": float(
+          result["pgd_unbounded_accuracy"] <= 0.1 + two_se(0.1) + 1e-6)}
 
   # FGSM at 0.1 recomputed without the evaluator: the model's own apply, its log-probabilities,
   # the first 20 of the sample the evaluator drew.
@@ -59,10 +96,10 @@ def test_accuracy_success_rate_and_checks_on_a_small_cnn(idx_dir):
   assert result["fgsm_eps0.1_success_rate"] == pytest.approx(fooled)
 
 
-def test_targeted_success_counts_the_target_among_the_correct(idx_dir):
+def test_targeted_success_counts_the_target_among_the_correct(trained_cnn):
   settings = {"type": "adversarial", "attacks": ("fgsm",), "epsilons": (0.3,),
               "targeted": True, "limit": 20}
-  built, params, model, splits, _ = build(make_config(idx_dir, adversarial=settings))
+  built, params, model, splits = trained(*trained_cnn, adversarial=settings)
   result = built["adversarial"].run(params)
   sample = splits["test"].sample(20).examples
   images = jnp.asarray(sample["images"] / 255.0, jnp.float32)
@@ -113,24 +150,26 @@ def test_checks_catch_a_rising_curve_and_a_weak_iterative_attack():
     ({"loss": "model", "targeted": True}, "targeted attack needs loss='cross_entropy'"),
     ({"split": "nope"}, "split='nope'"),
 ])
-def test_bad_settings_are_usage_errors(idx_dir, settings, message):
+def test_bad_settings_are_usage_errors(bars_64_24, settings, message):
   with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
-    build(make_config(idx_dir, adversarial={"type": "adversarial", **settings}))
+    build_evaluators(evaluator_config(bars_64_24, adversarial={"type": "adversarial", **settings}))
 
 
-def test_standardised_images_are_refused(idx_dir):
-  config = make_config(idx_dir, adversarial={"type": "adversarial"})
+def test_standardised_images_are_refused(bars_64_24):
+  config = evaluator_config(bars_64_24, adversarial={"type": "adversarial"})
   config.data.standardize = True
   with pytest.raises(UsageError, match="standardize"):
-    build(config)
+    build_evaluators(config)
 
 
-def test_a_training_run_with_the_evaluation_writes_its_results(idx_dir, tmp_path):
+@pytest.mark.figures
+def test_a_training_run_with_the_evaluation_writes_its_results(bars_64_24, tmp_path):
   """End to end through the train loop, which logs every evaluation's ``accuracy``."""
   from capsjax import train
 
-  config = make_config(idx_dir, adversarial={"type": "adversarial", "attacks": ("fgsm", "pgd"),
-                                             "epsilons": (0.0, 0.2), "steps": 2, "limit": 8})
+  config = evaluator_config(bars_64_24, adversarial={
+      "type": "adversarial", "attacks": ("fgsm", "pgd"), "epsilons": (0.0, 0.2), "steps": 2,
+      "limit": 8})
   config.train.num_steps = 2
   summary = train.train_and_evaluate(config, str(tmp_path / "run"))
   result = summary["evaluations"]["adversarial"]
@@ -140,19 +179,11 @@ def test_a_training_run_with_the_evaluation_writes_its_results(idx_dir, tmp_path
   assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def capsnet_config(idx_dir, **evals):
-  import mnist
-
-  config = mnist.get_config("smoke")
-  baseline = make_config(idx_dir, **evals)
-  config.data, config.eval, config.evals = baseline.data, baseline.eval, baseline.evals
-  return config
-
-
-def test_the_vote_attack_moves_along_the_votes_and_is_measured_on_the_model(idx_dir):
+def test_the_vote_attack_moves_along_the_votes_and_is_measured_on_the_model(bars_64_24):
   settings = {"type": "adversarial", "attacks": ("vote_fgsm", "vote_pgd", "fgsm"),
               "epsilons": (0.0, 0.02), "steps": 2, "limit": 12}
-  built, params, model, splits, _ = build(capsnet_config(idx_dir, adversarial=settings))
+  built, params, model, splits, _ = build_evaluators(
+      capsnet_evaluator_config(bars_64_24, adversarial=settings))
   result = built["adversarial"].run(params)
   assert {"vote_pgd_unbounded_accuracy", "vote_zero_gradient", "zero_gradient"} <= set(result)
   assert result["vote_fgsm_eps0_accuracy"] == pytest.approx(result["clean_accuracy"])
@@ -186,13 +217,14 @@ def test_the_vote_attack_moves_along_the_votes_and_is_measured_on_the_model(idx_
   np.testing.assert_array_equal(values["vote_fgsm_eps0.02_accuracy"], kept)
 
 
-def test_the_vote_attack_needs_votes(idx_dir):  # The baseline CNN has none.
+def test_the_vote_attack_needs_votes(bars_64_24):  # The baseline CNN has none.
   with pytest.raises(UsageError, match="has none"):
-    build(make_config(idx_dir, adversarial={"type": "adversarial", "attacks": ("vote_fgsm",)}))
+    build_evaluators(evaluator_config(
+        bars_64_24, adversarial={"type": "adversarial", "attacks": ("vote_fgsm",)}))
 
 
-def test_the_vote_attack_attacks_the_cross_entropy(idx_dir):
-  config = capsnet_config(idx_dir, adversarial={"type": "adversarial", "loss": "model",
+def test_the_vote_attack_attacks_the_cross_entropy(bars_64_24):
+  config = capsnet_evaluator_config(bars_64_24, adversarial={"type": "adversarial", "loss": "model",
                                                 "attacks": ("vote_pgd",)})
   with pytest.raises(UsageError, match="use loss='cross_entropy'"):
-    build(config)
+    build_evaluators(config)

@@ -23,8 +23,7 @@ from capsjax import evaluators, train
 from capsjax.evaluators import foolbox_attacks
 from capsjax.runs import checkpointing, runconfig
 from capsjax.training.runtime import Runtime
-from helpers import write_idx_dataset
-from test_evaluate_new import _evaluate as evaluate_command
+from helpers import run_in_process, shared_run, write_idx_dataset
 
 foolbox = pytest.importorskip("foolbox")
 
@@ -70,16 +69,18 @@ class Trained:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-  data = write_idx_dataset(tmp_path_factory.mktemp("bars"), num_train=512, num_test=NUM_TEST)
-  config = mnist.get_config("smoke")
-  config.data.source, config.data.dir = "idx", str(data)
-  config.data.train_limit = config.data.test_limit = 0
-  config.train.num_steps, config.train.log_every_steps = 40, 20
-  config.optimizer.learning_rate = 3e-3   # Measured: 100% test accuracy after 40 steps.
-  config.eval.batch_size = NUM_TEST
-  workdir = tmp_path_factory.mktemp("run")
-  train.train_and_evaluate(config, str(workdir))
-  return Trained(workdir)
+  """The tiny CapsNet, trained once per test session (helpers.shared_run)."""
+  def train_it(workdir):
+    data = write_idx_dataset(workdir.parent / "shared-bars", num_train=512, num_test=NUM_TEST)
+    config = mnist.get_config("smoke")
+    config.data.source, config.data.dir = "idx", str(data)
+    config.data.train_limit = config.data.test_limit = 0
+    config.train.num_steps, config.train.log_every_steps = 40, 20
+    config.optimizer.learning_rate = 3e-3   # Measured: 100% test accuracy after 40 steps.
+    config.eval.batch_size = NUM_TEST
+    train.train_and_evaluate(config, str(workdir))
+
+  return Trained(shared_run(tmp_path_factory, "attacked-capsnet", train_it))
 
 
 def binomial_noise(p, n):
@@ -87,7 +88,8 @@ def binomial_noise(p, n):
   return 2 * math.sqrt(2 * max(p * (1 - p), 1 / n) / n)
 
 
-def test_the_model_has_learned_and_evaluate_scores_the_restored_checkpoint(trained, tmp_path):
+def test_the_model_has_learned_and_evaluate_scores_the_restored_checkpoint(trained, tmp_path,
+                                                                           capsys):
   """``python -m capsjax.evaluate --evals`` attacks the trained parameters: its clean accuracy
   is the run's (a fresh initialisation would be near the 10% of chance)."""
   test = trained.summary["evaluations"]["test"]
@@ -96,7 +98,8 @@ def test_the_model_has_learned_and_evaluate_scores_the_restored_checkpoint(train
   evals.write_text("import ml_collections\n\ndef get_config():\n  return ml_collections."
                    "ConfigDict({'restored': {'type': 'adversarial', 'attacks': ('fgsm',), "
                    "'epsilons': (0.0,), 'limit': 0}})\n")
-  result = evaluate_command(trained.workdir, f"--evals={evals}")
+  result = run_in_process(capsys, "capsjax.evaluate", f"--workdir={trained.workdir}",
+                          f"--evals={evals}")
   assert result.returncode == 0, result.stderr
   extra = json.loads((trained.workdir / "extra_evaluations.json").read_text())["restored"]
   assert extra["result"]["clean_accuracy"] == pytest.approx(test["accuracy"])
@@ -118,6 +121,80 @@ def test_fgsm_fools_the_same_examples_as_foolbox(trained):
     kept = np.asarray(ours[f"fgsm_eps{epsilon:g}_accuracy"]).astype(bool)
     np.testing.assert_array_equal(kept, theirs, err_msg=f"epsilon {epsilon}")
     assert 0 < kept.sum() < len(kept)  # Some fooled, some not: the comparison can fail.
+
+
+def test_any_foolbox_attack_by_name_reports_what_the_attack_did(trained):
+  """foolbox's L2 fast gradient attack by name in the evaluator, against the same step
+  written out here: x + eps g / |g|_2 clipped to [0, 1], g the gradient of the cross-entropy
+  of the model's log-probabilities; the accuracies and success rates over the whole set."""
+  epsilons = (4.0, 8.0)
+  evaluator = trained.evaluator(attacks=("foolbox:L2FastGradientAttack",), epsilons=epsilons)
+  result = evaluator.run(trained.variables)
+  batch = trained.whole_set(evaluator)
+  _, log_p = trained.foolbox_model(batch)
+  images, labels = batch["images"], batch["labels"]
+
+  @jax.jit
+  def kept_after(epsilon):
+    loss = lambda x: -jnp.sum(jnp.take_along_axis(log_p(x), labels[:, None], 1))
+    grad = jax.grad(loss)(images)
+    norms = jnp.sqrt(jnp.sum(grad ** 2, axis=(1, 2, 3), keepdims=True))
+    moved = jnp.clip(images + epsilon * grad / norms, 0.0, 1.0)
+    return jnp.argmax(log_p(moved), 1) == labels
+
+  clean = np.asarray(jnp.argmax(log_p(images), 1) == labels)
+  assert result["clean_accuracy"] == pytest.approx(clean.mean())
+  for epsilon in epsilons:
+    kept = np.asarray(kept_after(epsilon))
+    name = f"foolbox_L2FastGradientAttack_eps{epsilon:g}"
+    assert result[f"{name}_accuracy"] == pytest.approx(kept.mean()), epsilon
+    assert result[f"{name}_success_rate"] == pytest.approx(
+        (clean & ~kept).sum() / clean.sum()), epsilon
+    assert 0 < kept.sum() < len(kept), epsilon  # Some fooled, some not: it can fail.
+
+
+def test_step_size_random_start_and_value_range_reach_the_attacks(trained):
+  """PGD without its random start and with a given step size is attacks.pgd from the images
+  with that step, example by example (50 of them, 3 steps); adversarial images stay inside
+  value_range (here [0, 0.6]: FGSM's images are clipped to it, which [0, 1] would not do);
+  and each setting changes which examples are fooled."""
+  from capsjax.evaluators import attacks
+
+  settings = dict(attacks=("fgsm", "pgd"), epsilons=(0.3,), steps=3, step_size=0.1,
+                  random_start=False, value_range=(0.0, 0.6), limit=50)
+  evaluator = trained.evaluator(**settings)
+  batch = trained.whole_set(evaluator)
+  task, variables = trained.runtime.task, trained.variables
+  images, labels = batch["images"], batch["labels"]
+
+  def loss_fn(x):
+    out = task.forward(variables, {**batch, "images": x}, train=False)
+    return attacks.cross_entropy(out.outputs.log_probabilities, labels), out.outputs
+
+  @jax.jit
+  def by_hand():
+    predict = lambda x: task.forward(variables, {**batch, "images": x},
+                                     train=False).outputs.predictions
+    pgd = attacks.pgd(loss_fn, images, 0.3, steps=3, step_size=0.1, key=None, low=0.0,
+                      high=0.6)
+    fgsm = attacks.fgsm(loss_fn, images, 0.3, 0.0, 0.6)
+    unclipped = attacks.fgsm(loss_fn, images, 0.3, 0.0, 1.0)
+    return (predict(pgd) == labels, predict(fgsm) == labels, predict(unclipped) == labels,
+            jnp.max(pgd), jnp.max(fgsm))
+
+  def kept(evaluator, attack):
+    values = jax.jit(evaluator.attack_fns[attack])(variables, batch)
+    return np.asarray(values[f"{attack}_eps0.3_accuracy"]).astype(bool)
+
+  pgd, fgsm, unclipped, pgd_max, fgsm_max = by_hand()
+  assert float(pgd_max) <= np.float32(0.6) and float(fgsm_max) <= np.float32(0.6)
+  np.testing.assert_array_equal(kept(evaluator, "pgd"), np.asarray(pgd))
+  np.testing.assert_array_equal(kept(evaluator, "fgsm"), np.asarray(fgsm))
+  assert 0 < np.sum(pgd) < len(labels)  # Part fooled: the comparison can fail.
+  assert np.any(np.asarray(fgsm) != np.asarray(unclipped))  # The range matters here.
+  for changed in ({"step_size": None}, {"random_start": True}):
+    other = trained.evaluator(**{**settings, **changed})
+    assert np.any(kept(other, "pgd") != kept(evaluator, "pgd")), changed
 
 
 def test_default_pgd_and_bim_are_as_strong_as_foolbox_and_pass_every_check(trained):

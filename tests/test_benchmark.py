@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-from capsjax.runs import hostmemory, layer_profile
+from capsjax.perf import layer_profile
+from capsjax.runs import hostmemory
+from helpers import run_in_process
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 KEYS = ("train_images_per_second", "eval_images_per_second", "train_gflop_per_s",
@@ -70,62 +72,66 @@ def test_benchmark_of_a_dataset_whose_test_split_differs_from_its_train_split():
   assert report["train_images_per_second"] > 0 and report["eval_images_per_second"] > 0
 
 
-def test_flops_per_image_count_every_fused_step(tmp_path):
+def test_per_image_counts_hold_for_every_fused_step_and_every_device(tmp_path):
   """XLA's cost analysis counts a scan's body once: with 3 steps per dispatch the benchmark
   must still report the FLOPs of one step per image, as with 1 (issue: 1/25 of them with
-  Efficient-CapsNet's 25). In a subprocess: capsjax.benchmark defines the command's flags."""
+  Efficient-CapsNet's 25). Bytes per image: the compiled program is one device's (here 4,
+  each with its quarter of the batch) and moves the steps' loop multiplied out, so per image
+  it is about the same with 1 or 3 steps, and at least what Adam moves on every device: the
+  parameters and both moments read and written (6 x 4 bytes per parameter of the smoke model,
+  123,808) per step, on each of the 4 devices; and about what one device moves per image."""
+  import jax
+
+  import mnist
+  from capsjax import benchmark
   from helpers import write_idx_dataset
 
+  assert jax.device_count() == 4
   data = write_idx_dataset(tmp_path, 64, 32)
-  code = f"""
-import json, sys
-sys.path[:0] = [{str(REPO / "configs")!r}]
-import mnist
-from capsjax import benchmark
-per_image = {{}}
-for steps in (1, 3):
-  config = mnist.get_config("smoke")
-  config.data.source, config.data.dir = "idx", {str(data)!r}
-  config.train.steps_per_dispatch = steps
-  report = benchmark.run_benchmark(config, min_seconds=0.05, matmul_size=64)
-  per_image[steps] = report["train_gflop_per_image"]
-print(json.dumps(per_image))
-"""
-  result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, JAX_NUM_CPU_DEVICES="2"))
-  assert result.returncode == 0, result.stderr
-  per_image = json.loads(result.stdout.strip().splitlines()[-1])
-  assert per_image["3"] == per_image["1"] > 0
+  reports = {}
+  for steps in (1, 3):
+    config = mnist.get_config("smoke")
+    config.data.source, config.data.dir = "idx", str(data)
+    config.train.steps_per_dispatch = steps
+    reports[steps] = benchmark.run_benchmark(config, min_seconds=0.05, matmul_size=64,
+                                             copy_mb=1)
+  assert reports[3]["train_gflop_per_image"] == reports[1]["train_gflop_per_image"] > 0
+  for steps, report in reports.items():
+    assert report["device"].startswith("4 x")
+    assert report["bytes_per_image"] * report["batch_size"] >= 4 * 6 * 4 * 123_808, steps
+  assert 0.8 < reports[3]["bytes_per_image"] / reports[1]["bytes_per_image"] < 1.25
+  # Per image, 4 devices move about what 1 does (each moves its quarter of the batch's
+  # activations; the parameters' update 4 times: measured 1.27x): not a quarter of it.
+  one = subprocess.run(
+      [sys.executable, "-m", "capsjax.benchmark", f"--config={REPO}/configs/mnist.py:smoke",
+       "--seconds=0.02", "--matmul_size=64", "--copy_mb=1"],
+      env=dict(os.environ, JAX_NUM_CPU_DEVICES="1"), cwd=REPO, capture_output=True,
+      text=True, timeout=300)
+  assert one.returncode == 0, one.stderr
+  alone = json.loads(one.stdout.strip().splitlines()[-1])
+  assert alone["device"].startswith("1 x")
+  assert 0.9 < reports[1]["bytes_per_image"] / alone["bytes_per_image"] < 2.0
 
 
 def test_flops_per_image_close_to_the_analytic_count(tmp_path):
   """XLA's count of Efficient-CapsNet's train step against one written out from the layer
   shapes: every convolution and dense layer forward (2 x multiply-adds) and its two gradients
   (the first convolution has no input gradient). Normalisation, activations, routing and the
-  optimiser add a little (3% here); the count must not fall short of the analytic one. On two
-  devices: the cost analysis is of one device's program, half the batch."""
+  optimiser add a little (3% here); the count must not fall short of the analytic one. On four
+  devices: the count is of the program before partitioning, the whole batch's."""
+  import efficient_capsnet
+  from capsjax import benchmark
   from helpers import write_idx_dataset
 
   data = write_idx_dataset(tmp_path, 64, 32)
-  code = f"""
-import json, sys
-sys.path[:0] = [{str(REPO / "configs")!r}]
-import efficient_capsnet
-from capsjax import benchmark
-config = efficient_capsnet.get_config()
-config.data.source, config.data.dir = "idx", {str(data)!r}
-config.train.steps_per_dispatch, config.train.batch_size, config.eval.batch_size = 1, 8, 8
-report = benchmark.run_benchmark(config, min_seconds=0.05, matmul_size=64)
-print(json.dumps([report["train_gflop_per_image"], config.model.convs.to_dict(),
-                  list(config.model.decoder.hidden), config.model.class_capsules.dim]))
-"""
-  result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, JAX_NUM_CPU_DEVICES="2"))
-  assert result.returncode == 0, result.stderr
-  gflop, convs, hidden, class_dim = json.loads(result.stdout.strip().splitlines()[-1])
+  config = efficient_capsnet.get_config()
+  config.data.source, config.data.dir = "idx", str(data)
+  config.train.steps_per_dispatch, config.train.batch_size, config.eval.batch_size = 1, 8, 8
+  report = benchmark.run_benchmark(config, min_seconds=0.05, matmul_size=64, copy_mb=1)
+  gflop, convs = report["train_gflop_per_image"], config.model.convs
+  hidden, class_dim = list(config.model.decoder.hidden), config.model.class_capsules.dim
   size, channels, analytic = 28, 1, 0
-  for i, (k, s, f) in enumerate(zip(convs["kernel_sizes"], convs["strides"],
-                                    convs["features"])):
+  for i, (k, s, f) in enumerate(zip(convs.kernel_sizes, convs.strides, convs.features)):
     size = (size - k) // s + 1
     forward = 2 * size * size * k * k * channels * f
     analytic += forward * (2 if i == 0 else 3)
@@ -166,11 +172,9 @@ def test_profile_turns_off_command_buffers_unless_the_user_set_them():
   assert layer_profile.without_command_buffers(mine) == mine
 
 
-def test_profile_depth_below_one_is_a_usage_error():
-  result = subprocess.run(
-      [sys.executable, "-m", "capsjax.benchmark", f"--config={REPO}/configs/mnist.py:smoke",
-       "--profile", "--profile_depth=0"],
-      cwd=REPO, capture_output=True, text=True, timeout=300)
+def test_profile_depth_below_one_is_a_usage_error(capsys):
+  result = run_in_process(capsys, "capsjax.benchmark", f"--config={REPO}/configs/mnist.py:smoke",
+                          "--profile", "--profile_depth=0")
   assert result.returncode == 2
   assert "--profile_depth must be at least 1, got 0" in result.stderr
   assert "Traceback" not in result.stderr
@@ -179,26 +183,22 @@ def test_profile_depth_below_one_is_a_usage_error():
 def test_flops_fall_back_to_the_optimised_program_where_the_backend_counts_none():
   """JAX 0.11.2's GPU backend gives no cost analysis before optimisation (the benchmark stopped
   with a TypeError on an H200): the count then comes from the compiled program, named a lower
-  bound. In a subprocess: capsjax.benchmark defines the command's flags."""
-  code = """
-import json
-import jax, jax.numpy as jnp
-from capsjax import benchmark
-lowered = jax.jit(lambda a: a @ a.T).lower(jnp.ones((64, 32)))
+  bound."""
+  import jax
+  import jax.numpy as jnp
 
-class NoCountBeforeOptimisation:  # What the GPU backend's Lowered answers.
-  def cost_analysis(self):
-    return None
+  from capsjax.perf import costs
 
-  def compile(self):
-    return lowered.compile()
+  lowered = jax.jit(lambda a: a @ a.T).lower(jnp.ones((64, 32)))
 
-print(json.dumps([benchmark._flops(lowered), benchmark._flops(NoCountBeforeOptimisation())]))
-"""
-  result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
-  assert result.returncode == 0, result.stderr
-  before, after = json.loads(result.stdout.strip().splitlines()[-1])
+  class NoCountBeforeOptimisation:  # What the GPU backend's Lowered answers.
+    def cost_analysis(self):
+      return None
+
+    def compile(self):
+      return lowered.compile()
+
+  before, after = costs.flops(lowered), costs.flops(NoCountBeforeOptimisation())
   assert before[1] == "xla_cost_analysis_before_optimisation"
   assert after[1] == "xla_cost_analysis_after_optimisation_lower_bound"
   for flops, _ in (before, after):

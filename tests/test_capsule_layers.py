@@ -13,8 +13,8 @@ from capsjax.common.errors import UsageError
 from capsjax.models import conv_capsules, em_capsnet
 from test_em_capsnet import model_config
 from test_em_routing import np_conv_votes
-from test_routing import np_routing
-from helpers import write_idx_dataset
+from test_routing_dynamic import np_routing
+from helpers import run_sweep, write_idx_dataset
 
 
 def conv_layer(router: str, **settings):
@@ -26,7 +26,7 @@ def conv_layer(router: str, **settings):
 @pytest.mark.parametrize("iterations", [1, 3])
 def test_dynamic_routing_routes_each_receptive_field_as_procedure_1(iterations):
   """Dynamic routing in a convolutional layer: each parent position's 2 x 3 x 3 children
-  routed on their own by Procedure 1 (the NumPy re-derivation of tests/test_routing.py), the
+  routed on their own by Procedure 1 (the NumPy re-derivation of tests/test_routing_dynamic.py), the
   parents' lengths their activations; the children's activations play no part."""
   rng = np.random.default_rng(0)
   poses = rng.normal(size=(2, 7, 7, 2, 16)) * 0.5
@@ -93,8 +93,6 @@ def test_the_capsule_type_experiment_runs_both_types_through_the_sweep(tmp_path)
   ``:tiny`` runs a vector and a matrix point from the command line, and results.md names each
   row's capsule type."""
   from capsjax import sweep
-  from test_sweep import run_sweep
-
   path = "experiments/capsule_type_vs_routing.py"
   module = sweep.load_experiment(path)
   points = sweep.expand(sweep.experiment_sweep(module, path))

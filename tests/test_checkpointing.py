@@ -1,7 +1,6 @@
 """checkpointing: save and restore, and the fall-back past checkpoints damaged on disk."""
 
 import os
-import pathlib
 
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +8,7 @@ import pytest
 
 from capsjax.common.errors import UsageError
 from capsjax.runs import checkpointing
+from helpers import truncate_data
 
 
 def state_at(step):
@@ -21,15 +21,6 @@ def saved(tmp_path, steps=(1, 2, 3)):
     ckpt.save(step, state_at(step), {"step": step})
   ckpt.wait()
   return ckpt
-
-
-def truncate_data(ckpt, step):
-  """What a crash or a full disk leaves: the array files cut in half."""
-  files = [p for p in pathlib.Path(ckpt.directory, str(step)).rglob("*")
-           if p.is_file() and p.parent.name == "d"]
-  assert files
-  for path in files:
-    os.truncate(path, path.stat().st_size // 2)
 
 
 def test_round_trip(tmp_path):

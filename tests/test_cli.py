@@ -1,11 +1,11 @@
-"""cli: bad flags and config files are one clear error line, exit status 2, no traceback."""
+"""cli: bad flags and config files are one clear error line, exit status 2, no traceback
+(the commands run in this process: their exit status and messages are what a shell sees)."""
 
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
+
+from helpers import run_in_process
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -24,23 +24,21 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
     (("--config=configs/mnist.py:smoke", "--config.data.test_limit=-5"),
      "config.data.test_limit must be an integer >= 0, got -5.", REPO),
 ])
-def test_bad_config_flags(tmp_path, args, message, cwd):
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
-  result = subprocess.run([sys.executable, "-m", "capsjax.main", *args,
-                           f"--workdir={tmp_path / 'run'}"], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+def test_bad_config_flags(tmp_path, args, message, cwd, capsys, monkeypatch):
+  monkeypatch.chdir(cwd)
+  result = run_in_process(capsys, "capsjax.main", *args, f"--workdir={tmp_path / 'run'}")
   assert result.returncode == 2, result.stderr
   assert message in result.stderr and result.stderr.startswith("error: ")
   assert "Traceback" not in result.stderr + result.stdout
   assert not (tmp_path / "run").exists()
 
 
-def test_a_misspelled_evaluation_in_an_evals_override_is_named_with_its_flag(tmp_path):
-  result = subprocess.run(
-      [sys.executable, "-m", "capsjax.evaluate", f"--workdir={tmp_path}",
-       "--evals=configs/evals/robustness.py:adversarial", "--evals.advesarial.limit=3"],
-      env=dict(os.environ, JAX_NUM_CPU_DEVICES="1"), cwd=REPO, capture_output=True, text=True,
-      timeout=120)
+def test_a_misspelled_evaluation_in_an_evals_override_is_named_with_its_flag(tmp_path, capsys,
+                                                                             monkeypatch):
+  monkeypatch.chdir(REPO)
+  result = run_in_process(capsys, "capsjax.evaluate", f"--workdir={tmp_path}",
+                          "--evals=configs/evals/robustness.py:adversarial",
+                          "--evals.advesarial.limit=3")
   assert result.returncode == 2 and "Traceback" not in result.stderr
   assert result.stderr.startswith(
       "error: a --evals.* override names a key that --evals does not have: "

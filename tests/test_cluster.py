@@ -14,8 +14,8 @@ import pytest
 
 from capsjax.common.errors import UsageError
 from capsjax.datasets import sources
-from helpers import checkpoint_steps, final_params, free_port, read_summary, run_main
-from test_checkpointing import truncate_data
+from helpers import (checkpoint_steps, final_params, free_port, read_summary, run_main,
+                     truncate_data)
 
 LONG_STEPS = 200  # Long enough that a signal sent at step 30 arrives mid-run.
 LONG = (f"--config.train.num_steps={LONG_STEPS}", "--config.train.log_every_steps=10",

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import final_params
+from helpers import final_params, write_affnist
 
 
 def _smoke(config_module, variant, idx_dir, **train):
@@ -16,13 +16,13 @@ def _smoke(config_module, variant, idx_dir, **train):
   return config
 
 
+@pytest.mark.figures
 def test_affnist_configs_end_to_end(idx_dir, tmp_path):
   """Tiny variants of configs/affnist.py, CapsNet and the baseline CNN: every evaluation lands
   in summary.json and metrics.jsonl; the baseline (no decoder) draws curves but no
   reconstructions."""
   import affnist
   from capsjax import train
-  from test_datasets_affnist import write_affnist
 
   images = np.random.default_rng(0).integers(0, 256, (12, 40, 40), dtype=np.uint8)
   write_affnist(tmp_path / "test.mat", images, np.arange(12) % 10)
@@ -45,6 +45,7 @@ def test_affnist_configs_end_to_end(idx_dir, tmp_path):
   assert "cross_entropy" in summary["evaluations"]["test"]  # The baseline's own loss.
 
 
+@pytest.mark.figures
 def test_multimnist_end_to_end_resumes_exactly_and_draws_fig5(idx_dir, tmp_path):
   """The pairs drawn at each step are a function of the step: a run stopped at step 4 and
   resumed ends where an uninterrupted one does."""

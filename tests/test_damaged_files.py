@@ -5,8 +5,6 @@ import errno
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -14,7 +12,7 @@ import mnist
 from capsjax import train
 from capsjax.common import files
 from capsjax.runs import checkpointing, cli, reporting
-from helpers import checkpoint_steps, read_summary, run_main
+from helpers import checkpoint_steps, read_summary, run_in_process, run_main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -48,6 +46,7 @@ def test_a_damaged_config_json_is_named_on_a_rerun(idx_dir, tmp_path, capsys):
   assert checkpoint_steps(tmp_path) == [4]                # Nothing saved was touched.
 
 
+@pytest.mark.figures
 def test_a_full_disk_while_drawing_figures_keeps_the_summary(idx_dir, tmp_path, capsys,
                                                              monkeypatch):
   import matplotlib.figure
@@ -90,12 +89,10 @@ def test_a_rerun_with_another_models_shapes_names_the_settings(idx_dir, tmp_path
   assert checkpoint_steps(tmp_path) == [4]                # Nothing moved aside.
 
 
-def test_an_experiment_file_that_does_not_import(tmp_path):
+def test_an_experiment_file_that_does_not_import(tmp_path, capsys):
   bad = tmp_path / "bad.py"
   bad.write_text('BASE_CONFIG = "configs/mnist.py"\n\ndef get_sweep(:\n  return {}\n')
-  result = subprocess.run([sys.executable, "-m", "capsjax.sweep", str(bad),
-                           f"--workdir={tmp_path / 'sweep'}"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+  result = run_in_process(capsys, "capsjax.sweep", bad, f"--workdir={tmp_path / 'sweep'}")
   assert result.returncode == 2 and "bad.py could not be imported (line 3)" in result.stderr
   assert "SyntaxError" in result.stderr and "Traceback" not in result.stderr
 

@@ -6,16 +6,7 @@ import scipy.io
 
 from capsjax.common.errors import UsageError
 from capsjax.datasets import affnist
-
-
-def write_affnist(path, images, labels, **fields):
-  """An affNIST file: struct affNISTdata, image 1600 x N uint8 (a 40x40 image per column),
-  label_int 1 x N, label_one_of_n 10 x N."""
-  struct = {"image": images.reshape(len(images), -1).T.astype(np.uint8),
-            "label_int": labels.reshape(1, -1).astype(np.uint8),
-            "label_one_of_n": np.eye(10, dtype=np.uint8)[labels].T}
-  struct.update(fields)
-  scipy.io.savemat(path, {"affNISTdata": struct})
+from helpers import write_affnist
 
 
 def sample(n, seed):

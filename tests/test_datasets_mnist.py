@@ -13,18 +13,19 @@ from helpers import write_idx_dataset
 
 
 @pytest.fixture(scope="module")
-def idx_dir(tmp_path_factory):
+def bars_64_16(tmp_path_factory):
+  """Generated bar digits (helpers.make_images) as MNIST files: 64 train, 16 test."""
   return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=64, num_test=16)
 
 
-def expanded_config(idx_dir):
+def expanded_config(bars_64_16):
   c = affnist.get_config("smoke")
-  c.data.source, c.data.dir = "idx", str(idx_dir)
+  c.data.source, c.data.dir = "idx", str(bars_64_16)
   c.data.train_limit = c.data.test_limit = 0
   return c
 
 
-def test_registry_picks_the_builder_and_names_unknown_ones(idx_dir):
+def test_registry_picks_the_builder_and_names_unknown_ones(bars_64_16):
   c = mnist.get_config("smoke")
   assert isinstance(datasets.get(c), datasets.mnist.MNIST) and "mnist" in datasets.names()
   c.dataset = "imagenet"
@@ -32,12 +33,12 @@ def test_registry_picks_the_builder_and_names_unknown_ones(idx_dir):
     datasets.get(c)
 
 
-def test_expanded_mnist_centres_digits_on_the_canvas(idx_dir):
-  builder = datasets.get(expanded_config(idx_dir))
+def test_expanded_mnist_centres_digits_on_the_canvas(bars_64_16):
+  builder = datasets.get(expanded_config(bars_64_16))
   assert builder.info.image_shape == (40, 40, 1)
   splits = builder.load()
   plain = mnist.get_config()
-  plain.data.source, plain.data.dir = "idx", str(idx_dir)
+  plain.data.source, plain.data.dir = "idx", str(bars_64_16)
   digits = datasets.get(plain).load()
   for name in ("train", "test"):
     padded = splits[name].examples["images"]
@@ -49,10 +50,10 @@ def test_expanded_mnist_centres_digits_on_the_canvas(idx_dir):
                              splits["test"].examples["images"] / 255.0, rtol=1e-6)
 
 
-def test_expanded_placement_in_the_jitted_step_matches_numpy(idx_dir):
+def test_expanded_placement_in_the_jitted_step_matches_numpy(bars_64_16):
   """Each digit lands wholly inside 40x40 at a uniformly random offset of up to 6 px, the same
   placement a NumPy re-implementation makes from the same draws."""
-  builder = datasets.get(expanded_config(idx_dir))
+  builder = datasets.get(expanded_config(bars_64_16))
   train = builder.load()["train"]
   examples = {k: jax.numpy.asarray(v) for k, v in train.examples.items()}
   key = jax.random.key(7)
@@ -75,12 +76,12 @@ def test_expanded_placement_in_the_jitted_step_matches_numpy(idx_dir):
   assert len({tuple(c) for c in corners}) == 169  # Every one of the 13 x 13 positions.
 
 
-def test_bad_padding_settings(idx_dir):
-  c = expanded_config(idx_dir)
+def test_bad_padding_settings(bars_64_16):
+  c = expanded_config(bars_64_16)
   c.data.shift_pixels = 7
   with pytest.raises(UsageError, match="shift_pixels=7 is larger than config.data.pad=6"):
     datasets.get(c)
-  c = expanded_config(idx_dir)
+  c = expanded_config(bars_64_16)
   c.model.image_shape = (44, 44, 1)
   with pytest.raises(UsageError, match=r"image_shape=\(44, 44, 1\) but the dataset 'mnist' "
                                        r"makes images of shape \(40, 40, 1\)"):

@@ -15,13 +15,14 @@ from helpers import write_idx_dataset
 
 
 @pytest.fixture(scope="module")
-def idx_dir(tmp_path_factory):
+def bars_200_40(tmp_path_factory):
+  """Generated bar digits (helpers.make_images) as MNIST files: 200 train, 40 test."""
   return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=200, num_test=40)
 
 
-def config(idx_dir, **data):
+def config(bars_200_40, **data):
   c = multimnist.get_config("smoke")
-  c.data.source, c.data.dir, c.data.train_limit, c.data.test_limit = "idx", str(idx_dir), 0, 0
+  c.data.source, c.data.dir, c.data.train_limit, c.data.test_limit = "idx", str(bars_200_40), 0, 0
   c.data.update(data)
   return c
 
@@ -45,8 +46,8 @@ def test_partners_are_drawn_uniformly_from_the_other_classes():
     assert sorted(got.tolist()) == sorted(others.tolist())
 
 
-def test_fixed_test_pairs(idx_dir):
-  builder = datasets.get(config(idx_dir, pairs_per_digit=3))
+def test_fixed_test_pairs(bars_200_40):
+  builder = datasets.get(config(bars_200_40, pairs_per_digit=3))
   assert builder.info == datasets.DatasetInfo((36, 36, 1), 10, labels_per_example=2)
   splits = builder.load()
   test = splits["test"]
@@ -55,13 +56,13 @@ def test_fixed_test_pairs(idx_dir):
   labels = test.shared["digit_labels"]
   assert np.all(labels[test.examples["first"]] != labels[test.examples["second"]])
   assert np.abs(test.examples["shifts"]).max() == 4
-  again = datasets.get(config(idx_dir, pairs_per_digit=3)).load()["test"]
-  other = datasets.get(config(idx_dir, pairs_per_digit=3, pair_seed=1)).load()["test"]
+  again = datasets.get(config(bars_200_40, pairs_per_digit=3)).load()["test"]
+  other = datasets.get(config(bars_200_40, pairs_per_digit=3, pair_seed=1)).load()["test"]
   for key in ("second", "shifts"):
     np.testing.assert_array_equal(test.examples[key], again.examples[key])
   assert not np.array_equal(test.examples["shifts"], other.examples["shifts"])
   # A limited set is a fair sample of the pairs, not the first ones (which share base digits).
-  limited = datasets.get(config(idx_dir, pairs_per_digit=3, test_limit=7)).load()["test"]
+  limited = datasets.get(config(bars_200_40, pairs_per_digit=3, test_limit=7)).load()["test"]
   rows = {tuple(map(int, (f, s, *sh.ravel()))) for f, s, sh in zip(
       test.examples["first"], test.examples["second"], test.examples["shifts"])}
   kept = [tuple(map(int, (f, s, *sh.ravel()))) for f, s, sh in zip(
@@ -85,8 +86,8 @@ def test_fixed_test_pairs(idx_dir):
   assert np.asarray(batch["images"]).max() <= 1.0
 
 
-def test_training_pairs_in_the_jitted_step_match_numpy(idx_dir):
-  builder = datasets.get(config(idx_dir))
+def test_training_pairs_in_the_jitted_step_match_numpy(bars_200_40):
+  builder = datasets.get(config(bars_200_40))
   train = builder.load()["train"]
   images, labels = train.examples["images"], train.examples["labels"]
   indices = np.arange(64, dtype=np.int32) % len(labels)
@@ -122,15 +123,15 @@ def test_shift_by_matches_the_host_shift():
   np.testing.assert_array_equal(moved, augment.shift_each_image(images, shifts))
 
 
-def test_bad_settings(idx_dir):
+def test_bad_settings(bars_200_40):
   with pytest.raises(UsageError, match="shift_pixels=5 must lie in"):
-    datasets.get(config(idx_dir, shift_pixels=5))
+    datasets.get(config(bars_200_40, shift_pixels=5))
   with pytest.raises(UsageError, match="pairs_per_digit must be >= 1"):
-    datasets.get(config(idx_dir, pairs_per_digit=0))
+    datasets.get(config(bars_200_40, pairs_per_digit=0))
 
 
-def test_an_evaluation_split_made_from_train_digits_has_the_test_layout(idx_dir):
-  builder = generator.MultiMNIST(config(idx_dir, pairs_per_digit=2))
+def test_an_evaluation_split_made_from_train_digits_has_the_test_layout(bars_200_40):
+  builder = generator.MultiMNIST(config(bars_200_40, pairs_per_digit=2))
   splits = builder.load()
   made = builder.eval_split_like(splits["train"])
   assert set(made.examples) == set(splits["test"].examples)

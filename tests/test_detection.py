@@ -11,24 +11,24 @@ from capsjax.common.errors import UsageError
 from capsjax.evaluators import attacks
 from capsjax.evaluators.detection import reconstruction_distance
 from capsjax.datasets.sources import read_idx
-from helpers import make_images, write_idx, write_idx_dataset
-from test_adversarial import capsnet_config
-from test_evaluators import build, make_config
+from helpers import (build_evaluators, capsnet_evaluator_config, evaluator_config, make_images,
+                     write_idx, write_idx_dataset)
 
 SETTINGS = {"type": "reconstruction_detection", "attacks": ("fgsm",),
             "epsilons": (0.0, 0.3), "limit": 300}
 
 
 @pytest.fixture(scope="module")
-def idx_dir(tmp_path_factory):
+def bars_700_300(tmp_path_factory):
+  """Generated bar digits (helpers.make_images) as MNIST files: 700 train, 300 test."""
   return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=700, num_test=300)
 
 
 @pytest.fixture(scope="module")
-def detected(idx_dir):
-  config = capsnet_config(idx_dir, detection=SETTINGS)
+def detected(bars_700_300):
+  config = capsnet_evaluator_config(bars_700_300, detection=SETTINGS)
   config.data.validation_size = 400
-  built, params, model, splits, _ = build(config)
+  built, params, model, splits, _ = build_evaluators(config)
   return built["detection"], built["detection"].run(params), model, splits
 
 
@@ -53,9 +53,10 @@ def test_the_threshold_is_the_validation_percentile_not_the_test_one(tmp_path):
   directory = write_idx_dataset(tmp_path, num_train=300, num_test=40)
   labels = read_idx(str(tmp_path / "t10k-labels-idx1-ubyte.gz"))
   write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", make_images(labels, seed=1) // 2)
-  config = capsnet_config(directory, detection={**SETTINGS, "epsilons": (0.0,), "limit": 40})
+  config = capsnet_evaluator_config(directory,
+                                    detection={**SETTINGS, "epsilons": (0.0,), "limit": 40})
   config.data.validation_size = 100
-  built, params, model, splits, _ = build(config)
+  built, params, model, splits, _ = build_evaluators(config)
   result = built["detection"].run(params)
   validation = _distances(model, *_images(splits["validation"]))
   test = _distances(model, *_images(splits["test"]))
@@ -99,9 +100,9 @@ def test_detection_rates_against_an_independent_computation(detected):
   assert result["fgsm_eps0.3_detection_rate"] == pytest.approx(np.mean(flagged), abs=1e-6)
   assert result["fgsm_eps0.3_undetected_success_rate"] == pytest.approx(
       np.sum(fooled & ~flagged) / np.sum(clean), abs=1e-6)
-  if fooled.any():
-    assert result["fgsm_eps0.3_detection_rate_successful"] == pytest.approx(
-        np.mean(flagged[fooled]), abs=1e-6)
+  assert fooled.any()  # The attack fools some: the rate over the fooled ones is defined.
+  assert result["fgsm_eps0.3_detection_rate_successful"] == pytest.approx(
+      np.mean(flagged[fooled]), abs=1e-6)
   assert result["accuracy"] == pytest.approx(np.mean(clean))
 
 
@@ -118,13 +119,47 @@ def test_the_distance_is_the_l2_norm_per_example():
   np.testing.assert_allclose(reconstruction_distance(images, reconstructions), [5.0, 2.0])
 
 
-def test_without_a_validation_split_it_is_refused(idx_dir):
+def test_without_a_validation_split_it_is_refused(bars_700_300):
   with pytest.raises(UsageError, match="never on the test set.*validation_size"):
-    build(capsnet_config(idx_dir, detection=SETTINGS))
+    build_evaluators(capsnet_evaluator_config(bars_700_300, detection=SETTINGS))
 
 
-def test_a_model_without_a_decoder_is_refused(idx_dir):
-  config = make_config(idx_dir, detection=SETTINGS)  # The baseline CNN.
+def test_a_model_without_a_decoder_is_refused(bars_700_300):
+  config = evaluator_config(bars_700_300, detection=SETTINGS)  # The baseline CNN.
   config.data.validation_size = 50
   with pytest.raises(UsageError, match="does not reconstruct"):
-    build(config)
+    build_evaluators(config)
+
+
+def test_each_rate_is_counted_over_its_own_examples(detected, monkeypatch):
+  """run()'s bookkeeping on distances given by hand (six test images, one attack), where the
+  rate over all attacked images, over the fooled ones and the false positives all differ."""
+  evaluator = detected[0]
+  validation = np.linspace(0.0, 1.0, 101)  # Threshold: the 95th percentile, 0.95.
+  values = {
+      "clean_accuracy": np.array([1, 1, 1, 1, 1, 0]),
+      "clean_distance": np.array([0.1, 0.2, 2.0, 0.3, 0.4, 0.5]),
+      "fgsm_eps0.3_distance": np.array([2.0, 0.1, 3.0, 0.2, 2.5, 0.1]),
+      "fgsm_eps0.3_fooled": np.array([1, 1, 1, 0, 0, 0]),
+      "fgsm_eps0.3_accuracy": np.array([0, 0, 0, 1, 1, 0]),
+      # Budget 0 (the evaluator's checks read it): nothing moves.
+      "fgsm_eps0_distance": np.array([0.1, 0.2, 2.0, 0.3, 0.4, 0.5]),
+      "fgsm_eps0_fooled": np.zeros(6),
+      "fgsm_eps0_accuracy": np.array([1, 1, 1, 1, 1, 0]),
+  }
+
+  class Runner:
+    def collect(self, fn, variables, eval_set, progress=None):
+      return {"distance": validation} if eval_set is evaluator.validation_set else values
+
+  monkeypatch.setattr(evaluator, "runner", Runner())
+  monkeypatch.setattr(evaluator, "attack_fns", {"fgsm": None})
+  result = evaluator.run(None)
+  assert result["threshold"] == pytest.approx(0.95)
+  assert result["false_positive_rate"] == pytest.approx(1 / 6)
+  assert result["fgsm_eps0.3_detection_rate"] == pytest.approx(3 / 6)     # Flagged: 0, 2, 4.
+  assert result["fgsm_eps0.3_detection_rate_successful"] == pytest.approx(2 / 3)  # Of 0, 1, 2.
+  assert result["fgsm_eps0.3_undetected_success_rate"] == pytest.approx(1 / 5)  # 1, of 5 right.
+  assert result["fgsm_eps0.3_success_rate"] == pytest.approx(3 / 5)
+  assert result["fgsm_eps0.3_accuracy"] == pytest.approx(2 / 6)
+  assert result["clean_accuracy"] == pytest.approx(5 / 6)

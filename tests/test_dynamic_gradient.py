@@ -12,7 +12,7 @@ from flax import nnx
 from capsjax import routing
 from capsjax.models import capsule_layers
 from capsjax.routing import core, dynamic
-from capsjax.runs import hlo_traffic
+from capsjax.perf import hlo_traffic
 
 AXES = ["output", "input"]
 BINARY = list(itertools.product([False, True], [False, True], [0.0, 1e-3], [False, True]))
@@ -179,3 +179,25 @@ def test_auto_is_autodiff_until_the_written_out_form_is_measured_faster(monkeypa
   assert dynamic.resolved_gradient("auto") == "autodiff"
   assert dynamic.resolved_gradient("analytic") == "analytic"
   assert core.resolved_gradient("auto", analytic_on=("gpu",)) == "analytic"
+
+
+def test_auto_is_resolved_once_into_the_runs_config(monkeypatch):
+  """``routing.fill`` (what a run's config resolution calls) writes the form that runs here,
+  so config.json says which backward pass ran; a chosen form is kept as given."""
+  import ml_collections
+
+  from capsjax import routing
+
+  def filled(name, gradient="auto"):
+    config = ml_collections.ConfigDict(routing.config_keys())
+    config.name, config.gradient = name, gradient
+    routing.fill(config)
+    return config.gradient
+
+  assert filled("dynamic") == "autodiff" and filled("em") == "analytic"  # On the CPU.
+  assert filled("dynamic", "analytic") == "analytic" and filled("em", "autodiff") == "autodiff"
+  monkeypatch.setattr(dynamic, "ANALYTIC_ON", ("cpu",))
+  assert filled("dynamic") == "analytic"
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert filled("em") == "autodiff"
+  assert filled("uniform", None) is None  # A router without the setting leaves it unset.

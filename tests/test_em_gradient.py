@@ -14,7 +14,7 @@ from capsjax import routing
 from capsjax.models import conv_capsules
 from capsjax.models import receptive_fields as fields
 from capsjax.routing import em
-from capsjax.runs import hlo_traffic
+from capsjax.perf import hlo_traffic
 
 CODE = dict(em.SETTINGS)
 

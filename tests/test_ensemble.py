@@ -2,11 +2,7 @@
 members refused; the command line."""
 
 import json
-import os
-import pathlib
 import shutil
-import subprocess
-import sys
 
 
 import jax.numpy as jnp
@@ -19,8 +15,8 @@ from capsjax import train
 from capsjax.common.errors import UsageError
 from capsjax.runs import runconfig
 from capsjax.training import ensemble, tasks
+from helpers import run_in_process
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -83,14 +79,12 @@ def test_members_that_differ_are_refused(members, tmp_path):
     ensemble.evaluate_ensemble([str(members / "seed=0")])
 
 
-def test_command_line(members):
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
-  command = [sys.executable, "-m", "capsjax.evaluate",
-             f"--ensemble={members / 'seed=0'},{members / 'seed=1'}", f"--output={members}"]
-  result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+def test_command_line(members, capsys):
+  """``python -m capsjax.evaluate --ensemble=...`` (in this process: helpers.run_in_process)."""
+  flags = [f"--ensemble={members / 'seed=0'},{members / 'seed=1'}", f"--output={members}"]
+  result = run_in_process(capsys, "capsjax.evaluate", *flags)
   assert result.returncode == 0, result.stderr
   assert "Ensemble of 2: test accuracy" in result.stdout
-  both = subprocess.run(command + [f"--workdir={members / 'seed=0'}"], env=env, cwd=REPO,
-                        capture_output=True, text=True, timeout=300)
+  assert (members / "ensemble.json").exists()
+  both = run_in_process(capsys, "capsjax.evaluate", *flags, f"--workdir={members / 'seed=0'}")
   assert both.returncode == 2 and "Give --workdir=DIR" in both.stderr

@@ -5,43 +5,21 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from flax import nnx
 
-import mnist_baseline
 from capsjax import evaluators
 from capsjax.common.errors import UsageError
-from capsjax.training import evaluation, runtime, tasks
-from helpers import write_idx_dataset
-from test_datasets_affnist import write_affnist
+from capsjax.evaluators import splits as splits_evaluators
+from helpers import build_evaluators, evaluator_config, write_affnist, write_idx_dataset
 
 
 @pytest.fixture(scope="module")
-def idx_dir(tmp_path_factory):
+def bars_64_37(tmp_path_factory):
+  """Generated bar digits (helpers.make_images) as MNIST files: 64 train, 37 test."""
   return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=64, num_test=37)
 
 
-def make_config(idx_dir, **evals):
-  c = mnist_baseline.get_config("smoke")
-  c.data.source, c.data.dir, c.data.test_limit = "idx", str(idx_dir), 0
-  c.eval.batch_size = 8
-  for name, settings in evals.items():
-    c.evals[name] = ml_collections.ConfigDict(settings)
-  return c
-
-
-def build(config):
-  task = tasks.Task.from_config(config)
-  splits = task.dataset.load()
-  model = task.model(nnx.Rngs(0))
-  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-  runner = evaluation.Runner(task, runtime.make_mesh(), config.eval.batch_size)
-  messages = []
-  built = evaluators.build_all(task.config, task.dataset, splits, runner, log=messages.append)
-  return built, params, model, splits, messages
-
-
-def test_batched_weighted_means_equal_one_pass_over_the_set(idx_dir):
-  built, params, model, splits, _ = build(make_config(idx_dir))
+def test_batched_weighted_means_equal_one_pass_over_the_set(bars_64_37):
+  built, params, model, splits, _ = build_evaluators(evaluator_config(bars_64_37))
   got = built["test"].run(params)
   test = splits["test"].examples
   assert len(test["images"]) == 37  # Not a multiple of the batch: padding must weigh 0.
@@ -55,39 +33,81 @@ def test_batched_weighted_means_equal_one_pass_over_the_set(idx_dir):
   assert got["accuracy"] == pytest.approx(accuracy) and got["error"] == pytest.approx(1 - accuracy)
 
 
-def test_shift_grid_and_its_centre(idx_dir):
-  config = make_config(idx_dir, grid={"type": "shifted", "max_shift": 1})
-  built, params, *_ = build(config)
+def moved_by_hand(images: np.ndarray, dx: int, dy: int) -> np.ndarray:
+  """Image content moved ``dx`` px right and ``dy`` px down, zero fill, pixel by pixel."""
+  out = np.zeros_like(images)
+  h, w = images.shape[1:3]
+  for y in range(h):
+    for x in range(w):
+      if 0 <= y - dy < h and 0 <= x - dx < w:
+        out[:, y, x] = images[:, y - dy, x - dx]
+  return out
+
+
+def accuracy_by_hand(model, images: np.ndarray, labels: np.ndarray) -> float:
+  outputs = model.apply({"images": jnp.asarray(images / 255.0, jnp.float32),
+                         "labels": jnp.asarray(labels)}, train=False)
+  return float(np.mean(np.asarray(outputs.predictions) == labels))
+
+
+def test_shift_grid_moves_the_images_by_each_shift_and_averages(bars_64_37):
+  """Each shift's accuracy against the test digits moved by hand (so a shift that did
+  nothing, or moved the other way, fails: this model's predictions change with the shift)."""
+  config = evaluator_config(bars_64_37, grid={"type": "shifted", "max_shift": 1})
+  built, params, model, splits, _ = build_evaluators(config)
   test, grid = built["test"].run(params), built["grid"].run(params)
   by_shift = grid["accuracy_by_shift"]
   assert sorted(by_shift) == sorted(f"{dx},{dy}" for dx in (-1, 0, 1) for dy in (-1, 0, 1))
   assert by_shift["0,0"] == test["accuracy"]
+  images, labels = splits["test"].examples["images"], splits["test"].examples["labels"]
+  expected = {f"{dx},{dy}": accuracy_by_hand(model, moved_by_hand(images, dx, dy), labels)
+              for dx in (-1, 0, 1) for dy in (-1, 0, 1)}
+  assert by_shift == pytest.approx(expected)
+  assert len(set(expected.values())) > 1  # The shifts matter to this model.
   assert grid["accuracy"] == pytest.approx(np.mean(list(by_shift.values())))
-  bad = make_config(idx_dir, grid={"type": "shifted", "max_shift": 28})
+  bad = evaluator_config(bars_64_37, grid={"type": "shifted", "max_shift": 28})
   with pytest.raises(UsageError, match="max_shift=28 .*use 0 up to 27"):
-    build(bad)
+    build_evaluators(bad)
 
 
-def test_randomly_shifted_copy_is_fixed_by_its_seed(idx_dir):
-  config = make_config(idx_dir, moved={"type": "randomly_shifted", "seed": 3},
+def test_the_shift_table_has_a_row_per_dy_and_a_column_per_dx():
+  accuracies = {f"{dx},{dy}": (10 * (dy + 1) + (dx + 1)) / 100
+                for dx in (-1, 0, 1) for dy in (-1, 0, 1)}
+  lines = splits_evaluators.shift_table(accuracies, 1).splitlines()
+  assert "rows dy (down +), columns dx (right +)" in lines[0]
+  assert lines[1].split() == ["dy\\dx", "-1", "0", "1"]
+  assert [line.split() for line in lines[2:]] == [
+      ["-1", "0.00", "1.00", "2.00"], ["0", "10.00", "11.00", "12.00"],
+      ["1", "20.00", "21.00", "22.00"]]
+
+
+def test_randomly_shifted_copy_is_fixed_by_its_seed(bars_64_37):
+  config = evaluator_config(bars_64_37, moved={"type": "randomly_shifted", "seed": 3},
                        again={"type": "randomly_shifted", "seed": 3},
                        other={"type": "randomly_shifted", "seed": 4},
                        none={"type": "randomly_shifted", "max_shift": 0})
-  built, params, *_ = build(config)
+  built, params, model, splits, _ = build_evaluators(config)
   shifts = built["moved"].shifts
   assert np.abs(shifts).max() <= config.data.shift_pixels and shifts.shape == (37, 2)
   np.testing.assert_array_equal(shifts, built["again"].shifts)
   assert not np.array_equal(shifts, built["other"].shifts)
   assert built["moved"].run(params) == built["again"].run(params)
   assert built["none"].run(params) == built["test"].run(params)
+  # Image k moved by its own (dx, dy), by hand.
+  images, labels = splits["test"].examples["images"], splits["test"].examples["labels"]
+  moved = np.stack([moved_by_hand(images[k:k + 1], dx, dy)[0]
+                    for k, (dx, dy) in enumerate(shifts)])
+  np.testing.assert_array_equal(built["moved"].set.host.examples["images"], moved)
+  assert built["moved"].run(params)["accuracy"] == pytest.approx(
+      accuracy_by_hand(model, moved, labels))
 
 
-def test_affine_sets_and_the_test_limit(idx_dir, tmp_path):
-  config = make_config(idx_dir, affine_mnist={"type": "affine_mnist", "transforms_per_digit": 3,
-                                              "seed": 0},
-                       affnist={"type": "affnist", "path": None})
+def test_affine_sets_and_the_test_limit(bars_64_37, tmp_path):
+  config = evaluator_config(
+      bars_64_37, affine_mnist={"type": "affine_mnist", "transforms_per_digit": 3, "seed": 0},
+      affnist={"type": "affnist", "path": None})
   config.data.test_limit = 10
-  built, params, model, splits, messages = build(config)
+  built, params, model, splits, messages = build_evaluators(config)
   assert built["affine_mnist"].set.size == 10 and built["test"].set.size == 10
   assert "affnist" not in built and "set --config.evals.affnist.path" in messages[0]
   metrics = built["affine_mnist"].run(params)
@@ -105,13 +125,13 @@ def test_affine_sets_and_the_test_limit(idx_dir, tmp_path):
   config.evals.affnist.path = str(tmp_path / "test.mat")
   with pytest.raises(UsageError, match=r"images are \(40, 40, 1\) but the model takes "
                                        r"\(28, 28, 1\)"):
-    build(config)
+    build_evaluators(config)
 
 
-def test_validation_split_is_evaluated_and_the_registry_checks_types(idx_dir):
-  config = make_config(idx_dir)
+def test_validation_split_is_evaluated_and_the_registry_checks_types(bars_64_37):
+  config = evaluator_config(bars_64_37)
   config.data.validation_size = 16
-  built, *_ = build(config)
+  built, *_ = build_evaluators(config)
   assert set(built) == {"test", "validation"} and built["validation"].set.size == 16
   config.evals.extra = ml_collections.ConfigDict({"type": "top5"})
   with pytest.raises(UsageError, match="config.evals.extra.type='top5' is not a registered"):

@@ -15,31 +15,32 @@ from helpers import REPO, read_summary, run_main, write_idx_dataset
 EXAMPLES = REPO / "examples"
 
 
-def example_config(keywords: str, idx_dir=None, steps=4):
+def example_config(keywords: str, bars_64_32=None, steps=4):
   config = runconfig.import_config_file(EXAMPLES / "config.py").get_config(
       f"{keywords},steps={steps}")
-  if idx_dir is not None:
-    config.data.source, config.data.dir = "idx", str(idx_dir)
+  if bars_64_32 is not None:
+    config.data.source, config.data.dir = "idx", str(bars_64_32)
   if "dataset" in keywords:
     config.data.num_train, config.data.num_test = 64, 32
   return config
 
 
 @pytest.fixture(scope="module")
-def idx_dir(tmp_path_factory):
+def bars_64_32(tmp_path_factory):
+  """Generated bar digits (helpers.make_images) as MNIST files: 64 train, 32 test."""
   return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=64, num_test=32)
 
 
-def test_the_model_example_trains_with_its_own_loss(idx_dir, tmp_path):
-  summary = train.train_and_evaluate(example_config("model", idx_dir), str(tmp_path))
+def test_the_model_example_trains_with_its_own_loss(bars_64_32, tmp_path):
+  summary = train.train_and_evaluate(example_config("model", bars_64_32), str(tmp_path))
   assert summary["step"] == 4
   assert summary["config"]["model"]["name"].endswith("examples/tiny_capsnet.py:TinyCapsNet")
   assert set(summary["evaluations"]["test"]) >= {"loss", "spread_loss", "accuracy"}
   assert "margin_loss" not in summary["evaluations"]["test"]
 
 
-def test_the_router_example_routes_and_its_settings_are_recorded(idx_dir, tmp_path):
-  config = example_config("router", idx_dir)
+def test_the_router_example_routes_and_its_settings_are_recorded(bars_64_32, tmp_path):
+  config = example_config("router", bars_64_32)
   config.model.routing.temperature = 0.5
   summary = train.train_and_evaluate(config, str(tmp_path))
   written = json.loads((tmp_path / "config.json").read_text())["model"]["routing"]
@@ -48,8 +49,8 @@ def test_the_router_example_routes_and_its_settings_are_recorded(idx_dir, tmp_pa
   assert "coupling_entropy" in summary["evaluations"]["test"]
 
 
-def test_the_evaluator_example_attacks_through_the_routing(idx_dir, tmp_path):
-  summary = train.train_and_evaluate(example_config("evaluator", idx_dir), str(tmp_path))
+def test_the_evaluator_example_attacks_through_the_routing(bars_64_32, tmp_path):
+  summary = train.train_and_evaluate(example_config("evaluator", bars_64_32), str(tmp_path))
   fgsm = summary["evaluations"]["fgsm"]
   assert fgsm["epsilon"] == 0.1 and fgsm["zero_gradient"] == 0.0
   assert fgsm["clean_accuracy"] == pytest.approx(summary["evaluations"]["test"]["accuracy"])

@@ -1,10 +1,10 @@
-"""The bytes a compiled program moves (capsjax/runs/hlo_traffic.py), against hand counts."""
+"""The bytes a compiled program moves (capsjax/perf/hlo_traffic.py), against hand counts."""
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from capsjax.runs import hlo_traffic
+from capsjax.perf import hlo_traffic
 
 F32 = 4
 
@@ -50,6 +50,13 @@ def test_a_loop_of_unknown_length_is_counted_once_and_reported():
 
   found = traffic(until_large, jnp.ones((256,)))
   assert found.unknown_trip_counts == 1 and found.total_bytes > 0
+  # The body's product read and written once (256 floats each way), as if it ran once;
+  # the same body in a loop of 4 known iterations counts 4 times that.
+  once = 2 * 256 * F32
+  products = [v for op, v in found.bytes_by_op.items() if "multiply" in op]
+  assert products == [once], found.bytes_by_op
+  four = traffic(lambda x: jax.lax.fori_loop(0, 4, lambda i, y: y * 2.0, x), jnp.ones((256,)))
+  assert 4 * once in [v for op, v in four.bytes_by_op.items() if "multiply" in op]
 
 
 def test_text_without_a_module_is_refused():

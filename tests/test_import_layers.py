@@ -18,11 +18,12 @@ PACKAGE = REPO / "capsjax"
 # Lowest first. Packages of one layer do not import each other; the commands (capsjax/*.py)
 # sit on top.
 LAYERS = (
-    ("common",),                      # errors, registries, files, config keys, figures
+    ("common",),                      # errors, registries, files, config keys, figures, public names
     ("routing", "runs"),              # pure routing; a run's machinery
     ("models", "datasets"),
     ("evaluators",),
     ("training",),
+    ("perf",),                        # the benchmark's analyses of a compiled step
     ("train", "evaluate", "sweep", "main", "benchmark"),
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}

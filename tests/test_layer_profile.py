@@ -1,4 +1,4 @@
-"""capsjax.runs.layer_profile: module scopes in the traced step, ops mapped to layers and
+"""capsjax.perf.layer_profile: module scopes in the traced step, ops mapped to layers and
 passes, the table's arithmetic."""
 
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from capsjax.runs import layer_profile
+from capsjax.perf import hlo_traffic, layer_profile
 
 
 class Pair(nnx.Module):
@@ -78,10 +78,15 @@ def test_layer_table_sums_per_step_and_orders_by_time():
 def test_op_seconds_times_the_ops_of_the_compiled_program():
   f = jax.jit(lambda a: jnp.tanh(a @ a) @ a)
   a = jnp.ones((256, 256)) / 256
-  names = set(layer_profile.op_layers(f.lower(a).compile().as_text()))
+  text = f.lower(a).compile().as_text()
+  computations, entry = hlo_traffic.parse(text)
+  # Every op the program runs (its entry's instructions that compute), and nothing else.
+  runs = {i.name for i in computations[entry]
+          if i.opcode not in ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")}
   seconds = layer_profile.op_seconds(lambda: f(a).block_until_ready(), repeats=2)
-  timed = {op for op, s in seconds.items() if s > 0}
-  assert timed & names, (timed, names)
+  assert set(seconds) == runs, (seconds, runs)
+  assert all(s > 0 for s in seconds.values())
+  assert runs <= set(layer_profile.op_layers(text))
 
 
 def test_self_times_take_nested_events_out_of_the_event_around_them():

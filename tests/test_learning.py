@@ -9,16 +9,9 @@ import pytest
 import mnist
 from capsjax import train
 from capsjax.runs.runconfig import import_config_file
-from helpers import write_shapes_dataset
+from helpers import learning_run, write_shapes_dataset
 
 em_mnist = import_config_file(pathlib.Path(__file__).parents[1] / "configs" / "em_mnist.py")
-
-
-def learning_run(config):
-  """Evaluates and checkpoints ``config``'s run once, at its end, and draws no examples: what
-  is under test is that it learns (checkpoints, evaluations and figures have their own)."""
-  config.train.eval_every_steps = config.train.checkpoint_every_steps = config.train.num_steps
-  config.eval.num_figure_examples = 0
 
 
 def test_a_tiny_capsnet_learns_three_shapes(tmp_path):

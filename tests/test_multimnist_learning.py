@@ -16,8 +16,7 @@ import pytest
 import multimnist as multimnist_config
 from capsjax import train
 from capsjax.models import metrics
-from helpers import write_idx_dataset
-from test_learning import learning_run
+from helpers import learning_run, write_idx_dataset
 
 CHANCE = metrics.chance_levels(10, 2)["accuracy"]  # 1/45.
 

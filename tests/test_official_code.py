@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 import mnist
-from capsjax import models, routing
+from capsjax import models
 from capsjax.common.errors import UsageError
 from capsjax.datasets import sources
 from capsjax.models import capsule_layers

@@ -108,6 +108,11 @@ def test_refusals_name_the_setting(settings, message):
     optimizers.build(config(**settings), steps_per_epoch=10, num_steps=100)
 
 
+# Each schedule's rate at step 50 of 100, by hand (peak 1e-3).
+AT_50 = {"exponential": 1e-3 * 0.96 ** (50 / 2000), "cosine": 1e-3 * 0.5, "constant": 1e-3,
+         "piecewise": 1e-3 * 0.1}
+
+
 def test_switching_the_optimiser_or_schedule_alone_works_for_every_one():
   for name in optimizers.OPTIMIZERS:
     for schedule in optimizers.SCHEDULES:
@@ -115,6 +120,23 @@ def test_switching_the_optimiser_or_schedule_alone_works_for_every_one():
       built = optimizers.build(config(name=name, schedule=schedule, **extra), num_steps=100)
       assert built.settings["name"] == name and built.settings["schedule"] == schedule
       assert np.all(np.isfinite(updates(built.tx)))
+      assert float(built.schedule(50)) == pytest.approx(AT_50[schedule], rel=1e-5)
+
+
+@pytest.mark.parametrize("schedule", sorted(AT_50))
+def test_the_optimiser_steps_by_the_chosen_schedule(schedule):
+  """Plain SGD's 51st update is -rate(50) x the gradient: the transformation uses the
+  schedule it was built with."""
+  extra = dict(boundaries=(10,), scales=(0.1,)) if schedule == "piecewise" else {}
+  built = optimizers.build(config(name="sgd", momentum=0.0, schedule=schedule, **extra),
+                           num_steps=100)
+  params, grads = {"w": jnp.zeros(2)}, {"w": jnp.asarray([1.0, -2.0])}
+  state = built.tx.init(params)
+  update = jax.jit(built.tx.update)
+  for _ in range(51):
+    u, state = update(grads, state, params)
+  np.testing.assert_allclose(np.asarray(u["w"]), -AT_50[schedule] * np.array([1.0, -2.0]),
+                             rtol=1e-5)
 
 
 def test_an_unknown_key_is_refused():

@@ -3,7 +3,6 @@
 import csv
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -12,24 +11,14 @@ import pytest
 import mnist
 from capsjax import sweep
 from capsjax.common.errors import UsageError
-from helpers import write_idx_dataset
+from helpers import REPO, run_in_process, run_sweep, write_idx_dataset
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def write_experiment(path, body):
   path.write_text(f'BASE_CONFIG = "{REPO / "configs" / "mnist.py"}:smoke"\n\n'
                   f"def get_sweep():\n  return {body}\n")
   return path
-
-
-def run_sweep(experiment, workdir, *extra, data_dir):
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
-  return subprocess.run(
-      [sys.executable, "-m", "capsjax.sweep", str(experiment), f"--workdir={workdir}",
-       "--config.data.source=idx", f"--config.data.dir={data_dir}",
-       "--config.train.num_steps=2", "--config.data.test_limit=32", *extra],
-      env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
 def test_expand_grid_and_points():
@@ -96,16 +85,20 @@ def test_two_by_two_sweep_runs_resumes_and_collects(tmp_path):
   assert again.stdout.count("finished, skipped") == 4
 
 
-def test_bad_sweep_inputs(tmp_path):
+def test_bad_sweep_inputs(tmp_path, capsys):
   data_dir = write_idx_dataset(tmp_path / "idx", num_train=32, num_test=16)
+  sweep_in_process = lambda experiment, *extra: run_in_process(
+      capsys, "capsjax.sweep", experiment, f"--workdir={tmp_path / 'w'}",
+      "--config.data.source=idx", f"--config.data.dir={data_dir}", *extra)
   experiment = write_experiment(tmp_path / "bad.py", '{"grid": {"model.nope": [1]}}')
-  result = run_sweep(experiment, tmp_path / "w", data_dir=data_dir)
+  result = sweep_in_process(experiment)
   assert result.returncode == 2 and "'model.nope' is not in the config" in result.stderr
   good = write_experiment(tmp_path / "good.py", '{"grid": {"seed": [1]}}')
-  result = run_sweep(good, tmp_path / "w", "--index=5", data_dir=data_dir)
+  result = sweep_in_process(good, "--index=5")
   assert result.returncode == 2 and "out of range" in result.stderr
-  result = run_sweep(tmp_path / "missing.py", tmp_path / "w", data_dir=data_dir)
+  result = sweep_in_process(tmp_path / "missing.py")
   assert result.returncode == 2 and "not found" in result.stderr
+  assert not (tmp_path / "w").exists()
   assert "Traceback" not in result.stderr
 
 

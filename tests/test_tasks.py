@@ -21,13 +21,14 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.fixture(scope="module")
-def idx_dir(tmp_path_factory):
+def bars_32_16(tmp_path_factory):
+  """Generated bar digits (helpers.make_images) as MNIST files: 32 train, 16 test."""
   return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=32, num_test=16)
 
 
-def smoke(idx_dir):
+def smoke(bars_32_16):
   c = mnist.get_config("smoke")
-  c.data.source, c.data.dir = "idx", str(idx_dir)
+  c.data.source, c.data.dir = "idx", str(bars_32_16)
   return c
 
 
@@ -43,8 +44,8 @@ def variables_and_batch(task, n=4):
   return train_step.merge_variables(params, state), task.dataset.eval_batch(examples, {})
 
 
-def test_the_callers_config_is_never_written(idx_dir):
-  config = smoke(idx_dir)
+def test_the_callers_config_is_never_written(bars_32_16):
+  config = smoke(bars_32_16)
   before = config.to_json_best_effort()
   task = tasks.Task.from_config(config)
   assert config.to_json_best_effort() == before
@@ -54,10 +55,10 @@ def test_the_callers_config_is_never_written(idx_dir):
   assert task.config.model.num_classes == 10
 
 
-def test_reconstruction_targets_stay_clean_when_the_images_move(idx_dir):
+def test_reconstruction_targets_stay_clean_when_the_images_move(bars_32_16):
   """The loss's reconstruction part against the images the batch was built from, computed in
   NumPy from the outputs, not against the moved images that went into the network."""
-  task = tasks.Task.from_config(smoke(idx_dir))
+  task = tasks.Task.from_config(smoke(bars_32_16))
   variables, batch = variables_and_batch(task)
   clean = np.asarray(batch["images"], np.float64)
   batch = task.complete_batch(batch)
@@ -76,8 +77,8 @@ def test_reconstruction_targets_stay_clean_when_the_images_move(idx_dir):
                          rtol=1e-3)
 
 
-def test_evaluation_batches_take_float_images_as_they_are(idx_dir):
-  task = tasks.Task.from_config(smoke(idx_dir))
+def test_evaluation_batches_take_float_images_as_they_are(bars_32_16):
+  task = tasks.Task.from_config(smoke(bars_32_16))
   variables, batch = variables_and_batch(task)
   test = task.dataset.load()["test"].examples
   pixels = {"images": test["images"][:4], "labels": test["labels"][:4]}
@@ -88,11 +89,11 @@ def test_evaluation_batches_take_float_images_as_they_are(idx_dir):
   np.testing.assert_allclose(np.asarray(from_floats), np.asarray(from_pixels), rtol=1e-6)
 
 
-def test_the_loss_sees_the_training_step(idx_dir):
+def test_the_loss_sees_the_training_step(bars_32_16):
   """The example model's spread-loss margin grows with the step (0.2 -> 0.9 over
   margin_steps): its loss at step 0 is below its loss at margin_steps, the final margin's,
   which evaluation (no step) uses. CapsNet's margin loss has no schedule: the step is unused."""
-  task = tasks.Task.from_config(_tiny(idx_dir, f"{EXAMPLES / 'tiny_capsnet.py'}:TinyCapsNet",
+  task = tasks.Task.from_config(_tiny(bars_32_16, f"{EXAMPLES / 'tiny_capsnet.py'}:TinyCapsNet",
                                       margin_steps=100))
   variables, batch = variables_and_batch(task)
   train = jitted_forward(task, train=True)
@@ -100,7 +101,7 @@ def test_the_loss_sees_the_training_step(idx_dir):
   final = float(jnp.sum(jitted_forward(task, train=False)(variables, batch).loss))
   assert losses[0] < losses[1] < losses[2] == pytest.approx(losses[3]) == pytest.approx(final)
 
-  capsnet = tasks.Task.from_config(smoke(idx_dir))
+  capsnet = tasks.Task.from_config(smoke(bars_32_16))
   variables, batch = variables_and_batch(capsnet)
   forward = jitted_forward(capsnet, train=False)
   at = [np.asarray(forward(variables, batch, s).loss) for s in (0, 9)]
@@ -111,9 +112,9 @@ class _Broken:
   """Models that break one promise each (named by import path in the tests below)."""
 
 
-def _tiny(idx_dir, name, margin_steps=10):
+def _tiny(bars_32_16, name, margin_steps=10):
   """The smoke config with the example model (or one named ``name``) of tiny sizes."""
-  c = smoke(idx_dir)
+  c = smoke(bars_32_16)
   c.model = ml_collections.ConfigDict(dict(
       name=name, image_shape=None, num_classes=None, features=8, types=4, dim=4, class_dim=4,
       margin_steps=margin_steps, routing=routing.config_keys()))
@@ -133,14 +134,14 @@ def _tiny(idx_dir, name, margin_steps=10):
     ("FloatPredictions", "outputs.predictions has dtype float32, not integer class ids"),
     ("WrongVoteScores", r"vote_scores has shape \(2, 9\), not \(batch, num_classes\)"),
 ])
-def test_a_model_that_breaks_the_contract_is_refused_at_the_start(idx_dir, model, match):
+def test_a_model_that_breaks_the_contract_is_refused_at_the_start(bars_32_16, model, match):
   with pytest.raises(UsageError, match=match):  # By the class (signatures) or its trace.
-    task = tasks.Task.from_config(_tiny(idx_dir, f"{pathlib.Path(__file__)}:{model}"))
+    task = tasks.Task.from_config(_tiny(bars_32_16, f"{pathlib.Path(__file__)}:{model}"))
     task.check_outputs(task.dataset.load())
 
 
-def test_training_is_traced_on_a_train_batch_as_the_train_step_builds_it(idx_dir):
-  task = tasks.Task.from_config(_tiny(idx_dir, str(EXAMPLES / "tiny_capsnet.py:TinyCapsNet")))
+def test_training_is_traced_on_a_train_batch_as_the_train_step_builds_it(bars_32_16):
+  task = tasks.Task.from_config(_tiny(bars_32_16, str(EXAMPLES / "tiny_capsnet.py:TinyCapsNet")))
   built, original = [], task.dataset.train_batch
 
   def train_batch(key, indices, examples, shared):
@@ -152,9 +153,9 @@ def test_training_is_traced_on_a_train_batch_as_the_train_step_builds_it(idx_dir
   assert built == [(2,)]
 
 
-def test_a_class_without_the_interface_is_refused_naming_what_it_lacks(idx_dir):
+def test_a_class_without_the_interface_is_refused_naming_what_it_lacks(bars_32_16):
   with pytest.raises(UsageError, match="_Broken lacks from_config, apply, loss, metrics"):
-    tasks.Task.from_config(_tiny(idx_dir, f"{pathlib.Path(__file__)}:_Broken"))
+    tasks.Task.from_config(_tiny(bars_32_16, f"{pathlib.Path(__file__)}:_Broken"))
 
 
 def _tiny_capsnet():

@@ -13,17 +13,17 @@ import pytest
 
 from flax import nnx
 
-from helpers import (abstract_model, checkpoint_steps, final_params, free_port, read_summary,
-                     run_main, train_records, write_idx_dataset)
+from helpers import (abstract_model, checkpoint_steps, final_params, free_port,
+                     main_in_process, read_summary, run_main, train_records, write_idx_dataset)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def full_run(idx_dir, tmp_path_factory):
-  """8 uninterrupted steps on 4 devices; several tests compare against it."""
+  """8 uninterrupted steps on 4 devices, figures drawn; several tests compare against it."""
   workdir = tmp_path_factory.mktemp("full")
-  result = run_main(workdir, data_dir=idx_dir)
+  result = run_main(workdir, data_dir=idx_dir, figures=True)
   assert result.returncode == 0, result.stdout + result.stderr
   return workdir, result
 
@@ -140,14 +140,14 @@ def test_sigkill_mid_training_resumes_and_finishes(idx_dir, tmp_path):
     (("--config.train.batch_size=18",), "ok", "batch_size=18 is not divisible by the 4 devices"),
     (("--config.model.routing.iterations=-1",), "ok", "iterations must be an integer >= 1"),
 ])
-def test_bad_inputs_give_clear_errors(idx_dir, tmp_path, overrides, data, message):
+def test_bad_inputs_give_clear_errors(idx_dir, tmp_path, overrides, data, message, capsys):
   if data == "corrupt":
     bad = write_idx_dataset(tmp_path / "corrupt", num_train=16, num_test=8)
     (bad / "train-images-idx3-ubyte.gz").write_bytes(b"not an idx file")
     data_dir = bad
   else:
     data_dir = {"missing": tmp_path / "missing", "ok": idx_dir, None: None}[data]
-  result = run_main(tmp_path / "run", *overrides, data_dir=data_dir)
+  result = main_in_process(capsys, tmp_path / "run", *overrides, data_dir=data_dir)
   assert result.returncode == 2, result.stdout + result.stderr
   assert message in result.stderr
   assert "Traceback" not in result.stderr + result.stdout

@@ -1,14 +1,14 @@
 """The transforms evaluator: each transform against an independent one, the identities, the
 familiar and novel rotation averages, the figure and the settings it refuses."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from capsjax.common.errors import UsageError
 from capsjax.datasets import augment
 from capsjax.evaluators.transforms import transform
-from helpers import write_idx_dataset
-from test_evaluators import build, make_config
+from helpers import build_evaluators, evaluator_config, write_idx_dataset
 
 SMALL = {"type": "transforms", "rotations": (-60.0, -30.0, 0.0, 45.0, 90.0),
          "scales": (0.8, 1.0), "shears": (0.0, 0.3), "translations": (0.0, 2.0),
@@ -16,7 +16,8 @@ SMALL = {"type": "transforms", "rotations": (-60.0, -30.0, 0.0, 45.0, 90.0),
 
 
 @pytest.fixture(scope="module")
-def idx_dir(tmp_path_factory):
+def bars_64_24(tmp_path_factory):
+  """Generated bar digits (helpers.make_images) as MNIST files: 64 train, 24 test."""
   return write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=64, num_test=24)
 
 
@@ -49,8 +50,8 @@ def test_a_quarter_turn_is_counter_clockwise_and_a_half_scale_halves_offsets():
   assert np.unravel_index(np.argmax(sheared), sheared.shape) == (20, 25)  # x += 0.5 * 6.
 
 
-def test_the_sweeps_and_the_familiar_and_novel_averages(idx_dir, tmp_path):
-  built, params, *_ = build(make_config(idx_dir, transforms=SMALL))
+def test_the_sweeps_and_the_familiar_and_novel_averages(bars_64_24, tmp_path):
+  built, params, model, splits, _ = build_evaluators(evaluator_config(bars_64_24, transforms=SMALL))
   evaluator = built["transforms"]
   result = evaluator.run(params)
   # The untransformed sets are the sample itself: the accuracy of the test split's sample.
@@ -58,6 +59,19 @@ def test_the_sweeps_and_the_familiar_and_novel_averages(idx_dir, tmp_path):
   for key in ("rotation_0_accuracy", "scale_1_accuracy", "shear_0_accuracy",
               "translation_0_accuracy"):
     assert result[key] == pytest.approx(test)
+  # Every other value: the sample moved by that transform (tested above), scored by hand.
+  images, labels = splits["test"].examples["images"], splits["test"].examples["labels"]
+  moved_accuracies = []
+  for kind, name in (("rotations", "rotation"), ("scales", "scale"), ("shears", "shear"),
+                     ("translations", "translation")):
+    for value in SMALL[kind]:
+      moved = transform(images, kind, value)
+      outputs = model.apply({"images": jnp.asarray(moved / 255.0, jnp.float32),
+                             "labels": jnp.asarray(labels)}, train=False)
+      by_hand = float(np.mean(np.asarray(outputs.predictions) == labels))
+      assert result[f"{name}_{value:g}_accuracy"] == pytest.approx(by_hand), (kind, value)
+      moved_accuracies.append(by_hand)
+  assert len(set(moved_accuracies)) > 1  # The transforms matter to this model.
   familiar = np.mean([result[f"rotation_{a}_accuracy"] for a in ("-30", "0")])
   novel = np.mean([result[f"rotation_{a}_accuracy"] for a in ("-60", "45", "90")])
   assert result["familiar_rotation_accuracy"] == pytest.approx(familiar)
@@ -74,6 +88,6 @@ def test_the_sweeps_and_the_familiar_and_novel_averages(idx_dir, tmp_path):
     ({"scales": (0.0, 1.0)}, "scales must be > 0"),
     ({"split": "nope"}, "split='nope'"),
 ])
-def test_bad_settings_are_usage_errors(idx_dir, settings, message):
+def test_bad_settings_are_usage_errors(bars_64_24, settings, message):
   with pytest.raises(UsageError, match=message):
-    build(make_config(idx_dir, transforms={**SMALL, **settings}))
+    build_evaluators(evaluator_config(bars_64_24, transforms={**SMALL, **settings}))

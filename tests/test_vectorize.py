@@ -16,7 +16,8 @@ from capsjax.common.errors import NonFiniteLossError, UsageError
 from capsjax.runs import runconfig
 from capsjax.training import run_group, vectorize
 from capsjax.training.runtime import Runtime
-from helpers import final_params, read_summary, train_records, write_idx_dataset
+from helpers import (REPO, final_params, read_summary, run_in_process, run_sweep,
+                     train_records, write_idx_dataset)
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +99,64 @@ def test_vectorised_runs_end_where_they_end_alone_and_a_diverging_one_stops_alon
   assert isinstance(outcomes[1], NonFiniteLossError)
   assert str(outcomes[1]).replace("together1", "alone1") == str(alone[1])
   assert not os.path.exists(tmp_path / "alone1") and not os.path.exists(dirs[1])
+
+
+def test_a_signal_saves_every_run_of_a_group_and_the_rerun_ends_as_if_uninterrupted(
+    data_dir, tmp_path, monkeypatch):
+  """SIGTERM during a group's training: every run saves the step reached and the group
+  raises Preempted (exit 143); rerun, each run ends where it ends alone."""
+  import signal
+
+  from capsjax.runs import preemption
+  from capsjax.training import run as run_lib
+  from helpers import checkpoint_steps
+
+  configs = configs_of(data_dir, POINTS[:2])
+  keys = ("loss.reconstruction_weight", "optimizer.learning_rate")
+  dirs = [str(tmp_path / f"run{k}") for k in range(2)]
+  dispatched, sent = run_lib.Run.dispatched, []
+
+  def signal_after_the_first_step(self, num_steps, metrics, state):
+    dispatched(self, num_steps, metrics, state)
+    if not sent:
+      sent.append(self.step)
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(run_lib.Run, "dispatched", signal_after_the_first_step)
+  with pytest.raises(preemption.Preempted) as stopped:
+    run_group.train_and_evaluate_group(configs, dirs, keys)
+  monkeypatch.undo()
+  assert stopped.value.exit_status == 143 and sent == [1]
+  assert [checkpoint_steps(d) for d in dirs] == [[1], [1]]
+  outcomes = run_group.train_and_evaluate_group(configs, dirs, keys)
+  assert [o["step"] for o in outcomes] == [4, 4]
+  for k, config in enumerate(configs):
+    train.train_and_evaluate(config, str(tmp_path / f"alone{k}"))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=1e-4, atol=PARAMS_ATOL),
+                 final_params(tmp_path / f"alone{k}"), final_params(dirs[k]))
+
+
+def test_in_a_group_a_busy_workdir_is_skipped_and_stop_at_accuracy_stops_as_alone(
+    data_dir, tmp_path):
+  """A run whose workdir another holder has is reported busy and the others train; with
+  train.stop_at_accuracy every run stops at the evaluation where it stops alone."""
+  from capsjax.runs import workdirs
+
+  configs = configs_of(data_dir, [dict(seed=s) for s in (0, 1, 2)])
+  for config in configs:
+    config.train.stop_at_accuracy, config.train.eval_every_steps = 0.01, 2
+  dirs = [str(tmp_path / f"run{k}") for k in range(3)]
+  os.makedirs(dirs[1])
+  with workdirs.hold(dirs[1]):
+    outcomes = run_group.train_and_evaluate_group(configs, dirs)
+  assert isinstance(outcomes[1], workdirs.WorkdirBusy)
+  assert not os.path.exists(os.path.join(dirs[1], "summary.json"))
+  for k in (0, 2):
+    alone = train.train_and_evaluate(configs[k], str(tmp_path / f"alone{k}"))
+    assert outcomes[k]["step"] == alone["step"] == 2  # The first evaluation reaches 1%.
+    assert outcomes[k]["selected_on"] == alone["selected_on"] == "test"
+    assert outcomes[k]["runs_in_program"] == 2
+    assert_same_run(tmp_path / f"alone{k}", dirs[k])
 
 
 def test_a_traced_setting_really_reaches_the_step(data_dir):
@@ -219,8 +278,6 @@ def test_a_researchers_model_shares_a_program_only_in_what_it_declares(data_dir,
 def test_sweep_of_a_setting_read_while_loading_data_equals_one_by_one(tmp_path):
   """The issue's table through the command line: each run's test loss vectorised equals its
   loss alone, and the two runs differ (the flipped run trained on its own data)."""
-  from test_sweep import run_sweep
-
   data = write_idx_dataset(tmp_path / "idx", num_train=64, num_test=16)
   experiment = tmp_path / "flip.py"
   experiment.write_text(
@@ -285,8 +342,6 @@ def test_sweep_vectorised_equals_one_by_one_on_one_device(tmp_path):
   """The tiny Table 1 through the command line on 1 CPU device: with and without reconstruction
   (a traced weight) in one program, the baseline CNN alone; then the table with the paper's
   column."""
-  from test_sweep import run_sweep
-
   data = write_idx_dataset(tmp_path / "idx", num_train=64, num_test=16)
   experiment = "experiments/paper_table1.py:tiny"
   extra = ("--index=0,6,12", "--config.train.num_steps=3", "--config.eval.num_figure_examples=0")
@@ -334,7 +389,6 @@ def test_benchmark_measures_vectorised_throughput_against_one_run():
   import subprocess
   import sys
 
-  from test_sweep import REPO
 
   result = subprocess.run(
       [sys.executable, "-m", "capsjax.benchmark", f"--config={REPO}/configs/mnist.py:smoke",
@@ -350,7 +404,8 @@ def test_benchmark_measures_vectorised_throughput_against_one_run():
       rows[1]["images_per_second"] / rows[0]["images_per_second"])
   # Two runs' gradients, optimiser updates and activations: about twice one run's new memory.
   assert rows[1]["new_memory_bytes"] > 1.5 * rows[0]["new_memory_bytes"]
-  bad = subprocess.run(
-      [sys.executable, "-m", "capsjax.benchmark", f"--config={REPO}/configs/mnist.py:smoke",
-       "--runs=1,0"], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+def test_benchmark_refuses_a_run_count_below_one(capsys):
+  bad = run_in_process(capsys, "capsjax.benchmark", f"--config={REPO}/configs/mnist.py:smoke",
+                       "--runs=1,0")
   assert bad.returncode == 2 and "--runs takes counts of runs >= 1" in bad.stderr

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from capsjax.common.errors import UsageError
+from capsjax.common import public_names
 from capsjax.models import winograd
 
 CONV_IMPLS = ("auto", "native", "polyphase", "im2col", "winograd", "winograd4")
@@ -263,3 +264,7 @@ class Decoder(nnx.Module):
       x = jax.nn.relu(layer(x))
     x = jax.nn.sigmoid(self.layers[-1](x).astype(jnp.float32))
     return x.reshape(x.shape[0], *self.image_shape)
+
+
+# Names that moved to capsjax.models.capsule_layers, served with a DeprecationWarning.
+__getattr__ = public_names.module_getattr(__name__)

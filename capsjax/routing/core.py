@@ -264,6 +264,9 @@ class Router:
       are the class scores).
     squashes: whether the parents' lengths are squashed into [0, 1) (then their saturation is
       measured and watched).
+    as_run: ``as_run(settings) -> settings`` as they run on this backend (e.g. ``gradient``'s
+      ``"auto"`` resolved), applied once when a run's config is resolved so that its
+      ``config.json`` records what ran.
   """
   name: str
   settings: dict[str, Any]
@@ -273,3 +276,4 @@ class Router:
   uses_parent_bias: bool = False
   yields_activations: bool = False
   squashes: bool = True
+  as_run: Callable[[dict], dict] = lambda settings: settings

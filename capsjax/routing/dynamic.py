@@ -41,6 +41,12 @@ def resolved_gradient(gradient: str) -> str:
   return core.resolved_gradient(gradient, ANALYTIC_ON)
 
 
+def as_run(settings: dict) -> dict:
+  """``settings`` with ``gradient`` as it runs on this backend (resolved once, recorded in
+  the run's config.json)."""
+  return {**settings, "gradient": resolved_gradient(settings["gradient"])}
+
+
 def coupling_coefficients(logits: jax.Array, softmax_axis: str = "output",
                           leaky: bool = False) -> jax.Array:
   """Coupling coefficients c_ij from routing logits b_ij (Procedure 1, line 4).
@@ -310,5 +316,5 @@ def route(votes, *, inputs=None, activations=None, params=None, rng=None, settin
                        routing_diagnostics_per_example(trace, s["softmax_axis"]))
 
 
-ROUTER = Router(name="dynamic", settings=SETTINGS, route=route, check=check,
+ROUTER = Router(name="dynamic", settings=SETTINGS, route=route, as_run=as_run, check=check,
                 uses_parent_bias=True)

@@ -8,7 +8,7 @@ array (0.74 MB per image for the paper's MNIST model, 10 x 1152 x 16 floats); ev
 is 1/out_dim of them (logits, coupling) or smaller (the parents). So the routing costs about
 the number of votes-sized passes it makes, and this form makes only those the chain rule
 needs. On XLA:CPU autodiff of the unrolled loop turned out to make the same passes (the same
-bytes, measured with :mod:`capsjax.runs.hlo_traffic`, and the same speed; docs/performance.md),
+bytes, measured with :mod:`capsjax.perf.hlo_traffic`, and the same speed; docs/performance.md),
 so the router's ``"auto"`` keeps autodiff there; GPUs are still to be measured.
 
 The derivation. Forward, for ``t = 0 .. r-1`` (Procedure 1; ``c_0`` uniform)::

@@ -169,6 +169,12 @@ def resolved_gradient(gradient: str) -> str:
   return core.resolved_gradient(gradient, ANALYTIC_ON)
 
 
+def as_run(settings: dict) -> dict:
+  """``settings`` with ``gradient`` as it runs on this backend (resolved once, recorded in
+  the run's config.json)."""
+  return {**settings, "gradient": resolved_gradient(settings["gradient"])}
+
+
 def em_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta_a: jax.Array,
                *, settings: dict, normalise: Callable[[jax.Array], jax.Array],
                initial: jax.Array | float | None = None, num_children: int | None = None,
@@ -284,5 +290,5 @@ def route(votes, *, inputs=None, activations, params, rng=None, settings, train=
   return RoutingResult(result.poses[:, :, 0], result.activations[:, :, 0], result.diagnostics)
 
 
-ROUTER = Router(name="em", settings=SETTINGS, route=route, parameters=parameters, check=check,
-                yields_activations=True, squashes=False)
+ROUTER = Router(name="em", settings=SETTINGS, route=route, as_run=as_run, parameters=parameters,
+                check=check, yields_activations=True, squashes=False)

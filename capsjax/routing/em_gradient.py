@@ -1,7 +1,7 @@
 """EM routing with its backward pass written out (EM's setting ``gradient="analytic"``, the
 default): the same forward as :func:`capsjax.routing.em.em_routing`, with a ``custom_vjp``
 that makes a few passes over the votes instead of the ~120 that autodiff of the reference
-makes (measured with :mod:`capsjax.runs.hlo_traffic`, docs/performance.md).
+makes (measured with :mod:`capsjax.perf.hlo_traffic`, docs/performance.md).
 
 Why: matrix capsules' routing is memory-bound. Its arrays are the votes ``V (batch,
 children, out_caps, positions, D)`` (ConvCaps1 of ``configs/em_mnist.py``: 14.7 MB per image)

@@ -1,5 +1,10 @@
 """What every command line shares: flag errors, config files and every error a user can fix
-as one clear message (exit 2, no traceback), and the restart with the host-memory tunables."""
+as one clear message (exit 2, no traceback), and the restart with the host-memory tunables.
+
+Each command module (``capsjax.main``, ``evaluate``, ``benchmark``, ``sweep``) defines its flags
+in its ``define_flags(flag_values, argv)``, called only when it runs (:func:`run`), so the
+modules import side by side; :func:`invoke` runs one in this process on flags of its own (the
+tests' way to check a command's errors without starting a process)."""
 
 from __future__ import annotations
 
@@ -21,16 +26,18 @@ from capsjax.runs import hostmemory
 CONFIGS = str(pathlib.Path(__file__).resolve().parents[2] / "configs")
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with a bad flag value (e.g. an unknown config variant or key) as
-  ``error: ...`` and exit status 2."""
+def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -> list[str]:
+  """absl's flag parsing (into ``flag_values``, by default absl's global flags), with a bad
+  flag value (e.g. an unknown config variant or key) as ``error: ...`` and exit status 2."""
   missing = _missing_config_file(argv)
   if missing:  # Else ml_collections fails on the first --config.* override, with a traceback.
     print(f"error: {missing}", file=sys.stderr)
     sys.exit(2)
   try:
-    return flags.FLAGS(argv)
+    return (flag_values or flags.FLAGS)(argv)
   except flags.Error as e:
+    if found := missing_override(argv):  # "Unknown command line flag 'config.x'": say which.
+      _refuse_override(*found)
     lines = [line for line in str(e).splitlines() if line.strip()]
     if any(line.startswith("Traceback") for line in lines):  # A config file raised: its
       lines = [lines[0].rstrip(":") + ":", lines[-1].strip()]  # message, not the stack.
@@ -50,10 +57,13 @@ def parse_flags(argv: list[str]) -> list[str]:
       family = next((f for f in CONFIG_FLAGS if any(a.startswith(f"--{f}.") for a in argv)),
                     "config")
       found = (family, detail, "")
-    family, key, hint = found
-    print(f"error: a --{family}.* override names a key that --{family} does not have: "
-          f"{key!r}.{hint}", file=sys.stderr)
-    sys.exit(2)
+    _refuse_override(*found)
+
+
+def _refuse_override(family: str, key: str, hint: str) -> None:
+  print(f"error: a --{family}.* override names a key that --{family} does not have: "
+        f"{key!r}.{hint}", file=sys.stderr)
+  sys.exit(2)
 
 
 def _config_spec(argv: list[str], name: str = "config") -> str | None:
@@ -123,10 +133,15 @@ def missing_override(argv: list[str]) -> tuple[str, str, str] | None:
   return None
 
 
+def flag_of(holder) -> flags.Flag:
+  """The flag behind an absl ``FlagHolder``, in whichever FlagValues defined it."""
+  return holder._flagvalues[holder.name]  # absl keeps no public accessor for it.
+
+
 def config_from_flag(holder):
   """The ConfigDict of a ``DEFINE_config_file`` flag; a missing or broken file is a
   UsageError naming it (ml_collections only reports it when the value is first used)."""
-  flag = flags.FLAGS[holder.name]
+  flag = flag_of(holder)
   path = (flag.config_filename or "").split(":")[0]
   if path and not os.path.isfile(path):
     raise UsageError(missing_config_message(flag.config_filename, f"--{holder.name}"))
@@ -137,10 +152,30 @@ def config_from_flag(holder):
                      f"{type(e).__name__}: {e}") from e
 
 
-def run(main: Callable[[list[str]], None], module: str) -> None:
-  """``app.run(main)`` for ``python -m module``, restarted once with the malloc tunables."""
+def run(main: Callable[[list[str]], None], module: str,
+        define_flags: Callable[[flags.FlagValues, list[str]], object]) -> None:
+  """``app.run(main)`` for ``python -m module`` with the flags of ``define_flags``, restarted
+  once with the malloc tunables."""
   hostmemory.restart_with_malloc_tuning(module)
+  define_flags(flags.FLAGS, sys.argv)
   app.run(main, flags_parser=parse_flags)
+
+
+def invoke(command, argv: list[str]) -> int:
+  """Runs ``command`` (a module with ``define_flags`` and ``main``) in this process as
+  ``python -m command ARGV`` would, its flags in a FlagValues of their own; returns the exit
+  status (messages go to stdout and stderr as the command prints them)."""
+  argv = [command.__name__, *argv]
+  flag_values = flags.FlagValues()
+  try:
+    command.define_flags(flag_values, argv)
+    command.main(parse_flags(argv, flag_values))
+  except SystemExit as e:
+    return e.code if isinstance(e.code, int) else int(e.code is not None)
+  except app.UsageError as e:  # What app.run prints for it, and its status.
+    print(f"FATAL Flags parsing error: {e}", file=sys.stderr)
+    return 1
+  return 0
 
 
 @contextlib.contextmanager

@@ -10,6 +10,9 @@ says what to change) before it runs, and turns an allocation failure while it ru
 
 from __future__ import annotations
 
+import contextlib
+import os
+import resource
 from typing import Callable
 
 import jax
@@ -23,15 +26,96 @@ class OutOfMemory(UsageError):
 
 def available_memory_bytes(device: jax.Device | None = None) -> int | None:
   """Free memory for a program on ``device``: the accelerator's allocator limit less what is
-  in use, or on a CPU the host's available memory (``MemAvailable``); None if unknown."""
+  in use, or on a CPU the least of the host's available memory (``MemAvailable``) and what
+  the process's own limits leave (:func:`process_limit_bytes`); None if unknown."""
   device = device or jax.local_devices()[0]
   stats = device.memory_stats() or {}
   if "bytes_limit" in stats:
     return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+  known = [n for n in (host_available_bytes(), process_limit_bytes()) if n is not None]
+  return min(known) if known else None
+
+
+def host_available_bytes(meminfo: str = "/proc/meminfo") -> int | None:
+  """The host's ``MemAvailable`` in bytes (the file gives kB); None if unreadable."""
   try:
-    with open("/proc/meminfo") as f:
+    with open(meminfo) as f:
       for line in f:
         if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return None
+
+
+def process_limit_bytes(proc: str = "/proc/self", cgroup_root: str = "/sys/fs/cgroup"
+                        ) -> int | None:
+  """What this process may still allocate under the limits a cluster scheduler sets: its
+  address-space limit (``RLIMIT_AS``, ``ulimit -v``) less its virtual size, and its memory
+  cgroup's limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``, at its level or any level
+  above) less that cgroup's usage. The least of them; None where none is set."""
+  left = []
+  soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+  size = _status_bytes(os.path.join(proc, "status"), "VmSize:")
+  if soft != resource.RLIM_INFINITY and size is not None:
+    left.append(soft - size)
+  left += cgroup_left_bytes(os.path.join(proc, "cgroup"), cgroup_root)
+  return max(0, min(left)) if left else None
+
+
+# (limit file, usage file) of cgroup v2 and v1; v1 writes "no limit" as a number near 2**63.
+_CGROUP_FILES = (("memory.max", "memory.current"),
+                 ("memory.limit_in_bytes", "memory.usage_in_bytes"))
+_NO_LIMIT = 2 ** 60
+
+
+def cgroup_left_bytes(cgroup_file: str, root: str) -> list[int]:
+  """``limit - usage`` of each memory cgroup level that sets a limit, from the process's own
+  (``/proc/self/cgroup``: ``0::PATH`` in v2, ``N:memory:PATH`` in v1) up to the root."""
+  try:
+    with open(cgroup_file) as f:
+      lines = f.read().splitlines()
+  except OSError:
+    return []
+  left = []
+  for line in lines:
+    _, controllers, path = line.split(":", 2)
+    if controllers == "":
+      mount = root if os.path.exists(os.path.join(root, "cgroup.controllers")) else \
+          os.path.join(root, "unified")
+    elif "memory" in controllers.split(","):
+      mount = os.path.join(root, "memory")
+    else:
+      continue
+    level = path.strip("/")
+    while True:
+      directory = os.path.join(mount, level)
+      for limit_file, usage_file in _CGROUP_FILES:
+        limit = _read_int(os.path.join(directory, limit_file))
+        usage = _read_int(os.path.join(directory, usage_file))
+        if limit is not None and usage is not None and limit < _NO_LIMIT:
+          left.append(limit - usage)
+      if not level:
+        break
+      level = os.path.dirname(level)
+  return left
+
+
+def _read_int(path: str) -> int | None:
+  """The integer in a one-line file; None if absent, unreadable or not a number ("max")."""
+  try:
+    with open(path) as f:
+      return int(f.read().strip())
+  except (OSError, ValueError):
+    return None
+
+
+def _status_bytes(path: str, field: str) -> int | None:
+  """A ``kB`` field of ``/proc/PID/status`` in bytes."""
+  try:
+    with open(path) as f:
+      for line in f:
+        if line.startswith(field):
           return int(line.split()[1]) * 1024
   except OSError:
     pass
@@ -70,8 +154,27 @@ def advice(config, need: int | None = None, free: int | None = None) -> str:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-  """Whether ``error`` is XLA's allocation failure (``RESOURCE_EXHAUSTED``)."""
-  return "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error)
+  """Whether ``error`` is an allocation failure: XLA's ``RESOURCE_EXHAUSTED`` or Python's
+  MemoryError (NumPy under an address-space limit)."""
+  return (isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in str(error)
+          or "Out of memory" in str(error))
+
+
+@contextlib.contextmanager
+def advice_on_allocation_failure(config, what: str = "The run"):
+  """Turns an allocation failure anywhere inside (loading data, compiling, a step whose
+  failure surfaces when its results are read, an evaluation) into :class:`OutOfMemory`:
+  one line of advice, no traceback. What the run saved stays, so the same command resumes."""
+  try:
+    yield
+  except OutOfMemory:
+    raise
+  except Exception as e:
+    if not is_out_of_memory(e):
+      raise
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    raise OutOfMemory(f"{what} ran out of memory ({first[:300]}). {advice(config)} What it "
+                      "saved is kept: the same command resumes from its last checkpoint.") from None
 
 
 class CompiledSteps:

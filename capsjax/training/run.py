@@ -54,6 +54,7 @@ class Run:
     self.runs_in_program = 1  # More when a vectorised group trains it (summary.json says).
     self.label: str | None = None  # Its name on progress lines, when trained with others.
     self.created = False  # Whether the workdir was made for it (a failed start removes it).
+    self.closed = False
 
   def start(self, announce: bool = True):
     """Restores the newest checkpoint (or starts fresh), builds the evaluations and the
@@ -168,6 +169,7 @@ class Run:
       summary["comparison_only"] = comparison.comparison_errors(
           reporting.read_metrics(self.workdir))
       files.write_json(os.path.join(self.workdir, "summary.json"), summary)
+    if jax.process_index() == 0 and runtime.config.eval.get("figures", True):
       run_figures.draw_figures(self.workdir, runtime.task, state.variables,
                                runtime.splits["test"], self.evals,
                                runtime.config.eval.num_figure_examples, self.progress.writer,
@@ -179,7 +181,10 @@ class Run:
     return summary
 
   def close(self) -> None:
-    """Waits for pending checkpoints and closes the log (also after a failure)."""
+    """Waits for pending checkpoints and closes the log (also after a failure; once)."""
+    if self.closed:
+      return
+    self.closed = True
     self.ckpt.wait()
     if self.progress is not None:
       self.progress.close()

@@ -50,7 +50,8 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
   """
   if runtimes is None:
     runtimes = [Runtime(c) for c in configs]
-  load_each(runtimes)
+  with memory.advice_on_allocation_failure(configs[0], "Loading the runs' data"):
+    load_each(runtimes)
   check_same_data(runtimes)
   outcomes: list = [None] * len(configs)
   with contextlib.ExitStack() as held, preemption.watch() as stop:
@@ -76,10 +77,15 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
       log("The runs were restored at different steps "
           f"({', '.join(str(s) for s in sorted(by_step))}); each step's runs train as one "
           "program.")
-    for step in sorted(by_step):
-      members = by_step[step]
-      _train(runtimes[members[0]], [runs[i] for i in members], traced_keys, stop,
-             memory_limit, outcomes, members)
+    try:
+      for step in sorted(by_step):
+        members = by_step[step]
+        _train(runtimes[members[0]], [runs[i] for i in members], traced_keys, stop,
+               memory_limit, outcomes, members)
+    except BaseException:
+      for run in runs.values():
+        run.close()  # Checkpoints still being written are finished: nothing saved is lost.
+      raise
   return outcomes
 
 
@@ -124,7 +130,8 @@ def _train(template: Runtime, runs: list, traced_keys, stop, memory_limit, outco
     return
   step_fn = vectorize.VectorizedStep(template, traced_keys, memory_limit)
   try:
-    _train_together(template, runs, step_fn, traced_keys, stop, outcomes, indices)
+    with memory.advice_on_allocation_failure(template.config, f"{len(runs)} runs in one program"):
+      _train_together(template, runs, step_fn, traced_keys, stop, outcomes, indices)
   except memory.OutOfMemory as e:
     if len(runs) == 1 or any(run.step > run.first_step for run in runs):
       raise  # One run alone does not fit (the message says what to change).

@@ -7,9 +7,10 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
-from helpers import REPO, write_idx_dataset
+from helpers import REPO, run_in_process, write_idx_dataset
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,8 @@ def trained(tmp_path_factory):
 
 
 def _evaluate(workdir, *args):
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="2", TF_CPP_MIN_LOG_LEVEL="3")
+  # This process's device count: the numbers are compared with an evaluation made here.
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(jax.device_count()), TF_CPP_MIN_LOG_LEVEL="3")
   return subprocess.run([sys.executable, "-m", "capsjax.evaluate", f"--workdir={workdir}",
                          *args], env=env, cwd=REPO, capture_output=True, text=True,
                         timeout=600)
@@ -38,7 +40,8 @@ def _digest(path):
   return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained, tmp_path):
+def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained, tmp_path,
+                                                                         capsys, monkeypatch):
   """One test, so that the module trains one run (the tests run in parallel)."""
   summary = _digest(trained / "summary.json")
   # One attack each (every attack is a compilation): the command is under test, not them.
@@ -55,7 +58,23 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
   assert adversarial["checkpoint_step"] == 4 and adversarial["selected_on"] == "final"
   assert adversarial["settings"]["epsilons"] == [0, 0.2]  # The overrides reached it.
   assert adversarial["settings"]["attacks"] == ["pgd"]
-  assert "pgd_eps0.2_accuracy" in adversarial["result"]
+  # The numbers: the adversarial evaluation built in this process on the run's final
+  # parameters (restored here) with the settings given on the command line.
+  from capsjax import evaluators
+  from capsjax.runs import runconfig
+  from capsjax.training.runtime import Runtime
+  from helpers import final_state
+
+  runtime = Runtime(runconfig.load(str(trained))).load()
+  robustness = runconfig.import_config_file(REPO / "configs" / "evals" / "robustness.py")
+  settings = robustness.get_config("adversarial,limit=12")
+  settings.adversarial.update(dict(steps=2, epsilons=(0.0, 0.2), attacks=("pgd",)))
+  built = evaluators.build(settings, runtime.config, runtime.task.dataset, runtime.splits,
+                           runtime.runner, log=lambda _: None)
+  expected = built["adversarial"].run(final_state(trained).variables)
+  for key, value in adversarial["result"].items():
+    if isinstance(value, float) and key != "seconds":
+      assert value == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
   assert "vote_pgd_eps0.3_accuracy" in extra["vote_attack"]["result"]
   assert 0 <= extra["detection"]["result"]["false_positive_rate"] <= 1
   for figure in ("adversarial_accuracy_vs_epsilon.png", "detection_distances.png"):
@@ -77,26 +96,30 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
 
   # A negative size is refused by name; a damaged record is refused before anything is
   # evaluated or drawn.
-  result = _evaluate(trained, "--evals=configs/evals/robustness.py:adversarial",
-                     "--evals.adversarial.limit=-5")
+  # The refusals, in this process (helpers.run_in_process): exit status and message.
+  monkeypatch.chdir(REPO)
+  evaluate = lambda *args: run_in_process(capsys, "capsjax.evaluate", f"--workdir={trained}",
+                                          *args)
+  result = evaluate("--evals=configs/evals/robustness.py:adversarial",
+                    "--evals.adversarial.limit=-5")
   assert result.returncode == 2 and "Traceback" not in result.stderr
   assert "config.evals.adversarial.limit must be an integer >= 0, got -5" in result.stderr
   figure = trained / "adversarial_accuracy_vs_epsilon.png"
   drawn = _digest(figure)
   (trained / "extra_evaluations.json").write_text('{"adversarial": ')
-  result = _evaluate(trained, "--evals=configs/evals/robustness.py:adversarial,limit=8",
-                     "--evals.adversarial.steps=1", "--evals.adversarial.attacks=pgd")
+  result = evaluate("--evals=configs/evals/robustness.py:adversarial,limit=8",
+                    "--evals.adversarial.steps=1", "--evals.adversarial.attacks=pgd")
   assert result.returncode == 2 and "extra_evaluations.json is damaged" in result.stderr
   assert _digest(figure) == drawn
 
   clash = tmp_path / "clash.py"
   clash.write_text("import ml_collections\n\ndef get_config():\n"
                    "  return ml_collections.ConfigDict({'test': {'type': 'adversarial'}})\n")
-  result = _evaluate(trained, f"--evals={clash}")
+  result = evaluate(f"--evals={clash}")
   assert result.returncode == 2 and "already evaluates" in result.stderr
   assert "Traceback" not in result.stderr
   unknown = tmp_path / "unknown.py"
   unknown.write_text("import ml_collections\n\ndef get_config():\n"
                      "  return ml_collections.ConfigDict({'x': {'type': 'telepathy'}})\n")
-  result = _evaluate(trained, f"--evals={unknown}")
+  result = evaluate(f"--evals={unknown}")
   assert result.returncode == 2 and "--evals.x.type='telepathy'" in result.stderr

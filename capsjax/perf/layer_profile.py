@@ -170,7 +170,7 @@ def layer_table(seconds: dict[str, float], layers: dict[str, tuple[str, str]],
                 per: int = 1, bytes_by_op: dict[str, float] | None = None) -> list[Row]:
   """Rows by layer, slowest first: forward and backward ms (divided by ``per``, the steps in
   one call), the share of all op time and, given ``bytes_by_op``
-  (:func:`capsjax.runs.hlo_traffic.program_traffic`), the share of all bytes moved. Ops
+  (:func:`capsjax.perf.hlo_traffic.program_traffic`), the share of all bytes moved. Ops
   without metadata count as outside modules."""
   times = collections.defaultdict(lambda: [0.0, 0.0])
   for op, s in seconds.items():

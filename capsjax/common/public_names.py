@@ -1,0 +1,80 @@
+"""The names README and docs tell users to import, and the names that moved.
+
+:data:`PUBLIC` lists, per module, what a researcher's code may import: the extension points
+(datasets, models, routers, evaluators), their building blocks and the config helpers.
+``tests/test_public_names.py`` checks that each resolves and that README.md, docs/ and
+examples/ name no other ``capsjax`` attribute. Renaming or moving one of these is a change for
+users: the old name keeps a deprecated alias for a release (:data:`MOVED`) and CHANGELOG.md
+says so.
+
+:data:`MOVED` maps ``(old module, old name)`` to ``"new.module:Name"``. The old module's
+``__getattr__`` (:func:`module_getattr`) returns the object at its new place with a
+DeprecationWarning naming it, so a model written to an older README still runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Callable
+
+PUBLIC: dict[str, tuple[str, ...]] = {
+    "capsjax.datasets": ("Builder", "DatasetInfo", "Split", "DATASETS", "get", "names",
+                         "to_float"),
+    "capsjax.datasets.sources": ("load", "read_idx"),
+    "capsjax.models": ("CAPABILITIES", "MODELS", "Outputs", "SCORE_KINDS", "count_params",
+                       "create", "get"),
+    "capsjax.models.layers": ("Conv2D", "Decoder", "conv2d", "depthwise_conv2d",
+                              "kernel_init", "same_padding"),
+    "capsjax.models.capsule_layers": ("Capsules", "ClassCapsules", "MatrixPrimaryCapsules",
+                                      "PrimaryCapsules", "RoutingNorms", "vector_capsules",
+                                      "vector_vote_weights", "matrix_vote_weights"),
+    "capsjax.models.conv_capsules": ("ConvCapsules",),
+    "capsjax.models.losses": ("margin_loss", "margin_loss_per_example", "reconstruction_loss",
+                              "spread_loss_per_example"),
+    "capsjax.routing": ("DEFAULT", "ROUTERS", "Router", "RoutingResult", "capsule_votes",
+                        "coupled_parents", "coupling_statistics", "fill", "get", "resolve",
+                        "safe_norm", "squash"),
+    "capsjax.routing.core": ("coupled_parents",),
+    "capsjax.evaluators": ("EVALUATORS", "Evaluator", "SkipEvaluation", "types"),
+    "capsjax.common.errors": ("UsageError",),
+    "capsjax.common.config_args": ("parse_arg",),
+    "capsjax.common.config_keys": (),
+    "capsjax.runs.runconfig": ("import_config_file", "load"),
+    "capsjax.training.vectorize": ("default_min_runs",),
+}
+
+# (old module, old name) -> "new.module:Name", kept for a release after the move.
+MOVED: dict[tuple[str, str], str] = {
+    # Moved when vector and matrix capsules became one stack (CHANGELOG.md).
+    ("capsjax.models.layers", "Capsules"): "capsjax.models.capsule_layers:Capsules",
+    ("capsjax.models.layers", "vector_capsules"): "capsjax.models.capsule_layers:vector_capsules",
+    ("capsjax.models.layers", "vector_vote_weights"):
+        "capsjax.models.capsule_layers:vector_vote_weights",
+    ("capsjax.models.layers", "matrix_vote_weights"):
+        "capsjax.models.capsule_layers:matrix_vote_weights",
+    ("capsjax.models.layers", "PrimaryCapsules"): "capsjax.models.capsule_layers:PrimaryCapsules",
+    ("capsjax.models.layers", "ClassCapsules"): "capsjax.models.capsule_layers:ClassCapsules",
+}
+
+
+def resolve(target: str):
+  """The object ``"module:Name"`` names."""
+  module, name = target.split(":")
+  return getattr(importlib.import_module(module), name)
+
+
+def module_getattr(module: str) -> Callable[[str], object]:
+  """A module-level ``__getattr__`` for ``module`` that serves its moved names (with a
+  DeprecationWarning naming the new place) and raises AttributeError for any other."""
+
+  def __getattr__(name: str):
+    target = MOVED.get((module, name))
+    if target is None:
+      raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    new_module, new_name = target.split(":")
+    warnings.warn(f"{module}.{name} moved to {new_module}.{new_name}; the old name will be "
+                  "removed in a later release (CHANGELOG.md).", DeprecationWarning, stacklevel=2)
+    return resolve(target)
+
+  return __getattr__

@@ -1,0 +1,117 @@
+"""capsjax/common/public_names.py: the public names resolve, the docs name no others, moved names
+keep a deprecated alias."""
+
+import importlib
+import pathlib
+import re
+import warnings
+
+import pytest
+
+from capsjax.common import public_names
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PLACEHOLDERS = {"NAME"}  # "capsjax.routing.NAME:ROUTER" in docs: a pattern, not a name.
+
+
+def _documents():
+  yield REPO / "README.md"
+  yield from sorted((REPO / "docs").rglob("*.md"))
+  yield from sorted((REPO / "examples").glob("*.py"))
+
+
+def _is_module(dotted: str) -> bool:
+  try:
+    importlib.import_module(dotted)
+  except ImportError:
+    return False
+  return True
+
+
+def documented_names() -> set[tuple[str, str]]:
+  """``(module, name)`` for each capsjax attribute README, docs/ and examples/ name: dotted
+  ``capsjax.a.b.Name`` and ``from capsjax.a import Name`` (submodules left out)."""
+  found = set()
+  for path in _documents():
+    text = path.read_text()
+    for dotted in re.findall(r"(?<![\w./-])capsjax(?:\.[A-Za-z_]\w*)+", text):
+      if _is_module(dotted) or dotted.rsplit(".", 1)[1] in PLACEHOLDERS:
+        continue
+      module, name = dotted.rsplit(".", 1)
+      found.add((module, name))
+    for module, names in re.findall(r"from (capsjax[\w.]*) import ([\w, ]+)", text):
+      for name in (n.strip() for n in names.split(",")):
+        if name and not _is_module(f"{module}.{name}"):
+          found.add((module, name))
+  return found
+
+
+def test_every_public_name_resolves():
+  for module, names in public_names.PUBLIC.items():
+    imported = importlib.import_module(module)
+    for name in names:
+      assert hasattr(imported, name), f"{module}.{name} is listed public but does not exist"
+
+
+def test_docs_name_only_public_names():
+  listed = {(m, n) for m, names in public_names.PUBLIC.items() for n in names}
+  unlisted = sorted(documented_names() - listed)
+  assert not unlisted, (f"README/docs/examples tell users to use {unlisted}: list them in "
+                        "capsjax/common/public_names.py (or name something public)")
+
+
+def test_scan_finds_names_in_both_forms():
+  # The scan itself: both forms are found, modules are not names.
+  names = documented_names()
+  assert ("capsjax.models", "Outputs") in names
+  assert ("capsjax.runs.runconfig", "import_config_file") in names
+  assert not any(module == "capsjax" and name == "models" for module, name in names)
+
+
+@pytest.mark.parametrize("old", sorted(public_names.MOVED))
+def test_moved_name_warns_and_is_the_new_object(old):
+  module, name = old
+  new_module, new_name = public_names.MOVED[old].split(":")
+  with pytest.warns(DeprecationWarning, match=re.escape(f"{new_module}.{new_name}")):
+    value = getattr(importlib.import_module(module), name)
+  assert value is getattr(importlib.import_module(new_module), new_name)
+  assert new_name in public_names.PUBLIC[new_module]
+
+
+def test_unknown_name_is_still_an_attribute_error():
+  from capsjax.models import layers
+
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchLayer'"):
+      layers.NoSuchLayer  # noqa: B018
+
+
+def test_model_written_to_the_older_readme_still_builds():
+  # The old README's researcher model: layers.PrimaryCapsules and layers.ClassCapsules.
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from capsjax.models import layers
+
+  with pytest.warns(DeprecationWarning):
+    primary = layers.PrimaryCapsules(4, 2, 4, 3, 2, rngs=nnx.Rngs(0))
+  with pytest.warns(DeprecationWarning):
+    head = layers.ClassCapsules(2 * 2 * 2, 4, 3, 8, rngs=nnx.Rngs(1))
+  capsules = primary(jnp.ones((1, 5, 5, 4)))
+  out = head(capsules.poses.reshape(1, -1, 4))
+  assert out.shape[:2] == (1, 3)
+
+
+def test_changelog_lists_every_moved_name():
+  changelog = (REPO / "CHANGELOG.md").read_text()
+  for module, name in public_names.MOVED:
+    assert f"{module}.{name}" in changelog
+
+
+def test_docs_code_names_every_module():
+  code = (REPO / "docs" / "code.md").read_text()
+  missing = [str(path.relative_to(REPO)) for path in sorted((REPO / "capsjax").rglob("*.py"))
+             if path.name != "__init__.py"
+             and not re.search(rf"(?<![\w]){re.escape(path.name)}\b", code)]
+  assert not missing, f"docs/code.md does not say what these modules are: {missing}"

@@ -1,0 +1,36 @@
+"""The test run's own set-up (tests/conftest.py, tests/site/sitecustomize.py): the persistent
+compilation cache's entries are written whole or not at all, here and in the processes the
+tests start."""
+
+import os
+import subprocess
+import sys
+
+from jax._src import lru_cache
+
+
+def test_a_cache_entry_appears_whole_by_a_rename(tmp_path, monkeypatch):
+  cache = lru_cache.LRUCache(str(tmp_path), max_size=-1)
+  renamed = []
+  real_replace = os.replace
+
+  def replace(src, dst):
+    renamed.append((os.path.basename(src), os.path.getsize(src)))
+    assert not os.path.exists(dst)  # Readers never see the entry before it is whole.
+    real_replace(src, dst)
+
+  monkeypatch.setattr(os, "replace", replace)
+  cache.put("key", b"x" * 100_000)
+  assert renamed and renamed[0][1] == 100_000 and renamed[0][0].endswith(".partial")
+  assert cache.get("key") == b"x" * 100_000
+  assert sorted(os.listdir(tmp_path)) == ["key-cache"]  # No partial file left.
+  cache.put("key", b"other")  # An entry that exists is kept, as JAX does.
+  assert cache.get("key") == b"x" * 100_000
+
+
+def test_the_processes_the_tests_start_write_it_so_too():
+  probe = ("import jax._src.lru_cache as m; "
+           "print(getattr(m.LRUCache.put, 'capsjax_atomic', False))")
+  out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       check=True, env=os.environ.copy())
+  assert out.stdout.strip() == "True"
