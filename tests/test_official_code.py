@@ -146,10 +146,9 @@ def test_the_learning_rate_floor_binds_only_where_the_decay_goes_below_it():
   assert float(built.schedule(300_000)) == pytest.approx(1e-3 * 0.96 ** 150, rel=1e-4)
   assert float(built.schedule(int(floor_step) + 20_000)) == pytest.approx(1e-6, rel=1e-6)
   # A vectorised sweep's traced peak keeps the floor absolute.
-  from capsjax.common import traced_settings
-  with traced_settings.traced({"optimizer.learning_rate": jnp.float32(2e-3)}):
-    assert float(built.schedule(10**6)) == pytest.approx(1e-6, rel=1e-6)
-    assert float(built.schedule(0)) == pytest.approx(2e-3, rel=1e-6)
+  traced = optimizers.traceable_schedule(built.settings, peak=jnp.float32(2e-3))
+  assert float(traced(10**6)) == pytest.approx(1e-6, rel=1e-6)
+  assert float(traced(0)) == pytest.approx(2e-3, rel=1e-6)
   with pytest.raises(UsageError, match="end_value must be >= 0"):
     settings.end_value = -1.0
     optimizers.build(settings)

@@ -130,6 +130,7 @@ def _tiny(bars_32_16, name, margin_steps=10):
     ("NotOutputs", "apply returned dict, not capsjax.models.Outputs"),
     ("LossWithoutStep", r"LossWithoutStep.loss takes no step= keyword"),
     ("ApplyWithoutRng", r"ApplyWithoutRng.apply takes no rng= keyword"),
+    ("TracedWithoutSettings", r"TracedWithoutSettings.loss takes no settings= keyword"),
     ("PartsNotADict", "loss returned its parts as tuple, not a dict"),
     ("FloatPredictions", "outputs.predictions has dtype float32, not integer class ids"),
     ("WrongVoteScores", r"vote_scores has shape \(2, 9\), not \(batch, num_classes\)"),
@@ -186,6 +187,13 @@ class UnknownCapability(_tiny_capsnet()):
 class LossWithoutStep(_tiny_capsnet()):
   def loss(self, outputs, batch):
     return super().loss(outputs, batch)
+
+
+class TracedWithoutSettings(_tiny_capsnet()):
+  traced_settings = ("loss.margin",)  # Declared traced, but its loss cannot be given them.
+
+  def loss(self, outputs, batch, *, step=None):
+    return super().loss(outputs, batch, step=step)
 
 
 class ApplyWithoutRng(_tiny_capsnet()):

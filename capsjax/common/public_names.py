@@ -40,6 +40,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "capsjax.common.errors": ("UsageError",),
     "capsjax.common.config_args": ("parse_arg",),
     "capsjax.common.config_keys": (),
+    "capsjax.common.traced_settings": ("is_traced", "value"),
     "capsjax.runs.runconfig": ("import_config_file", "load"),
     "capsjax.training.vectorize": ("default_min_runs",),
 }

@@ -41,9 +41,10 @@ Optional, declared by the model and checked at the start of a run:
   ``Model.init_only_settings`` and ``Model.traced_settings``
       dotted config keys (``*`` matches one part) that a vectorised sweep's runs may differ
       in and still share one program (:mod:`capsjax.training.vectorize`): those used only to
-      draw the initial parameters, and those the step reads as each run's traced value
-      (:func:`capsjax.common.traced_settings.value`). Runs that differ in any undeclared
-      setting train apart.
+      draw the initial parameters, and those the loss reads as each run's traced value: a
+      model that declares ``traced_settings`` takes ``loss(..., settings=None)``, one run's
+      ``{key: scalar}`` in a vectorised step (:mod:`capsjax.common.traced_settings`; absent
+      elsewhere). Runs that differ in any undeclared setting train apart.
 
 Variables that are not ``nnx.Param`` (BatchNorm statistics) are the model's state: the train
 step keeps what ``apply(train=True)`` writes to them (:mod:`capsjax.training.train_step`), and
@@ -101,6 +102,8 @@ def check_class(model_class: type, name: str) -> None:
     parameters = inspect.signature(getattr(model_class, method)).parameters
     if any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
       continue
+    if method == "loss" and getattr(model_class, "traced_settings", ()):
+      keywords = (*keywords, "settings")  # It declares traced settings: it takes them.
     if absent := [k for k in keywords if k not in parameters]:
       raise UsageError(f"config.model.name={name!r}: {model_class.__name__}.{method} takes no "
                        f"{', '.join(k + '=' for k in absent)} keyword (the model interface: "

@@ -168,7 +168,8 @@ class CapsuleHead:
     votes = class_layer.votes(primary.poses)  # (batch, in_caps, out_caps, out_dim)
     return routing.safe_norm(routing.squash(jnp.mean(votes, axis=1)), axis=-1)
 
-  def loss(self, outputs: Outputs, batch: dict) -> tuple[jax.Array, dict]:
+  def loss(self, outputs: Outputs, batch: dict, settings: dict | None = None
+           ) -> tuple[jax.Array, dict]:
     """``margin_weight`` x margin loss (Eq. 4) + ``reconstruction_weight`` x summed squared
     reconstruction error, per example.
 
@@ -178,8 +179,9 @@ class CapsuleHead:
     completed by :meth:`capsjax.training.tasks.Task.complete_batch` leaves it. A batch without
     targets is refused (it is never the images silently: those may be an attack's)."""
     s = self.loss_settings
-    # A vectorised sweep's runs may differ in these (capsjax/common/traced_settings.py).
-    setting = lambda name: traced_settings.value(f"loss.{name}", getattr(s, name))
+    # A vectorised sweep's runs may differ in these: ``settings`` holds each run's
+    # (capsjax/common/traced_settings.py).
+    setting = lambda name: traced_settings.value(settings, f"loss.{name}", getattr(s, name))
     margin = setting("margin_weight") * losses.margin_loss_per_example(
         outputs.scores, batch["labels"], m_plus=setting("m_plus"), m_minus=setting("m_minus"),
         lam=setting("lam"))
@@ -187,7 +189,7 @@ class CapsuleHead:
     reconstructions = outputs.label_reconstructions if several else outputs.reconstructions
     weight = setting("reconstruction_weight")
     if reconstructions is not None and (
-        traced_settings.is_traced("loss.reconstruction_weight") or weight):
+        traced_settings.is_traced(settings, "loss.reconstruction_weight") or weight):
       if "reconstruction_targets" not in batch:
         raise ValueError("the batch has no 'reconstruction_targets' to reconstruct: complete "
                          "it with capsjax.training.tasks.Task.complete_batch (the dataset's "

@@ -83,12 +83,12 @@ class CapsuleModel(nnx.Module):
     return self.head.vote_scores(self.primary(batch["images"], train=False),
                                  self.class_capsules)
 
-  def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None
-           ) -> tuple[jax.Array, dict]:
+  def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None,
+           settings: dict | None = None) -> tuple[jax.Array, dict]:
     """The margin and reconstruction losses (:meth:`CapsuleHead.loss`); ``step`` is unused
-    (no schedule)."""
+    (no schedule); ``settings``: one run's :attr:`traced_settings` in a vectorised sweep."""
     del step
-    return self.head.loss(outputs, batch)
+    return self.head.loss(outputs, batch, settings)
 
   def metrics(self, outputs: Outputs, batch: dict) -> dict:
     """Accuracy, saturation and routing diagnostics (:meth:`CapsuleHead.metrics`)."""

@@ -31,7 +31,7 @@ switches to SGD with its defaults. Steps may be given in epochs (``decay_epochs`
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -193,22 +193,17 @@ def make_schedule(settings: dict, steps_per_epoch: int | None = None,
 
 
 def traceable_schedule(settings: dict, steps_per_epoch: int | None = None,
-                       num_steps: int | None = None) -> optax.Schedule:
-  """:func:`make_schedule`, whose peak ``learning_rate`` may differ between the runs of a
-  vectorised sweep (:mod:`capsjax.common.traced_settings`): there the rate is the schedule
-  of peak 1 times the run's traced peak; elsewhere exactly :func:`make_schedule`'s."""
-  schedule = make_schedule(settings, steps_per_epoch, num_steps)
+                       num_steps: int | None = None, peak=None) -> optax.Schedule:
+  """:func:`make_schedule`, or with ``peak`` (one run's traced peak learning rate in a
+  vectorised sweep: :mod:`capsjax.common.traced_settings`) the schedule of peak 1 times
+  ``peak``, its floor (``end_value``) kept absolute."""
+  if peak is None:
+    return make_schedule(settings, steps_per_epoch, num_steps)
   floor = settings.get("end_value") or 0.0  # Absolute, whatever the peak.
   unit = make_schedule({**settings, "learning_rate": 1.0, "end_value": 0.0}, steps_per_epoch,
                        num_steps)
-
-  def rate(count):
-    peak = traced_settings.value("optimizer.learning_rate", None)
-    if peak is None:
-      return schedule(count)
-    return jnp.maximum(unit(count) * peak, floor) if floor else unit(count) * peak
-
-  return rate
+  return lambda count: (jnp.maximum(unit(count) * peak, floor) if floor
+                        else unit(count) * peak)
 
 
 def scale_by_adam_eps_hat(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
@@ -256,6 +251,15 @@ class Optimizer:
   tx: optax.GradientTransformation
   schedule: optax.Schedule
   settings: dict
+  with_peak: Callable[[object], optax.GradientTransformation] = dataclasses.field(
+      default=None, compare=False, repr=False)
+
+  def transform(self, run_settings=None) -> optax.GradientTransformation:
+    """:attr:`tx`, or for one run of a vectorised program whose ``run_settings`` pass its
+    ``optimizer.learning_rate`` (a traced scalar) the same transformation at that peak (the
+    same state: the peak is not stored)."""
+    peak = traced_settings.value(run_settings, "optimizer.learning_rate", None)
+    return self.tx if peak is None else self.with_peak(peak)
 
 
 def build(config: ml_collections.ConfigDict, steps_per_epoch: int | None = None,
@@ -264,11 +268,16 @@ def build(config: ml_collections.ConfigDict, steps_per_epoch: int | None = None,
   which decays its own way), then the optimiser on the schedule. With neither clipping nor
   decay it is exactly ``optax.adam(...)`` etc., so checkpoints of earlier runs restore."""
   settings = resolve(config)
-  schedule = traceable_schedule(settings, steps_per_epoch, num_steps)
-  parts = []
-  if settings["clip_norm"] > 0:
-    parts.append(optax.clip_by_global_norm(settings["clip_norm"]))
-  if settings["weight_decay"] > 0 and settings["name"] != "adamw":
-    parts.append(optax.add_decayed_weights(settings["weight_decay"]))
-  tx = _transform(settings, schedule)
-  return Optimizer(optax.chain(*parts, tx) if parts else tx, schedule, settings)
+
+  def at(peak) -> optax.GradientTransformation:
+    schedule = traceable_schedule(settings, steps_per_epoch, num_steps, peak)
+    parts = []
+    if settings["clip_norm"] > 0:
+      parts.append(optax.clip_by_global_norm(settings["clip_norm"]))
+    if settings["weight_decay"] > 0 and settings["name"] != "adamw":
+      parts.append(optax.add_decayed_weights(settings["weight_decay"]))
+    tx = _transform(settings, schedule)
+    return optax.chain(*parts, tx) if parts else tx
+
+  return Optimizer(at(None), traceable_schedule(settings, steps_per_epoch, num_steps), settings,
+                   with_peak=at)

@@ -117,7 +117,8 @@ class Task:
     return {**batch, "reconstruction_targets": self.dataset.reconstruction_targets(batch)}
 
   def forward(self, variables: dict, batch: dict, *, train: bool,
-              rng: jax.Array | None = None, step: jax.Array | None = None) -> Forward:
+              rng: jax.Array | None = None, step: jax.Array | None = None,
+              settings: dict | None = None) -> Forward:
     """The model's outputs, per-example loss and its parts, and metrics on ``batch``: a pure
     function of its arguments (jit it, differentiate it, map it over a set:
     :meth:`capsjax.training.evaluation.Runner.mean`).
@@ -134,7 +135,10 @@ class Task:
     model = nnx.merge(self.graphdef, variables)
     batch = self.complete_batch(batch)
     outputs = model.apply(batch, train=train, rng=rng)
-    loss, parts = model.loss(outputs, batch, step=step)
+    # One run's settings of a vectorised program (capsjax/common/traced_settings.py); only
+    # models that declare traced settings take them.
+    extra = {"settings": settings} if settings else {}
+    loss, parts = model.loss(outputs, batch, step=step, **extra)
     return Forward(outputs, loss, parts, model.metrics(outputs, batch),
                    nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))
 

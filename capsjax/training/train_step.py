@@ -98,10 +98,16 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, num_train: int
 
 
 def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
-                mesh) -> Callable:
-  """``fn(state, examples, shared, num_steps) -> (state, metrics)``, a pure function (not
-  jitted: :func:`make_train_step` jits it, :mod:`capsjax.training.vectorize` maps it over
-  runs first).
+                mesh, transform: Callable[[dict], optax.GradientTransformation] | None = None
+                ) -> Callable:
+  """``fn(state, examples, shared, num_steps, settings=None) -> (state, metrics)``, a pure
+  function (not jitted: :func:`make_train_step` jits it, :mod:`capsjax.training.vectorize`
+  maps it over runs first).
+
+  ``settings``: one run's settings of a vectorised program, ``{dotted key: scalar}``
+  (:mod:`capsjax.common.traced_settings`), handed to the model's loss and to ``transform``
+  (``transform(settings)``: the optimiser at the run's learning rate,
+  :meth:`capsjax.training.optimizers.Optimizer.transform`); empty or None: ``tx``.
 
   ``num_steps`` (static) train steps run in one dispatch, through ``lax.scan`` when more than
   one; each metric comes back with a leading axis of that length, and the result equals that
@@ -114,9 +120,9 @@ def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
   batch_sharding = NamedSharding(mesh, P("data"))
   shard = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
 
-  def loss_fn(params, model_state, batch, rng, step):
+  def loss_fn(params, model_state, batch, rng, step, settings):
     result = task.forward(merge_variables(params, model_state), batch, train=True, rng=rng,
-                          step=step)
+                          step=step, settings=settings)
     metrics = {k: jnp.mean(v.astype(jnp.float32), axis=0)
                for k, v in result.per_example().items()}
     return metrics["loss"], (metrics, result.model_state)
@@ -135,7 +141,7 @@ def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
     return first_epoch, jnp.stack([augment.epoch_permutation(data_key, first_epoch + e,
                                                              num_train) for e in (0, 1)])
 
-  def one_step(state: TrainState, examples, shared, permutations=None):
+  def one_step(state: TrainState, examples, shared, settings, permutations=None):
     data_key, augment_key = step_keys(state)
     if permutations is None:
       indices = augment.epoch_batch_indices(data_key, state.step, num_train, batch_size)
@@ -148,19 +154,22 @@ def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
         jax.random.fold_in(augment_key, state.step), indices, examples, shared))
     batch = jax.tree.map(shard, batch)
     noise_key = jax.random.fold_in(jax.random.fold_in(state.rng, 1), state.step)
-    grads, (metrics, model_state) = jax.grad(loss_fn, has_aux=True)(
-        state.params, state.model_state, batch, noise_key, state.step)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    # The settings are closed over, not differentiated arguments: a reader may record them.
+    grads, (metrics, model_state) = jax.grad(
+        lambda p, m: loss_fn(p, m, batch, noise_key, state.step, settings), has_aux=True)(
+            state.params, state.model_state)
+    run_tx = transform(settings) if (settings and transform is not None) else tx
+    updates, opt_state = run_tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                          model_state=model_state), metrics
 
-  def train_step(state, examples, shared, num_steps: int):
+  def train_step(state, examples, shared, num_steps: int, settings=None):
     if num_steps == 1:
-      state, metrics = one_step(state, examples, shared)
+      state, metrics = one_step(state, examples, shared, settings)
       return state, jax.tree.map(lambda m: m[None], metrics)
     permutations = epoch_permutations(state) if num_steps <= steps_per_epoch else None
-    return jax.lax.scan(lambda s, _: one_step(s, examples, shared, permutations), state, None,
-                        length=num_steps)
+    return jax.lax.scan(lambda s, _: one_step(s, examples, shared, settings, permutations),
+                        state, None, length=num_steps)
 
   return train_step

@@ -11,10 +11,11 @@ in a single run.
 declared rules; nothing is guessed from the program:
 
 * ``seed`` never splits a group: each run is initialised and draws its batches from its own;
-* a setting the step reads as each run's traced value (:mod:`capsjax.common.traced_settings`)
-  is declared so: :data:`TRACED_KEYS` (the optimiser's peak learning rate) and the model
-  class's ``traced_settings`` (the capsule head's loss weights and margins). Tracing the step
-  once checks that it really reads each one so; one it does not read splits the group;
+* a setting the step takes as each run's data (its argument ``settings``, ``{key: scalar}``:
+  :mod:`capsjax.common.traced_settings`) is declared so: :data:`TRACED_KEYS` (the
+  optimiser's peak learning rate) and the model class's ``traced_settings`` (the capsule
+  head's loss weights and margins). Tracing the step once with a recording settings dict
+  checks that it really reads each one; one it does not read splits the group;
 * a setting used only to build the initial parameters is declared so by the model class
   (``init_only_settings``, e.g. CapsNet's ``model.conv1.init_scale``) or in
   :data:`INIT_ONLY_KEYS`;
@@ -207,13 +208,13 @@ def traced_reads(runtime: Runtime, keys: Sequence[str]) -> set[str]:
   is traced with each of them a traced scalar; nothing is computed). Raises what tracing
   raises."""
   body = train_step.train_steps(runtime.task, runtime.optimizer.tx, runtime.plan.num_train,
-                                runtime.mesh)
+                                runtime.mesh, runtime.optimizer.transform)
   found: set[str] = set()
 
   def one(state, values, examples, shared):
-    with traced_settings.traced(values) as reads:
-      out = body(state, examples, shared, 1)
-      found.update(reads)
+    recording = traced_settings.Recording(values)
+    out = body(state, examples, shared, 1, recording)
+    found.update(recording.reads)
     return out
 
   values = {k: jax.ShapeDtypeStruct((), jnp.float32) for k in keys}
@@ -234,13 +235,11 @@ class VectorizedStep:
   def __init__(self, runtime: Runtime, traced_keys: Sequence[str] = (),
                memory_limit: Callable[[], int | None] | None = None):
     body = train_step.train_steps(runtime.task, runtime.optimizer.tx, runtime.plan.num_train,
-                                  runtime.mesh)
+                                  runtime.mesh, runtime.optimizer.transform)
     self.traced_keys = tuple(traced_keys)
 
     def step(states, values, examples, shared, num_steps):
-      def one_run(state, run_values):
-        with traced_settings.traced(run_values):
-          return body(state, examples, shared, num_steps)
+      one_run = lambda state, run_values: body(state, examples, shared, num_steps, run_values)
       return jax.vmap(one_run)(states, values)
 
     jitted = jax.jit(step, static_argnums=4, donate_argnums=0)
