@@ -38,14 +38,7 @@ def available_memory_bytes(device: jax.Device | None = None) -> int | None:
 
 def host_available_bytes(meminfo: str = "/proc/meminfo") -> int | None:
   """The host's ``MemAvailable`` in bytes (the file gives kB); None if unreadable."""
-  try:
-    with open(meminfo) as f:
-      for line in f:
-        if line.startswith("MemAvailable:"):
-          return int(line.split()[1]) * 1024
-  except OSError:
-    pass
-  return None
+  return _kilobytes_field(meminfo, "MemAvailable:")
 
 
 def process_limit_bytes(proc: str = "/proc/self", cgroup_root: str = "/sys/fs/cgroup"
@@ -56,7 +49,7 @@ def process_limit_bytes(proc: str = "/proc/self", cgroup_root: str = "/sys/fs/cg
   above) less that cgroup's usage. The least of them; None where none is set."""
   left = []
   soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-  size = _status_bytes(os.path.join(proc, "status"), "VmSize:")
+  size = _kilobytes_field(os.path.join(proc, "status"), "VmSize:")
   if soft != resource.RLIM_INFINITY and size is not None:
     left.append(soft - size)
   left += cgroup_left_bytes(os.path.join(proc, "cgroup"), cgroup_root)
@@ -110,8 +103,8 @@ def _read_int(path: str) -> int | None:
     return None
 
 
-def _status_bytes(path: str, field: str) -> int | None:
-  """A ``kB`` field of ``/proc/PID/status`` in bytes."""
+def _kilobytes_field(path: str, field: str) -> int | None:
+  """A ``kB`` field of a ``/proc`` file (``/proc/meminfo``, ``/proc/PID/status``) in bytes."""
   try:
     with open(path) as f:
       for line in f:
