@@ -236,11 +236,11 @@ def _random_data_runtime(config):
   split's shapes (at least 4 batches, 1,024 examples and an evaluation batch) as both train
   and test, and fresh parameters."""
   from capsjax.training.runtime import Runtime
+  from capsjax.training.tasks import Task
 
-  runtime = Runtime(config)
-  split = random_split(runtime.task.dataset, max(4 * config.train.batch_size, 1024,
-                                                 config.eval.batch_size))
-  runtime.load({"train": split, "test": runtime.task.dataset.eval_split_like(split)})
+  dataset = Task.from_config(config).dataset
+  split = random_split(dataset, max(4 * config.train.batch_size, 1024, config.eval.batch_size))
+  runtime = Runtime(config, splits={"train": split, "test": dataset.eval_split_like(split)})
   return runtime, split, runtime.fresh_state()
 
 

@@ -90,7 +90,7 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
     evals = config.get("evals") or {"test": {"type": "split", "split": "test"}}
     config.evals = {**{k: evals[k] for k in evals},
                     SHIFTED: {"type": "shifted", "split": "test", "max_shift": max_shift}}
-  restored = restoring.restore(workdir, Runtime(config).load(), checkpoint)
+  restored = restoring.restore(workdir, Runtime(config), checkpoint)
   runtime, step, state = restored.runtime, restored.step, restored.state
   evals = runtime.evaluations()
   results = {name: evaluator.run(state.variables) for name, evaluator in evals.items()}
@@ -152,7 +152,7 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
   if not isinstance(stored, dict):
     raise UsageError(f"{path} holds a {type(stored).__name__}, not the object of evaluations "
                      f"by name capsjax writes. Move it aside to start a new {EXTRA}.")
-  restored = restoring.restore(workdir, Runtime(config).load(), checkpoint)
+  restored = restoring.restore(workdir, Runtime(config), checkpoint)
   runtime, step, state, selected_on = (restored.runtime, restored.step, restored.state,
                                        restored.selected_on)
   built = evaluators.build(settings, runtime.config, runtime.task.dataset, runtime.splits,

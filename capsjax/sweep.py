@@ -240,7 +240,7 @@ def run_vectorized(config, points: list[Point], workdir: str, command_line: dict
     return
   configs = [point_config(config, p, command_line or {}) for p in pending]
   runtimes = [Runtime(c) for c in configs]
-  run_group.load_each(runtimes)
+  run_group.share_equal_data(runtimes)
   groups = vectorize.plan_groups(runtimes)
   print(describe_groups(groups, pending), flush=True)
   diverged = []

@@ -47,7 +47,7 @@ def measure(config, num_steps: int, every: int) -> list[dict]:
 
   from capsjax.training.runtime import Runtime
 
-  runtime = Runtime(config).load()
+  runtime = Runtime(config)
   state = runtime.fresh_state()
   examples, shared = runtime.on_devices(runtime.splits["train"])
   num_train = runtime.plan.num_train

@@ -213,7 +213,7 @@ def final_state(workdir):
   from capsjax.runs import checkpointing, runconfig
   from capsjax.training.runtime import Runtime
 
-  runtime = Runtime(runconfig.load(str(workdir))).load()  # Epoch-based schedules need it.
+  runtime = Runtime(runconfig.load(str(workdir)))
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
   _, state, _ = runtime.restore(ckpt, steps=[ckpt.latest_step()])
   ckpt.close()

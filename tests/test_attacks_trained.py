@@ -39,7 +39,7 @@ class Trained:
     self.workdir = workdir
     self.summary = json.loads((workdir / "summary.json").read_text())
     config = runconfig.load(str(workdir))
-    self.runtime = Runtime(config).load()
+    self.runtime = Runtime(config)
     ckpt = checkpointing.Checkpointer(str(workdir / "checkpoints"), keep=1)
     self.step, state, _ = self.runtime.restore(ckpt, steps=ckpt.candidates("latest"))
     ckpt.close()

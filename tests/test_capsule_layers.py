@@ -47,11 +47,65 @@ def test_dynamic_routing_routes_each_receptive_field_as_procedure_1(iterations):
   np.testing.assert_allclose(again, got_poses, rtol=1e-6)
 
 
-def test_a_router_without_em_s_settings_refuses_em_s_norms():
-  with pytest.raises(UsageError, match="routing_norms are variational Bayes"):
+def test_a_router_without_activation_logits_refuses_the_routing_norms():
+  with pytest.raises(UsageError, match="router 'dynamic' gives none"):
     conv_capsules.ConvCapsules(2, 3, 3, 2, 4, init_scale=0.3,
                                 routing={"name": "dynamic", **routing.resolve({})[1]},
                                 routing_norms=True, rngs=nnx.Rngs(0))
+
+
+def _researchers_layer_router(calls: list):
+  """A researcher's router that routes a convolutional layer as a whole: each parent the
+  activation-weighted mean of its votes over the layer's children, normalised by
+  ``layer.child_sum`` of the activations; it records what the layer handed it."""
+  def route_layer(votes, *, activations, params, settings, layer, diagnostics=False):
+    calls.append(layer)
+    weights = activations / layer.child_sum(jnp.broadcast_to(activations, votes.shape[:4]))
+    parents = jnp.sum(weights[..., None] * votes, axis=1)
+    logits = jnp.sum(parents, axis=-1)
+    return routing.RoutingResult(parents, jax.nn.sigmoid(logits), {}, activation_logits=logits)
+
+  dynamic = routing.get("dynamic")
+  return routing.Router(name="layer_mean", settings={"iterations": 1}, route=dynamic.route,
+                        route_layer=route_layer, activation_logits=True)
+
+
+def test_a_router_declaring_route_layer_routes_a_convolutional_layer_as_a_whole(monkeypatch):
+  """The layer asks the router, not its name: a researcher's router with ``route_layer`` gets
+  the whole layer's votes and a :class:`capsjax.routing.ConvLayer` whose ``child_sum`` sums
+  over every receptive field a child is in (a 1-pixel child at stride 1, kernel 3: 9 fields
+  at the centre, 1 at a corner), and its activation logits go to the routing norms."""
+  calls = []
+  router = _researchers_layer_router(calls)
+  monkeypatch.setattr(routing, "get", lambda name, _get=routing.get: (
+      router if name == "layer_mean" else _get(name)))
+  layer = conv_capsules.ConvCapsules(1, 2, 3, 1, 2, init_scale=0.3,
+                                      routing={"name": "layer_mean", "iterations": 1},
+                                      rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(0)
+  poses = jnp.asarray(rng.normal(size=(1, 5, 5, 1, 4)), jnp.float32)
+  got, activations, _ = layer(poses, jnp.ones((1, 5, 5, 1)))
+  (conv_layer_seen,) = calls
+  assert conv_layer_seen.num_children == 25 and conv_layer_seen.normalisation == "code"
+  counts = conv_layer_seen.child_sum(jnp.ones((1, 9, 2, 9)))   # (b, children, out, positions)
+  covering = np.zeros((5, 5))       # Per pixel: the (field, output type) pairs that hold it.
+  for y, x, dy, dx in np.ndindex(3, 3, 3, 3):
+    covering[y + dy, x + dx] += 2
+  # Child (dy, dx) of the field at (y, x) is the pixel (y + dy, x + dx).
+  expected = np.array([[[covering[y + dy, x + dx] for y in range(3) for x in range(3)]] * 2
+                       for dy in range(3) for dx in range(3)])
+  np.testing.assert_allclose(counts[0], expected)
+  assert got.shape == (1, 3, 3, 2, 4) and activations.shape == (1, 3, 3, 2)
+  normed = conv_capsules.ConvCapsules(1, 2, 3, 1, 2, init_scale=0.3, routing_norms=True,
+                                       routing={"name": "layer_mean", "iterations": 1},
+                                       rngs=nnx.Rngs(0))
+  _, normed_activations, _ = normed(poses, jnp.ones((1, 5, 5, 1)), train=True)
+  # The same weights: the router's logits, batch-normalised per type over the positions
+  # (no affine, epsilon 1e-5), then the sigmoid.
+  logits = np.log(np.asarray(activations) / (1 - np.asarray(activations)))
+  centred = logits - logits.mean(axis=(0, 1, 2))
+  expected = 1 / (1 + np.exp(-centred / np.sqrt(np.mean(centred ** 2, axis=(0, 1, 2)) + 1e-5)))
+  np.testing.assert_allclose(normed_activations, expected, rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.parametrize("router", routing.ROUTERS.names())

@@ -86,7 +86,7 @@ def test_image_configs_train_end_to_end_on_mock_data(tmp_path, name):
   from capsjax.training.runtime import Runtime
 
   with tfds.testing.mock_data(num_examples=64):
-    runtime = Runtime(runconfig.load(str(tmp_path / name))).load()
+    runtime = Runtime(runconfig.load(str(tmp_path / name)))
     again = runtime.evaluations()["test"].run(final_params(tmp_path / name))
   assert again["accuracy"] == summary["test_accuracy"] and summary["selected_on"] == "final"
   # The run records the shape its dataset makes; the caller's config is not written.

@@ -33,7 +33,7 @@ def test_offsets_beyond_the_image_are_refused(tmp_path):
   config.evals.patching.offsets = ((0, 0), (9, 9))
   with tfds.testing.mock_data(num_examples=32), pytest.raises(
       UsageError, match=r"patching.offsets=.*moves at most \(8, 8\) px"):
-    Runtime(config).load().evaluations()
+    Runtime(config).evaluations()
 
 
 def test_smallnorb_em_trains_on_mock_data_and_its_centre_crop_is_the_test_set(tmp_path):
@@ -62,7 +62,7 @@ def test_smallnorb_em_trains_on_mock_data_and_its_centre_crop_is_the_test_set(tm
   from helpers import final_state
 
   with tfds.testing.mock_data(num_examples=64):
-    runtime = Runtime(runconfig.load(str(tmp_path))).load()
+    runtime = Runtime(runconfig.load(str(tmp_path)))
     variables = final_state(tmp_path).variables
     per_crop = []
     for offset in ((0, 0), (1, 1), (-3, 3)):

@@ -192,7 +192,7 @@ def test_the_train_step_updates_the_state_and_evaluation_uses_it(idx_dir):
   other statistics gives other metrics, so evaluators do use the state."""
   from capsjax.training.runtime import Runtime
 
-  runtime = Runtime(_smoke(idx_dir)).load()
+  runtime = Runtime(_smoke(idx_dir))
   examples, shared = runtime.on_devices(runtime.splits["train"])
   fresh = runtime.fresh_state()
   state, _ = runtime.make_train_step()(jax.tree.map(jnp.copy, fresh), examples, shared, 2)

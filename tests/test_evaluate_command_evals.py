@@ -65,7 +65,7 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
   from capsjax.training.runtime import Runtime
   from helpers import final_state
 
-  runtime = Runtime(runconfig.load(str(trained))).load()
+  runtime = Runtime(runconfig.load(str(trained)))
   robustness = runconfig.import_config_file(REPO / "configs" / "evals" / "robustness.py")
   settings = robustness.get_config("adversarial,limit=12")
   settings.adversarial.update(dict(steps=2, epsilons=(0.0, 0.2), attacks=("pgd",)))

@@ -24,13 +24,16 @@ def test_steps_per_dispatch_gives_the_state_and_metrics_of_single_steps(
   config.data.source, config.data.dir = "idx", str(idx_dir)
   if train_limit:
     config.data.train_limit = train_limit
-  runtime = Runtime(config).load()
+  runtime = Runtime(config)
   examples, shared = runtime.on_devices(runtime.splits["train"])
   step = runtime.make_train_step()
 
   scanned = runtime.fresh_state()
   for _ in range(start):
     scanned, _ = step(scanned, examples, shared, 1)
+  # Waited for before a copy per leaf is queued behind them: XLA:CPU's collectives deadlock
+  # under a deep queue (capsjax/training/inflight.py).
+  scanned = jax.block_until_ready(scanned)
   single, metrics = jax.tree.map(jax.numpy.copy, scanned), []
   for _ in range(num_steps):
     single, m = step(single, examples, shared, 1)

@@ -80,7 +80,7 @@ def test_vectorised_runs_end_where_they_end_alone_and_a_diverging_one_stops_alon
   assert isinstance(alone[1], NonFiniteLossError)
 
   runtimes = [Runtime(c) for c in configs]
-  run_group.load_each(runtimes)
+  run_group.share_equal_data(runtimes)
   [group] = vectorize.plan_groups(runtimes)
   assert group.traced_keys == ("loss.reconstruction_weight", "optimizer.learning_rate")
   assert group.init_keys == ("model.class_capsules.init_scale",)
@@ -164,15 +164,14 @@ def test_a_traced_setting_really_reaches_the_step(data_dir):
   differs as its settings do (not the first run's constants for all)."""
   configs = configs_of(data_dir, [dict(seed=0), dict(seed=0, **{
       "loss.reconstruction_weight": 0.05, "optimizer.learning_rate": 0.0})])
-  runtimes = [Runtime(c) for c in configs]
-  run_group.load_each(runtimes)
-  step = vectorize.VectorizedStep(runtimes[0], ("loss.reconstruction_weight",
-                                                "optimizer.learning_rate"))
-  sharding = vectorize.replicated(runtimes[0])
-  state = runtimes[0].fresh_state()
+  runtime = Runtime(configs[0])  # (A run of its own with learning rate 0 would be refused.)
+  step = vectorize.VectorizedStep(runtime, ("loss.reconstruction_weight",
+                                            "optimizer.learning_rate"))
+  sharding = vectorize.replicated(runtime)
+  state = runtime.fresh_state()
   states = vectorize.stack([state, state], sharding)
   values = jax.device_put(vectorize.run_values(configs, step.traced_keys), sharding)
-  examples, shared = runtimes[0].on_devices(runtimes[0].splits["train"])
+  examples, shared = runtime.on_devices(runtime.splits["train"])
   states, metrics = step(states, values, examples, shared, 2)
   recon = np.asarray(metrics["reconstruction_loss"])
   np.testing.assert_allclose(recon[1, 0], 100 * recon[0, 0], rtol=1e-5)  # 0.05 / 0.0005.
@@ -188,7 +187,7 @@ def test_groups_follow_the_declared_rules(data_dir, monkeypatch):
              point(data_dir, 3, **{"model.routing.squash_epsilon": 1e-7,
                                    "loss.m_plus": 0.7})]
   runtimes = [Runtime(c) for c in configs]
-  run_group.load_each(runtimes)
+  run_group.share_equal_data(runtimes)
   groups = vectorize.plan_groups(runtimes)
   # m_plus is declared traced (CapsuleModel.traced_settings); the iterations (an integer) and
   # squash_epsilon (a float) are declared nothing: each value is a program of its own.
@@ -225,7 +224,7 @@ def test_runs_whose_data_differ_never_share_the_first_runs_data(data_dir, tmp_pa
   configs = [flipped(0), flipped(0, **{"data.flip_fraction": 1.0}),
              flipped(0, **{"data.flip_test": 1.0}), flipped(1, **{"loss.m_plus": 0.8})]
   runtimes = [Runtime(c) for c in configs]
-  run_group.load_each(runtimes)
+  run_group.share_equal_data(runtimes)
   assert runtimes[3].splits is runtimes[0].splits  # Equal data: one copy on the host.
   groups = vectorize.plan_groups(runtimes)
   assert [g.indices for g in groups] == [(0, 3), (1,), (2,)]
@@ -244,7 +243,7 @@ def test_runs_whose_data_differ_never_share_the_first_runs_data(data_dir, tmp_pa
   # though the seed alone never splits.
   held_out = [point(data_dir, seed, **{"data.validation_size": 8}) for seed in (0, 1, 0)]
   runtimes = [Runtime(c) for c in held_out]
-  run_group.load_each(runtimes)
+  run_group.share_equal_data(runtimes)
   groups = vectorize.plan_groups(runtimes)
   assert [g.indices for g in groups] == [(0, 2), (1,)]
   assert groups[1].apart == ((vectorize.DATA, vectorize.DATA_DIFFER),)
@@ -260,7 +259,7 @@ def test_a_researchers_model_shares_a_program_only_in_what_it_declares(data_dir,
   configs = [linear(0), linear(1, **{"model.init_std": 0.5}),
              linear(0, **{"model.temperature": 2.0})]
   runtimes = [Runtime(c) for c in configs]
-  run_group.load_each(runtimes)
+  run_group.share_equal_data(runtimes)
   groups = vectorize.plan_groups(runtimes)
   assert [g.indices for g in groups] == [(0, 1), (2,)]
   assert groups[0].init_keys == ("model.init_std",) and groups[0].traced_keys == ()

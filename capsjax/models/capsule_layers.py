@@ -25,6 +25,7 @@ a layer can batch-normalise its parents' activation logits and poses (``routing_
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Callable, NamedTuple
 
 import jax
@@ -35,7 +36,6 @@ from flax import nnx
 from capsjax import routing as routing_lib
 from capsjax.common.errors import UsageError
 from capsjax.models import layers
-from capsjax.routing import variational_bayes as vb
 
 PRIMARY_LAYOUTS = ("code", "split")
 
@@ -97,9 +97,9 @@ def parameter_values(router_params) -> dict:
 
 def check_routing_norms(routing_norms: bool, router: routing_lib.Router) -> None:
   """UsageError when a layer is asked for VB's batch norms under another router."""
-  if routing_norms and router.name != "variational_bayes":
-    raise UsageError(f"routing_norms are variational Bayes routing's batch norms; router "
-                     f"{router.name!r} has none.")
+  if routing_norms and not router.activation_logits:
+    raise UsageError(f"routing_norms batch-normalise the parents' activation logits (variational "
+                     f"Bayes routing's code); router {router.name!r} gives none.")
 
 
 def split_routing(routing: dict) -> tuple[routing_lib.Router, tuple]:
@@ -240,6 +240,28 @@ class GridMatrixVotes(NamedTuple):
     return (self.weight_shape, self)
 
 
+# ClassCapsules' former keyword switches -> dynamic routing's settings (deprecated 2026-11).
+_DEPRECATED_SWITCHES = {"routing_iterations": "iterations", "softmax_axis": "softmax_axis",
+                        "stop_gradient": "stop_gradient", "leaky": "leaky",
+                        "squash_epsilon": "squash_epsilon"}
+
+
+def dynamic_settings_of(switches: dict) -> dict:
+  """ClassCapsules' deprecated keyword switches as dynamic routing's settings, with a
+  DeprecationWarning naming the ``routing=`` spelling; TypeError for any other keyword."""
+  unknown = sorted(set(switches) - set(_DEPRECATED_SWITCHES))
+  if unknown:
+    raise TypeError(f"ClassCapsules got unexpected keyword arguments {unknown}.")
+  settings = {_DEPRECATED_SWITCHES[k]: v for k, v in switches.items()}
+  if settings:
+    warnings.warn(
+        f"ClassCapsules({', '.join(f'{k}=...' for k in switches)}) is deprecated: pass "
+        f"routing={{'name': 'dynamic', **capsjax.routing.get('dynamic').settings, "
+        f"{', '.join(repr(k) + ': ...' for k in settings)}}} (CHANGELOG.md).",
+        DeprecationWarning, stacklevel=3)
+  return settings
+
+
 class ClassCapsules(nnx.Module):
   """Fully connected capsule layer ("DigitCaps"): votes by W_ij, then a router.
 
@@ -252,31 +274,32 @@ class ClassCapsules(nnx.Module):
   parents, so every router runs on either kind; its own learned parameters, if it declares
   any, are created here (``router_params``).
 
-  ``routing``: ``{"name": ..., **settings}`` with every setting of that router filled in
-  (:func:`capsjax.routing.resolve`); None: dynamic routing with the keyword switches below.
+  ``routing``, the one way to choose and configure the router: ``{"name": ..., **settings}``
+  with every setting of that router filled in (:func:`capsjax.routing.resolve`); None:
+  dynamic routing with the paper's settings. (The keyword switches ``routing_iterations``,
+  ``softmax_axis``, ``stop_gradient``, ``leaky`` and ``squash_epsilon`` are deprecated
+  spellings of dynamic routing's settings: CHANGELOG.md.)
   """
 
   def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, *,
                init_scale: float = 0.1, use_bias: bool = False, bias_init: float = 0.1,
-               routing_iterations: int = 3, softmax_axis: str = "output",
-               stop_gradient: bool = False, leaky: bool = False,
-               squash_epsilon: float = 0.0, routing: dict | None = None,
-               initializer: nnx.Initializer | None = None,
+               routing: dict | None = None, initializer: nnx.Initializer | None = None,
                votes: str | tuple[Callable, Callable] = "vector", routing_norms: bool = False,
-               rngs: nnx.Rngs):
+               rngs: nnx.Rngs, **deprecated_switches):
     """``initializer``, if given, draws W (shape ``(in_caps, out_caps, out_dim, in_dim)`` for
     vector votes) instead of the truncated normal of std ``init_scale``. ``routing_norms``:
-    batch-normalise the parents' activation logits and poses (variational Bayes only, as its
-    authors' code; :class:`RoutingNorms`)."""
+    batch-normalise the parents' activation logits and poses (for routers that give them,
+    as variational Bayes routing's authors' code; :class:`RoutingNorms`)."""
     if isinstance(votes, str) and votes not in VOTES:
       raise ValueError(f"ClassCapsules votes must be one of {tuple(VOTES)} or a pair "
                        f"(weight_shape, vote_fn), got {votes!r}.")
     weight_shape, self.vote_fn = VOTES[votes] if isinstance(votes, str) else votes
     if routing is None:
       routing = {"name": "dynamic", **routing_lib.get("dynamic").settings,
-                 "iterations": routing_iterations,
-                 "softmax_axis": softmax_axis, "stop_gradient": stop_gradient, "leaky": leaky,
-                 "squash_epsilon": squash_epsilon}
+                 **dynamic_settings_of(deprecated_switches)}
+    elif deprecated_switches:
+      raise TypeError(f"ClassCapsules takes its router's settings in routing=, not as "
+                      f"{sorted(deprecated_switches)}.")
     router, self.routing_items = split_routing(routing)
     self.router_name = router.name
     if use_bias and not router.uses_parent_bias:
@@ -315,17 +338,15 @@ class ClassCapsules(nnx.Module):
     params = parameter_values(self.router_params)
     if self.bias is not None:
       params["bias"] = self.bias[...]
-    votes = self.votes(capsules.poses)
-    if self.norms is not None:  # VB's logits, normalised before the sigmoid.
-      result = vb.vb_routing(votes[:, :, :, None, :], capsules.activations[:, :, None, None],
-                             params["beta_u"], params["beta_a"],
-                             settings=self.routing_settings, diagnostics=diagnostics)
-      activations, poses = self.norms(result.activation_logits[:, :, 0],
-                                      result.poses[:, :, 0], train=train)
-      return routing_lib.RoutingResult(poses, activations, result.diagnostics)
-    return self.router.route(
-        votes, inputs=capsules.poses, activations=capsules.activations, params=params,
-        rng=rng, settings=self.routing_settings, train=train, diagnostics=diagnostics)
+    result = self.router.route(
+        self.votes(capsules.poses), inputs=capsules.poses, activations=capsules.activations,
+        params=params, rng=rng, settings=self.routing_settings, train=train,
+        diagnostics=diagnostics)
+    if self.norms is None:
+      return result
+    # The logits batch-normalised before the sigmoid (VB's code).
+    activations, poses = self.norms(result.activation_logits, result.capsules, train=train)
+    return routing_lib.RoutingResult(poses, activations, result.diagnostics)
 
   def __call__(self, capsules: Capsules | jax.Array) -> jax.Array:
     """Child capsules -> parents ``(batch, out_caps, out_dim)`` (evaluation)."""

@@ -2,9 +2,11 @@
 transform per (input type, kernel offset, output type), a layer of the capsule stack
 (:mod:`capsjax.models.capsule_layers`) that takes any router.
 
-EM and variational Bayes see the whole layer, since a child in several receptive fields
-shares its assignments among all the parents that hold it (``normalisation`` for EM, as in
-the authors' code; VB's ``conv_normalisation``; :mod:`capsjax.models.receptive_fields`).
+Routers that declare ``route_layer`` (EM and variational Bayes) see the whole layer, since a
+child in several receptive fields shares its assignments among all the parents that hold it
+(``normalisation`` for EM, as in the authors' code; VB's ``conv_normalisation``;
+:mod:`capsjax.models.receptive_fields`); the layer hands them a
+:class:`capsjax.routing.core.ConvLayer`.
 EM's ``normalisation``:
 
 * ``"code"`` (default): the code's ``update_conv_routing``. For each child type and output
@@ -35,11 +37,6 @@ from capsjax.models import layers
 from capsjax.models import receptive_fields as fields
 from capsjax.models.capsule_layers import (RoutingNorms, check_routing_norms, parameter_values,
                                            router_parameters, split_routing)
-from capsjax.routing import em
-from capsjax.routing import variational_bayes as vb
-
-# Routers that route a convolutional layer as a whole (a child shared among its parents).
-LAYER_ROUTERS = ("em", "variational_bayes")
 
 
 class ConvCapsules(nnx.Module):
@@ -102,9 +99,18 @@ class ConvCapsules(nnx.Module):
     params = parameter_values(self.router_params)
     settings = dict(self.settings_items)
     out_types = votes.shape[2]
-    if self.router_name in LAYER_ROUTERS:
-      means, activations, measured = self._route_layer(votes, child_activations, params,
-                                                       settings, (i, h, w, oh, ow), diagnostics)
+    router = routing_lib.get(self.router_name)
+    if router.route_layer is not None:
+      grid = fields.ReceptiveFieldGrid(i, k, s, oh, ow)
+      layer = routing_lib.ConvLayer(
+          num_children=i * h * w, normalisation=self.normalisation, child_sum=grid.child_sum,
+          normaliser=lambda mode, epsilon: fields.conv_normaliser(mode, i, k, s, oh, ow, epsilon))
+      result = router.route_layer(votes, activations=child_activations, params=params,
+                                  settings=settings, layer=layer, diagnostics=diagnostics)
+      # With the batch norms, the logits are normalised before the sigmoid (VB's code).
+      means, activations, measured = (
+          result.capsules, result.activations if self.norms is None else result.activation_logits,
+          result.diagnostics)
     else:
       means, activations, measured = self._route_fields(
           votes, poses, child_activations, params, settings, train, rng, diagnostics)
@@ -113,29 +119,6 @@ class ConvCapsules(nnx.Module):
     if self.norms is not None:
       activations, poses = self.norms(activations, poses, train=train)
     return poses, activations, measured
-
-  def _route_layer(self, votes, child_activations, params, settings, sizes, diagnostics):
-    """EM or VB over the whole layer: poses ``(batch, out_types, positions, D)``, EM's
-    activations or VB's activation logits ``(batch, out_types, positions)`` (sigmoid here
-    unless the batch norms come first), diagnostics."""
-    i, h, w, oh, ow = sizes
-    k, s = self.kernel, self.stride
-    if self.router_name == "variational_bayes":
-      child_sum = fields.ReceptiveFieldGrid(i, k, s, oh, ow).child_sum if (
-          settings["conv_normalisation"] == "child") else None
-      result = vb.vb_routing(votes, child_activations, params["beta_u"], params["beta_a"],
-                             settings=settings, diagnostics=diagnostics, child_sum=child_sum)
-      logits = result.activation_logits
-      return (result.poses, logits if self.norms is not None else jax.nn.sigmoid(logits),
-              result.diagnostics)
-    normalise = fields.conv_normaliser(self.normalisation, i, k, s, oh, ow,
-                                       settings["mass_epsilon"])
-    initial = normalise(jnp.zeros(votes.shape[:4], votes.dtype)) \
-        if self.normalisation == "child" else None
-    result = em.em_routing(votes, child_activations, params["beta_u"], params["beta_a"],
-                           settings=settings, normalise=normalise, initial=initial,
-                           num_children=i * h * w, diagnostics=diagnostics)
-    return result.poses, result.activations, result.diagnostics
 
   def _route_fields(self, votes, poses, child_activations, params, settings, train, rng,
                     diagnostics):

@@ -21,7 +21,13 @@ Every router is a pure JAX function (no Flax), registered by name in :data:`ROUT
   names; the routing figure draws whatever a router supplies.
 * Returns the parents ``(batch, out_caps, out_dim)``, their activations ``(batch, out_caps)``
   for routers that compute them (else None: the capsule lengths are the scores), and the
-  diagnostics (``{}`` unless asked for).
+  diagnostics (``{}`` unless asked for); routers that say so (``Router.activation_logits``)
+  also the activations' logits, for a layer's batch norms.
+
+A router that routes a convolutional capsule layer as a whole (a child shared by every
+receptive field it is in: EM, VB) also declares ``route_layer``; the layer hands it a
+:class:`ConvLayer` (its sums over each child's parents). The layers never branch on a
+router's name.
 
 The routers (each module's docstring has its paper's equations and every place where the
 reference code and the paper differ):
@@ -60,7 +66,7 @@ from ml_collections import config_dict
 
 from capsjax.common.errors import UsageError
 from capsjax.common.registry import Registry
-from capsjax.routing.core import (ParamSpec, Router, RoutingResult, capsule_votes,
+from capsjax.routing.core import (ConvLayer, ParamSpec, Router, RoutingResult, capsule_votes,
                                   coupled_parents, coupling_statistics, exp_squash,
                                   matrix_votes, safe_norm, squash)
 from capsjax.routing.dynamic import (SOFTMAX_AXES, RoutingTrace, coupling_coefficients,
@@ -154,7 +160,7 @@ def fill(config: ml_collections.ConfigDict) -> tuple[Router, dict[str, Any]]:
 
 
 __all__ = [
-    "DEFAULT", "ROUTERS", "SOFTMAX_AXES", "ParamSpec", "Router", "RoutingResult",
+    "DEFAULT", "ROUTERS", "SOFTMAX_AXES", "ConvLayer", "ParamSpec", "Router", "RoutingResult",
     "RoutingTrace", "all_settings", "capsule_votes", "config_keys", "coupled_parents",
     "coupling_coefficients", "coupling_statistics", "dynamic_routing", "exp_squash", "fill",
     "get", "matrix_votes", "resolve", "routing_diagnostics", "routing_diagnostics_per_example",

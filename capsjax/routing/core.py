@@ -211,10 +211,36 @@ class RoutingResult(NamedTuple):
       (``self_routing``), else None (the model then scores by capsule lengths).
     diagnostics: ``{name: (batch, iterations)}`` per-example, per-iteration measurements
       (coupling entropy, logit or pose change, ...), only when asked for; else ``{}``.
+    activation_logits: for routers whose activations are ``sigmoid`` of logits and that say
+      so (:attr:`Router.activation_logits`), the logits (``activations``' shape), which a
+      layer's batch norms (VB's authors' code) normalise before the sigmoid; else None.
   """
   capsules: jax.Array
   activations: jax.Array | None
   diagnostics: dict[str, jax.Array]
+  activation_logits: jax.Array | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvLayer:
+  """A convolutional capsule layer as a router that routes it as a whole sees it
+  (:attr:`Router.route_layer`); built by the layer (``capsjax.models.conv_capsules``), so that
+  the router needs nothing from the models.
+
+  Attributes:
+    num_children: the layer's true children (input types x height x width); each is a child
+      of several receptive fields.
+    normalisation: the E-step's normalisation the layer is configured with
+      (``model.conv_caps.normalisation``: EM's ``"code"``, ``"child"`` or ``"patch"``).
+    normaliser: ``normaliser(mode, epsilon)`` -> ``log p -> assignments`` over each child's
+      parents in that mode, ``log p`` ``(batch, children, out_caps, positions)``.
+    child_sum: ``values (batch, children, out_caps, positions)`` -> each entry replaced by
+      the sum over every parent of its true child.
+  """
+  num_children: int
+  normalisation: str
+  normaliser: Callable[[str, float], Callable[[jax.Array], jax.Array]]
+  child_sum: Callable[[jax.Array], jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +293,15 @@ class Router:
     as_run: ``as_run(settings) -> settings`` as they run on this backend (e.g. ``gradient``'s
       ``"auto"`` resolved), applied once when a run's config is resolved so that its
       ``config.json`` records what ran.
+    route_layer: for routers that route a convolutional layer as a whole (a child shared by
+      the receptive fields it is in: EM, VB), ``route_layer(votes, *, activations, params,
+      settings, layer, diagnostics) -> RoutingResult``: ``votes`` ``(batch, children,
+      out_caps, positions, D)`` (children: the receptive field's), ``activations`` ``(batch,
+      children, 1, positions)``, ``layer`` a :class:`ConvLayer`; parents ``(batch, out_caps,
+      positions, D)``, activations ``(batch, out_caps, positions)``. None: the layer routes
+      each receptive field on its own with ``route``.
+    activation_logits: whether its results carry ``activation_logits``, so that a layer may
+      batch-normalise them before the sigmoid (``routing_norms``).
   """
   name: str
   settings: dict[str, Any]
@@ -277,3 +312,5 @@ class Router:
   yields_activations: bool = False
   squashes: bool = True
   as_run: Callable[[dict], dict] = lambda settings: settings
+  route_layer: Callable[..., RoutingResult] | None = None
+  activation_logits: bool = False

@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from capsjax.common.errors import UsageError
-from capsjax.routing import core, dynamic_gradient
+from capsjax.routing import core, dynamic_arithmetic, dynamic_gradient
 from capsjax.routing.core import (GRADIENTS, Router, RoutingResult, check_gradient,
-                                  check_iterations, coupling_statistics, safe_norm, squash)
+                                  check_iterations, coupling_statistics, safe_norm)
 
 SOFTMAX_AXES = ("output", "input")
 
@@ -139,7 +139,8 @@ def dynamic_routing(votes: jax.Array,
     squash_epsilon: see :func:`squash`.
     return_trace: also return a :class:`RoutingTrace`.
     gradient: how the routing is differentiated, with equal gradients to rounding:
-      ``"autodiff"`` (default here: JAX differentiates the loop below, the reference),
+      ``"autodiff"`` (default here: JAX differentiates
+      :func:`capsjax.routing.dynamic_arithmetic.procedure_1`, the reference),
       ``"analytic"`` (:mod:`capsjax.routing.dynamic_gradient`'s written-out backward pass;
       not with ``return_trace``), ``"auto"`` (:func:`resolved_gradient`).
 
@@ -154,12 +155,8 @@ def dynamic_routing(votes: jax.Array,
   if votes.ndim != 4:
     raise ValueError("votes must have shape (batch, in_caps, out_caps, out_dim), "
                      f"got shape {votes.shape}.")
-  # Inside, everything is parent-major: votes (batch, out_caps, out_dim, in_caps),
-  # logits and coupling (batch, out_caps, in_caps). Both contractions over the
-  # votes are then batched matrix-vector products over (batch, j) with no
-  # transpose of the votes between iterations; XLA folds the one transpose here
-  # into the einsum that made the votes (on XLA:CPU it was the faster layout;
-  # README, Performance).
+  # Inside, everything is parent-major (capsjax/routing/dynamic_arithmetic.py); XLA folds
+  # the one transpose here into the einsum that made the votes.
   _softmax_axis_index(softmax_axis)  # Validates early with a clear message.
   softmax_index = {"output": 1, "input": 2}[softmax_axis]
   if gradient not in GRADIENTS:
@@ -167,34 +164,18 @@ def dynamic_routing(votes: jax.Array,
   votes = jnp.transpose(votes, (0, 2, 3, 1))
   batch, out_caps, _, in_caps = votes.shape
   uniform = 1.0 / ((out_caps if softmax_axis == "output" else in_caps) + int(leaky))
+  normalise = lambda logits: _softmax(logits, softmax_index, leaky)
   if resolved_gradient(gradient) == "analytic" and not return_trace:
     return dynamic_gradient.dynamic_routing_analytic(
-        votes, bias, iterations=num_iterations, uniform=uniform,
-        normalise=lambda logits: _softmax(logits, softmax_index, leaky),
+        votes, bias, iterations=num_iterations, uniform=uniform, normalise=normalise,
         squash_epsilon=squash_epsilon, stop_gradient=stop_gradient)
-  votes_routed = jax.lax.stop_gradient(votes) if stop_gradient else votes
-
-  def preactivation_of(coupling, votes_):
-    preactivation = jnp.einsum("bjdi,bji->bjd", votes_, coupling)
-    return preactivation if bias is None else preactivation + bias
-
-  def agreement(outputs):
-    return jnp.einsum("bjdi,bjd->bji", votes_routed, outputs)
+  child_major = lambda x: jnp.transpose(x, (0, 2, 1))
 
   def record(trace, r, logits, coupling, preactivation):
-    if not return_trace:
-      return trace
-    to_child_major = lambda x: jnp.transpose(x, (0, 2, 1))
     return RoutingTrace(
-        logits=trace.logits.at[r].set(to_child_major(logits)),
-        coupling=trace.coupling.at[r].set(to_child_major(coupling)),
+        logits=trace.logits.at[r].set(child_major(logits)),
+        coupling=trace.coupling.at[r].set(child_major(coupling)),
         preactivation_norm=trace.preactivation_norm.at[r].set(safe_norm(preactivation)))
-
-  def iteration(r, trace, logits, coupling):
-    """Eq. 1-2 and the agreement of Procedure 1 (lines 5-7): the next logits."""
-    preactivation = preactivation_of(coupling, votes_routed)
-    trace = record(trace, r, logits, coupling, preactivation)
-    return logits + agreement(squash(preactivation, epsilon=squash_epsilon)), trace
 
   trace = None
   if return_trace:
@@ -202,33 +183,15 @@ def dynamic_routing(votes: jax.Array,
     trace = RoutingTrace(logits=empty, coupling=empty,
                          preactivation_norm=jnp.zeros((num_iterations, batch, out_caps),
                                                       votes.dtype))
-
-  # Iteration 0 starts from b = 0, so its coupling is the uniform constant; written
-  # as one, XLA need not constant-fold a softmax over the whole array (seconds).
-  logits = jnp.zeros((batch, out_caps, in_caps), votes.dtype)
-  coupling = jnp.full(logits.shape, uniform, votes.dtype)
-  if num_iterations > 1:
-    logits, trace = iteration(0, trace, logits, coupling)
-
-  def intermediate_iteration(r, carry):
-    logits, trace = carry
-    return iteration(r, trace, logits, _softmax(logits, softmax_index, leaky))
-
-  # Static bounds: fori_loop lowers to scan and stays reverse-differentiable.
-  # Unrolled: a rolled loop stacks per-iteration residuals for the gradient, which
-  # XLA:CPU ran slower; r is small.
-  logits, trace = jax.lax.fori_loop(1, num_iterations - 1, intermediate_iteration,
-                                    (logits, trace), unroll=True)
-  if num_iterations > 1:
-    coupling = _softmax(logits, softmax_index, leaky)
-  preactivation = preactivation_of(coupling, votes)
-  trace = record(trace, num_iterations - 1, logits, coupling, preactivation)
-  outputs = squash(preactivation, epsilon=squash_epsilon)
-  if return_trace:
-    # With one iteration the whole trace is a constant (b = 0, uniform c); the barrier keeps
-    # XLA from constant-folding the diagnostics over it at compile time (seconds per batch).
-    return outputs, jax.lax.optimization_barrier(trace)
-  return outputs
+  outputs, trace = dynamic_arithmetic.procedure_1(
+      votes, iterations=num_iterations, normalise=normalise, uniform=uniform, bias=bias,
+      squash_epsilon=squash_epsilon, observe=record if return_trace else None, observed=trace,
+      routed_votes=jax.lax.stop_gradient(votes) if stop_gradient else votes)
+  if not return_trace:
+    return outputs
+  # With one iteration the whole trace is a constant (b = 0, uniform c); the barrier keeps
+  # XLA from constant-folding the diagnostics over it at compile time (seconds per batch).
+  return outputs, jax.lax.optimization_barrier(trace)
 
 
 def routing_diagnostics_per_example(trace: RoutingTrace,

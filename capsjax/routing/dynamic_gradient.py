@@ -1,7 +1,8 @@
 """Dynamic routing with its backward pass written out (the dynamic router's setting
 ``gradient="analytic"``): the same forward as :func:`capsjax.routing.dynamic.dynamic_routing`,
 with a ``custom_vjp`` over all the iterations that reads the votes once per product the
-chain rule needs and writes their cotangent once.
+chain rule needs and writes their cotangent once. Its forward is the reference's
+(:func:`capsjax.routing.dynamic_arithmetic.procedure_1`); only the backward pass is here.
 
 Why: the votes ``u_hat (batch, in_caps, out_caps, out_dim)`` are the routing's only large
 array (0.74 MB per image for the paper's MNIST model, 10 x 1152 x 16 floats); everything else
@@ -43,37 +44,8 @@ import jax
 import jax.numpy as jnp
 
 from capsjax.routing.core import squash
-
-
-def _preactivation(votes: jax.Array, coupling: jax.Array) -> jax.Array:
-  """``sum_i c_ji V_jdi``: ``(b, j, d, i)``, ``(b, j, i)`` -> ``(b, j, d)``."""
-  return jnp.einsum("bjdi,bji->bjd", votes, coupling)
-
-
-def _agreement(votes: jax.Array, parents: jax.Array) -> jax.Array:
-  """``sum_d V_jdi v_jd``: ``(b, j, d, i)``, ``(b, j, d)`` -> ``(b, j, i)``."""
-  return jnp.einsum("bjdi,bjd->bji", votes, parents)
-
-
-def _uniform(votes: jax.Array, uniform: float) -> jax.Array:
-  """The first iteration's coupling, ``(b, j, i)`` all ``uniform``."""
-  return jnp.full(votes.shape[:2] + votes.shape[3:], uniform, votes.dtype)
-
-
-def _forward(votes, bias, iterations, normalise, uniform, squash_epsilon):
-  """Procedure 1 on parent-major ``votes``; returns the parents ``(b, j, d)`` and, per
-  iteration, the logits it started from (None for the first) and its ``s_t``."""
-  logits = None
-  saved = []
-  for t in range(iterations):
-    coupling = _uniform(votes, uniform) if logits is None else normalise(logits)
-    preactivation = _preactivation(votes, coupling) + bias
-    parents = squash(preactivation, epsilon=squash_epsilon)
-    saved.append((logits, preactivation))
-    if t < iterations - 1:
-      agreement = _agreement(votes, parents)
-      logits = agreement if logits is None else logits + agreement
-  return parents, saved
+from capsjax.routing.dynamic_arithmetic import (agreement, preactivation, procedure_1,
+                                                uniform_coupling)
 
 
 def dynamic_routing_analytic(votes: jax.Array, bias: jax.Array | None, *, iterations: int,
@@ -99,7 +71,14 @@ def dynamic_routing_analytic(votes: jax.Array, bias: jax.Array | None, *, iterat
   bias = jnp.zeros(votes.shape[1:3], votes.dtype) if bias is None else bias
 
   def run(votes, bias):
-    return _forward(votes, bias, iterations, normalise, uniform, squash_epsilon)
+    """The parents and the residuals: each iteration's starting logits (None for the first)
+    and ``s_t``, 1/out_dim of the votes each (the coupling is recomputed from the logits)."""
+    def keep(saved, t, logits, coupling, s):
+      return saved + [(None if t == 0 else logits, s)]
+
+    return procedure_1(votes, iterations=iterations, normalise=normalise, uniform=uniform,
+                       bias=bias, squash_epsilon=squash_epsilon, observe=keep, observed=[],
+                       python_loop=True)
 
   @jax.custom_vjp
   def route(votes, bias):
@@ -116,11 +95,10 @@ def dynamic_routing_analytic(votes: jax.Array, bias: jax.Array | None, *, iterat
     d_logits = None             # The cotangent of the logits b_{t+1}.
     weights, vectors = [], []   # dV = sum_k weights_k (x) vectors_k.
     for t in reversed(range(iterations)):
-      logits, preactivation = saved[t]
-      parents, squash_vjp = jax.vjp(lambda s: squash(s, epsilon=squash_epsilon),
-                                    preactivation)
+      logits, s_t = saved[t]
+      parents, squash_vjp = jax.vjp(lambda s: squash(s, epsilon=squash_epsilon), s_t)
       if t < iterations - 1:
-        d_parents = _preactivation(votes, d_logits)   # The transpose of _agreement.
+        d_parents = preactivation(votes, d_logits)   # The transpose of agreement.
         if d_votes_flow:
           weights.append(d_logits)
           vectors.append(parents)
@@ -128,10 +106,10 @@ def dynamic_routing_analytic(votes: jax.Array, bias: jax.Array | None, *, iterat
       d_bias = d_bias + jnp.sum(d_preactivation, axis=0)
       coupling, normalise_vjp = (None, None) if logits is None else jax.vjp(normalise, logits)
       if d_votes_flow or t == iterations - 1:
-        weights.append(_uniform(votes, uniform) if coupling is None else coupling)
+        weights.append(uniform_coupling(votes, uniform) if coupling is None else coupling)
         vectors.append(d_preactivation)
       if logits is not None and (d_votes_flow or has_bias):
-        d_coupling = _agreement(votes, d_preactivation)
+        d_coupling = agreement(votes, d_preactivation)
         (d_from_coupling,) = normalise_vjp(d_coupling)
         d_logits = d_from_coupling if d_logits is None else d_logits + d_from_coupling
       elif logits is not None:

@@ -61,19 +61,15 @@ layer ``positions`` = 1; for a convolutional layer the children are a parent's r
 
 from __future__ import annotations
 
-import math
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from capsjax.common.errors import UsageError
-from capsjax.routing import core, em_gradient
-from capsjax.routing.core import (ParamSpec, Router, RoutingResult, check_gradient,
-                                  check_iterations)
-from capsjax.routing.em_gradient import inverse_temperatures
-
-_LOG_2PI = math.log(2.0 * math.pi)
+from capsjax.routing import core, em_arithmetic, em_gradient
+from capsjax.routing.core import (ConvLayer, ParamSpec, Router, RoutingResult,
+                                  check_gradient, check_iterations)
 
 SETTINGS = {
     "iterations": 3,                  # The code's routing_iteration.
@@ -95,11 +91,12 @@ ANALYTIC_ON: tuple[str, ...] = ("cpu",)
 
 
 class MStep(NamedTuple):
-  """The parents after an M-step, each ``(batch, out_caps, positions[, D])``."""
+  """The parents after an M-step: their ``mean`` ``(batch, out_caps, positions, D)`` and
+  :class:`capsjax.routing.em_arithmetic.Fit`'s fields."""
   mean: jax.Array
   variance: jax.Array
   logit: jax.Array
-  mass: jax.Array
+  log_normaliser: jax.Array
 
 
 class EMResult(NamedTuple):
@@ -120,7 +117,8 @@ class EMResult(NamedTuple):
 
 def m_step(votes: jax.Array, weights: jax.Array, previous_mean: jax.Array, beta_u: jax.Array,
            beta_a: jax.Array, inverse_temperature, settings: dict) -> MStep:
-  """The M-step: each parent's Gaussian and activation from its weighted votes.
+  """The M-step: each parent's Gaussian and activation from its weighted votes (the formulas
+  in :mod:`capsjax.routing.em_arithmetic`).
 
   Args:
     votes: ``(batch, children, out_caps, positions, D)``.
@@ -130,30 +128,21 @@ def m_step(votes: jax.Array, weights: jax.Array, previous_mean: jax.Array, beta_
     inverse_temperature: lambda_t, a scalar.
     settings: ``mean_damping``, ``min_variance``, ``mass_epsilon``, ``activation_bias_scale``.
   """
-  d = votes.shape[-1]
-  mass = jnp.sum(weights, axis=1) + settings["mass_epsilon"]                # (b, o, p)
+  m0 = jnp.sum(weights, axis=1)                                             # (b, o, p)
   # Sums over the children as reductions of elementwise products, which XLA fuses into one
   # pass over the votes (a dot would materialise (votes - mean)^2).
   w = weights[..., None]
-  average = jnp.sum(w * votes, axis=1) / mass[..., None]
-  damping = settings["mean_damping"]
-  mean = (1.0 - damping) * average + damping * previous_mean
-  spread = jnp.sum(w * jnp.square(votes - mean[:, None]), axis=1)
-  variance = settings["min_variance"] + spread / mass[..., None]
-  log_det = jnp.sum(jnp.log(variance), axis=-1)                             # sum_h log var
-  cost = mass * (-log_det - beta_u[:, None] * d * (_LOG_2PI + 1.0))
-  logit = inverse_temperature * (cost - settings["activation_bias_scale"] * beta_a[:, None])
-  return MStep(mean, variance, logit, mass)
+  mean = em_arithmetic.damped_mean(jnp.sum(w * votes, axis=1), m0, previous_mean, settings)
+  s2 = jnp.sum(w * jnp.square(votes - mean[:, None]), axis=1)
+  return MStep(mean, *em_arithmetic.fit(s2, m0, beta_u, beta_a, inverse_temperature,
+                                        settings))
 
 
 def log_likelihood(votes: jax.Array, parents: MStep) -> jax.Array:
   """The E-step's unnormalised log assignment ``log a_j + log N(V_ij; mu_j, var_j)``,
   ``(batch, children, out_caps, positions)``."""
-  d = votes.shape[-1]
-  log_det = jnp.sum(jnp.log(parents.variance), axis=-1)
-  squared = jnp.sum(jnp.square(votes - parents.mean[:, None])
-                    / (2.0 * parents.variance[:, None]), axis=-1)
-  return (jax.nn.log_sigmoid(parents.logit) - 0.5 * (d * _LOG_2PI + log_det))[:, None] - squared
+  return parents.log_normaliser[:, None] - em_arithmetic.scaled_distance(
+      votes, parents.mean[:, None], parents.variance[:, None])
 
 
 def assignment_entropy(assignments: jax.Array, num_children: int) -> jax.Array:
@@ -203,8 +192,7 @@ def em_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
         initial=initial)
     return EMResult(poses, parent_activations, {})
   batch, children, out_caps, positions, d = votes.shape
-  lambdas = inverse_temperatures(settings["inverse_temperature"],
-                                 settings["temperature_growth"], iterations, votes.dtype)
+  lambdas = em_arithmetic.schedule(settings, votes.dtype)
   assignments = jnp.broadcast_to(1.0 / out_caps if initial is None else initial,
                                  (batch, children, out_caps, positions)).astype(votes.dtype)
   mean = jnp.zeros((batch, out_caps, positions, d), votes.dtype)
@@ -290,5 +278,20 @@ def route(votes, *, inputs=None, activations, params, rng=None, settings, train=
   return RoutingResult(result.poses[:, :, 0], result.activations[:, :, 0], result.diagnostics)
 
 
+def route_layer(votes, *, activations, params, settings, layer: ConvLayer,
+                diagnostics=False) -> RoutingResult:
+  """A convolutional layer routed as a whole (:attr:`capsjax.routing.core.Router.route_layer`):
+  the E-step normalised over each child's parents as ``layer.normalisation`` says (the code's
+  ``"code"``, with its ``mass_epsilon`` in the denominator); with ``"child"`` the first
+  assignments too, as the code starts from."""
+  normalise = layer.normaliser(layer.normalisation, settings["mass_epsilon"])
+  initial = (normalise(jnp.zeros(votes.shape[:4], votes.dtype))
+             if layer.normalisation == "child" else None)
+  result = em_routing(votes, activations, params["beta_u"], params["beta_a"], settings=settings,
+                      normalise=normalise, initial=initial, num_children=layer.num_children,
+                      diagnostics=diagnostics)
+  return RoutingResult(result.poses, result.activations, result.diagnostics)
+
+
 ROUTER = Router(name="em", settings=SETTINGS, route=route, as_run=as_run, parameters=parameters,
-                check=check, yields_activations=True, squashes=False)
+                check=check, yields_activations=True, squashes=False, route_layer=route_layer)

@@ -1,5 +1,7 @@
 """EM routing with its backward pass written out (EM's setting ``gradient="analytic"``, the
-default): the same forward as :func:`capsjax.routing.em.em_routing`, with a ``custom_vjp``
+default): the same forward as :func:`capsjax.routing.em.em_routing` (the same formulas, from
+:mod:`capsjax.routing.em_arithmetic`; only the sums over the children are laid out for speed
+here), with a ``custom_vjp``
 that makes a few passes over the votes instead of the ~120 that autodiff of the reference
 makes (measured with :mod:`capsjax.perf.hlo_traffic`, docs/performance.md).
 
@@ -21,8 +23,8 @@ children ``n`` unless said)::
     S2    = sum w (V - mu)^2      (var, logit, c) = fit(S2, m0, beta_u, beta_a)
     q     = sum_h (V - mu)^2 / (2 var)              log p = c - q       R' = normalise(log p)
 
-and its cotangents (``fit``, the parent-sized M-step, and ``normalise`` are differentiated by
-JAX; only the votes-sized steps are written here)::
+and its cotangents (``damped_mean`` and ``fit``, the parent-sized M-step, and ``normalise``
+are differentiated by JAX; only the votes-sized steps are written here)::
 
     dq    = -d log p              dc = sum d log p
     dmu  += -(sum dq V - mu sum dq) / var           dvar = -sum dq (V - mu)^2 / (2 var^2)
@@ -50,47 +52,12 @@ evaluation only, no backward pass).
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
-_LOG_2PI = math.log(2.0 * math.pi)
-
-
-def inverse_temperatures(final: float, growth: float, iterations: int,
-                         dtype=jnp.float32) -> jax.Array:
-  """``lambda_t = final (1 - growth^(t+1))``, ``t = 0 .. iterations-1`` (code's schedule), in
-  ``dtype`` (the votes': a float64 run's schedule is float64). Here, not in
-  :mod:`capsjax.routing.em` (which imports this module), so that both forms share it."""
-  return final * (1.0 - growth ** jnp.arange(1, iterations + 1, dtype=dtype))
-
-
-def _lambdas(settings: dict, dtype) -> jax.Array:
-  """:func:`inverse_temperatures` of EM's ``settings``."""
-  return inverse_temperatures(settings["inverse_temperature"], settings["temperature_growth"],
-                              settings["iterations"], dtype)
-
-
-def _mean(s1, m0, previous_mean, settings):
-  """The damped mean ``(batch, out_caps, positions, D)`` from ``S1`` and ``m0``."""
-  mass = m0 + settings["mass_epsilon"]
-  damping = settings["mean_damping"]
-  return (1.0 - damping) * (s1 / mass[..., None]) + damping * previous_mean
-
-
-def _fit(s2, m0, beta_u, beta_a, inverse_temperature, settings):
-  """Variance, logit and the E-step's per-parent term ``c = log sigmoid(logit) - (D log 2 pi
-  + sum_h log var) / 2`` from ``S2`` and ``m0``."""
-  d = s2.shape[-1]
-  mass = m0 + settings["mass_epsilon"]
-  variance = settings["min_variance"] + s2 / mass[..., None]
-  log_det = jnp.sum(jnp.log(variance), axis=-1)
-  cost = mass * (-log_det - beta_u[:, None] * d * (_LOG_2PI + 1.0))
-  logit = inverse_temperature * (cost - settings["activation_bias_scale"] * beta_a[:, None])
-  return variance, logit, jax.nn.log_sigmoid(logit) - 0.5 * (d * _LOG_2PI + log_det)
-
+from capsjax.routing.em_arithmetic import damped_mean, fit, scaled_distance, schedule
 
 def _parent_major(x: jax.Array) -> jax.Array:
   """``(batch, children, out_caps, positions, ...)`` -> ``(batch, out_caps, positions,
@@ -122,7 +89,7 @@ def _forward(votes, activations, beta_u, beta_a, initial, settings, normalise):
   ``normalise`` in the caller's layout ``(b, n, o, p)``. Returns ``(mean, logit)`` of the last
   M-step and the residuals."""
   iterations = settings["iterations"]
-  lambdas = _lambdas(settings, votes.dtype)
+  lambdas = schedule(settings, votes.dtype)
   assignments = _parent_major(initial)
   # The votes about a shift per parent and pose element (their mean over the children):
   # the sums of w V and w V^2 below then subtract numbers of the size of the spread, not
@@ -139,18 +106,18 @@ def _forward(votes, activations, beta_u, beta_a, initial, settings, normalise):
     weights = assignments * activations
     m0 = jnp.sum(weights, axis=-1)
     s1 = _over_children(weights, votes)
-    mean = _mean(s1 + shift * m0[..., None], m0, previous_mean, settings)
+    mean = damped_mean(s1 + shift * m0[..., None], m0, previous_mean, settings)
     centre = mean - shift
     # sum w (V - mu)^2 = sum w V^2 - 2 mu sum w V + mu^2 sum w (V, mu about the shift): two
     # products with the votes and their squares instead of a strided reduction (clamped:
     # rounding can make the difference of a near-zero spread negative).
     s2 = jnp.maximum(_over_children(weights, squares) - 2.0 * centre * s1
                      + jnp.square(centre) * m0[..., None], 0.0)
-    variance, logit, c = _fit(s2, m0, beta_u, beta_a, lambdas[t], settings)
+    variance, logit, c = fit(s2, m0, beta_u, beta_a, lambdas[t], settings)
     log_p = None
     if t < iterations - 1:
-      squared = jax.lax.optimization_barrier(jnp.sum(
-          jnp.square(votes - centre[..., None, :]) / (2.0 * variance[..., None, :]), axis=-1))
+      squared = jax.lax.optimization_barrier(
+          scaled_distance(votes, centre[..., None, :], variance[..., None, :]))
       log_p = _child_major(c[..., None] - squared)
     saved.append((assignments, m0, s1, previous_mean, centre, s2, variance, log_p))
     if log_p is not None:
@@ -174,7 +141,7 @@ def _backward(settings, normalise, residuals, cotangents):
   votes, squares = jax.lax.optimization_barrier((votes, squares))
   d_mean, d_logit_out = cotangents
   iterations = settings["iterations"]
-  lambdas = _lambdas(settings, votes.dtype)
+  lambdas = schedule(settings, votes.dtype)
   d_activations = jnp.zeros(activations.shape, activations.dtype)
   d_beta_u, d_beta_a = jnp.zeros_like(beta_u), jnp.zeros_like(beta_a)
   d_next = None                     # The cotangent of the assignments iteration t made.
@@ -196,12 +163,13 @@ def _backward(settings, normalise, residuals, cotangents):
       d_variance = -g2 / (2.0 * jnp.square(variance))
       vote_terms.append((d_q, 1.0 / variance, -mean / variance))
     d_logit = d_logit_out if t == iterations - 1 else jnp.zeros_like(m0)
-    _, fit_vjp = jax.vjp(lambda *a: _fit(*a, lambdas[t], settings), s2, m0, beta_u, beta_a)
+    _, fit_vjp = jax.vjp(lambda *a: tuple(fit(*a, lambdas[t], settings)), s2, m0, beta_u,
+                         beta_a)
     d_s2, d_m0, du, da = fit_vjp((d_variance, d_logit, d_c))
     d_beta_u, d_beta_a = d_beta_u + du, d_beta_a + da
     d_mean = d_mean - 2.0 * d_s2 * (s1 - m0[..., None] * mean)
-    _, mean_vjp = jax.vjp(lambda s1, m0, previous: _mean(s1 + shift * m0[..., None], m0,
-                                                         previous, settings),
+    _, mean_vjp = jax.vjp(lambda s1, m0, previous: damped_mean(s1 + shift * m0[..., None], m0,
+                                                               previous, settings),
                           s1, m0, previous_mean)
     d_s1, d_m0_mean, d_mean = mean_vjp(d_mean)
     # sum_h dS1 V + dS2 (V - mu)^2 as products of the votes and their squares with

@@ -72,7 +72,7 @@ import jax.numpy as jnp
 from jax.scipy.special import digamma
 
 from capsjax.common.errors import UsageError
-from capsjax.routing.core import Router, RoutingResult, check_iterations
+from capsjax.routing.core import ConvLayer, Router, RoutingResult, check_iterations
 from capsjax.routing.em import parameters
 
 ASSIGNMENTS = ("code", "first_commits", "textbook")
@@ -272,10 +272,24 @@ def route(votes, *, inputs=None, activations, params, rng=None, settings, train=
   result = vb_routing(votes[:, :, :, None, :], activations[:, :, None, None],
                       params["beta_u"], params["beta_a"], settings=settings,
                       diagnostics=diagnostics)
-  return RoutingResult(result.poses[:, :, 0], jax.nn.sigmoid(result.activation_logits[:, :, 0]),
-                       result.diagnostics)
+  logits = result.activation_logits[:, :, 0]
+  return RoutingResult(result.poses[:, :, 0], jax.nn.sigmoid(logits), result.diagnostics,
+                       activation_logits=logits)
+
+
+def route_layer(votes, *, activations, params, settings, layer: ConvLayer,
+                diagnostics=False) -> RoutingResult:
+  """A convolutional layer routed as a whole (:attr:`capsjax.routing.core.Router.route_layer`):
+  with ``conv_normalisation="child"`` the assignments of each true child sum to one over every
+  receptive field it is in (``layer.child_sum``), as the authors' code."""
+  child_sum = layer.child_sum if settings["conv_normalisation"] == "child" else None
+  result = vb_routing(votes, activations, params["beta_u"], params["beta_a"], settings=settings,
+                      diagnostics=diagnostics, child_sum=child_sum)
+  return RoutingResult(result.poses, jax.nn.sigmoid(result.activation_logits),
+                       result.diagnostics, activation_logits=result.activation_logits)
 
 
 # beta_u and beta_a per parent, as EM routing's (here initialised to 0, the VB code's).
 ROUTER = Router(name="variational_bayes", settings=SETTINGS, route=route, parameters=parameters,
-                check=check, yields_activations=True, squashes=False)
+                check=check, yields_activations=True, squashes=False, route_layer=route_layer,
+                activation_logits=True)

@@ -76,12 +76,14 @@ def member_scores(members: list[str], checkpoint: str = "latest",
     except UsageError as e:
       raise UsageError(f"Ensemble member {member}: {e}") from e
   check_compatible(members, [json.loads(c.to_json_best_effort()) for c in configs])
-  first = Runtime(configs[0]).load()  # One test set for all (they share the dataset).
+  first = Runtime(configs[0])  # One test set for all (they share the dataset).
   test = first.runner.eval_set(evaluators.limit(first.splits["test"], configs[0]),
                                first.task.dataset.eval_batch)
   all_scores, labels, results = [], None, []
   for n, (member, config) in enumerate(zip(members, configs), 1):
-    restored = restoring.restore(member, first if n == 1 else Runtime(config), checkpoint)
+    restored = restoring.restore(
+        member, first if n == 1 else Runtime(config, splits=first.splits), checkpoint,
+        own_data=n == 1)
     step = restored.step
     scores, labels = restored.runtime.runner.scores(restored.state.variables, test)
     accuracy = float(np.mean(metrics.label_sets_correct(scores, labels)["accuracy"]))

@@ -26,6 +26,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax import datasets
+from capsjax.training import inflight
 
 
 def replicated_array(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
@@ -127,10 +128,12 @@ class Runner:
     must be one object across calls (it keys the jit cache). ``progress``: a label under
     which to show the batches done (slow functions, e.g. attacks)."""
     step, totals = self._step("mean", fn, eval_set.make_batch), None
-    for b in range(eval_set.num_batches):
+    in_flight = inflight.Window(1)  # A batch's step and its sums: XLA:CPU's collectives
+    for b in range(eval_set.num_batches):  # deadlock under a deep queue.
       sums = step(variables, eval_set.examples, eval_set.shared, eval_set.weights,
                   b * eval_set.batch_size)
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+      in_flight.add(totals)
       _show_progress(progress, b + 1, eval_set.num_batches, totals)
     totals = jax.tree.map(np.asarray, totals)
     n = max(float(totals.pop("count")), 1.0)
@@ -141,9 +144,11 @@ class Runner:
     """``fn(variables, batch)``'s per-example values over the set, ``{name: (size, ...)}``
     on the host, padding dropped; ``progress`` as in :meth:`mean`."""
     step, parts = self._step("collect", fn, eval_set.make_batch), []
+    in_flight = inflight.Window()  # XLA:CPU's collectives deadlock under a deep queue.
     for b in range(eval_set.num_batches):
       parts.append(step(variables, eval_set.examples, eval_set.shared, eval_set.weights,
                         b * eval_set.batch_size))
+      in_flight.add(parts[-1])
       _show_progress(progress, b + 1, eval_set.num_batches, parts[-1])
     return {k: np.concatenate([np.asarray(p[k]) for p in parts])[:eval_set.size]
             for k in parts[0]}

@@ -50,10 +50,13 @@ def load_config(workdir: str, checkpoint: str = "latest",
   return config
 
 
-def restore(workdir: str, runtime: Runtime, checkpoint: str = "latest") -> Restored:
+def restore(workdir: str, runtime: Runtime, checkpoint: str = "latest",
+            own_data: bool = True) -> Restored:
   """Restores ``checkpoint`` (``latest``, ``best`` or a step number) of ``workdir`` into
-  ``runtime``'s train state (built from :func:`load_config`'s config, its data loaded or
-  not). A damaged checkpoint is reported and the next candidate tried; nothing is moved (a
+  ``runtime``'s train state (built from :func:`load_config`'s config). ``own_data``: False
+  when the runtime holds another run's data (an ensemble's later members share the first
+  one's), so that its plan's length is not this run's: the run's summary then says where it
+  ended. A damaged checkpoint is reported and the next candidate tried; nothing is moved (a
   training run may hold this workdir)."""
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                     keep=runtime.config.train.keep_checkpoints,
@@ -62,9 +65,7 @@ def restore(workdir: str, runtime: Runtime, checkpoint: str = "latest") -> Resto
     step, state, _ = runtime.restore(ckpt, steps=ckpt.candidates(checkpoint))
   finally:
     ckpt.close()
-  # An unloaded runtime (an ensemble's later members share the first one's data) has no
-  # plan: the run's summary then says where it ends.
-  num_steps = runtime.plan.num_steps if runtime.plan is not None else None
+  num_steps = runtime.plan.num_steps if own_data else None
   return Restored(runtime, step, state, selected_on(workdir, checkpoint, step, num_steps))
 
 

@@ -1,10 +1,10 @@
 """One run's bookkeeping around its train steps: restore or start, log, evaluate, checkpoint,
 stop, summarise.
 
-:func:`capsjax.train.train_and_evaluate` drives one :class:`Run` with its own train step;
-:mod:`capsjax.training.run_group` drives several, whose states one vectorised step advances
-together. Either way a run's workdir ends the same: ``config.json``, ``metrics.jsonl``,
-TensorBoard events, checkpoints, ``summary.json`` and figures.
+One driver (:func:`capsjax.training.run_group.train_and_evaluate_group`) advances every
+:class:`Run`: one alone with its own train step (:func:`capsjax.train.train_and_evaluate`),
+several with one vectorised step. Either way a run's workdir ends the same: ``config.json``,
+``metrics.jsonl``, TensorBoard events, checkpoints, ``summary.json`` and figures.
 
 Nothing is chosen on the test set: with a validation split (``data.validation_size``) the
 run keeps the best checkpoint by validation accuracy and ``train.stop_at_accuracy`` watches
@@ -32,17 +32,22 @@ from capsjax.training.train_log import TrainLog
 
 
 class Run:
-  """A loaded :class:`Runtime` training into ``workdir`` (held by the caller).
+  """A :class:`Runtime` training into ``workdir`` (held by the caller), complete when built:
+  the newest checkpoint that restores (or fresh parameters), the evaluations and the train
+  log.
 
   Attributes:
-    runtime, workdir, plan;
-    state: the train state after :meth:`start` (restored or fresh), replicated;
+    runtime, workdir, plan, label (its name on progress lines, when trained with others),
+    created (whether the workdir was made for it: a failed start removes it);
     step: the step reached; reached: whether ``train.stop_at_accuracy`` was met;
     results: the latest evaluations, by name.
   """
 
-  def __init__(self, runtime: Runtime, workdir: str):
+  def __init__(self, runtime: Runtime, workdir: str, *, label: str | None = None,
+               created: bool = False, announce: bool = True):
+    """``announce``: log the banner (what it trains, on what, where)."""
     self.runtime, self.workdir, self.plan = runtime, workdir, runtime.plan
+    self.label, self.created = label, created
     config = runtime.config
     self.validation = len(runtime.splits.get("validation", ())) > 0
     self.ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
@@ -51,40 +56,48 @@ class Run:
     self.watched = "validation" if self.validation else "test"  # Evaluated during training.
     self.results: dict = {}
     self.progress: TrainLog | None = None
-    self.runs_in_program = 1  # More when a vectorised group trains it (summary.json says).
-    self.label: str | None = None  # Its name on progress lines, when trained with others.
-    self.created = False  # Whether the workdir was made for it (a failed start removes it).
     self.closed = False
-
-  def start(self, announce: bool = True):
-    """Restores the newest checkpoint (or starts fresh), builds the evaluations and the
-    train log; returns the state."""
-    runtime, config = self.runtime, self.runtime.config
-    self.state, self.reached, self.resumed_step = init_or_restore(runtime, self.ckpt,
-                                                                  self.workdir)
     self.config_recorded = False
-    self.step = self.first_step = int(self.state.step)
-    self.evals = runtime.evaluations()
-    # Recorded beside it (e.g. novel viewpoints, for comparisons at matched familiar error);
-    # never used to choose anything.
-    self.recorded = [n for n in checks.names(config.train.get("eval_during"))
-                     if n != self.watched]
-    if unknown := [n for n in self.recorded if n not in self.evals]:
-      raise UsageError(f"config.train.eval_during names {unknown}, which config.evals does "
-                       f"not hold (it has {sorted(self.evals)}).")
-    if announce:
-      log(banner(runtime, self.evals, self.state.params))
-      log(hardware.describe())
-      if warning := hardware.cpu_fallback_warning(jax.default_backend()):
-        log(warning)
-    if config.train.get("stop_at_accuracy") is not None and not self.validation:
-      log("Warning: config.train.stop_at_accuracy watches the test accuracy, since this run "
-          "holds out no validation split: the stopping step is then chosen on the test set "
-          "(summary.json says selected_on: test). Hold one out with "
-          "--config.data.validation_size=10000.")
-    self.progress = TrainLog(self.workdir, self.plan, runtime.optimizer.schedule, self.ckpt,
-                             runtime.task.monitors(), label=self.label)
-    return self.state
+    try:
+      self._state, self.reached, self.resumed_step = init_or_restore(runtime, self.ckpt,
+                                                                     workdir)
+      self.step = self.first_step = int(self._state.step)
+      self.evals = runtime.evaluations()
+      # Recorded beside it (e.g. novel viewpoints, for comparisons at matched familiar error);
+      # never used to choose anything.
+      self.recorded = [n for n in checks.names(config.train.get("eval_during"))
+                       if n != self.watched]
+      if unknown := [n for n in self.recorded if n not in self.evals]:
+        raise UsageError(f"config.train.eval_during names {unknown}, which config.evals "
+                         f"does not hold (it has {sorted(self.evals)}).")
+      if announce:
+        log(banner(runtime, self.evals, self._state.params))
+        log(hardware.describe())
+        if warning := hardware.cpu_fallback_warning(jax.default_backend()):
+          log(warning)
+      if config.train.get("stop_at_accuracy") is not None and not self.validation:
+        log("Warning: config.train.stop_at_accuracy watches the test accuracy, since this "
+            "run holds out no validation split: the stopping step is then chosen on the test "
+            "set (summary.json says selected_on: test). Hold one out with "
+            "--config.data.validation_size=10000.")
+      self.progress = TrainLog(workdir, self.plan, runtime.optimizer.schedule, self.ckpt,
+                               runtime.task.monitors(), label=label)
+    except BaseException:
+      self.close()
+      raise
+
+  @property
+  def initial_state(self):
+    """The train state it started from (restored or fresh, replicated), until the driver has
+    advanced it (:meth:`release_initial_state`); a group that does not fit in memory is split
+    and starts again from it."""
+    if self._state is None:
+      raise RuntimeError(f"The run in {self.workdir} has trained on from its initial state.")
+    return self._state
+
+  def release_initial_state(self) -> None:
+    """Drops the initial state once the driver has advanced it (its copy is the state now)."""
+    self._state = None
 
   @property
   def training(self) -> bool:
@@ -104,12 +117,6 @@ class Run:
       config_history.record(self.workdir, self.runtime.config, self.resumed_step, log=log,
                        announce=False)
     self.config_recorded = True
-
-  def after_dispatch(self, state) -> None:
-    """Logs, evaluates and checkpoints when due at :attr:`step` (:meth:`log`, then
-    :meth:`evaluate_and_checkpoint`)."""
-    if self.log():
-      self.evaluate_and_checkpoint(state)
 
   def log(self) -> bool:
     """Fetches and logs the train metrics when a log or checkpoint is due at :attr:`step`;
@@ -150,9 +157,9 @@ class Run:
       self.ckpt.save(self.step, state, self.plan.meta(self.step, None))
     self.close()
 
-  def finish(self, state) -> dict:
-    """Every evaluation of the final parameters, ``summary.json`` and the figures; returns
-    the summary."""
+  def finish(self, state, runs_in_program: int = 1) -> dict:
+    """Every evaluation of the final parameters, ``summary.json`` (``runs_in_program``: how
+    many runs its program trained at the end) and the figures; returns the summary."""
     runtime, step = self.runtime, self.step
     for name, evaluator in self.evals.items():
       if name not in self.results:
@@ -163,7 +170,7 @@ class Run:
     self.ckpt.wait()
     summary = summarise(runtime, step, state.params, self.results, self.progress, self.ckpt,
                         selected_on=(self.watched if self.reached else "final"))
-    summary["runs_in_program"] = self.runs_in_program
+    summary["runs_in_program"] = runs_in_program
     if jax.process_index() == 0:  # The summary first: figures can be redrawn by evaluate.
       # Chosen on test or validation during training: never the result (runs/comparison.py).
       summary["comparison_only"] = comparison.comparison_errors(

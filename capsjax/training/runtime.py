@@ -3,8 +3,7 @@ evaluation runner.
 
 ``train``, ``evaluate``, ``ensemble`` and ``benchmark`` all start the same way::
 
-    runtime = Runtime(config)          # checks the config, builds the task and the mesh
-    runtime.load()                     # the dataset's host splits and the run's Plan
+    runtime = Runtime(config)          # checks the config; task, mesh, data, plan, optimiser
     state = runtime.fresh_state()      # or: step, state, meta = runtime.restore(checkpointer)
     evals = runtime.evaluations()      # config.evals on the devices
 
@@ -37,47 +36,35 @@ def make_mesh() -> jax.sharding.Mesh:
 
 
 class Runtime:
-  """A config made runnable: its task, mesh, data, plan and optimiser, built once.
+  """A config made runnable, complete when built: its task, mesh, data, plan and optimiser.
 
   Attributes:
     config, task, mesh, replicated (the sharding of replicated arrays);
-    splits: the host splits after :meth:`load` (else None);
-    plan: the run's :class:`capsjax.training.plan.Plan` after :meth:`load` (else None).
+    splits: the dataset's host splits, by name;
+    plan: the run's :class:`capsjax.training.plan.Plan`;
+    optimizer: the :class:`capsjax.training.optimizers.Optimizer` of ``config.optimizer``
+      (epoch-based settings in steps of the plan).
   """
 
-  def __init__(self, config: ml_collections.ConfigDict):
+  def __init__(self, config: ml_collections.ConfigDict,
+               splits: dict[str, datasets.Split] | None = None):
     """Raises UsageError, naming the key, for a config that cannot run here. ``self.config``
     is the resolved copy (:func:`capsjax.training.tasks.resolve_config`); ``config`` is not
-    written."""
+    written. Reads the dataset's splits (or takes ``splits``: e.g. random data of their
+    shapes, or another runtime's of the same dataset), checks that the model keeps its
+    contract on them (:meth:`capsjax.training.tasks.Task.check_outputs`) and plans the run's
+    steps."""
     plan.validate_train_config(config, jax.device_count())
     self.task = Task.from_config(config)
     self.config = self.task.config
     self.mesh = make_mesh()
     self.replicated = NamedSharding(self.mesh, P())
-    self.splits: dict[str, datasets.Split] | None = None
-    self.plan: plan.Plan | None = None
-    self._optimizer: optimizers.Optimizer | None = None
-    self._runner: Runner | None = None
-
-  def load(self, splits: dict[str, datasets.Split] | None = None) -> "Runtime":
-    """Reads the dataset's splits (or takes ``splits``), checks that the model keeps its
-    contract on them (:meth:`capsjax.training.tasks.Task.check_outputs`) and plans the run's
-    steps."""
     self.splits = self.task.dataset.load() if splits is None else splits
     self.task.check_outputs(self.splits)
     self.plan = plan.Plan.from_config(self.config.train, len(self.splits["train"]))
-    self._optimizer = None  # Epoch-based settings need the plan.
-    return self
-
-  @property
-  def optimizer(self) -> optimizers.Optimizer:
-    """The optimiser of ``config.optimizer`` (after :meth:`load`, epochs become steps)."""
-    if self._optimizer is None:
-      p = self.plan
-      self._optimizer = optimizers.build(self.config.optimizer,
-                                         p.steps_per_epoch if p else None,
-                                         p.num_steps if p else None)
-    return self._optimizer
+    self.optimizer = optimizers.build(self.config.optimizer, self.plan.steps_per_epoch,
+                                      self.plan.num_steps)
+    self._runner: Runner | None = None
 
   def fresh_state(self) -> train_step.TrainState:
     """Parameters and optimiser state from ``config.seed``, replicated on the mesh."""

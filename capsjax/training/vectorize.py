@@ -230,13 +230,20 @@ class VectorizedStep:
   step of ``runtime`` mapped over a leading run axis of ``states`` (stacked train states) and
   ``values`` (``{key: (runs,) float32}``, each run's traced settings); metrics come back
   ``(runs, num_steps)``. Compiled once per run count and ``num_steps``, its memory checked
-  before it first runs (:class:`capsjax.training.memory.OutOfMemory`)."""
+  before it first runs (:class:`capsjax.training.memory.OutOfMemory`).
+
+  With :class:`OneRunStep` it is the driver's step (:mod:`capsjax.training.run_group`): the
+  driver stacks the runs' states, reads each run's metrics and state, and drops runs, through
+  the methods below."""
+
+  vectorised = True
 
   def __init__(self, runtime: Runtime, traced_keys: Sequence[str] = (),
                memory_limit: Callable[[], int | None] | None = None):
     body = train_step.train_steps(runtime.task, runtime.optimizer.tx, runtime.plan.num_train,
                                   runtime.mesh, runtime.optimizer.transform)
     self.traced_keys = tuple(traced_keys)
+    self.sharding = replicated(runtime)
 
     def step(states, values, examples, shared, num_steps):
       one_run = lambda state, run_values: body(state, examples, shared, num_steps, run_values)
@@ -259,6 +266,59 @@ class VectorizedStep:
   def prepare(self, states, values, examples, shared, num_steps: int):
     """The program for these runs and ``num_steps``, compiled and its memory checked."""
     return self._for(states).prepare(states, values, examples, shared, num_steps)
+
+  def stack(self, states: Sequence):
+    """The runs' train states stacked along a leading run axis, replicated."""
+    return stack(states, self.sharding)
+
+  def values(self, configs) -> dict[str, jax.Array]:
+    """Each run's traced settings, ``{key: (runs,) float32}``, replicated."""
+    return jax.device_put(run_values(configs, self.traced_keys), self.sharding)
+
+  def unstack(self, metrics, runs: int) -> tuple:
+    return unstack(metrics, runs)
+
+  def state_of(self, states, k: int):
+    """Run ``k``'s train state, taken out of the stacked ones."""
+    return jax.tree.map(lambda x: x[k], states)
+
+  def take(self, tree, keep: Sequence[int]):
+    """The runs ``keep`` of a stacked tree, replicated."""
+    return jax.device_put(take(tree, keep), self.sharding)
+
+
+class OneRunStep:
+  """One run's own jitted train step (its settings compiled in, nothing mapped) behind
+  :class:`VectorizedStep`'s interface, so that one driver trains one run as it trains
+  several (:mod:`capsjax.training.run_group`). Its memory is checked before it first runs."""
+
+  vectorised = False
+
+  def __init__(self, runtime: Runtime, memory_limit: Callable[[], int | None] | None = None):
+    self._steps = memory.CompiledSteps(runtime.make_train_step(), runtime.config,
+                                       memory_limit=memory_limit)
+
+  def __call__(self, state, values, examples, shared, num_steps: int):
+    return self._steps(state, examples, shared, num_steps)
+
+  def prepare(self, state, values, examples, shared, num_steps: int):
+    return self._steps.prepare(state, examples, shared, num_steps)
+
+  def stack(self, states: Sequence):
+    (state,) = states
+    return state
+
+  def values(self, configs) -> dict:
+    return {}
+
+  def unstack(self, metrics, runs: int) -> tuple:
+    return (metrics,)
+
+  def state_of(self, state, k: int):
+    return state
+
+  def take(self, tree, keep: Sequence[int]):
+    raise ValueError("One run has no others to drop.")
 
 
 def stack(trees: Sequence, sharding: NamedSharding):
