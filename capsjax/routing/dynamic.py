@@ -22,6 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.routing import core, dynamic_arithmetic, dynamic_gradient
 from capsjax.routing.core import (GRADIENTS, Router, RoutingResult, check_gradient,
@@ -236,14 +237,7 @@ def routing_diagnostics(trace: RoutingTrace, softmax_axis: str = "output",
           for k, v in per_example.items()}
 
 
-SETTINGS = {
-    "iterations": 3,            # r (paper: 3 for MNIST).
-    "softmax_axis": "output",   # Over parents j (paper); "input": over children i.
-    "stop_gradient": False,     # Paper: gradients flow through every iteration.
-    "leaky": False,             # The official code's extra zero logit; paper: none.
-    "squash_epsilon": 0.0,      # Eq. 1 exactly.
-    "gradient": "auto",         # How it is differentiated, not a modelling choice (route).
-}
+SETTINGS = config_keys.ROUTER_SETTINGS["dynamic"]  # Defaults and why: there.
 
 
 def check(settings: dict) -> None:

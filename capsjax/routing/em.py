@@ -66,24 +66,13 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.routing import core, em_arithmetic, em_gradient
 from capsjax.routing.core import (ConvLayer, ParamSpec, Router, RoutingResult,
                                   check_gradient, check_iterations)
 
-SETTINGS = {
-    "iterations": 3,                  # The code's routing_iteration.
-    "stop_gradient": False,           # The authors: "We do not use stop gradient".
-    "inverse_temperature": 0.0025,    # lambda: the code's final_beta 0.01, / 4 at the class layer.
-    "temperature_growth": 0.95,       # lambda_t = lambda (1 - growth^(t+1)).
-    "mean_damping": 0.1,              # mu = 0.9 new + 0.1 previous (code).
-    "min_variance": 0.0005,           # The code's min_var.
-    "mass_epsilon": 1e-5,             # Added to sum_i R_ij a_i (class layer: 1e-5).
-    "activation_bias_scale": 5000.0,  # logit = lambda (cost - 5000 beta_a) (code).
-    "beta_u_init": 2.0,               # The class layer's sigma_biases.
-    "beta_a_init": 1.0,               # The class layer's activation_biases.
-    "gradient": "auto",               # "analytic" | "autodiff" (module docstring).
-}
+SETTINGS = config_keys.ROUTER_SETTINGS["em"]  # Defaults and why: there.
 
 # The backends where the written-out backward pass was measured faster than autodiff, so that
 # "auto" picks it (docs/performance.md); GPUs are measured by experiments/gpu_speed.sh.

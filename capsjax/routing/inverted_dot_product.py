@@ -44,16 +44,13 @@ import math
 import jax
 import jax.numpy as jnp
 
+from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.routing.core import (ParamSpec, Router, RoutingResult, check_iterations,
                                   coupling_statistics, per_iteration, safe_norm)
 
 AGREEMENT_SCALES = ("code", "paper")
-SETTINGS = {
-    "iterations": 2,            # Passes, the uniform first included: reference num_routing=1.
-    "agreement_scale": "code",  # "code": a_ij / sqrt(out_dim); "paper": unscaled (Eq. 2).
-    "layer_norm_epsilon": 1e-5,  # torch's nn.LayerNorm default.
-}
+SETTINGS = config_keys.ROUTER_SETTINGS["inverted_dot_product"]  # Defaults and why: there.
 
 
 def check(settings: dict) -> None:

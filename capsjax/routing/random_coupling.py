@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import jax
 
+from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.routing.core import Router, RoutingResult, coupled_parents
 
-SETTINGS = {
-    "logit_scale": 1.0,     # Std of the Gaussian logits (0: uniform coupling).
-    "eval_seed": 0,         # The fixed key of the evaluation coupling.
-    "squash_epsilon": 0.0,  # Eq. 1 exactly.
-}
+SETTINGS = config_keys.ROUTER_SETTINGS["random"]  # Defaults and why: there.
 
 
 def check(settings: dict) -> None:

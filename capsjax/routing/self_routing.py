@@ -28,9 +28,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from capsjax.common import config_keys
 from capsjax.routing.core import ParamSpec, Router, RoutingResult, coupling_statistics
 
-SETTINGS: dict = {}
+SETTINGS = config_keys.ROUTER_SETTINGS["self_routing"]  # Defaults and why: there.
 _FLOOR = 1e-12
 
 

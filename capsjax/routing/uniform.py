@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.routing.core import Router, RoutingResult, coupled_parents
 
-SETTINGS = {"squash_epsilon": 0.0}  # Eq. 1 exactly; see capsjax.routing.squash.
+SETTINGS = config_keys.ROUTER_SETTINGS["uniform"]  # Defaults and why: there.
 
 
 def check(settings: dict) -> None:

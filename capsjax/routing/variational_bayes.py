@@ -71,6 +71,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import digamma
 
+from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.routing.core import ConvLayer, Router, RoutingResult, check_iterations
 from capsjax.routing.em import parameters
@@ -78,20 +79,7 @@ from capsjax.routing.em import parameters
 ASSIGNMENTS = ("code", "first_commits", "textbook")
 CONV_NORMALISATIONS = ("child", "patch")
 
-SETTINGS = {
-    "iterations": 3,             # The code's routing_iter (its default).
-    "stop_gradient": False,      # The code has none.
-    "assignments": "code",       # HEAD's; "first_commits" | "textbook" (module docstring).
-    "normaliser_floor": 1e-11,   # The code's clamp of sum_j p_ij (HEAD; 9908079: 1e-8).
-    "conv_normalisation": "child",  # Over every parent of a child (HEAD) | "patch" (first).
-    "prior_alpha": 1.0,          # Dirichlet alpha0.
-    "prior_kappa": 1.0,          # Gaussian precision scaling kappa0.
-    "prior_nu_offset": 1.0,      # Wishart degrees of freedom nu0 = D + this.
-    "prior_psi": 1.0,            # Wishart scale Psi0 = prior_psi x identity.
-    "mass_epsilon": 1e-7,        # Added to R_j where the code divides by it (not in the code).
-    "beta_u_init": 0.0,
-    "beta_a_init": 0.0,
-}
+SETTINGS = config_keys.ROUTER_SETTINGS["variational_bayes"]  # Defaults and why: there.
 
 _LOG_2PI = math.log(2.0 * math.pi)
 

@@ -37,53 +37,23 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-from ml_collections import config_dict
 
+from capsjax.common import config_keys as schema
 from capsjax.common import traced_settings
 from capsjax.common.errors import UsageError
 
-# Each optimiser's own settings and their defaults (TF's Adam defaults are optax's). Adam's
-# eps_hat: eps added to the square root of the uncorrected second moment, as TF1's
-# AdamOptimizer (the official CapsNet code's) does: Kingma & Ba's "epsilon hat".
-OPTIMIZERS = {
-    "adam": {"b1": 0.9, "b2": 0.999, "eps": 1e-8, "eps_hat": False},
-    "adamw": {"b1": 0.9, "b2": 0.999, "eps": 1e-8},
-    "sgd": {"momentum": 0.9, "nesterov": False},
-    "rmsprop": {"decay": 0.9, "eps": 1e-8, "momentum": 0.0, "centered": False},
-}
-# Each schedule's own settings and their defaults; exponential's are the paper's (0.96 every
-# 2000 steps), its end_value a floor (the official code's tf.maximum(lr, 1e-6); 0: none). A
-# step count and its epochs twin are alternatives.
-SCHEDULES = {
-    "exponential": {"decay_rate": 0.96, "decay_steps": 2000, "decay_epochs": None,
-                    "staircase": False, "end_value": 0.0},
-    "cosine": {"decay_steps": None, "decay_epochs": None, "alpha": 0.0},
-    "constant": {},
-    "piecewise": {"boundaries": None, "boundary_epochs": None, "scales": None},
-}
+# Each optimiser's and schedule's own settings and their defaults: the JAX-free schema's.
+OPTIMIZERS, SCHEDULES = schema.OPTIMIZERS, schema.SCHEDULES
 COMMON = ("name", "learning_rate", "schedule", "warmup_steps", "warmup_epochs", "weight_decay",
           "clip_norm")
 EPOCH_TWINS = {"decay_epochs": "decay_steps", "warmup_epochs": "warmup_steps",
                "boundary_epochs": "boundaries"}
 
 
-# The types of the settings whose default is None (the others' types are their defaults').
-_TYPES = {"decay_epochs": float, "boundaries": tuple, "boundary_epochs": tuple,
-          "scales": tuple}
-
-
 def config_keys() -> dict[str, Any]:
   """Every key ``config.optimizer`` may hold, unset for those of one optimiser or schedule
-  (what a config file writes; ``configs/mnist.py`` does). Unset keys are typed placeholders,
-  so that the command line can set them (``--config.optimizer.decay_steps=500``)."""
-  keys = {"name": "adam", "learning_rate": 1e-3, "schedule": "exponential", "warmup_steps": 0,
-          "warmup_epochs": config_dict.placeholder(float),
-          "weight_decay": config_dict.placeholder(float), "clip_norm": 0.0}
-  for table in (*OPTIMIZERS.values(), *SCHEDULES.values()):
-    for key, default in table.items():
-      kind = type(default) if default is not None else _TYPES.get(key, float)
-      keys.setdefault(key, config_dict.placeholder(kind))
-  return keys
+  (what a config file writes): :func:`capsjax.common.config_keys.optimizer`."""
+  return schema.optimizer()
 
 
 def resolve(config: ml_collections.ConfigDict) -> dict[str, Any]:
