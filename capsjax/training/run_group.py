@@ -22,6 +22,7 @@ batched matrix products sum in another order).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Sequence
 
@@ -59,7 +60,6 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
         configs[0], "Loading the runs' data" if vectorised else "The run"):
       runtimes = [Runtime(c) for c in configs]
   if len(runtimes) > 1:
-    share_equal_data(runtimes)
     check_same_data(runtimes)
   outcomes: list = [None] * len(configs)
   with contextlib.ExitStack() as held, preemption.watch() as stop:
@@ -88,11 +88,12 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
     try:
       for step in sorted(by_step):
         members = by_step[step]
-        steps = (lambda: vectorize.VectorizedStep(runtimes[members[0]], traced_keys,
-                                                  memory_limit)) if vectorised else (
-            lambda: vectorize.OneRunStep(runtimes[members[0]], memory_limit))
-        _train(runtimes[members[0]], [runs[i] for i in members], steps, traced_keys, stop,
-               outcomes, members)
+        template = runtimes[members[0]]
+        new_steps = (functools.partial(vectorize.VectorizedStep, template, traced_keys,
+                                       memory_limit) if vectorised else
+                     functools.partial(vectorize.OneRunStep, template, memory_limit))
+        _train(template, [runs[i] for i in members], new_steps, traced_keys, stop, outcomes,
+               members)
     except BaseException:
       for run in runs.values():
         run.close()  # Checkpoints still being written are finished: nothing saved is lost.
@@ -111,17 +112,15 @@ def share_equal_data(runtimes: Sequence[Runtime]) -> None:
 
 
 def check_same_data(runtimes: Sequence[Runtime]) -> None:
-  """Raises ValueError unless every runtime's data equal the first's: the runs of one program
-  all train on the first one's (:func:`capsjax.training.vectorize.plan_groups` keeps runs
-  whose data differ apart)."""
-  first = vectorize.data_fingerprint(runtimes[0].splits)
-  for runtime in runtimes[1:]:
-    if runtime.splits is not runtimes[0].splits and (
-        vectorize.data_fingerprint(runtime.splits) != first):
-      raise ValueError(
-          "These runs' data differ (each loaded from its own config), so they cannot train "
-          "as one program on the first run's data: plan them with "
-          "capsjax.training.vectorize.plan_groups, which keeps them apart.")
+  """Shares equal data among ``runtimes`` (:func:`share_equal_data`), then raises ValueError
+  unless every runtime holds the first's: the runs of one program all train on the first
+  one's (:func:`capsjax.training.vectorize.plan_groups` keeps runs whose data differ apart)."""
+  share_equal_data(runtimes)
+  if any(runtime.splits is not runtimes[0].splits for runtime in runtimes[1:]):
+    raise ValueError(
+        "These runs' data differ (each loaded from its own config), so they cannot train "
+        "as one program on the first run's data: plan them with "
+        "capsjax.training.vectorize.plan_groups, which keeps them apart.")
 
 
 def _train(template: Runtime, runs: list, new_steps, traced_keys, stop, outcomes: list,
