@@ -93,6 +93,39 @@ SCHEDULES = {
     "constant": {},
     "piecewise": {"boundaries": None, "boundary_epochs": None, "scales": None},
 }
+# Keys a config may leave out, with the value that leaving them out means (a config file of a
+# dataset or model without the setting, or one written before the key existed). Code reads them
+# with :func:`optional`, never with an inline default; a config.json of an earlier version is
+# completed by ``capsjax.runs.runconfig.with_added_keys`` from the same values.
+OPTIONAL_KEYS: dict[str, Any] = {
+    "data.test_limit": 0,                  # 0: the whole test set.
+    "data.validation_size": 0,             # No validation split.
+    "data.validation_split": "random",     # Drawn with the seed; "first": the code's.
+    "data.rotation_degrees": 0.0,          # Rotations the model trained with (affNIST-like).
+    "data.viewpoint_split": "",            # smallNORB: every viewpoint.
+    "eval.figures": True,
+    "eval.num_figure_examples": 8,
+    "train.steps_per_dispatch": 1,
+    "model.padding": "VALID",              # CapsNet's convolutions (CIFAR-10's code: SAME).
+    "model.primary.output_scale": 1.0,     # The official code's PrimaryCaps: 1/32.
+    "model.decoder.init_scale": 0.0,       # 0: LeCun normal; the official code's: 0.1.
+    "model.decoder.bias_init": 0.0,
+    "model.class_capsules.scores": "auto",
+}
+
+
+def optional(section: ml_collections.ConfigDict, key: str) -> Any:
+  """The value of ``key`` (a dotted path from the config's root, a key of
+  :data:`OPTIONAL_KEYS`) in ``section``, the config node that holds its last part, or the
+  value leaving it out (or setting it to None) means.
+  ``optional(config.data, "data.test_limit")``."""
+  if key not in OPTIONAL_KEYS:
+    raise KeyError(f"{key!r} is not in config_keys.OPTIONAL_KEYS: declare it there with the "
+                   "value that leaving it out means.")
+  value = section.get(key.rsplit(".", 1)[-1])
+  return OPTIONAL_KEYS[key] if value is None else value
+
+
 # The types of the settings whose default is None (the others' types are their defaults').
 NONE_DEFAULT_TYPES = {"decay_epochs": float, "boundaries": tuple, "boundary_epochs": tuple,
                       "scales": tuple}

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax import datasets
+from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.datasets import sources
 
@@ -241,7 +242,7 @@ class SmallNORB(TFDSImages):
 
   def __init__(self, config):
     super().__init__(config)
-    self.viewpoint_split = config.data.get("viewpoint_split", "") or ""
+    self.viewpoint_split = config_keys.optional(config.data, "data.viewpoint_split")
     if self.viewpoint_split and self.viewpoint_split not in FAMILIAR_VIEWPOINTS:
       raise UsageError(f"config.data.viewpoint_split={self.viewpoint_split!r}: use 'azimuth', "
                        "'elevation' or '' (the standard split).")

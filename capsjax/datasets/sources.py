@@ -24,6 +24,7 @@ import urllib.parse
 import ml_collections
 import numpy as np
 
+from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.datasets import Split, known_files
 from capsjax.runs.reporting import log
@@ -107,7 +108,7 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
   if n_val < 0 or n_val >= len(train_images):
     raise UsageError(f"config.data.validation_size={n_val} must be in [0, "
                      f"{len(train_images)}) for {len(train_images)} training examples.")
-  where_from = config.get("validation_split", "random")
+  where_from = config_keys.optional(config, "data.validation_split")
   if where_from == "first":  # The official code's --validate: the first 10,000 of train.
     order = np.arange(len(train_images))
   elif where_from == "random":

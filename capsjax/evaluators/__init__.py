@@ -29,7 +29,7 @@ from typing import Callable, ClassVar
 import ml_collections
 
 from capsjax import datasets
-from capsjax.common import checks
+from capsjax.common import checks, config_keys
 from capsjax.common.errors import UsageError
 from capsjax.common.registry import Registry
 
@@ -37,7 +37,8 @@ from capsjax.common.registry import Registry
 def limit(split: datasets.Split, config) -> datasets.Split:
   """``split`` cut to ``config.data.test_limit`` examples (0: all), a fair sample of it:
   :meth:`capsjax.datasets.Split.sample`."""
-  return split.sample(checks.count(config.data.get("test_limit", 0), "config.data.test_limit"))
+  limit = config_keys.optional(config.data, "data.test_limit")
+  return split.sample(checks.count(limit, "config.data.test_limit"))
 
 
 class SkipEvaluation(Exception):

@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from capsjax import datasets, evaluators
-from capsjax.common import checks, figures
+from capsjax.common import checks, config_keys, figures
 from capsjax.common.errors import UsageError
 from capsjax.datasets import affine, affnist
 
@@ -25,7 +25,8 @@ class _ExamplesFigure:
   figure_title = ""
 
   def draw(self, model, workdir, writer, step):
-    n = min(int(self.config.eval.get("num_figure_examples", 8)) * 2, self.set.size)
+    examples = int(config_keys.optional(self.config.eval, "eval.num_figure_examples"))
+    n = min(examples * 2, self.set.size)
     if n == 0:
       return
     batch = self.builder.eval_batch({k: v[:n] for k, v in self.set.host.examples.items()},
@@ -54,7 +55,8 @@ class AffineMNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
     if per_digit < 1:
       raise UsageError(f"config.evals.{self.name}.transforms_per_digit must be >= 1, "
                        f"got {per_digit}.")
-    limit = checks.count(self.config.data.get("test_limit", 0), "config.data.test_limit")
+    limit = checks.count(config_keys.optional(self.config.data, "data.test_limit"),
+                         "config.data.test_limit")
     digits = test.sample(-(-limit // per_digit) if limit else 0)
     ranges = affine.AffineRanges(float(s.get("rotation_degrees", 20.0)),
                                  float(s.get("shear", 0.2)),

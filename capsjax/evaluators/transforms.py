@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from capsjax import datasets, evaluators
-from capsjax.common import figures
+from capsjax.common import config_keys, figures
 from capsjax.common.errors import UsageError
 from capsjax.datasets import affine
 from capsjax.runs import reporting
@@ -79,7 +79,7 @@ class TransformsEvaluator(evaluators.Evaluator):
     get, where = self.settings.get, f"config.evals.{self.name}"
     self.sweeps = {kind: tuple(float(v) for v in get(kind, default))
                    for kind, default in DEFAULTS.items()}
-    trained = float(self.config.data.get("rotation_degrees", 0.0) or 0.0)
+    trained = float(config_keys.optional(self.config.data, "data.rotation_degrees"))
     self.familiar = float(get("familiar_degrees", trained or 30.0))
     if not 0 <= self.familiar < 90:
       raise UsageError(f"{where}.familiar_degrees={self.familiar}: give an angle in [0, 90).")

@@ -13,6 +13,7 @@ import ml_collections
 from flax import nnx
 
 from capsjax import routing
+from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.models import capsule_layers, layers
 from capsjax.models import capsule_head, capsule_model
@@ -23,7 +24,7 @@ def validate_model_config(config: ml_collections.ConfigDict) -> None:
   """Raises UsageError (a ValueError) naming the config key for settings that cannot work.
   Reads ``config`` (``config.model``) only."""
   router, _ = routing.resolve(config.routing)
-  scale = config.primary.get("output_scale", 1.0)
+  scale = config_keys.optional(config.primary, "model.primary.output_scale")
   if not isinstance(scale, (int, float)) or not scale > 0:
     raise UsageError(f"config.model.primary.output_scale must be a number > 0 (1: the paper, "
                      f"1/32: the official code), got {scale!r}.")
@@ -33,7 +34,7 @@ def validate_model_config(config: ml_collections.ConfigDict) -> None:
                      f"{router.name!r} does not form; leave it False.")
   layers.check_compute_settings(config)
   h, w, _ = config.image_shape
-  padding = config.get("padding", "VALID")
+  padding = config_keys.optional(config, "model.padding")
   if padding not in layers.PADDINGS:
     raise UsageError(f"config.model.padding must be one of {layers.PADDINGS}, got {padding!r}.")
   after_conv1 = min(h, w) - config.conv1.kernel_size + 1
@@ -46,7 +47,7 @@ def validate_model_config(config: ml_collections.ConfigDict) -> None:
 def primary_grid(config: ml_collections.ConfigDict) -> tuple[int, int]:
   """Spatial size of the primary-capsule grid for ``config.image_shape`` (VALID: shrinks by
   each kernel; SAME: ``ceil(size / stride)``, as TF)."""
-  same = config.get("padding", "VALID") == "SAME"
+  same = config_keys.optional(config, "model.padding") == "SAME"
   size = []
   for n in config.image_shape[:2]:
     for layer in (config.conv1, config.primary):
@@ -68,7 +69,7 @@ class CapsNet(capsule_model.CapsuleModel):
     """``config`` is ``config.model``; ``loss`` the settings of :meth:`loss`."""
     validate_model_config(config)
     dtype = layers.COMPUTE_DTYPES[config.compute_dtype]
-    padding = config.get("padding", "VALID")  # .get: configs from before the switch.
+    padding = config_keys.optional(config, "model.padding")
     channels = config.image_shape[2]
     router, settings = routing.resolve(config.routing)
     self.conv1 = layers.Conv2D(channels, config.conv1.features, config.conv1.kernel_size,
@@ -81,7 +82,8 @@ class CapsNet(capsule_model.CapsuleModel):
         squash_epsilon=settings.get("squash_epsilon", 0.0), impl=config.conv_impl,
         compute_dtype=dtype, init_scale=config.primary.init_scale,
         bias_init=config.primary.bias_init, padding=padding,
-        output_scale=config.primary.get("output_scale", 1.0), rngs=rngs)  # .get: old configs.
+        output_scale=config_keys.optional(config.primary, "model.primary.output_scale"),
+        rngs=rngs)
     grid_h, grid_w = primary_grid(config)
     self.class_capsules = capsule_layers.ClassCapsules(
         grid_h * grid_w * config.primary.num_types, config.primary.dim,
@@ -94,8 +96,8 @@ class CapsNet(capsule_model.CapsuleModel):
     self.decoder = nnx.data(layers.Decoder(
         config.num_classes, config.class_capsules.dim, config.decoder.hidden,
         config.image_shape, compute_dtype=dtype,
-        init_scale=config.decoder.get("init_scale", 0.0),
-        bias_init=config.decoder.get("bias_init", 0.0), rngs=rngs)
+        init_scale=config_keys.optional(config.decoder, "model.decoder.init_scale"),
+        bias_init=config_keys.optional(config.decoder, "model.decoder.bias_init"), rngs=rngs)
         if config.decoder.enabled else None)
     self.head = capsule_head.CapsuleHead.from_config(config, router, loss)
 

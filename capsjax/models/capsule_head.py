@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from capsjax import routing
-from capsjax.common import traced_settings
+from capsjax.common import config_keys, traced_settings
 from capsjax.common.errors import UsageError
 from capsjax.models import losses, metrics
 from capsjax.models.capsule_layers import Capsules, ClassCapsules
@@ -55,7 +55,7 @@ class LossSettings:
 
 def check_scores(config: ml_collections.ConfigDict, router: routing.Router) -> None:
   """Raises UsageError for a ``config.class_capsules.scores`` the router cannot give."""
-  scores = config.class_capsules.get("scores", "auto")
+  scores = config_keys.optional(config.class_capsules, "model.class_capsules.scores")
   if scores not in SCORES:
     raise UsageError(f"config.model.class_capsules.scores must be one of {SCORES}, "
                      f"got {scores!r}.")
@@ -89,7 +89,7 @@ class CapsuleHead:
   def from_config(cls, config: ml_collections.ConfigDict, router: routing.Router,
                   loss: LossSettings | None = None) -> "CapsuleHead":
     """``config`` is ``config.model``; ``router`` the class capsules' router."""
-    scores = config.class_capsules.get("scores", "auto")  # .get: configs before the switch.
+    scores = config_keys.optional(config.class_capsules, "model.class_capsules.scores")
     by_activations = router.yields_activations and scores != "lengths"
     return cls(config.num_classes, by_activations, router.squashes and not by_activations,
                loss or LossSettings())

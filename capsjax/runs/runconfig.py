@@ -11,25 +11,32 @@ import types
 
 import ml_collections
 
-from capsjax.common import defaults
+from capsjax.common import config_keys, defaults
 from capsjax.common.errors import UsageError
 from capsjax.common import files
 
 # Keys added after the first workdirs were written, with the value that reproduces them: for
 # every run, and (the second table) for runs of the model and dataset that had the key, which
 # were the only ones when it was added (others never had it: a config.json round-trips exactly).
+# Where a key is optional in every config, that value is the one leaving it out means
+# (``config_keys.OPTIONAL_KEYS``).
 _DEFAULTS = {"dataset": defaults.DATASET, "model.name": defaults.MODEL,
              "train.stop_at_accuracy": None, "optimizer.name": "adam",
              "optimizer.schedule": "exponential"}
+
+
+def _optional(*keys: str) -> dict:
+  return {key: config_keys.OPTIONAL_KEYS[key] for key in keys}
+
+
 _DEFAULTS_OF = {
-    ("model.name", "capsnet"): {"model.primary.output_scale": 1.0,
-                                "model.routing.name": "dynamic",
-                                "model.class_capsules.scores": "auto",
-                                "loss.margin_weight": 1.0},
+    ("model.name", "capsnet"): {**_optional("model.primary.output_scale",
+                                            "model.class_capsules.scores"),
+                                "model.routing.name": "dynamic", "loss.margin_weight": 1.0},
     ("model.name", "efficient_capsnet"): {"loss.margin_weight": 1.0},
-    ("dataset", "mnist"): {"data.pad": 0, "data.validation_split": "random"},
-    ("dataset", "smallnorb"): {"data.viewpoint_split": "", "data.validation_split": "random"},
-    **{("dataset", name): {"data.validation_split": "random"}
+    ("dataset", "mnist"): {"data.pad": 0, **_optional("data.validation_split")},
+    ("dataset", "smallnorb"): _optional("data.viewpoint_split", "data.validation_split"),
+    **{("dataset", name): _optional("data.validation_split")
        for name in ("multimnist", "cifar10", "svhn")},
 }
 # Settings that registries own (a router's, an optimiser's) are not listed: they are compared

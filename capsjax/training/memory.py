@@ -17,6 +17,7 @@ from typing import Callable
 
 import jax
 
+from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 
 
@@ -141,7 +142,7 @@ def advice(config, need: int | None = None, free: int | None = None) -> str:
            if config.model.get("compute_dtype") == "float32" else "")
   dispatch = (f"lower --config.train.steps_per_dispatch={config.train.steps_per_dispatch} "
               "(its steps' metrics are kept), "
-              if config.train.get("steps_per_dispatch", 1) > 1 else "")
+              if config_keys.optional(config.train, "train.steps_per_dispatch") > 1 else "")
   return (f"Lower --config.train.batch_size={batch} (e.g. to {smaller}), "
           f"{dispatch}{dtype}or run on more devices (the batch is split over them).")
 

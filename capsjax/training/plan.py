@@ -6,7 +6,7 @@ import dataclasses
 
 import ml_collections
 
-from capsjax.common import checks
+from capsjax.common import checks, config_keys
 from capsjax.common.errors import UsageError
 
 
@@ -83,7 +83,8 @@ def validate_train_config(config: ml_collections.ConfigDict, num_devices: int) -
     if key in (config.get("data") or {}):
       checks.count(config.data[key], f"config.data.{key}")
   checks.count(config.eval.batch_size, "config.eval.batch_size", minimum=1)
-  checks.count(config.eval.get("num_figure_examples", 0), "config.eval.num_figure_examples")
+  checks.count(config_keys.optional(config.eval, "eval.num_figure_examples"),
+               "config.eval.num_figure_examples")
   target = t.get("stop_at_accuracy")
   if target is not None and not 0.0 < target <= 1.0:
     raise UsageError(f"config.train.stop_at_accuracy must be in (0, 1] (a fraction, e.g. "

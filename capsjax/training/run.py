@@ -22,7 +22,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from capsjax.common import checks, files
+from capsjax.common import checks, config_keys, files
 from capsjax.common.errors import UsageError
 from capsjax.runs import checkpointing, comparison, hardware, preemption, reporting
 from capsjax.runs.reporting import log
@@ -176,7 +176,7 @@ class Run:
       summary["comparison_only"] = comparison.comparison_errors(
           reporting.read_metrics(self.workdir))
       files.write_json(os.path.join(self.workdir, "summary.json"), summary)
-    if jax.process_index() == 0 and runtime.config.eval.get("figures", True):
+    if jax.process_index() == 0 and config_keys.optional(runtime.config.eval, "eval.figures"):
       run_figures.draw_figures(self.workdir, runtime.task, state.variables,
                                runtime.splits["test"], self.evals,
                                runtime.config.eval.num_figure_examples, self.progress.writer,
