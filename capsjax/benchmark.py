@@ -6,11 +6,11 @@ In one process, after compilation: train-step and eval-step images/s at the conf
 compile time, XLA's temp memory for the train step, and the step against the two bounds of
 the device it runs on:
 
-* compute: the train step's FLOPs per image (XLA's cost analysis of the program before
-  optimisation where the backend gives one, as the CPU's does; else of the optimised program,
-  a lower bound: ``flops_source``) at the measured rate of a dense f32 matmul on the same
-  device (``matmul_gflop_per_s``); ``compute_fraction`` (also ``peak_fraction``, its earlier
-  name) is the time that takes over the measured step time;
+* compute: the train step's FLOPs per image, counted from its jaxpr, the same on every
+  backend (:mod:`capsjax.perf.jaxpr_flops`; ``flops_source``; XLA's own count beside it,
+  ``xla_gflop_per_image``), at the measured rate of a dense f32 matmul on the same device
+  (``matmul_gflop_per_s``); ``compute_fraction`` (also ``peak_fraction``, its earlier name) is
+  the time that takes over the measured step time;
 * memory: the bytes per image the compiled step moves (``bytes_per_image``: every kernel's
   operands and output, loops multiplied by their trip counts,
   :mod:`capsjax.perf.hlo_traffic`; XLA's own ``bytes accessed`` before and after optimisation
@@ -18,7 +18,8 @@ the device it runs on:
   measured bandwidth of an elementwise pass over a large array (``copy_gb_per_s``, bytes read
   plus written); ``memory_fraction`` likewise.
 
-``bound`` names the larger of the two times; a step far above both (fractions well below 1)
+``bound`` names the larger of the two times (None, as the fractions, where a loop's trip count
+was unknown and only lower bounds are known); a step far above both (fractions well below 1)
 is bound by neither: launch latency, host work or poorly shaped kernels. With ``--profile``,
 also the ops executed per step (``launches_per_step``: kernels on a GPU, thunks on the CPU)
 and a per-layer table of time and bytes. The last line printed is one JSON object with these
@@ -118,6 +119,8 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
       "eval_images_per_second": eval_rate,
       "train_gflop_per_image": flops_per_image / 1e9,
       "flops_source": cost["flops_source"],
+      "xla_gflop_per_image": cost["xla_flops_per_image"] / 1e9,
+      "xla_flops_source": cost["xla_flops_source"],
       "train_gflop_per_s": train_gflops,
       "matmul_size": n,
       "matmul_gflop_per_s": matmul_rate,
@@ -130,7 +133,9 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
       "loops_of_unknown_trip_count": cost["traffic"].unknown_trip_counts,
       "copy_size_bytes": copy_bytes,
       "copy_gb_per_s": copy_rate,
-      **costs.roofline(flops_per_image, bytes_per_image, train_rate, matmul_rate, copy_rate),
+      **costs.roofline(flops_per_image, bytes_per_image, train_rate, matmul_rate, copy_rate,
+                       exact=(cost["flops_source"] == "jaxpr"
+                              and not cost["traffic"].unknown_trip_counts)),
       "compile_seconds": compile_seconds,
       "temp_memory_bytes": cost["temp_bytes"],
       "step_memory_bytes": cost["step_bytes"],

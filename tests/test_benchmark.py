@@ -35,6 +35,12 @@ def test_benchmark_prints_json_last_line():
   # XLA's count must be at least the analytic FLOPs of the smoke model's PrimaryCaps conv
   # (forward + two gradients): 3 * 2 * 36 positions * 81 * 16 * 16 multiply-adds.
   assert report["train_gflop_per_image"] * 1e9 >= 3 * 2 * 36 * 81 * 16 * 16
+  # Counted from the jaxpr; on the CPU, XLA's count of the same program is close (it counts
+  # routing's loop body once, a few elementwise ops fewer).
+  assert report["flops_source"] == "jaxpr"
+  assert report["xla_flops_source"] == "xla_cost_analysis_before_optimisation"
+  assert report["train_gflop_per_image"] == pytest.approx(report["xla_gflop_per_image"],
+                                                          rel=0.02)
   assert abs(report["peak_fraction"] - report["train_gflop_per_s"]
              / report["matmul_gflop_per_s"]) < 1e-9
   assert report["device"].startswith("2 x")
@@ -203,3 +209,13 @@ def test_flops_fall_back_to_the_optimised_program_where_the_backend_counts_none(
   assert after[1] == "xla_cost_analysis_after_optimisation_lower_bound"
   for flops, _ in (before, after):
     assert flops == pytest.approx(2 * 64 * 64 * 32, rel=0.05)
+
+
+def test_roofline_leaves_fractions_and_bound_empty_when_only_lower_bounds_are_known():
+  from capsjax.perf import costs
+
+  known = costs.roofline(2e9, 1e6, 100.0, matmul_gflop_per_s=1000.0, copy_gb_per_s=100.0)
+  assert known == {"compute_fraction": pytest.approx(0.2), "memory_fraction": pytest.approx(1e-3),
+                   "bound": "compute"}
+  lower = costs.roofline(2e9, 1e6, 100.0, 1000.0, 100.0, exact=False)
+  assert lower == {"compute_fraction": None, "memory_fraction": None, "bound": None}

@@ -62,3 +62,27 @@ def test_a_loop_of_unknown_length_is_counted_once_and_reported():
 def test_text_without_a_module_is_refused():
   with pytest.raises(ValueError, match="ENTRY"):
     hlo_traffic.program_traffic("not hlo")
+
+
+# A GPU's optimised HLO (as XLA writes it for a cuDNN convolution): the custom call's tuple
+# ends in the library's scratch workspace.
+CUDNN_CONV = """HloModule conv
+
+ENTRY %main (p0: f32[8,1,28,28], p1: f32[256,1,9,9]) -> f32[8,256,20,20] {
+  %p0 = f32[8,1,28,28]{3,2,1,0} parameter(0)
+  %p1 = f32[256,1,9,9]{3,2,1,0} parameter(1)
+  %conv = (f32[8,256,20,20]{3,2,1,0}, u8[16777216]{0}) custom-call(f32[8,1,28,28]{3,2,1,0} %p0, f32[256,1,9,9]{3,2,1,0} %p1), window={size=9x9}, custom_call_target="__cudnn$convForward"
+  ROOT %out = f32[8,256,20,20]{3,2,1,0} get-tuple-element((f32[8,256,20,20]{3,2,1,0}, u8[16777216]{0}) %conv), index=0
+}
+"""
+
+
+def test_a_custom_calls_scratch_workspace_is_not_traffic():
+  found = hlo_traffic.program_traffic(CUDNN_CONV)
+  reads = (8 * 28 * 28 + 256 * 81) * F32
+  writes = 8 * 256 * 20 * 20 * F32
+  assert found.bytes_by_op == {"conv": reads + writes}
+  # Only a custom call's trailing byte array is scratch: a fusion's tuple is output.
+  assert hlo_traffic.output_bytes("(f32[4]{0}, u8[64]{0})", "fusion") == 16 + 64
+  assert hlo_traffic.output_bytes("(f32[4]{0}, s8[64]{0})", "custom-call") == 16
+  assert hlo_traffic.output_bytes("(f32[4]{0}, f32[2]{0})", "custom-call") == 24

@@ -1,7 +1,8 @@
-"""A train step's costs as XLA reports them (FLOPs, bytes, memory) and the roofline that places
-the measured step between the device's compute and memory bounds (docs/benchmarking.md)."""
+"""A train step's costs (FLOPs counted from its jaxpr; bytes and memory from the compiled
+program) and the roofline that places the measured step between the device's compute and
+memory bounds (docs/benchmarking.md)."""
 
-from capsjax.perf import hlo_traffic
+from capsjax.perf import hlo_traffic, jaxpr_flops
 
 
 def first(cost):
@@ -31,24 +32,30 @@ def step_costs(train_step, compiled, state, examples, shared, batch: int, num_st
   """FLOPs and bytes per image of a jitted train step (``train_step``, compiled for
   ``num_steps`` steps per dispatch as ``compiled``), and its memory by XLA's buffer assignment.
 
-  Returns ``flops_per_image``, ``flops_source``, ``bytes_per_image``, ``traffic`` (the
-  :class:`capsjax.perf.hlo_traffic` count), ``xla_before``/``xla_after`` (XLA's own bytes
-  accessed per dispatch, None where not given), ``temp_bytes`` and ``step_bytes``."""
-  # XLA's cost analysis counts a loop's body once: with steps fused by lax.scan it would give
-  # the FLOPs of one step, not of num_steps. So they are counted on a single step, and on the
-  # program before XLA's optimisations: after them, a GPU's convolutions are cuDNN custom calls
-  # that the analysis counts as no FLOPs (the paper model's 1.23 GFLOP per image read 0.024 on
-  # an H200), while before them every backend counts the same program.
+  Returns ``flops_per_image`` and ``flops_source`` (``jaxpr``, or ``jaxpr_lower_bound`` where
+  a loop's trip count was unknown: :mod:`capsjax.perf.jaxpr_flops`), ``xla_flops_per_image``
+  and ``xla_flops_source`` (XLA's own count, for comparison: :func:`flops`),
+  ``bytes_per_image``, ``traffic`` (the :class:`capsjax.perf.hlo_traffic` count),
+  ``xla_before``/``xla_after`` (XLA's own bytes accessed per dispatch, None where not given),
+  ``temp_bytes`` and ``step_bytes``."""
+  # One step, counted from the program every backend is handed: XLA's cost analysis counts a
+  # loop's body once (routing's iterations, the steps of a dispatch) and, after optimisation
+  # on a GPU, cuDNN and cuBLAS calls as no FLOPs (1.23 GFLOP per image of the paper model
+  # read 0.024 on an H100). The jaxpr is the whole batch's, on however many devices.
+  count = jaxpr_flops.count(train_step, state, examples, shared, 1, static_argnums=(3,))
   single = train_step.lower(state, examples, shared, 1)
-  total_flops, source = flops(single)
+  xla_total, xla_source = flops(single)
+  if xla_source.endswith("lower_bound"):  # The compiled program is one device's share.
+    xla_total *= num_devices
   # Bytes: the compiled program as it runs (num_steps steps, loops multiplied out), the
   # whole batch's on one device; on several, each device's program moves its share.
   traffic = hlo_traffic.program_traffic(compiled.as_text())
   memory = compiled.memory_analysis()
   return {
-      # The program before partitioning is the whole batch's, on however many devices.
-      "flops_per_image": total_flops / batch,
-      "flops_source": source,
+      "flops_per_image": count.flops / batch,
+      "flops_source": "jaxpr" if count.exact else "jaxpr_lower_bound",
+      "xla_flops_per_image": xla_total / batch,
+      "xla_flops_source": xla_source,
       "bytes_per_image": traffic.total_bytes * num_devices / (batch * num_steps),
       "traffic": traffic,
       "xla_before": xla_bytes(single.cost_analysis()),
@@ -63,12 +70,16 @@ def step_costs(train_step, compiled, state, examples, shared, batch: int, num_st
 
 
 def roofline(flops_per_image: float, bytes_per_image: float, images_per_second: float,
-             matmul_gflop_per_s: float, copy_gb_per_s: float) -> dict:
+             matmul_gflop_per_s: float, copy_gb_per_s: float, exact: bool = True) -> dict:
   """The step against the device's two bounds: the seconds per image its FLOPs take at the
   matmul rate and its bytes at the bandwidth, each over the measured seconds per image
-  (``compute_fraction``, ``memory_fraction``), and which bound is the larger (``bound``)."""
+  (``compute_fraction``, ``memory_fraction``), and which bound is the larger (``bound``).
+  ``exact`` False (only a lower bound of the FLOPs or bytes is known): the fraction of a
+  lower bound and ``bound`` are left None, since either could be wrong."""
   compute = flops_per_image / (matmul_gflop_per_s * 1e9)
   memory = bytes_per_image / (copy_gb_per_s * 1e9)
+  if not exact:
+    return {"compute_fraction": None, "memory_fraction": None, "bound": None}
   return {"compute_fraction": compute * images_per_second,
           "memory_fraction": memory * images_per_second,
           "bound": "compute" if compute >= memory else "memory"}

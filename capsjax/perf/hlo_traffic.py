@@ -53,6 +53,18 @@ def shape_bytes(shape: str) -> int:
   return total
 
 
+_WORKSPACE = re.compile(r",\s*[us]8\[\d+\](?:\{0\})?\s*\)\s*$")
+
+
+def output_bytes(shape: str, opcode: str) -> int:
+  """Bytes an op writes. A custom call's tuple whose last element is a byte array (cuDNN's
+  and cuBLAS's ``(result, u8[N])``/``s8[N]``) ends in the library's scratch workspace, which
+  stays in the kernel's use and is no traffic: left out."""
+  if opcode == "custom-call" and shape.startswith("("):
+    shape = _WORKSPACE.sub(")", shape)
+  return shape_bytes(shape)
+
+
 @dataclasses.dataclass
 class Instruction:
   name: str
@@ -104,8 +116,9 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instruction]], str]:
     called = {key: _OPERAND.findall(value) or [value.lstrip("%")]
               for key, value in _CALLED.findall(rest[end:])}
     trip = _TRIP_COUNT.search(rest[end:])
-    current.append(Instruction(name, opcode, shape_bytes(shape), _OPERAND.findall(rest[:end]),
-                               called, int(trip.group(1)) if trip else None))
+    current.append(Instruction(name, opcode, output_bytes(shape, opcode),
+                               _OPERAND.findall(rest[:end]), called,
+                               int(trip.group(1)) if trip else None))
   if entry is None:
     raise ValueError("not an HLO module's text: no ENTRY computation")
   return computations, entry
