@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # The prepared GPU sitting of Table 1's headline row as the authors' code ran it
-# (experiments/paper_table1_official.py), stages in this order, each stopped by SIGTERM at its
-# limit (which saves its runs: the same command on the same machine continues them):
-#   a. configs/mnist.py:official, 3 seeds as one vectorised program, the paper's 50 epochs;
-#   b. the paper's config with only the margin loss's scale as the code has it, 3 seeds;
-#   c. :official, seed 0, 150,000 steps (the code's budget is 300,000).
-# Each test set evaluation every 1,500 steps fills results.md's comparison-only column.
+# (experiments/paper_table1_official.py). STAGES (in order, default "c v"; each stopped by
+# SIGTERM at its limit, which saves its runs: the same command on the same machine continues
+# them):
+#   ab. configs/mnist.py:official and the text with only the margin loss's scale as the code
+#       has it, 3 seeds each as one vectorised program, the paper's 50 epochs (ran on an H100
+#       on 2026-11-27: experiments/README.md);
+#   c.  :official, seed 0, 150,000 steps (the code's budget is 300,000; ~6 minutes on an H100
+#       at 54,000 images/s; the 2026-11-27 sitting stopped at step 120,400);
+#   v.  :validation, :official against the text on the code's validation split, 3 seeds each:
+#       the lower mean validation error becomes configs/mnist.py's default.
+# Test set evaluations every 1,500 steps fill results.md's comparison-only columns.
 #
 #   experiments/gpu_official.sh /path/to/mnist OUT_DIR [SECONDS]
+#   STAGES="ab c" experiments/gpu_official.sh ...     # the 2026-11-27 sitting's order
 #
 # TINY=1: the same stages on the smoke model for a few steps (a dry run on a CPU).
 set -uo pipefail
@@ -16,10 +22,17 @@ out=$2
 budget=${3:-560}
 here=$(cd "$(dirname "$0")" && pwd)
 start=$(date +%s)
+left() { echo $((budget - ($(date +%s) - start))); }
 tiny=$([[ ${TINY:-0} != 0 ]] && echo "tiny" || echo "")
-rows_variant=${tiny:+:$tiny}
-budget_variant=:${tiny:+${tiny}_}budget
-EXPERIMENT="experiments/paper_table1_official.py$rows_variant" ROWS="0,1,2 3,4,5" THROUGHPUT=0 \
-  "$here/gpu_campaign.sh" "$data" "$out" "$budget"
-EXPERIMENT="experiments/paper_table1_official.py$budget_variant" ROWS="0" THROUGHPUT=0 \
-  "$here/gpu_campaign.sh" "$data" "$out" $((budget - ($(date +%s) - start)))
+experiment=experiments/paper_table1_official.py
+for stage in ${STAGES:-c v}; do
+  case $stage in
+    ab) variant=${tiny:+:$tiny} rows="0,1,2 3,4,5" ;;
+    c) variant=:${tiny:+${tiny}_}budget rows="0" ;;
+    v) variant=:${tiny:+${tiny}_}validation rows="0,1,2 3,4,5" ;;
+    *) echo "unknown stage '$stage': the stages are ab, c and v" >&2; exit 2 ;;
+  esac
+  # Each campaign writes OUT/results.md and OUT/collect.log: one folder per stage keeps them.
+  EXPERIMENT="$experiment$variant" ROWS="$rows" THROUGHPUT=0 \
+    "$here/gpu_campaign.sh" "$data" "$out/$stage" "$(left)"
+done

@@ -217,3 +217,11 @@ def test_the_official_experiment_lists_its_stages_in_order():
   tiny = sweep.expand(sweep.experiment_sweep(module, path + ":tiny"))
   assert tiny[0].overrides["config"] == "configs/mnist.py:official,smoke"
   assert module.paper_error({}) == "0.25 ± 0.005"
+  # The choice of the default: both configs on the code's validation split, 3 seeds each.
+  chosen = sweep.expand(sweep.experiment_sweep(module, path + ":validation"))
+  assert [p.overrides["config"] for p in chosen] == (
+      ["configs/mnist.py:official"] * 3 + ["configs/mnist.py"] * 3)
+  for point in chosen:
+    assert point.overrides["data.validation_size"] == 10_000
+    assert point.overrides["data.validation_split"] == "first"
+    assert tuple(point.overrides["train.eval_during"]) == ("test",)
