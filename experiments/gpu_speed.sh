@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# One prepared GPU sitting for the speed issue ("Accelerator speed ..."): whether the routers'
-# written-out backward passes (routing.gradient=analytic: EM's, the CPU's default, and dynamic
-# routing's, nowhere the default yet) are faster on the GPU than autodiff of the reference (the
-# GPU's default until this says otherwise), then the roofline and per-layer profile of the
-# paper CapsNet and of EM. Each benchmark prints its
-# JSON line last; this script keeps those lines in OUT/speed.jsonl.
+# One prepared GPU sitting for the speed issue, in the order GPU time should go to it:
+#   1. the peer beside capsjax, at batch 128 then 16 (PEER_BATCHES): the paper CapsNet in
+#      PyTorch (experiments/torch_capsnet.py; TF32 matmuls, as JAX's default precision on
+#      GPUs) with torch.compile in its CUDA-graph mode (reduce-overhead) and its default mode,
+#      then capsjax's benchmark of configs/mnist.py at the same batch, one after the other on
+#      one machine (issue 62's "x torch.compile" rows);
+#   2. vectorised runs: train images/s of 1, 2, 4 and 8 paper-CapsNet runs in one program;
+#   3. the routers' written-out backward passes (routing.gradient=analytic) against autodiff,
+#      EM and dynamic routing, batch 128 and 16 (BATCHES);
+#   4. the roofline and per-layer profile of the paper CapsNet and of EM.
+# Each benchmark prints its JSON line last; this script keeps those lines in OUT/speed.jsonl
+# (the peer's carry "framework": "pytorch ...").
 #
 #   experiments/gpu_speed.sh OUT_DIR [SECONDS_PER_RATE]
 #
-# About 7 minutes on an H100 with SECONDS_PER_RATE=3 (compilation included). On a CPU, as a
-# dry run: BATCHES=4 PROFILE_BATCH=4 experiments/gpu_speed.sh /tmp/out 1
+# STAGES chooses and orders them (default "peer runs gradients profile"). On a CPU, as a dry
+# run (the peer needs PyTorch, which capsjax does not install: its lines then say so):
+#   PEER_BATCHES=4 BATCHES=4 PROFILE_BATCH=4 experiments/gpu_speed.sh /tmp/out 1
 set -uo pipefail
 out=$1
 seconds=${2:-3}
@@ -21,20 +28,50 @@ bench() {  # bench NAME ARGS...: one benchmark, its log in OUT/NAME.log, its JSO
   timeout -k 30 240 "$python" -m capsjax.benchmark --seconds="$seconds" "$@" \
     >"$out/$name.log" 2>&1
   echo "== $name: exit $?"
+  # A report's object, or --runs' list of objects (kept as {"name": ..., "runs": [...]}).
+  tail -n 1 "$out/$name.log" \
+    | sed -n -e "s/^{/{\"name\": \"$name\", /p" -e "s/^\(\[.*\]\)$/{\"name\": \"$name\", \"runs\": \1}/p" \
+    | tee -a "$out/speed.jsonl" | cut -c1-300
+}
+peer() {  # peer NAME ARGS...: experiments/torch_capsnet.py, its JSON line kept likewise.
+  local name=$1
+  shift
+  timeout -k 30 240 "${PEER_PYTHON:-$python}" experiments/torch_capsnet.py \
+    --seconds="$seconds" "$@" >"$out/$name.log" 2>&1
+  echo "== $name: exit $?"
   tail -n 1 "$out/$name.log" | grep '^{' | sed "s/^{/{\"name\": \"$name\", /" \
     | tee -a "$out/speed.jsonl" | cut -c1-300
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
-for batch in ${BATCHES:-128 16}; do
-  for gradient in autodiff analytic; do
-    bench "em_b${batch}_${gradient}" --config=configs/em_mnist.py \
-      --config.train.batch_size="$batch" --config.model.routing.gradient="$gradient"
-    bench "capsnet_b${batch}_${gradient}" --config=configs/mnist.py \
-      --config.train.batch_size="$batch" --config.model.routing.gradient="$gradient"
-  done
+git log -1 --format=%h 2>/dev/null
+for stage in ${STAGES:-peer runs gradients profile}; do
+  case $stage in
+    peer)
+      for batch in ${PEER_BATCHES:-128 16}; do
+        peer "torch_b${batch}_compile_graphs" --batch_size="$batch" --compile \
+          --compile_mode=reduce-overhead
+        peer "torch_b${batch}_compile" --batch_size="$batch" --compile
+        bench "capsnet_b${batch}" --config=configs/mnist.py --config.train.batch_size="$batch"
+      done ;;
+    runs)
+      bench capsnet_runs --config=configs/mnist.py --runs=1,2,4,8 \
+        --config.train.batch_size="${RUNS_BATCH:-128}" ;;
+    gradients)
+      for batch in ${BATCHES:-128 16}; do
+        for gradient in autodiff analytic; do
+          bench "em_b${batch}_${gradient}" --config=configs/em_mnist.py \
+            --config.train.batch_size="$batch" --config.model.routing.gradient="$gradient"
+          bench "capsnet_b${batch}_${gradient}" --config=configs/mnist.py \
+            --config.train.batch_size="$batch" --config.model.routing.gradient="$gradient"
+        done
+      done ;;
+    profile)
+      profile_batch=${PROFILE_BATCH:-128}
+      bench "capsnet_b${profile_batch}_profile" --config=configs/mnist.py \
+        --config.train.batch_size="$profile_batch" --profile
+      bench "em_b${profile_batch}_profile" --config=configs/em_mnist.py \
+        --config.train.batch_size="$profile_batch" --profile ;;
+    *) echo "unknown stage '$stage': the stages are peer, runs, gradients and profile" >&2
+       exit 2 ;;
+  esac
 done
-profile_batch=${PROFILE_BATCH:-128}
-bench "capsnet_b${profile_batch}_profile" --config=configs/mnist.py \
-  --config.train.batch_size="$profile_batch" --profile
-bench "em_b${profile_batch}_profile" --config=configs/em_mnist.py \
-  --config.train.batch_size="$profile_batch" --profile

@@ -3,6 +3,7 @@
 
   python experiments/torch_capsnet.py --batch_size=128 --seconds=20
   python experiments/torch_capsnet.py --batch_size=128 --compile    # torch.compile
+  python experiments/torch_capsnet.py --batch_size=16 --compile --compile_mode=reduce-overhead
 
 Not a sweep: a benchmark. A straightforward PyTorch implementation of Sabour, Frosst & Hinton
 (2017), Section 4, as a PyTorch user would write it (not derived from capsjax): Conv1 256 9x9
@@ -31,6 +32,11 @@ _BATCH = flags.DEFINE_integer("batch_size", 128, "Images per training step.")
 _SECONDS = flags.DEFINE_float("seconds", 20.0, "Minimum time to measure the rate over.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and the random batch.")
 _COMPILE = flags.DEFINE_bool("compile", False, "torch.compile the model and the loss.")
+_COMPILE_MODE = flags.DEFINE_enum(
+    "compile_mode", "default", ["default", "reduce-overhead", "max-autotune",
+                                "max-autotune-no-cudagraphs"],
+    "torch.compile's mode with --compile: reduce-overhead replays CUDA graphs (the peer's "
+    "best mode at small batches).")
 _PROFILE = flags.DEFINE_bool("profile", False, "Also print the operators that take the most "
                              "time in two steps (torch.profiler), before the JSON line.")
 _DEVICE = flags.DEFINE_string("device", "", "torch device ('' : cuda if there is one, else cpu).")
@@ -108,7 +114,8 @@ def main(argv):
   def forward_loss(images, labels):
     return loss_fn(*model(images, labels), images, labels)
 
-  step_loss = torch.compile(forward_loss) if _COMPILE.value else forward_loss
+  step_loss = (torch.compile(forward_loss, mode=_COMPILE_MODE.value) if _COMPILE.value
+               else forward_loss)
 
   def train_step():
     optimizer.zero_grad(set_to_none=True)
@@ -117,13 +124,14 @@ def main(argv):
     optimizer.step()
     return loss
 
-  # The first steps compile (torch.compile) and pick cuDNN algorithms.
+  # The first steps compile (torch.compile), pick cuDNN algorithms and record CUDA graphs.
   first_s, steps, seconds, loss = torch_timing.time_train_steps(train_step, device,
-                                                                _SECONDS.value, warmup_steps=3)
+                                                                _SECONDS.value, warmup_steps=5)
   if _PROFILE.value:
     print(torch_timing.profile_train_steps(train_step, device))
   print(json.dumps({
       "framework": f"pytorch {torch.__version__}", "compile": _COMPILE.value,
+      "compile_mode": _COMPILE_MODE.value if _COMPILE.value else None,
       "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
       "threads": torch.get_num_threads(), "matmul_precision": _PRECISION.value,
       "batch_size": batch, "trainable_parameters": sum(p.numel() for p in model.parameters()),
