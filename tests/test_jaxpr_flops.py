@@ -43,6 +43,27 @@ def test_convolution_counts_window_and_input_features_of_a_group(groups):
   assert jaxpr_flops.count(fn, image, kernel).flops == xla_flops(fn, image, kernel)
 
 
+@pytest.mark.parametrize("padding", ["VALID", "SAME"])
+def test_a_strided_convolutions_gradients_skip_padding_and_the_holes_of_a_dilated_input(
+    padding):
+  """The input's gradient is a convolution of the output's gradient dilated by the stride:
+  counting every tap would be 3x too many here. Each gradient does the forward's work."""
+  image, kernel = jnp.ones((2, 28, 28, 8)), jnp.ones((9, 9, 8, 16))
+  conv = lambda a, k: jax.lax.conv_general_dilated(  # noqa: E731
+      a, k, (2, 2), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  loss = lambda a, k: jnp.sum(conv(a, k) ** 2)  # noqa: E731
+  forward = jaxpr_flops.count(conv, image, kernel).matmul
+  if padding == "VALID":
+    assert forward == 2 * (2 * 10 * 10 * 16) * (9 * 9 * 8)
+  else:  # 14 x 14 outputs; taps on the border's padding skipped.
+    assert forward < 2 * (2 * 14 * 14 * 16) * (9 * 9 * 8)
+  assert forward == xla_flops(conv, image, kernel)
+  gradients = jaxpr_flops.count(jax.grad(loss, argnums=(0, 1)), image, kernel).matmul
+  assert gradients == 3 * forward
+  assert gradients == pytest.approx(xla_flops(jax.grad(loss, argnums=(0, 1)), image, kernel),
+                                    rel=1e-3)
+
+
 def test_elementwise_reductions_and_transcendentals_as_xla_counts_them():
   fn = lambda x, w: jnp.sum(jnp.tanh(x @ w) * 2.0)  # noqa: E731
   count = jaxpr_flops.count(fn, X, W)

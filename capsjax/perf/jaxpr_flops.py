@@ -8,7 +8,7 @@ any backend sees it, so a count from it is one number for the step wherever it r
 What counts (the conventions of XLA's ``HloCostAnalysis``, so the CPU's count checks this one):
 
 - ``dot_general`` and ``conv_general_dilated``: 2 FLOPs per multiply-add (a convolution's
-  padding counted as if it held data: an upper bound by the padded border's share);
+  taps on padding or on the holes of a dilated input, as in its input gradient, skipped);
 - elementwise arithmetic: 1 FLOP per output element; transcendental functions (``exp``,
   ``tanh``, ...) are counted apart, as ``transcendentals``;
 - reductions: 1 FLOP per input element;
@@ -93,12 +93,31 @@ def dot_general_flops(lhs_shape, rhs_shape, dimension_numbers) -> int:
   return 2 * batch * lhs_free * rhs_free * contracted
 
 
-def conv_flops(out_shape, rhs_shape, dimension_numbers) -> int:
-  """2 x the multiply-adds of ``lax.conv_general_dilated``: every output element sums over
-  the kernel's window and its input features (already the features of one group)."""
-  rhs_spec = dimension_numbers.rhs_spec  # (out features, in features, *spatial) positions.
-  window = math.prod(rhs_shape[d] for d in rhs_spec[2:])
-  return 2 * math.prod(out_shape) * window * rhs_shape[rhs_spec[1]]
+def _valid_taps(size: int, window: int, out: int, stride: int, padding: tuple[int, int],
+                lhs_dilation: int, rhs_dilation: int) -> int:
+  """In one spatial dimension, the (output position, window tap) pairs that read an input
+  element: not the padding, not a hole of a dilated input (a transposed convolution's)."""
+  low = padding[0]
+  taps = 0
+  for o in range(out):
+    for k in range(window):
+      at = o * stride + k * rhs_dilation - low
+      taps += at >= 0 and at % lhs_dilation == 0 and at // lhs_dilation < size
+  return taps
+
+
+def conv_flops(lhs_shape, rhs_shape, out_shape, params) -> int:
+  """2 x the multiply-adds of ``lax.conv_general_dilated``: every output element sums, over
+  its window's taps that read input (padding and a dilated input's holes are skipped, as
+  XLA's count skips them), the kernel's input features (already one group's)."""
+  lhs_spec, rhs_spec, out_spec = params["dimension_numbers"]
+  taps = 1
+  for d, (l, r, o) in enumerate(zip(lhs_spec[2:], rhs_spec[2:], out_spec[2:])):
+    taps *= _valid_taps(lhs_shape[l], rhs_shape[r], out_shape[o], params["window_strides"][d],
+                        params["padding"][d], params["lhs_dilation"][d],
+                        params["rhs_dilation"][d])
+  batch, features = out_shape[out_spec[0]], out_shape[out_spec[1]]
+  return 2 * batch * features * rhs_shape[rhs_spec[1]] * taps
 
 
 def _closed(jaxpr) -> jcore.Jaxpr:
@@ -141,8 +160,8 @@ def count_jaxpr(jaxpr) -> Count:
       total.matmul += dot_general_flops(eqn.invars[0].aval.shape, eqn.invars[1].aval.shape,
                                         params["dimension_numbers"])
     elif name == "conv_general_dilated":
-      total.matmul += conv_flops(eqn.outvars[0].aval.shape, eqn.invars[1].aval.shape,
-                                 params["dimension_numbers"])
+      total.matmul += conv_flops(eqn.invars[0].aval.shape, eqn.invars[1].aval.shape,
+                                 eqn.outvars[0].aval.shape, params)
     elif name in ELEMENTWISE:
       total.elementwise += sum(_size(v.aval) for v in eqn.outvars)
     elif name in TRANSCENDENTAL:
