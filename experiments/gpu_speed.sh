@@ -5,7 +5,8 @@
 #      GPUs) with torch.compile in its CUDA-graph mode (reduce-overhead) and its default mode,
 #      then capsjax's benchmark of configs/mnist.py at the same batch, one after the other on
 #      one machine (issue 62's "x torch.compile" rows);
-#   2. vectorised runs: train images/s of 1, 2, 4 and 8 paper-CapsNet runs in one program;
+#   2. vectorised runs: train images/s of 1, 2, 4 and 8 paper-CapsNet runs in one program,
+#      with XLA's convolutions (grouped under vmap) and as im2col matmuls (batched);
 #   3. the routers' written-out backward passes (routing.gradient=analytic) against autodiff,
 #      EM and dynamic routing, batch 128 and 16 (BATCHES);
 #   4. the roofline and per-layer profile of the paper CapsNet and of EM.
@@ -55,7 +56,11 @@ for stage in ${STAGES:-peer runs gradients profile}; do
       done ;;
     runs)
       bench capsnet_runs --config=configs/mnist.py --runs=1,2,4,8 \
-        --config.train.batch_size="${RUNS_BATCH:-128}" ;;
+        --config.train.batch_size="${RUNS_BATCH:-128}"
+      # The runs' convolutions as batched matmuls (im2col) rather than the grouped
+      # convolutions that vmap makes of XLA's (issue 62 item 4's candidate).
+      bench capsnet_runs_im2col --config=configs/mnist.py --runs=1,2,4,8 \
+        --config.train.batch_size="${RUNS_BATCH:-128}" --config.model.conv_impl=im2col ;;
     gradients)
       for batch in ${BATCHES:-128 16}; do
         for gradient in autodiff analytic; do
