@@ -9,7 +9,10 @@
 #      with XLA's convolutions (grouped under vmap) and as im2col matmuls (batched);
 #   3. the routers' written-out backward passes (routing.gradient=analytic) against autodiff,
 #      EM and dynamic routing, batch 128 and 16 (BATCHES);
-#   4. the roofline and per-layer profile of the paper CapsNet and of EM.
+#   4. the roofline and per-layer profile of the paper CapsNet and of EM;
+#   5. (STAGES=bf16) the paper CapsNet's speed with model.compute_dtype=bfloat16 at batch 128
+#      and 16, and, with DATA=/path/to/mnist, the headline row's accuracy in bf16 (3 seeds,
+#      50 epochs, experiments/paper_table1.py:bf16, within BF16_SECONDS, default 300).
 # Each benchmark prints its JSON line last; this script keeps those lines in OUT/speed.jsonl
 # (the peer's carry "framework": "pytorch ...").
 #
@@ -76,7 +79,17 @@ for stage in ${STAGES:-peer runs gradients profile}; do
         --config.train.batch_size="$profile_batch" --profile
       bench "em_b${profile_batch}_profile" --config=configs/em_mnist.py \
         --config.train.batch_size="$profile_batch" --profile ;;
-    *) echo "unknown stage '$stage': the stages are peer, runs, gradients and profile" >&2
+    bf16)
+      for batch in ${PEER_BATCHES:-128 16}; do
+        bench "capsnet_b${batch}_bf16" --config=configs/mnist.py \
+          --config.train.batch_size="$batch" --config.model.compute_dtype=bfloat16
+      done
+      if [[ -n ${DATA:-} ]]; then  # The headline row's accuracy in bf16, 3 seeds.
+        EXPERIMENT=experiments/paper_table1.py:bf16 ROWS="0,1,2" THROUGHPUT=0 \
+          PYTHON="$python" "$(dirname "$0")/gpu_campaign.sh" "$DATA" "$out/bf16" \
+          "${BF16_SECONDS:-300}"
+      fi ;;
+    *) echo "unknown stage '$stage': the stages are peer, runs, gradients, profile and bf16" >&2
        exit 2 ;;
   esac
 done

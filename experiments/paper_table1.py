@@ -16,7 +16,7 @@ CapsNet rows are two programs (1 and 3 iterations; the reconstruction weight is 
 setting, so with and without reconstruction train together) of six runs each, the baseline
 one of three. The headline row (3 iterations with reconstruction) is points 0-2: ``--index=0,1,2``
 runs it alone first. ``experiments/paper_table1.py:tiny`` is the same grid on tiny models
-for a few steps (the tests run it).
+for a few steps (the tests run it); ``:bf16`` the headline row in bfloat16 (``--index=0,1,2``).
 """
 
 BASE_CONFIG = "configs/mnist.py"
@@ -36,10 +36,18 @@ ROWS = (
 SEEDS = (0, 1, 2)
 
 
+VARIANTS = ("tiny", "bf16")
+
+
 def get_sweep(variant: str | None = None):
-  """The grid; ``variant="tiny"``: the same rows on the configs' smoke variants."""
-  if variant not in (None, "tiny"):
-    raise ValueError(f"unknown variant {variant!r}; the variants are 'tiny'")
+  """The grid; ``variant="tiny"``: the same rows on the configs' smoke variants; ``"bf16"``:
+  the headline row with the convolutions and the decoder in bfloat16
+  (``model.compute_dtype``), 3 seeds, to set beside float32's (issue 62)."""
+  if variant not in (None, *VARIANTS):
+    raise ValueError(f"unknown variant {variant!r}; the variants are {VARIANTS}")
+  if variant == "bf16":
+    return {"points": [dict(ROWS[0], **{"model.compute_dtype": "bfloat16"})],
+            "seeds": list(SEEDS)}
   capsnet = "configs/mnist.py:smoke" if variant else None
   baseline = "configs/mnist_baseline.py" + (":smoke" if variant else "")
   points = [dict(row, config=capsnet) if capsnet else dict(row) for row in ROWS]

@@ -379,6 +379,10 @@ def test_the_table1_experiment_lists_the_paper_grid():
   tiny = sweep.expand(sweep.experiment_sweep(experiment, "experiments/paper_table1.py:tiny"))
   assert [p.overrides.get("config") for p in tiny[::3]] == (
       ["configs/mnist.py:smoke"] * 4 + ["configs/mnist_baseline.py:smoke"])
+  bf16 = sweep.expand(sweep.experiment_sweep(experiment, "experiments/paper_table1.py:bf16"))
+  assert [p.seed for p in bf16] == [0, 1, 2]
+  assert all(p.overrides == dict(points[0].overrides, **{"model.compute_dtype": "bfloat16"})
+             for p in bf16)
   with pytest.raises(ValueError, match="unknown variant"):
     experiment.get_sweep("huge")
   assert json.dumps(experiment.paper_error({"config": "mnist_baseline"})) == '"0.39"'
