@@ -9,7 +9,9 @@
 #   c.  :official, seed 0, 150,000 steps (the code's budget is 300,000; ~6 minutes on an H100
 #       at 54,000 images/s; the 2026-11-27 sitting stopped at step 120,400);
 #   v.  :validation, :official against the text on the code's validation split, 3 seeds each:
-#       the lower mean validation error becomes configs/mnist.py's default.
+#       the lower mean validation error becomes configs/mnist.py's default;
+#   bl. :baseline, the official code's baseline CNN (configs/mnist_baseline.py:official),
+#       3 seeds one at a time, 50 epochs.
 # Test set evaluations every 1,500 steps fill results.md's comparison-only columns.
 #
 #   experiments/gpu_official.sh /path/to/mnist OUT_DIR [SECONDS]
@@ -30,7 +32,8 @@ for stage in ${STAGES:-c v}; do
     ab) variant=${tiny:+:$tiny} rows="0,1,2 3,4,5" ;;
     c) variant=:${tiny:+${tiny}_}budget rows="0" ;;
     v) variant=:${tiny:+${tiny}_}validation rows="0,1,2 3,4,5" ;;
-    *) echo "unknown stage '$stage': the stages are ab, c and v" >&2; exit 2 ;;
+    bl) variant=:${tiny:+${tiny}_}baseline rows="0 1 2" ;;
+    *) echo "unknown stage '$stage': the stages are ab, c, v and bl" >&2; exit 2 ;;
   esac
   # Each campaign writes OUT/results.md and OUT/collect.log: one folder per stage keeps them.
   EXPERIMENT="$experiment$variant" ROWS="$rows" THROUGHPUT=0 \

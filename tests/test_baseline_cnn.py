@@ -104,6 +104,8 @@ def test_dropout_only_in_training():
     ("dropout_rate", 1.0, "dropout_rate must be in"),
     ("hidden", (), "hidden must be a non-empty tuple"),
     ("conv_impl", "fft", "conv_impl must be one of"),
+    ("padding", "FULL", "padding must be one of"),
+    ("loss", "hinge", "loss must be one of"),
 ])
 def test_bad_config_names_the_key(key, value, match):
   with pytest.raises(UsageError, match=match):
@@ -134,3 +136,13 @@ def test_two_labels_use_sigmoids_and_a_two_hot_target():
   np.testing.assert_allclose(np.asarray(outputs.scores), p, rtol=1e-5)
   assert set(parts) == {"sigmoid_cross_entropy"}
   assert set(model.metrics(outputs, batch)) == {"accuracy", "at_least_one"}
+
+
+def test_valid_padding_shrinks_each_convolution_by_its_kernel():
+  """5x5 images, 3x3 VALID convolution -> 3x3, 2x2 SAME pooling -> 2x2: 2 x 2 x 2 inputs to
+  the first dense layer (SAME: 3 x 3 x 2)."""
+  for padding, inputs in (("VALID", 2 * 2 * 2), ("SAME", 3 * 3 * 2)):
+    model = models.create(tiny_config(padding=padding), rngs=nnx.Rngs(0))
+    assert model.dense[0].kernel[...].shape == (inputs, 3)
+    batch = {"images": jnp.ones((2, 5, 5, 1)), "labels": jnp.zeros(2, jnp.int32)}
+    assert model.apply(batch, train=False).logits.shape == (2, 4)

@@ -217,6 +217,11 @@ def test_the_official_experiment_lists_its_stages_in_order():
   tiny = sweep.expand(sweep.experiment_sweep(module, path + ":tiny"))
   assert tiny[0].overrides["config"] == "configs/mnist.py:official,smoke"
   assert module.paper_error({}) == "0.25 ± 0.005"
+  baseline = sweep.expand(sweep.experiment_sweep(module, path + ":baseline"))
+  assert [p.overrides["config"] for p in baseline] == ["configs/mnist_baseline.py:official"] * 3
+  assert module.paper_error({"config": "mnist_baseline:official"}) == "0.39"
+  assert module.best_reimplementation({"config": "mnist_baseline:official"}) == "-"
+  assert module.best_reimplementation({"config": "mnist:official"}) == "0.34"
   # The choice of the default: both configs on the code's validation split, 3 seeds each.
   chosen = sweep.expand(sweep.experiment_sweep(module, path + ":validation"))
   assert [p.overrides["config"] for p in chosen] == (
@@ -225,3 +230,52 @@ def test_the_official_experiment_lists_its_stages_in_order():
     assert point.overrides["data.validation_size"] == 10_000
     assert point.overrides["data.validation_split"] == "first"
     assert tuple(point.overrides["train.eval_during"]) == ("test",)
+
+
+# --- The official code's baseline CNN (models/conv_model.py) ---
+
+def test_official_baseline_has_the_codes_layers_inits_and_parameter_count():
+  """conv_model.py: 5x5 VALID convolutions of 512 and 256 (weight_variable std 0.05), each
+  followed by 2x2 SAME max pooling, fc 1024 and 10 (std 0.1), every bias 0.1: 28 -> 24 -> 12
+  -> 8 -> 4, so 4 x 4 x 256 = 4,096 inputs to fc1."""
+  import mnist_baseline
+
+  config = mnist_baseline.get_config("official")
+  hand = ((5 * 5 * 1 * 512 + 512) + (5 * 5 * 512 * 256 + 256)
+          + (4 * 4 * 256 * 1024 + 1024) + (1024 * 10 + 10))
+  assert hand == 7_495_946
+  assert models.count_params(abstract_model(config)) == hand
+  assert config.model.dropout_rate == 0.0 and config.model.loss == "margin"
+  model = models.create(resolved(config), rngs=nnx.Rngs(0))
+  layers = [(conv.kernel, conv.bias, 0.05) for conv in model.convs]
+  layers += [(dense.kernel, dense.bias, 0.1) for dense in model.dense]
+  for k, (kernel, bias, std) in enumerate(layers):
+    np.testing.assert_array_equal(np.asarray(bias[...]), np.float32(0.1), err_msg=str(k))
+    w = np.asarray(kernel[...])
+    assert np.abs(w).max() <= 2 * std + 1e-6, k
+    assert np.std(w) == pytest.approx(0.8796 * std, rel=0.05 if w.size > 5000 else 0.2), k
+  # The optimiser and the validation split are configs/mnist.py:official's.
+  assert config.optimizer.eps_hat and config.optimizer.end_value == 1e-6
+  assert config.data.validation_split == "first"
+
+
+def test_official_baseline_loss_is_the_codes_margin_loss_on_the_logits():
+  """experiment.py's default hparams (loss_type='margin') reach the baseline too: layers.py
+  ``_margin_loss`` on the raw logits, ``reduce_mean`` over batch and classes."""
+  import mnist_baseline
+
+  config = resolved(mnist_baseline.get_config("official,smoke"))
+  model = models.create(config, rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(1)
+  images = jnp.asarray(rng.uniform(size=(6, 28, 28, 1)), jnp.float32)
+  labels = rng.integers(0, 10, size=6)
+  batch = {"images": images, "labels": jnp.asarray(labels)}
+  outputs = model.apply(batch, train=True, rng=jax.random.key(0))
+  per_example, parts = model.loss(outputs, batch)
+  logits = np.asarray(outputs.logits)
+  expected = code_margin_loss(logits, np.eye(10)[labels])
+  np.testing.assert_allclose(float(jnp.mean(per_example)), expected, rtol=1e-5)
+  assert set(parts) == {"margin_loss"}
+  # The paper's baseline: softmax cross-entropy.
+  paper = models.create(resolved(mnist_baseline.get_config("smoke")), rngs=nnx.Rngs(0))
+  assert set(paper.loss(paper.apply(batch, train=False), batch)[1]) == {"cross_entropy"}

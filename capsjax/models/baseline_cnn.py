@@ -22,7 +22,7 @@ from flax import nnx
 
 from capsjax.common import checks
 from capsjax.common.errors import UsageError
-from capsjax.models import layers, metrics
+from capsjax.models import layers, losses, metrics
 from capsjax.models.outputs import Outputs
 
 
@@ -42,37 +42,58 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if not 0.0 <= config.dropout_rate < 1.0:
     raise UsageError(f"config.model.dropout_rate must be in [0, 1), got {config.dropout_rate!r}.")
   checks.count(config.kernel_size, "config.model.kernel_size", minimum=1)
+  if config.padding not in layers.PADDINGS:
+    raise UsageError(f"config.model.padding must be one of {layers.PADDINGS}, got "
+                     f"{config.padding!r}.")
+  if config.loss not in LOSSES:
+    raise UsageError(f"config.model.loss must be one of {LOSSES}, got {config.loss!r}.")
+
+
+# "cross_entropy": the paper's softmax cross-entropy. "margin": the official code's baseline
+# (its default loss_type): the margin loss of Eq. 4 on the raw logits, 0.5 x a mean over the
+# classes (0.05 x Eq. 4's sum), as the code's layers._margin_loss and evaluate reduce it.
+LOSSES = ("cross_entropy", "margin")
+MARGIN_SCALE = 0.05
 
 
 class BaselineCNN(nnx.Module):
-  """Convolutions (SAME, stride 1, ReLU, optional max pooling) -> fully connected ReLU
-  layers -> dropout -> linear class scores; softmax cross-entropy loss."""
+  """Convolutions (SAME or VALID, stride 1, ReLU, optional max pooling) -> fully connected
+  ReLU layers -> dropout -> linear class scores; softmax cross-entropy loss (or the official
+  code's margin loss on the logits)."""
 
   def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
     """``config`` is ``config.model``: ``image_shape``, ``num_classes``, ``conv_features``,
-    ``kernel_size``, ``pool``, ``hidden``, ``dropout_rate``, ``init_scale``, ``conv_impl``,
+    ``kernel_size``, ``padding``, ``pool``, ``hidden``, ``dropout_rate``, ``init_scale``,
+    ``dense_init_scale`` (None: ``init_scale``), ``bias_init``, ``loss``, ``conv_impl``,
     ``compute_dtype``."""
     validate_config(config)
     dtype = layers.COMPUTE_DTYPES[config.compute_dtype]
     h, w, channels = config.image_shape
     convs = []
     for features, pool in zip(config.conv_features, config.pool):
-      convs.append(layers.Conv2D(channels, features, config.kernel_size, 1, padding="SAME",
-                                 impl=config.conv_impl, compute_dtype=dtype,
-                                 init_scale=config.init_scale, rngs=rngs))
+      convs.append(layers.Conv2D(channels, features, config.kernel_size, 1,
+                                 padding=config.padding, impl=config.conv_impl,
+                                 compute_dtype=dtype, init_scale=config.init_scale,
+                                 bias_init=config.bias_init, rngs=rngs))
       channels = features
+      if config.padding == "VALID":
+        h, w = h - config.kernel_size + 1, w - config.kernel_size + 1
       if pool > 1:  # SAME max pooling, as the official baseline: ceil(size / pool).
         h, w = -(-h // pool), -(-w // pool)
     self.convs = nnx.List(convs)
     self.pool = tuple(config.pool)
     sizes = [h * w * channels, *config.hidden, config.num_classes]
+    dense_scale = (config.init_scale if config.dense_init_scale is None
+                   else config.dense_init_scale)
     self.dense = nnx.List([
-        nnx.Linear(a, b, dtype=dtype, kernel_init=layers.kernel_init(config.init_scale),
-                   rngs=rngs) for a, b in zip(sizes, sizes[1:])])
+        nnx.Linear(a, b, dtype=dtype, kernel_init=layers.kernel_init(dense_scale),
+                   bias_init=nnx.initializers.constant(config.bias_init), rngs=rngs)
+        for a, b in zip(sizes, sizes[1:])])
     self.dropout = nnx.Dropout(config.dropout_rate)
+    self.loss_kind = config.loss
 
   # Used only to draw the initial parameters (a vectorised sweep's runs may differ in it).
-  init_only_settings = ("model.init_scale",)
+  init_only_settings = ("model.init_scale", "model.dense_init_scale", "model.bias_init")
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> "BaselineCNN":
@@ -109,10 +130,14 @@ class BaselineCNN(nnx.Module):
   def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None
            ) -> tuple[jax.Array, dict]:
     """Softmax cross-entropy per example; with several labels per example (MultiMNIST), the
-    per-class sigmoid cross-entropy against the k-hot target, summed over classes. ``step``
-    is unused."""
+    per-class sigmoid cross-entropy against the k-hot target, summed over classes; with
+    ``loss="margin"``, the official code's margin loss on the raw logits (:data:`LOSSES`).
+    ``step`` is unused."""
     del step
     labels = batch["labels"]
+    if self.loss_kind == "margin":  # Every labelled class present (T_k = 1).
+      margin = MARGIN_SCALE * losses.margin_loss_per_example(outputs.logits, labels)
+      return margin, {"margin_loss": margin}
     if labels.ndim == 1:
       ce = optax.softmax_cross_entropy_with_integer_labels(outputs.logits, labels)
       return ce, {"cross_entropy": ce}

@@ -34,6 +34,9 @@ _DEFAULTS_OF = {
                                             "model.class_capsules.scores"),
                                 "model.routing.name": "dynamic", "loss.margin_weight": 1.0},
     ("model.name", "efficient_capsnet"): {"loss.margin_weight": 1.0},
+    ("model.name", "baseline_cnn"): {"model.padding": "SAME", "model.bias_init": 0.0,
+                                     "model.dense_init_scale": None,
+                                     "model.loss": "cross_entropy"},
     ("dataset", "mnist"): {"data.pad": 0, **_optional("data.validation_split")},
     ("dataset", "smallnorb"): _optional("data.viewpoint_split", "data.validation_split"),
     **{("dataset", name): _optional("data.validation_split")
