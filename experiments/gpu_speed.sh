@@ -26,16 +26,19 @@ out=$1
 seconds=${2:-3}
 python=${PYTHON:-python}
 mkdir -p "$out"
+keep() {  # keep NAME: OUT/NAME.log's last line, a report's object or --runs' list of objects,
+  # appended to OUT/speed.jsonl with its name ({"name": ..., "runs": [...]} for a list).
+  tail -n 1 "$out/$1.log" \
+    | sed -n -e "s/^{/{\"name\": \"$1\", /p" -e "s/^\(\[.*\]\)$/{\"name\": \"$1\", \"runs\": \1}/p" \
+    | tee -a "$out/speed.jsonl" | cut -c1-300
+}
 bench() {  # bench NAME ARGS...: one benchmark, its log in OUT/NAME.log, its JSON line kept.
   local name=$1
   shift
   timeout -k 30 240 "$python" -m capsjax.benchmark --seconds="$seconds" "$@" \
     >"$out/$name.log" 2>&1
   echo "== $name: exit $?"
-  # A report's object, or --runs' list of objects (kept as {"name": ..., "runs": [...]}).
-  tail -n 1 "$out/$name.log" \
-    | sed -n -e "s/^{/{\"name\": \"$name\", /p" -e "s/^\(\[.*\]\)$/{\"name\": \"$name\", \"runs\": \1}/p" \
-    | tee -a "$out/speed.jsonl" | cut -c1-300
+  keep "$name"
 }
 peer() {  # peer NAME ARGS...: experiments/torch_capsnet.py, its JSON line kept likewise.
   local name=$1
@@ -43,8 +46,7 @@ peer() {  # peer NAME ARGS...: experiments/torch_capsnet.py, its JSON line kept 
   timeout -k 30 240 "${PEER_PYTHON:-$python}" experiments/torch_capsnet.py \
     --seconds="$seconds" "$@" >"$out/$name.log" 2>&1
   echo "== $name: exit $?"
-  tail -n 1 "$out/$name.log" | grep '^{' | sed "s/^{/{\"name\": \"$name\", /" \
-    | tee -a "$out/speed.jsonl" | cut -c1-300
+  keep "$name"
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
 git log -1 --format=%h 2>/dev/null

@@ -83,7 +83,7 @@ def test_loops_with_known_trip_counts_count_every_iteration_where_xla_counts_one
     assert xla_flops(fn, X) < 2 * one  # XLA: the body once.
   scanned = lambda x: jax.lax.scan(lambda c, _: (c @ square, None), x, None, length=4)[0]  # noqa
   assert jaxpr_flops.count(scanned, X).matmul == 4 * one
-  # A while loop (fori_loop written as one) whose bounds are known while tracing.
+  # An offset fori_loop, its bounds known while tracing: a scan of 6.
   offset = lambda x: jax.lax.fori_loop(2, 2 + 6, body, x)  # noqa: E731
   assert jaxpr_flops.count(offset, X).matmul == 6 * one
 

@@ -42,8 +42,9 @@ def step_costs(train_step, compiled, state, examples, shared, batch: int, num_st
   # loop's body once (routing's iterations, the steps of a dispatch) and, after optimisation
   # on a GPU, cuDNN and cuBLAS calls as no FLOPs (1.23 GFLOP per image of the paper model
   # read 0.024 on an H100). The jaxpr is the whole batch's, on however many devices.
-  count = jaxpr_flops.count(train_step, state, examples, shared, 1, static_argnums=(3,))
-  single = train_step.lower(state, examples, shared, 1)
+  traced = train_step.trace(state, examples, shared, 1)
+  count = jaxpr_flops.count_jaxpr(traced.jaxpr)
+  single = traced.lower()
   xla_total, xla_source = flops(single)
   if xla_source.endswith("lower_bound"):  # The compiled program is one device's share.
     xla_total *= num_devices

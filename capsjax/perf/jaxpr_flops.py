@@ -15,9 +15,9 @@ What counts (the conventions of XLA's ``HloCostAnalysis``, so the CPU's count ch
 - data movement (reshape, broadcast, transpose, slices, gathers, converts, random bits): none.
 
 Calls (``jit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ...) are entered once;
-``scan`` bodies count ``length`` times; a ``while`` loop's body counts once per iteration when
-the loop is a counted one (a ``fori_loop`` whose bounds are known while tracing) and once, with
-``exact`` False, when its trip count is unknown; ``cond`` counts its most expensive branch
+``scan`` bodies count ``length`` times (``fori_loop`` with bounds known while tracing is a
+``scan``: routing's iterations); a ``while`` loop's body counts once, with ``exact`` False (its
+trip count is unknown while tracing); ``cond`` counts its most expensive branch
 (``exact`` False if the branches differ). A ``shard_map`` body is one shard's program: it counts
 once per shard of its mesh.
 """
@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import jax
-import numpy as np
 from jax.extend import core as jcore
 
 # 1 FLOP per output element.
@@ -55,8 +53,8 @@ REDUCTIONS = frozenset({
 @dataclasses.dataclass
 class Count:
   """FLOPs of a program: ``matmul`` (dot_general and convolutions), ``elementwise``
-  (arithmetic and reductions), ``transcendentals``; ``exact`` False where a loop's trip count
-  or a branch was unknown (then ``flops`` is a lower bound, the loop's body counted once)."""
+  (arithmetic and reductions), ``transcendentals``; ``exact`` False where a while loop's trip
+  count or a branch was unknown (then ``flops`` is a lower bound, the loop's body counted once)."""
   matmul: float = 0.0
   elementwise: float = 0.0
   transcendentals: float = 0.0
@@ -124,35 +122,10 @@ def _closed(jaxpr) -> jcore.Jaxpr:
   return jaxpr.jaxpr if hasattr(jaxpr, "jaxpr") else jaxpr
 
 
-def _literal(var) -> Any:
-  return var.val if isinstance(var, jcore.Literal) else None
-
-
-def _fori_trip_count(eqn, known: dict) -> int | None:
-  """The trip count of a while loop that ``fori_loop`` wrote with bounds known while tracing:
-  its carry starts ``(i, upper, ...)`` after the cond's constants and the cond is ``i < upper``.
-  None for any other loop."""
-  cond = _closed(eqn.params["cond_jaxpr"])
-  n_cond_consts, n_body_consts = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
-  carry = eqn.invars[n_cond_consts + n_body_consts:]
-  if len(cond.eqns) != 1 or cond.eqns[0].primitive.name != "lt" or len(carry) < 2:
-    return None
-  lhs, rhs = cond.eqns[0].invars
-  params = cond.invars[n_cond_consts:]
-  if lhs not in params or rhs not in params:
-    return None
-  values = [_literal(v) if isinstance(v, jcore.Literal) else known.get(v) for v in carry]
-  lower, upper = values[params.index(lhs)], values[params.index(rhs)]
-  if lower is None or upper is None:
-    return None
-  return max(int(upper) - int(lower), 0)
-
-
 def count_jaxpr(jaxpr) -> Count:
   """The :class:`Count` of a jaxpr (``Jaxpr`` or ``ClosedJaxpr``)."""
   jaxpr = _closed(jaxpr)
   total = Count()
-  known: dict = {}  # Variables whose value is a constant known while tracing.
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
     params = eqn.params
@@ -170,14 +143,10 @@ def count_jaxpr(jaxpr) -> Count:
       total.elementwise += _size(eqn.invars[0].aval)
     elif name == "scan":
       total.add(count_jaxpr(params["jaxpr"]), times=params["length"])
-    elif name == "while":
-      trips = _fori_trip_count(eqn, known)
-      body = count_jaxpr(params["body_jaxpr"])
-      if trips is None:
-        total.exact = False
-        total.unknown.append("while loop of unknown trip count (body counted once)")
-        trips = 1
-      total.add(body, times=trips)
+    elif name == "while":  # fori_loop with bounds known while tracing is a scan.
+      total.exact = False
+      total.unknown.append("while loop of unknown trip count (body counted once)")
+      total.add(count_jaxpr(params["body_jaxpr"]))
     elif name == "cond":
       branches = [count_jaxpr(b) for b in params["branches"]]
       largest = max(branches, key=lambda c: c.flops)
@@ -190,27 +159,16 @@ def count_jaxpr(jaxpr) -> Count:
     else:
       for inner in _inner_jaxprs(params):  # jit, custom_jvp/vjp calls, remat, ...
         total.add(count_jaxpr(inner))
-    if name in ("add", "sub") and len(eqn.outvars) == 1:  # fori_loop's upper = lower + n.
-      a, b = (_literal(v) if isinstance(v, jcore.Literal) else known.get(v)
-              for v in eqn.invars)
-      if a is not None and b is not None and np.ndim(a) == np.ndim(b) == 0:
-        known[eqn.outvars[0]] = a + b if name == "add" else a - b
   return total
 
 
 def _inner_jaxprs(params: dict) -> list:
-  """The jaxprs a call-like primitive runs once (its parameters that are jaxprs); a custom
-  VJP's backward rule is not among them (under autodiff its work appears as equations)."""
-  inner = []
-  for key, value in params.items():
-    if key in ("bwd", "fwd_jaxpr_thunk", "jvp_jaxpr_fun", "jvp_jaxpr_thunk"):
-      continue
-    if isinstance(value, (jcore.Jaxpr, jcore.ClosedJaxpr)):
-      inner.append(value)
-  return inner
+  """The jaxprs a call-like primitive runs once: its parameters that are jaxprs (a custom
+  VJP's rules are functions, not among them; under autodiff their work appears as
+  equations)."""
+  return [v for v in params.values() if isinstance(v, (jcore.Jaxpr, jcore.ClosedJaxpr))]
 
 
-def count(fn, *args, static_argnums=(), **kwargs) -> Count:
-  """The :class:`Count` of ``fn(*args, **kwargs)`` (arrays or ``jax.ShapeDtypeStruct``s;
-  ``static_argnums`` as ``jax.jit``'s)."""
-  return count_jaxpr(jax.make_jaxpr(fn, static_argnums=static_argnums)(*args, **kwargs))
+def count(fn, *args, **kwargs) -> Count:
+  """The :class:`Count` of ``fn(*args, **kwargs)`` (arrays or ``jax.ShapeDtypeStruct``s)."""
+  return count_jaxpr(jax.make_jaxpr(fn)(*args, **kwargs))
