@@ -7,18 +7,20 @@ Points, in the order a GPU sitting should spend its time on them
 
   0-2  ``configs/mnist.py:official`` (every difference with the official code set as the code
        has it: docs/paper_experiments.md), 3 seeds, the paper's 50 epochs;
-  3-5  the paper's config with only the margin loss's scale as the code has it
-       (``loss.margin_weight=0.05``: 1/20 of Eq. 4's sum), 3 seeds, 50 epochs;
+  3-5  the paper's text (``configs/mnist.py:text``) with only the margin loss's scale as the
+       code has it (``loss.margin_weight=0.05``: 1/20 of Eq. 4's sum), 3 seeds, 50 epochs;
   ``:budget``  ``:official``, seed 0, at half the code's budget: 150,000 steps (the code's
        README trains 300,000: rerun with ``--config.train.num_steps=300000`` to go on).
   ``:baseline``  the official code's baseline CNN (``configs/mnist_baseline.py:official``),
        3 seeds, 50 epochs, against the paper's 0.39% (run one seed at a time: its step is
        compute-bound).
-  ``:validation``  ``:official`` against the paper's text (``configs/mnist.py``), 3 seeds
-       each, 50 epochs on 50,000 training digits, the first 10,000 held out as the code's
-       ``--validate`` does: the one of the two with the lower mean validation error of the
-       final parameters becomes the default of ``configs/mnist.py`` (the test set evaluated
-       beside it for the comparison-only columns, never for the choice).
+  ``:validation``  ``:official`` against the paper's text (``configs/mnist.py:text``), 3
+       seeds each, 50 epochs on 50,000 training digits, the first 10,000 held out as the
+       code's ``--validate`` does: the one of the two with the lower mean validation error of
+       the final parameters becomes the default of ``configs/mnist.py`` (the test set
+       evaluated beside it for the comparison-only columns, never for the choice). On an H100
+       on 2026-11-27: 0.49 ± 0.04% for ``:official`` against 0.57 ± 0.02% for the text, so
+       ``:official`` is the default since.
 
 Every point evaluates the test set every 1,500 steps, as the code's evaluation job tests each
 checkpoint; that only draws the curve and fills the comparison-only column of results.md
@@ -62,13 +64,12 @@ def get_sweep(variant: str | None = None):
     return {"points": [{"config": config, "train.eval_every_steps": 1500}],
             "seeds": list(SEEDS)}
   if variant is not None and variant.endswith("validation"):
-    text = dict(HEADLINE, config=f"configs/mnist.py{':smoke' if tiny else ''}")
+    text = dict(HEADLINE, config=f"configs/mnist.py:text{smoke}")
     validation = dict(VALIDATION, **({"data.validation_size": 64} if tiny else {}))
     return {"points": [dict(official, **validation), dict(text, **validation)],
             "seeds": list(SEEDS)}
-  scale_only = dict(HEADLINE, **{"loss.margin_weight": 0.05})
-  if tiny:
-    scale_only["config"] = "configs/mnist.py:smoke"
+  scale_only = dict(HEADLINE, config=f"configs/mnist.py:text{smoke}",
+                    **{"loss.margin_weight": 0.05})
   return {"points": [official, scale_only], "seeds": list(SEEDS)}
 
 

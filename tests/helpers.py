@@ -329,3 +329,21 @@ def learning_run(config):
   is under test is that it learns (checkpoints, evaluations and figures have their own)."""
   config.train.eval_every_steps = config.train.checkpoint_every_steps = config.train.num_steps
   config.eval.num_figure_examples = 0
+
+
+def train_on_shapes(config, tmp_path, steps, learning_rate, log_every=10):
+  """``(summary, train losses)`` of ``config`` trained ``steps`` steps at ``learning_rate`` on
+  :func:`write_shapes_dataset`'s three shapes (all of them) as a :func:`learning_run`."""
+  import json
+
+  from capsjax import train
+
+  config.data.source, config.data.dir = "idx", str(write_shapes_dataset(tmp_path / "shapes"))
+  config.data.train_limit = config.data.test_limit = 0
+  config.train.num_steps, config.train.log_every_steps = steps, log_every
+  config.optimizer.learning_rate = learning_rate
+  learning_run(config)
+  summary = train.train_and_evaluate(config, str(tmp_path / "run"))
+  losses = [r["loss"] for r in map(json.loads, open(tmp_path / "run" / "metrics.jsonl"))
+            if r["kind"] == "train"]
+  return summary, losses

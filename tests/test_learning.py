@@ -9,7 +9,7 @@ import pytest
 import mnist
 from capsjax import train
 from capsjax.runs.runconfig import import_config_file
-from helpers import learning_run, write_shapes_dataset
+from helpers import learning_run, train_on_shapes, write_shapes_dataset
 
 em_mnist = import_config_file(pathlib.Path(__file__).parents[1] / "configs" / "em_mnist.py")
 
@@ -75,14 +75,7 @@ def test_matrix_capsules_learn_three_shapes_with_dynamic_routing(tmp_path):
   1e-2, loss 0.022 -> 0.001, 98% test accuracy (80 steps: 71%; EM at 80 steps: 59%)."""
   config = em_mnist.get_config("smoke")
   config.model.routing.name = "dynamic"
-  config.data.source, config.data.dir = "idx", str(write_shapes_dataset(tmp_path / "shapes"))
-  config.data.train_limit = config.data.test_limit = 0
-  config.train.num_steps, config.train.log_every_steps = 160, 10
-  config.optimizer.learning_rate = 1e-2
-  learning_run(config)
-  summary = train.train_and_evaluate(config, str(tmp_path / "run"))
-  losses = [r["loss"] for r in map(json.loads, open(tmp_path / "run" / "metrics.jsonl"))
-            if r["kind"] == "train"]
+  summary, losses = train_on_shapes(config, tmp_path, 160, 1e-2)
   assert losses[-1] < 0.5 * losses[0], losses
   assert summary["test_accuracy"] > 0.9, summary["evaluations"]["test"]
   assert summary["config"]["model"]["routing"]["name"] == "dynamic"

@@ -27,9 +27,13 @@ def test_paper_parameter_counts():
   def paper_size(c):
     return models.count_params(nnx.eval_shape(lambda: capsnet.CapsNet(c, rngs=nnx.Rngs(0))))
 
-  assert paper_size(c) == 8_215_568
-  c.decoder.enabled = False
-  assert paper_size(c) == 6_804_224
+  # The default has the official code's (10, 16) bias on s_j; the paper's text has none.
+  assert paper_size(c) == 8_215_728
+  text = resolved(mnist.get_config("text")).model
+  assert paper_size(text) == 8_215_568
+  c.decoder.enabled = text.decoder.enabled = False
+  assert paper_size(c) == 6_804_384
+  assert paper_size(text) == 6_804_224
 
 
 def test_paper_primary_capsule_grid():
@@ -39,11 +43,13 @@ def test_paper_primary_capsule_grid():
 
 
 def test_config_without_decoder_init_keys_builds_the_default_decoder():
-  # config.json of workdirs written before model.decoder.init_scale/bias_init existed.
-  old = smoke_config().to_dict()
+  # config.json of workdirs written before model.decoder.init_scale/bias_init existed: the
+  # paper's text was the default then (LeCun, biases 0).
+  text = resolved(mnist.get_config("text,smoke")).model
+  old = text.to_dict()
   del old["decoder"]["init_scale"], old["decoder"]["bias_init"]
   restored = capsnet.CapsNet(ml_collections.ConfigDict(old), rngs=nnx.Rngs(0))
-  current = capsnet.CapsNet(smoke_config(), rngs=nnx.Rngs(0))
+  current = capsnet.CapsNet(text, rngs=nnx.Rngs(0))
   for a, b in zip(jax.tree.leaves(nnx.state(restored.decoder)),
                   jax.tree.leaves(nnx.state(current.decoder))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -20,8 +20,8 @@ from capsjax.models.capsule_head import CapsuleHead, LossSettings
 from capsjax.models.outputs import Outputs
 from capsjax.runs import comparison
 from capsjax.runs.runconfig import flatten
-from capsjax.training import optimizers
-from helpers import abstract_model, resolved, write_idx_dataset
+from capsjax.training import optimizers, tasks
+from helpers import abstract_model, parse_config_flags, resolved, write_idx_dataset
 
 
 def code_margin_loss(lengths, one_hot):
@@ -71,7 +71,7 @@ def test_official_primary_capsules_are_the_convolution_over_32_plus_the_bias_squ
 
 def test_official_has_the_codes_parameter_count_and_every_init_and_bias():
   assert models.count_params(abstract_model(mnist.get_config("official"))) == 8_215_728
-  assert models.count_params(abstract_model(mnist.get_config())) == 8_215_568
+  assert models.count_params(abstract_model(mnist.get_config("text"))) == 8_215_568
   model = models.create(resolved(mnist.get_config("official")), rngs=nnx.Rngs(0))
   biases = {"conv1": model.conv1.bias, "primary": model.primary_capsules.conv.bias,
             "class capsules": model.class_capsules.bias,
@@ -95,16 +95,71 @@ def test_official_has_the_codes_parameter_count_and_every_init_and_bias():
 def test_official_changes_exactly_the_documented_settings():
   """What :official sets apart from the paper's config: the list docs/paper_experiments.md
   explains, line by line."""
-  paper, official = (flatten(mnist.get_config(v).to_dict()) for v in (None, "official"))
+  paper, official = (flatten(mnist.get_config(v).to_dict()) for v in ("text", "official"))
   changed = {k for k in official if official[k] != paper.get(k)}
   assert changed == {
       "loss.margin_weight", "model.conv1.bias_init", "model.primary.init_scale",
       "model.primary.bias_init", "model.primary.output_scale",
       "model.class_capsules.use_bias", "model.decoder.init_scale", "model.decoder.bias_init",
-      "optimizer.eps_hat", "optimizer.end_value", "data.validation_split"}
+      "optimizer.official_code", "data.validation_split"}
+  # Unset: a bias wherever the router forms s_j; Adam's and the exponential decay's settings
+  # as the code has them where those are chosen (the next tests).
+  assert official["model.class_capsules.use_bias"] is None
+  assert official["optimizer.official_code"] is True
   assert official["model.conv1.init_scale"] == 0.05  # The paper's config has it already.
   assert official["model.class_capsules.init_scale"] == 0.1
   assert official["model.class_capsules.bias_init"] == 0.1
+
+
+def test_the_default_is_official_and_text_is_the_papers_text():
+  """The validation measurement of 2026-11-27 made the code's settings the default."""
+  assert mnist.get_config() == mnist.get_config("official")
+  assert mnist.get_config("text") == mnist.make_config()
+  assert mnist.get_config("text,smoke") == mnist.make_config(smoke=True)
+  # The smoke model keeps the text's settings unless asked (configs/mnist.py says why).
+  assert mnist.get_config("smoke") == mnist.make_config(smoke=True)
+  assert mnist.get_config("official,smoke") == mnist.make_config(smoke=True, official=True)
+  with pytest.raises(ValueError, match="both official .* and text"):
+    mnist.get_config("text,official")
+
+
+def test_the_codes_optimiser_settings_apply_where_their_optimiser_and_schedule_are_chosen():
+  official = mnist.get_config().optimizer
+  settings = optimizers.resolve(official)
+  assert settings["eps_hat"] is True and settings["end_value"] == 1e-6
+  # Another optimiser or schedule named alone keeps its own defaults.
+  with official.unlocked():
+    official.name, official.schedule = "sgd", "cosine"
+  settings = optimizers.resolve(official)
+  assert "eps_hat" not in settings and "end_value" not in settings
+  assert settings["alpha"] == 0.0 and settings["momentum"] == 0.9
+  # A value given wins over the code's.
+  official = mnist.get_config().optimizer
+  official.eps_hat, official.end_value = False, 0.0
+  settings = optimizers.resolve(official)
+  assert settings["eps_hat"] is False and settings["end_value"] == 0.0
+  assert optimizers.resolve(mnist.get_config("text").optimizer)["eps_hat"] is False
+
+
+@pytest.mark.parametrize("router,bias", [("dynamic", True), ("uniform", True), ("random", True),
+                                         ("em", False), ("self_attention", False)])
+def test_the_class_bias_is_where_the_router_forms_s_j(router, bias):
+  config = mnist.get_config()
+  config.model.routing.name = router
+  task = tasks.Task.from_config(config)
+  assert task.config.model.class_capsules.use_bias is bias  # Recorded as in effect.
+  model = task.abstract_model
+  assert (getattr(model.class_capsules, "bias", None) is not None) is bias
+  config.model.class_capsules.use_bias = True  # Asked for, where there is no s_j: refused.
+  if not bias:
+    with pytest.raises(UsageError, match="does not form"):
+      tasks.Task.from_config(config)
+
+
+def test_the_class_bias_can_be_switched_off_from_the_command_line():
+  config = parse_config_flags("--config.model.class_capsules.use_bias=False")
+  assert config.model.class_capsules.use_bias is False
+  assert models.count_params(abstract_model(config)) == 8_215_568
 
 
 def tf1_adam(grads, lr, b1=0.9, b2=0.999, eps=1e-8):
@@ -155,7 +210,7 @@ def test_the_learning_rate_floor_binds_only_where_the_decay_goes_below_it():
 
 
 def test_validation_split_first_holds_out_the_first_training_digits(tmp_path):
-  data = mnist.get_config().data
+  data = mnist.get_config("text").data  # Random, and then "first" (the default's).
   data.source, data.dir, data.validation_size = "idx", str(
       write_idx_dataset(tmp_path, num_train=40, num_test=8)), 8
   images = sources.load(data, (28, 28, 1), 10)
@@ -192,11 +247,11 @@ def test_comparison_errors_by_hand():
 
 
 def test_old_loss_configs_read_the_papers_margin_weight():
-  old = mnist.get_config().loss
+  old = mnist.get_config("text").loss
   del old["margin_weight"]
   assert LossSettings.from_config(old).margin_weight == 1.0
   from capsjax.runs import runconfig
-  raw = mnist.get_config().to_dict()
+  raw = mnist.get_config("text").to_dict()
   del raw["loss"]["margin_weight"]
   raw["model"]["name"] = "capsnet"
   assert runconfig.from_raw(raw).loss.margin_weight == 1.0
@@ -210,7 +265,8 @@ def test_the_official_experiment_lists_its_stages_in_order():
   points = sweep.expand(sweep.experiment_sweep(module, path))
   assert [p.seed for p in points] == [0, 1, 2, 0, 1, 2]
   assert all(p.overrides["config"] == "configs/mnist.py:official" for p in points[:3])
-  assert points[3].overrides["loss.margin_weight"] == 0.05 and "config" not in points[3].overrides
+  assert points[3].overrides["loss.margin_weight"] == 0.05
+  assert points[3].overrides["config"] == "configs/mnist.py:text"
   assert all(p.overrides["train.eval_every_steps"] == 1500 for p in points)
   [budget] = sweep.expand(sweep.experiment_sweep(module, path + ":budget"))
   assert budget.seed == 0 and budget.overrides["train.num_steps"] == 150_000
@@ -225,7 +281,7 @@ def test_the_official_experiment_lists_its_stages_in_order():
   # The choice of the default: both configs on the code's validation split, 3 seeds each.
   chosen = sweep.expand(sweep.experiment_sweep(module, path + ":validation"))
   assert [p.overrides["config"] for p in chosen] == (
-      ["configs/mnist.py:official"] * 3 + ["configs/mnist.py"] * 3)
+      ["configs/mnist.py:official"] * 3 + ["configs/mnist.py:text"] * 3)
   for point in chosen:
     assert point.overrides["data.validation_size"] == 10_000
     assert point.overrides["data.validation_split"] == "first"
@@ -255,7 +311,8 @@ def test_official_baseline_has_the_codes_layers_inits_and_parameter_count():
     assert np.abs(w).max() <= 2 * std + 1e-6, k
     assert np.std(w) == pytest.approx(0.8796 * std, rel=0.05 if w.size > 5000 else 0.2), k
   # The optimiser and the validation split are configs/mnist.py:official's.
-  assert config.optimizer.eps_hat and config.optimizer.end_value == 1e-6
+  settings = optimizers.resolve(config.optimizer)
+  assert settings["eps_hat"] and settings["end_value"] == 1e-6
   assert config.data.validation_split == "first"
 
 

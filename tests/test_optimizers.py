@@ -15,7 +15,9 @@ from helpers import parse_config_flags
 
 
 def config(**settings):
-  c = mnist.get_config().optimizer
+  """The paper's text's optimiser (optax's Adam; the default's ``official_code`` has its own
+  tests in test_official_code.py) with ``settings``."""
+  c = mnist.get_config("text").optimizer
   c.update(settings)
   return c
 

@@ -15,8 +15,8 @@ CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
 
 def test_config_changes_name_what_a_resume_changes_and_skip_run_length():
-  before = json.loads(mnist.get_config().to_json_best_effort())
-  after = mnist.get_config()
+  before = json.loads(mnist.get_config("text").to_json_best_effort())
+  after = mnist.get_config("text")
   after.train.num_epochs, after.train.eval_every_steps, after.data.dir = 2, 117, "/elsewhere"
   after.eval.batch_size = 100
   after.model.routing.gradient = "analytic"   # How it is differentiated: the same function.

@@ -9,19 +9,21 @@ import mnist
 from capsjax.training.runtime import Runtime
 
 
-@pytest.mark.parametrize("config_module, train_limit, start, num_steps", [
-    (mnist, 0, 0, 3),
+@pytest.mark.parametrize("config_module, train_limit, start, num_steps, order", [
+    (mnist, 0, 0, 3, "permutation"),
     # 4 steps per epoch: the dispatch of steps 2..5 crosses into the next epoch (with its
     # permutations drawn once), and one of 5 steps is longer than an epoch.
-    (mnist, 64, 2, 4),
-    (mnist, 64, 0, 5),
-    (efficient_capsnet, 64, 0, 4),  # BatchNorm statistics carried from step to step.
+    (mnist, 64, 2, 4, "permutation"),
+    (mnist, 64, 0, 5, "permutation"),
+    (efficient_capsnet, 64, 0, 4, "permutation"),  # BatchNorm statistics carried along.
+    (mnist, 64, 1, 4, "stream"),  # Windows of 24 examples: batches of 16 straddle two.
 ], ids=["capsnet", "capsnet-across-epochs", "capsnet-longer-than-an-epoch",
-        "efficient_capsnet"])
+        "efficient_capsnet", "capsnet-stream"])
 def test_steps_per_dispatch_gives_the_state_and_metrics_of_single_steps(
-    idx_dir, config_module, train_limit, start, num_steps):
+    idx_dir, config_module, train_limit, start, num_steps, order):
   config = config_module.get_config("smoke")
   config.data.source, config.data.dir = "idx", str(idx_dir)
+  config.data.order, config.data.stream_window = order, 24
   if train_limit:
     config.data.train_limit = train_limit
   runtime = Runtime(config)

@@ -101,6 +101,8 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "data.test_limit": 0,                  # 0: the whole test set.
     "data.validation_size": 0,             # No validation split.
     "data.validation_split": "random",     # Drawn with the seed; "first": the code's.
+    "data.order": "permutation",           # "stream": the code's (datasets/stream_order.py).
+    "data.stream_window": 5384,            # "stream"'s shuffle window: the code's queue.
     "data.rotation_degrees": 0.0,          # Rotations the model trained with (affNIST-like).
     "data.viewpoint_split": "",            # smallNORB: every viewpoint.
     "eval.figures": True,
@@ -154,6 +156,7 @@ def optimizer() -> dict[str, Any]:
   return {"name": "adam", "learning_rate": 1e-3, "schedule": "exponential", "warmup_steps": 0,
           "warmup_epochs": config_dict.placeholder(float),
           "weight_decay": config_dict.placeholder(float), "clip_norm": 0.0,
+          "official_code": False,
           **_unset_keys([*OPTIMIZERS.values(), *SCHEDULES.values()])}
 
 

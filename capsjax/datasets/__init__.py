@@ -131,6 +131,17 @@ class Builder:
     return {"images": to_float(examples["images"][indices]),
             "labels": examples["labels"][indices]}
 
+  def stream_copies(self) -> int:
+    """How many copies of each train example in a row ``data.order="stream"`` reads
+    (:mod:`capsjax.datasets.stream_order`); 0: the builder has no such stream."""
+    return 0
+
+  def train_stream_batch(self, key: jax.Array, indices: jax.Array, copies: jax.Array,
+                         examples: dict, shared: dict) -> dict:
+    """The batch of copy ``copies[k]`` of train example ``indices[k]``, inside the jitted step
+    (builders whose :meth:`stream_copies` is above 0)."""
+    raise NotImplementedError(f"dataset {self.name!r} has no stream of copies")
+
   def eval_batch(self, examples: dict, shared: dict) -> dict:
     """A deterministic batch from a slice of an evaluation split's examples. ``images`` may be
     uint8 pixels (as the splits hold them) or floats in [0, 1] (images an attack or a

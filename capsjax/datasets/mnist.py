@@ -21,6 +21,7 @@ in training only.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from capsjax import datasets
 from capsjax.common.errors import UsageError
@@ -73,4 +74,20 @@ class MNIST(datasets.Builder):
       digit_key, key = jax.random.split(key)
       images = digit_augment.augment(digit_key, images, self.digit_augment)
     return {"images": augment.random_shift(key, images, self.shift),
+            "labels": examples["labels"][indices]}
+
+  def stream_copies(self) -> int:
+    """The official code's file holds each digit's (2 shift + 1)^2 shifts in a row."""
+    return (2 * self.shift + 1) ** 2
+
+  def train_stream_batch(self, key, indices, copies, examples, shared):
+    """Copy k of a digit is the official code's k-th shift (``mnist_shift.py:109-123``): down
+    by ``k // (2 shift + 1) - shift`` px, right by ``k % (2 shift + 1) - shift``."""
+    del shared
+    images = datasets.to_float(examples["images"][indices])
+    if self.digit_augment.active:
+      images = digit_augment.augment(key, images, self.digit_augment)
+    side = 2 * self.shift + 1
+    shifts = jnp.stack([copies % side - self.shift, copies // side - self.shift], axis=-1)
+    return {"images": augment.shift_by(images, shifts, self.shift),
             "labels": examples["labels"][indices]}

@@ -20,6 +20,16 @@ from capsjax.models import capsule_head, capsule_model
 from capsjax.models.capsule_head import LossSettings, check_scores  # noqa: F401 (re-exported)
 
 
+def class_bias(config: ml_collections.ConfigDict, router) -> bool:
+  """Whether the class capsules add a bias to s_j: ``config.class_capsules.use_bias``, or
+  unset (None; the default of configs/mnist.py, as the official code) wherever ``router``
+  forms s_j."""
+  if "use_bias" not in config.class_capsules:  # Configs written before the bias existed.
+    return False
+  use_bias = config.class_capsules.use_bias
+  return bool(router.uses_parent_bias if use_bias is None else use_bias)
+
+
 def validate_model_config(config: ml_collections.ConfigDict) -> None:
   """Raises UsageError (a ValueError) naming the config key for settings that cannot work.
   Reads ``config`` (``config.model``) only."""
@@ -29,7 +39,7 @@ def validate_model_config(config: ml_collections.ConfigDict) -> None:
     raise UsageError(f"config.model.primary.output_scale must be a number > 0 (1: the paper, "
                      f"1/32: the official code), got {scale!r}.")
   check_scores(config, router)
-  if config.class_capsules.use_bias and not router.uses_parent_bias:
+  if class_bias(config, router) and not router.uses_parent_bias:
     raise UsageError(f"config.model.class_capsules.use_bias adds a bias to s_j, which router "
                      f"{router.name!r} does not form; leave it False.")
   layers.check_compute_settings(config)
@@ -64,6 +74,14 @@ class CapsNet(capsule_model.CapsuleModel):
   dimensions, so one class serves 28x28 MNIST, 36x36 MultiMNIST and 32x32 RGB.
   """
 
+  @staticmethod
+  def resolve_config(config: ml_collections.ConfigDict) -> None:
+    """The router's settings in effect (:meth:`CapsuleModel.resolve_config`) and
+    ``class_capsules.use_bias`` as it is in effect where left unset (:func:`class_bias`)."""
+    capsule_model.CapsuleModel.resolve_config(config)
+    if "use_bias" in config.class_capsules and config.class_capsules.use_bias is None:
+      config.class_capsules.use_bias = class_bias(config, routing.resolve(config.routing)[0])
+
   def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs,
                loss: LossSettings | None = None):
     """``config`` is ``config.model``; ``loss`` the settings of :meth:`loss`."""
@@ -89,7 +107,7 @@ class CapsNet(capsule_model.CapsuleModel):
         grid_h * grid_w * config.primary.num_types, config.primary.dim,
         config.num_classes, config.class_capsules.dim,
         init_scale=config.class_capsules.init_scale,
-        use_bias=config.class_capsules.use_bias,
+        use_bias=class_bias(config, router),
         bias_init=config.class_capsules.bias_init,
         routing={"name": router.name, **settings}, rngs=rngs)
     # .get: config.json of workdirs written before the decoder init keys existed.

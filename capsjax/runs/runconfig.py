@@ -29,6 +29,7 @@ def _optional(*keys: str) -> dict:
   return {key: config_keys.OPTIONAL_KEYS[key] for key in keys}
 
 
+_ORDER = ("data.order", "data.stream_window")
 _DEFAULTS_OF = {
     ("model.name", "capsnet"): {**_optional("model.primary.output_scale",
                                             "model.class_capsules.scores"),
@@ -37,10 +38,10 @@ _DEFAULTS_OF = {
     ("model.name", "baseline_cnn"): {"model.padding": "SAME", "model.bias_init": 0.0,
                                      "model.dense_init_scale": None,
                                      "model.loss": "cross_entropy"},
-    ("dataset", "mnist"): {"data.pad": 0, **_optional("data.validation_split")},
+    ("dataset", "mnist"): {"data.pad": 0, **_optional("data.validation_split", *_ORDER)},
     ("dataset", "smallnorb"): _optional("data.viewpoint_split", "data.validation_split"),
-    **{("dataset", name): _optional("data.validation_split")
-       for name in ("multimnist", "cifar10", "svhn")},
+    ("dataset", "multimnist"): _optional("data.validation_split", *_ORDER),
+    **{("dataset", name): _optional("data.validation_split") for name in ("cifar10", "svhn")},
 }
 # Settings that registries own (a router's, an optimiser's) are not listed: they are compared
 # resolved (:func:`capsjax.training.config_history.comparable`).

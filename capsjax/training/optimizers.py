@@ -45,7 +45,11 @@ from capsjax.common.errors import UsageError
 # Each optimiser's and schedule's own settings and their defaults: the JAX-free schema's.
 OPTIMIZERS, SCHEDULES = schema.OPTIMIZERS, schema.SCHEDULES
 COMMON = ("name", "learning_rate", "schedule", "warmup_steps", "warmup_epochs", "weight_decay",
-          "clip_norm")
+          "clip_norm", "official_code")
+# What ``official_code=True`` makes of the chosen optimiser's and schedule's unset settings: the
+# authors' code's tf.train.AdamOptimizer and its exponential decay's floor (models/model.py:63-70);
+# an optimiser or schedule not named here keeps its own defaults.
+OFFICIAL_CODE = {"adam": {"eps_hat": True}, "exponential": {"end_value": 1e-6}}
 EPOCH_TWINS = {"decay_epochs": "decay_steps", "warmup_epochs": "warmup_steps",
                "boundary_epochs": "boundaries"}
 
@@ -62,7 +66,10 @@ def resolve(config: ml_collections.ConfigDict) -> dict[str, Any]:
   Raises UsageError naming the key for an unknown name or schedule, a setting the chosen
   optimiser or schedule does not have, a step count given twice (in steps and in epochs) and
   values that cannot work. Configs written before ``name`` and ``schedule`` existed are Adam
-  with the exponential schedule.
+  with the exponential schedule. ``official_code=True`` (the default of ``configs/mnist.py``)
+  fills the unset settings that :data:`OFFICIAL_CODE` names as the authors' code has them
+  (Adam's epsilon hat, the exponential decay's floor of 1e-6), so that another optimiser or
+  schedule named alone still works.
   """
   given = {k: config[k] for k in config}
   name, schedule = given.get("name") or "adam", given.get("schedule") or "exponential"
@@ -90,6 +97,9 @@ def resolve(config: ml_collections.ConfigDict) -> dict[str, Any]:
               "clip_norm": float(given.get("clip_norm") or 0.0)}
   if settings["weight_decay"] is None:
     settings["weight_decay"] = 1e-4 if name == "adamw" else 0.0
+  settings["official_code"] = bool(given.get("official_code") or False)
+  if settings["official_code"]:
+    own = {**own, **OFFICIAL_CODE.get(name, {}), **OFFICIAL_CODE.get(schedule, {})}
   for key, default in own.items():
     settings[key] = given[key] if given.get(key) is not None else default
   for epochs, steps in EPOCH_TWINS.items():

@@ -25,7 +25,8 @@ import optax
 from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from capsjax.datasets import augment
+from capsjax.common import config_keys
+from capsjax.datasets import augment, stream_order
 from capsjax.training.tasks import Task
 
 
@@ -128,6 +129,10 @@ def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
     return metrics["loss"], (metrics, result.model_state)
 
   steps_per_epoch = num_train // batch_size
+  stream = config_keys.optional(task.config.data, "data.order") == "stream"
+  if stream:  # The official code's order (capsjax/datasets/stream_order.py).
+    copies = task.dataset.stream_copies()
+    window = int(config_keys.optional(task.config.data, "data.stream_window"))
 
   def step_keys(state: TrainState):
     """The run's data key (epoch permutations) and augmentation key (folded with the step)."""
@@ -141,17 +146,25 @@ def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
     return first_epoch, jnp.stack([augment.epoch_permutation(data_key, first_epoch + e,
                                                              num_train) for e in (0, 1)])
 
-  def one_step(state: TrainState, examples, shared, settings, permutations=None):
+  def train_batch(state: TrainState, examples, shared, permutations):
+    """The step's batch: from the epoch's permutation, or the stream's (``data.order``)."""
     data_key, augment_key = step_keys(state)
+    key = jax.random.fold_in(augment_key, state.step)
+    if stream:
+      positions = stream_order.batch_positions(data_key, state.step, batch_size, window)
+      indices, which = stream_order.examples_and_copies(positions, num_train, copies)
+      return task.dataset.train_stream_batch(key, shard(indices), shard(which), examples,
+                                             shared)
     if permutations is None:
       indices = augment.epoch_batch_indices(data_key, state.step, num_train, batch_size)
     else:  # The same indices, from the dispatch's permutations.
       first_epoch, orders = permutations
       order = orders[state.step // steps_per_epoch - first_epoch]
       indices = augment.batch_from_permutation(order, state.step, batch_size)
-    indices = shard(indices)
-    batch = task.complete_batch(task.dataset.train_batch(
-        jax.random.fold_in(augment_key, state.step), indices, examples, shared))
+    return task.dataset.train_batch(key, shard(indices), examples, shared)
+
+  def one_step(state: TrainState, examples, shared, settings, permutations=None):
+    batch = task.complete_batch(train_batch(state, examples, shared, permutations))
     batch = jax.tree.map(shard, batch)
     noise_key = jax.random.fold_in(jax.random.fold_in(state.rng, 1), state.step)
     # The settings are closed over, not differentiated arguments: a reader may record them.
@@ -168,7 +181,8 @@ def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
     if num_steps == 1:
       state, metrics = one_step(state, examples, shared, settings)
       return state, jax.tree.map(lambda m: m[None], metrics)
-    permutations = epoch_permutations(state) if num_steps <= steps_per_epoch else None
+    permutations = (epoch_permutations(state) if num_steps <= steps_per_epoch and not stream
+                    else None)
     return jax.lax.scan(lambda s, _: one_step(s, examples, shared, settings, permutations),
                         state, None, length=num_steps)
 
