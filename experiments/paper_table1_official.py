@@ -21,6 +21,10 @@ Points, in the order a GPU sitting should spend its time on them
        evaluated beside it for the comparison-only columns, never for the choice). On an H100
        on 2026-11-27: 0.49 ± 0.04% for ``:official`` against 0.57 ± 0.02% for the text, so
        ``:official`` is the default since.
+  ``:stream``  ``:validation``'s ``:official`` points with the code's order of examples
+       (``data.order="stream"``: each digit's 25 shifts in a row through a shuffle of 5,384),
+       3 seeds, to set beside ``:validation``'s ``:official`` row (the same seeds in the
+       default order): the order becomes the default if it validates lower.
 
 Every point evaluates the test set every 1,500 steps, as the code's evaluation job tests each
 checkpoint; that only draws the curve and fills the comparison-only column of results.md
@@ -30,8 +34,8 @@ result is the final parameters' test error.
   python -m capsjax.sweep experiments/paper_table1_official.py --workdir=/tmp/official \\
       --config.data.source=idx --config.data.dir=/path/to/mnist --index=0,1,2
 
-``:tiny``, ``:tiny_budget``, ``:tiny_validation`` and ``:tiny_baseline`` are the same points on the smoke model for a few steps (the
-tests run them).
+``:tiny``, ``:tiny_budget``, ``:tiny_validation``, ``:tiny_baseline`` and ``:tiny_stream``
+are the same points on the smoke model for a few steps (the tests run them).
 """
 
 BASE_CONFIG = "configs/mnist.py"
@@ -42,7 +46,7 @@ SEEDS = (0, 1, 2)
 
 
 VARIANTS = ("tiny", "budget", "tiny_budget", "validation", "tiny_validation", "baseline",
-            "tiny_baseline")
+            "tiny_baseline", "stream", "tiny_stream")
 # The code's --validate: the first 10,000 training digits held out; the test set evaluated
 # beside the validation split only for the comparison-only columns.
 VALIDATION = {"data.validation_size": 10_000, "data.validation_split": "first",
@@ -62,6 +66,10 @@ def get_sweep(variant: str | None = None):
   if variant is not None and variant.endswith("baseline"):
     config = f"configs/mnist_baseline.py:official{smoke}"
     return {"points": [{"config": config, "train.eval_every_steps": 1500}],
+            "seeds": list(SEEDS)}
+  if variant is not None and variant.endswith("stream"):
+    validation = dict(VALIDATION, **({"data.validation_size": 64} if tiny else {}))
+    return {"points": [dict(official, **validation, **{"data.order": "stream"})],
             "seeds": list(SEEDS)}
   if variant is not None and variant.endswith("validation"):
     text = dict(HEADLINE, config=f"configs/mnist.py:text{smoke}")

@@ -286,6 +286,11 @@ def test_the_official_experiment_lists_its_stages_in_order():
     assert point.overrides["data.validation_size"] == 10_000
     assert point.overrides["data.validation_split"] == "first"
     assert tuple(point.overrides["train.eval_during"]) == ("test",)
+  # The code's order of examples, beside :validation's :official points (the same seeds).
+  stream = sweep.expand(sweep.experiment_sweep(module, path + ":stream"))
+  assert [p.seed for p in stream] == [0, 1, 2]
+  for point, official in zip(stream, chosen[:3]):
+    assert point.overrides == dict(official.overrides, **{"data.order": "stream"})
 
 
 # --- The official code's baseline CNN (models/conv_model.py) ---
