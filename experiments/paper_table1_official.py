@@ -60,6 +60,7 @@ def get_sweep(variant: str | None = None):
   tiny = variant is not None and variant.startswith("tiny")
   smoke = ",smoke" if tiny else ""
   official = dict(HEADLINE, config=f"configs/mnist.py:official{smoke}")
+  validation = dict(VALIDATION, **({"data.validation_size": 64} if tiny else {}))
   if variant is not None and variant.endswith("budget"):
     return {"points": [dict(official, **{"train.num_steps": 8 if tiny else 150_000})],
             "seeds": [0]}
@@ -68,12 +69,10 @@ def get_sweep(variant: str | None = None):
     return {"points": [{"config": config, "train.eval_every_steps": 1500}],
             "seeds": list(SEEDS)}
   if variant is not None and variant.endswith("stream"):
-    validation = dict(VALIDATION, **({"data.validation_size": 64} if tiny else {}))
     return {"points": [dict(official, **validation, **{"data.order": "stream"})],
             "seeds": list(SEEDS)}
   if variant is not None and variant.endswith("validation"):
     text = dict(HEADLINE, config=f"configs/mnist.py:text{smoke}")
-    validation = dict(VALIDATION, **({"data.validation_size": 64} if tiny else {}))
     return {"points": [dict(official, **validation), dict(text, **validation)],
             "seeds": list(SEEDS)}
   scale_only = dict(HEADLINE, config=f"configs/mnist.py:text{smoke}",

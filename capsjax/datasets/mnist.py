@@ -67,12 +67,18 @@ class MNIST(datasets.Builder):
       split.examples["images"] = augment.pad_images(split.examples["images"], self.pad)
     return splits
 
-  def train_batch(self, key, indices, examples, shared):
-    del shared
+  def _digits(self, key, indices, examples):
+    """``(images, key)``: the train digits ``indices`` as floats, through Efficient-CapsNet's
+    augmentation where it is set, and the key left for the shifts."""
     images = datasets.to_float(examples["images"][indices])
     if self.digit_augment.active:
       digit_key, key = jax.random.split(key)
       images = digit_augment.augment(digit_key, images, self.digit_augment)
+    return images, key
+
+  def train_batch(self, key, indices, examples, shared):
+    del shared
+    images, key = self._digits(key, indices, examples)
     return {"images": augment.random_shift(key, images, self.shift),
             "labels": examples["labels"][indices]}
 
@@ -84,9 +90,7 @@ class MNIST(datasets.Builder):
     """Copy k of a digit is the official code's k-th shift (``mnist_shift.py:109-123``): down
     by ``k // (2 shift + 1) - shift`` px, right by ``k % (2 shift + 1) - shift``."""
     del shared
-    images = datasets.to_float(examples["images"][indices])
-    if self.digit_augment.active:
-      images = digit_augment.augment(key, images, self.digit_augment)
+    images, _ = self._digits(key, indices, examples)
     side = 2 * self.shift + 1
     shifts = jnp.stack([copies % side - self.shift, copies // side - self.shift], axis=-1)
     return {"images": augment.shift_by(images, shifts, self.shift),
