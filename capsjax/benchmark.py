@@ -143,6 +143,9 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
       "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
       "device": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
       "model": runtime.config.model.name,
+      # The same field as the PyTorch peers' lines (experiments/torch_capsnet.py): one check
+      # that both sides built the same network.
+      "trainable_parameters": int(sum(leaf.size for leaf in jax.tree.leaves(state.params))),
       "dataset": runtime.config.dataset,
       # Models without these settings (em_capsnet has no compute_dtype) report None.
       "conv_impl": config.model.get("conv_impl"),

@@ -48,51 +48,72 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 def make_config(*, smoke: bool = False, official: bool = False) -> ml_collections.ConfigDict:
   """The config; other config files build on it. ``official=False`` is the paper's text (the
   files built on this one keep it until a measurement of theirs says otherwise);
-  :func:`get_config` sets ``official=True`` unless asked for ``text``."""
-  c = ml_collections.ConfigDict()
-  # The values below are the paper's text; set_official (the default of get_config) changes
-  # those the authors' code has otherwise.
-  c.seed = 0
+  :func:`get_config` sets ``official=True`` unless asked for ``text``.
 
+  Each section is built by its own function below with the paper's text's values;
+  :func:`set_official` (the default of :func:`get_config`) changes those the authors' code has
+  otherwise, and :func:`set_smoke` shrinks the model and the run for tests."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
   c.dataset = "mnist"             # A registered dataset builder (capsjax/datasets).
-  c.data = ml_collections.ConfigDict()
-  c.data.source = "tfds"          # "tfds": any tensorflow-datasets name; "idx": IDX files.
-  c.data.name = "mnist"           # tfds name (ignored by "idx").
+  c.data = data_config()
+  c.model = model_config()
+  c.loss = loss_config()
+  c.optimizer = optimizer_config()
+  c.train = train_config()
+  c.eval, c.evals = eval_configs()
+  if official:
+    set_official(c)
+  if smoke:
+    set_smoke(c)
+  return c
+
+
+def data_config() -> ml_collections.ConfigDict:
+  """``config.data``: where MNIST comes from, the held-out split, shifts and the order."""
+  data = ml_collections.ConfigDict()
+  data.source = "tfds"          # "tfds": any tensorflow-datasets name; "idx": IDX files.
+  data.name = "mnist"           # tfds name (ignored by "idx").
   # tfds: the manual dir with the original archives (offline); idx: the IDX folder.
-  c.data.dir = config_dict.placeholder(str)
-  c.data.tfds_data_dir = config_dict.placeholder(str)  # Where tfds keeps prepared data.
-  c.data.validation_size = 0      # Held out from train; the paper tuned on 10,000.
-  c.data.validation_split = "random"  # Drawn with the seed; "first": the official code's.
-  c.data.train_limit = 0          # Use only the first N training examples (0: all).
-  c.data.test_limit = 0           # Evaluate a fixed random sample of N examples (0: all).
-  c.data.shift_pixels = 2         # Random shifts of up to 2 px with zero padding.
-  c.data.pad = 0                  # Centre digits on a canvas this many px larger per side.
+  data.dir = config_dict.placeholder(str)
+  data.tfds_data_dir = config_dict.placeholder(str)  # Where tfds keeps prepared data.
+  data.validation_size = 0      # Held out from train; the paper tuned on 10,000.
+  data.validation_split = "random"  # Drawn with the seed; "first": the official code's.
+  data.train_limit = 0          # Use only the first N training examples (0: all).
+  data.test_limit = 0           # Evaluate a fixed random sample of N examples (0: all).
+  data.shift_pixels = 2         # Random shifts of up to 2 px with zero padding.
+  data.pad = 0                  # Centre digits on a canvas this many px larger per side.
   # The order of training examples: "permutation", each epoch a fresh permutation and each
   # draw a random shift; "stream", the official code's file (each digit's 25 shifts in a row,
   # the digits in file order, over and over) through a shuffle of stream_window examples
   # (the code's queue: 5,000 + 3 x 128). Not part of :official (not measured yet).
-  c.data.order = "permutation"
-  c.data.stream_window = 5384
+  data.order = "permutation"
+  data.stream_window = 5384
+  return data
 
-  c.model = ml_collections.ConfigDict()
-  c.model.name = "capsnet"        # A registered model (capsjax/models).
+
+def model_config() -> ml_collections.ConfigDict:
+  """``config.model``: the paper's CapsNet (conv1, PrimaryCaps, class capsules, routing,
+  decoder)."""
+  model = ml_collections.ConfigDict()
+  model.name = "capsnet"        # A registered model (capsjax/models).
   # Unset: from the dataset (here 28x28x1 and 10 classes, 2 x data.pad px larger if padded).
-  c.model.image_shape = config_dict.placeholder(tuple)
-  c.model.num_classes = config_dict.placeholder(int)
+  model.image_shape = config_dict.placeholder(tuple)
+  model.num_classes = config_dict.placeholder(int)
   # Conv init (the paper gives none): init_scale>0 draws normal(0, init_scale) cut at
   # 2 std, init_scale=0 is LeCun normal. conv1 at 0.05 is the official code's; on a held-out
   # validation split 0, 0.01, 0.03 and 0.05 were within 0.21 points after one epoch
   # (experiments/README.md, "conv1 init, re-checked on validation"). The official code's
   # PrimaryCaps init (0.1, biases 0.1) saturates the capsules at the start and learned
   # slower here after one epoch, so the text's PrimaryCaps is LeCun.
-  c.model.conv1 = ml_collections.ConfigDict(
+  model.conv1 = ml_collections.ConfigDict(
       dict(features=256, kernel_size=9, stride=1, init_scale=0.05, bias_init=0.0))
   # output_scale: the convolution times this before the squash; 1 in the paper, 1/32 in the
   # official code (its PrimaryCaps couples each output with softmax(0) over the 32 types).
-  c.model.primary = ml_collections.ConfigDict(
+  model.primary = ml_collections.ConfigDict(
       dict(num_types=32, dim=8, kernel_size=9, stride=2, init_scale=0.0, bias_init=0.0,
            output_scale=1.0))
-  c.model.class_capsules = ml_collections.ConfigDict(dict(
+  model.class_capsules = ml_collections.ConfigDict(dict(
       dim=16,
       init_scale=0.1,    # W_ij ~ normal(0, 0.1) cut at 2 std (official code; paper silent).
       # A bias on s_j (the official code has one, the paper not); unset (None): one wherever
@@ -115,16 +136,20 @@ def make_config(*, smoke: bool = False, official: bool = False) -> ml_collection
   #   gradient="auto"       how it is differentiated (same gradients): "autodiff" (auto, for
   #                         now everywhere) or "analytic", the backward pass written out.
   # Routers: dynamic | uniform | random | self_attention | inverted_dot_product | self_routing.
-  c.model.routing = ml_collections.ConfigDict(config_keys.routing())
-  c.model.routing.name = "dynamic"
+  model.routing = ml_collections.ConfigDict(config_keys.routing())
+  model.routing.name = "dynamic"
   # Decoder init: LeCun, biases 0 (Flax's default); the official code's 0.1 / 0.1 measured
   # the same after one epoch (experiments/README.md).
-  c.model.decoder = ml_collections.ConfigDict(
+  model.decoder = ml_collections.ConfigDict(
       dict(enabled=True, hidden=(512, 1024), init_scale=0.0, bias_init=0.0))
-  c.model.conv_impl = "auto"  # "auto" | "native" | "im2col" | "polyphase" | "winograd[4]".
-  c.model.compute_dtype = "float32"  # "bfloat16": convs and decoder in bf16.
+  model.conv_impl = "auto"  # "auto" | "native" | "im2col" | "polyphase" | "winograd[4]".
+  model.compute_dtype = "float32"  # "bfloat16": convs and decoder in bf16.
+  return model
 
-  c.loss = ml_collections.ConfigDict(dict(
+
+def loss_config() -> ml_collections.ConfigDict:
+  """``config.loss``: the margin loss (Eq. 4) and the reconstruction term."""
+  return ml_collections.ConfigDict(dict(
       m_plus=0.9, m_minus=0.1, lam=0.5,
       reconstruction_weight=0.0005,  # Times the SUM of squared pixel errors.
       # Times Eq. 4 summed over the classes; the official code's 0.05 (0.5 x a mean over the
@@ -132,65 +157,76 @@ def make_config(*, smoke: bool = False, official: bool = False) -> ml_collection
       margin_weight=1.0,
   ))
 
+
+def optimizer_config() -> ml_collections.ConfigDict:
+  """``config.optimizer``: the paper's Adam and learning-rate decay."""
   # capsjax/training/optimizers.py: the paper's Adam, 1e-3 decayed exponentially 0.96 every
   # 2000 steps.
   # Each optimiser's and schedule's own settings (b1, b2, eps; momentum, nesterov; decay_rate,
   # decay_steps or decay_epochs, staircase; ...) are unset here, which takes that one's default
   # (Adam: TF's b1 0.9, b2 0.999, eps 1e-8; exponential: the paper's 0.96 every 2000 steps),
   # so that e.g. --config.optimizer.name=sgd or --config.optimizer.schedule=cosine alone works.
-  c.optimizer = ml_collections.ConfigDict(config_keys.optimizer())
-  c.optimizer.name = "adam"           # adam | adamw | sgd | rmsprop
-  c.optimizer.learning_rate = 1e-3
-  c.optimizer.schedule = "exponential"  # exponential | cosine | constant | piecewise
-  c.optimizer.weight_decay = config_dict.placeholder(float)  # Unset: 0 (adamw: 1e-4).
-  c.optimizer.clip_norm = 0.0         # > 0: clip gradients to this global norm.
+  optimizer = ml_collections.ConfigDict(config_keys.optimizer())
+  optimizer.name = "adam"           # adam | adamw | sgd | rmsprop
+  optimizer.learning_rate = 1e-3
+  optimizer.schedule = "exponential"  # exponential | cosine | constant | piecewise
+  optimizer.weight_decay = config_dict.placeholder(float)  # Unset: 0 (adamw: 1e-4).
+  optimizer.clip_norm = 0.0         # > 0: clip gradients to this global norm.
+  return optimizer
 
-  c.train = ml_collections.ConfigDict()
-  c.train.batch_size = 128
-  c.train.num_steps = config_dict.placeholder(int)  # Total steps; unset: num_epochs decides.
-  c.train.num_epochs = 50
-  c.train.log_every_steps = 50
-  c.train.eval_every_steps = 0       # 0: at the end of each epoch.
-  c.train.checkpoint_every_steps = 500
-  c.train.keep_checkpoints = 3       # Latest N; the best by accuracy is kept as well.
-  c.train.steps_per_dispatch = 1     # >1: lax.scan over this many steps per call.
+
+def train_config() -> ml_collections.ConfigDict:
+  """``config.train``: batch, budget, logging, evaluation and checkpoint cadence."""
+  train = ml_collections.ConfigDict()
+  train.batch_size = 128
+  train.num_steps = config_dict.placeholder(int)  # Total steps; unset: num_epochs decides.
+  train.num_epochs = 50
+  train.log_every_steps = 50
+  train.eval_every_steps = 0       # 0: at the end of each epoch.
+  train.checkpoint_every_steps = 500
+  train.keep_checkpoints = 3       # Latest N; the best by accuracy is kept as well.
+  train.steps_per_dispatch = 1     # >1: lax.scan over this many steps per call.
   # Stop once the selection set (validation, else test) reaches this accuracy (e.g. 0.99).
-  c.train.stop_at_accuracy = config_dict.placeholder(float)
+  train.stop_at_accuracy = config_dict.placeholder(float)
   # Further evaluations (config.evals names) run whenever validation is evaluated, to record
   # curves (e.g. novel viewpoints for comparisons at matched familiar error); never to choose.
-  c.train.eval_during = ()
+  train.eval_during = ()
   # Warn when this fraction of the class capsules is saturated (longer than 0.95) for this
   # many consecutive steps (steps=0: never); docs/training.md, "Saturated class capsules".
-  c.train.saturation_warning = ml_collections.ConfigDict(dict(fraction=0.9, steps=100))
+  train.saturation_warning = ml_collections.ConfigDict(dict(fraction=0.9, steps=100))
+  return train
 
-  c.eval = ml_collections.ConfigDict()
-  c.eval.batch_size = 500
-  c.eval.figures = True           # After training: curves, diagnostics, the model's figures.
-  c.eval.num_figure_examples = 8
+
+def eval_configs() -> tuple[ml_collections.ConfigDict, ml_collections.ConfigDict]:
+  """``config.eval`` (batch and figures) and ``config.evals`` (what is evaluated, by name)."""
+  e = ml_collections.ConfigDict()
+  e.batch_size = 500
+  e.figures = True           # After training: curves, diagnostics, the model's figures.
+  e.num_figure_examples = 8
 
   # Evaluations (capsjax/evaluators), by name; "test" is the main test set. A held-out
   # validation split (data.validation_size) is evaluated as "validation" as well.
-  c.evals = ml_collections.ConfigDict()
-  c.evals.test = ml_collections.ConfigDict(dict(type="split", split="test"))
+  evals = ml_collections.ConfigDict()
+  evals.test = ml_collections.ConfigDict(dict(type="split", split="test"))
+  return e, evals
 
-  if official:
-    set_official(c)
-  if smoke:
-    c.data.train_limit = 512
-    c.data.test_limit = 128
-    c.model.conv1.features = 16
-    c.model.conv1.init_scale = 0.0  # LeCun: with 16 features, a fixed std gives tiny capsules.
-    c.model.primary.num_types = 4
-    c.model.primary.dim = 4
-    c.model.class_capsules.dim = 8
-    c.model.decoder.hidden = (32, 64)
-    c.train.batch_size = 16
-    c.train.num_steps = 8
-    c.train.log_every_steps = 2
-    c.train.checkpoint_every_steps = 4
-    c.eval.batch_size = 64
-    c.eval.num_figure_examples = 4
-  return c
+
+def set_smoke(c: ml_collections.ConfigDict) -> None:
+  """A tiny model for a few steps on a small slice of data (tests, CI)."""
+  c.data.train_limit = 512
+  c.data.test_limit = 128
+  c.model.conv1.features = 16
+  c.model.conv1.init_scale = 0.0  # LeCun: with 16 features, a fixed std gives tiny capsules.
+  c.model.primary.num_types = 4
+  c.model.primary.dim = 4
+  c.model.class_capsules.dim = 8
+  c.model.decoder.hidden = (32, 64)
+  c.train.batch_size = 16
+  c.train.num_steps = 8
+  c.train.log_every_steps = 2
+  c.train.checkpoint_every_steps = 4
+  c.eval.batch_size = 64
+  c.eval.num_figure_examples = 4
 
 
 def set_official(c: ml_collections.ConfigDict) -> None:

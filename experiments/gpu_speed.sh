@@ -19,7 +19,8 @@
 #   experiments/gpu_speed.sh OUT_DIR [SECONDS_PER_RATE]
 #
 # STAGES chooses and orders them (default "peer runs gradients profile"). On a CPU, as a dry
-# run (the peer needs PyTorch, which capsjax does not install: its lines then say so):
+# run (the peer needs PyTorch, which capsjax does not install: its lines then say so; with
+# PyTorch on PYTHONPATH or as PEER_PYTHON the peer runs on the CPU as well):
 #   PEER_BATCHES=4 BATCHES=4 PROFILE_BATCH=4 experiments/gpu_speed.sh /tmp/out 1
 set -uo pipefail
 out=$1
@@ -57,7 +58,10 @@ for stage in ${STAGES:-peer runs gradients profile}; do
         peer "torch_b${batch}_compile_graphs" --batch_size="$batch" --compile \
           --compile_mode=reduce-overhead
         peer "torch_b${batch}_compile" --batch_size="$batch" --compile
-        bench "capsnet_b${batch}" --config=configs/mnist.py --config.train.batch_size="$batch"
+        # :text, the network the peer builds (8,215,568 parameters: no class bias, PrimaryCaps
+        # unscaled); the default's code settings add 160 parameters and two additions.
+        bench "capsnet_b${batch}" --config=configs/mnist.py:text \
+          --config.train.batch_size="$batch"
       done ;;
     runs)
       bench capsnet_runs --config=configs/mnist.py --runs=1,2,4,8 \

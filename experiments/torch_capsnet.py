@@ -19,7 +19,8 @@ lets matmuls use TF32, as JAX's default precision does on GPUs (cuDNN's convolut
 in PyTorch by default).
 
 The last line printed is one JSON object; compare it with ``python -m capsjax.benchmark
---config=configs/mnist.py --config.train.batch_size=B`` on the same machine, one at a time.
+--config=configs/mnist.py:text --config.train.batch_size=B`` (the paper's text, this network;
+the default adds the official code's biases and scales) on the same machine, one at a time.
 """
 
 import json

@@ -44,6 +44,11 @@ def test_benchmark_prints_json_last_line():
   assert abs(report["peak_fraction"] - report["train_gflop_per_s"]
              / report["matmul_gflop_per_s"]) < 1e-9
   assert report["device"].startswith("2 x")
+  # The smoke model by hand: conv1 16 x (81 + 1); PrimaryCaps 16 x (16 x 81 + 1); W_ij 6 x 6
+  # x 4 children x 10 parents x 8 x 4; the decoder 80-32-64-784 with biases.
+  assert report["trainable_parameters"] == (
+      16 * 82 + 16 * (16 * 81 + 1) + 144 * 10 * 8 * 4 + (80 * 32 + 32) + (32 * 64 + 64)
+      + (64 * 784 + 784)) == 123_808
   # The roofline: both bounds from the measured rates, the larger named.
   for key in ("bytes_per_image", "copy_gb_per_s", "compute_fraction", "memory_fraction",
               "xla_bytes_per_image_before_optimisation", "xla_bytes_per_image_after_optimisation"):
