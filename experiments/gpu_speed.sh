@@ -2,9 +2,10 @@
 # One prepared GPU sitting for the speed issue, in the order GPU time should go to it:
 #   1. the peer beside capsjax, at batch 128 then 16 (PEER_BATCHES): the paper CapsNet in
 #      PyTorch (experiments/torch_capsnet.py; TF32 matmuls, as JAX's default precision on
-#      GPUs) with torch.compile in its CUDA-graph mode (reduce-overhead) and its default mode,
-#      then capsjax's benchmark of configs/mnist.py at the same batch, one after the other on
-#      one machine (issue 62's "x torch.compile" rows);
+#      GPUs) with torch.compile in its CUDA-graph mode (reduce-overhead), then capsjax's
+#      benchmark of the same network (configs/mnist.py:text) at the same batch, one after the
+#      other on one machine (issue 62's "x torch.compile" rows); then torch.compile's default
+#      mode at each batch;
 #   2. vectorised runs: train images/s of 1, 2, 4 and 8 paper-CapsNet runs in one program,
 #      with XLA's convolutions (grouped under vmap) and as im2col matmuls (batched);
 #   3. the routers' written-out backward passes (routing.gradient=analytic) against autodiff,
@@ -54,14 +55,18 @@ git log -1 --format=%h 2>/dev/null
 for stage in ${STAGES:-peer runs gradients profile}; do
   case $stage in
     peer)
+      # The pairs first (the peer's best mode, CUDA graphs, beside capsjax), so that a sitting
+      # cut short still has its ratios; torch.compile's default mode after them.
       for batch in ${PEER_BATCHES:-128 16}; do
         peer "torch_b${batch}_compile_graphs" --batch_size="$batch" --compile \
           --compile_mode=reduce-overhead
-        peer "torch_b${batch}_compile" --batch_size="$batch" --compile
         # :text, the network the peer builds (8,215,568 parameters: no class bias, PrimaryCaps
         # unscaled); the default's code settings add 160 parameters and two additions.
         bench "capsnet_b${batch}" --config=configs/mnist.py:text \
           --config.train.batch_size="$batch"
+      done
+      for batch in ${PEER_BATCHES:-128 16}; do
+        peer "torch_b${batch}_compile" --batch_size="$batch" --compile
       done ;;
     runs)
       bench capsnet_runs --config=configs/mnist.py --runs=1,2,4,8 \
