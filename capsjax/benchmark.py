@@ -78,7 +78,16 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
                   profile_depth: int = 0, copy_mb: int = 0) -> dict:
   """The measurements of the module docstring as a dict; with ``profile_depth > 0`` also
   ``layer_profile``, the rows of :func:`capsjax.perf.layer_profile.layer_table` (and
-  ``layer_profile_table``, their markdown)."""
+  ``layer_profile_table``, their markdown). Everything, the matmul rate included, in
+  ``config.matmul_precision``."""
+  from capsjax.common import precision
+
+  with precision.scope(config):
+    report = _measure(config, min_seconds, matmul_size, profile_depth, copy_mb)
+  return {**report, "matmul_precision": precision.of(config)}
+
+
+def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
   import jax
 
   from capsjax.perf import costs, rates
@@ -203,7 +212,14 @@ def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> 
   """Per N of ``run_counts``: train images/s summed over N runs advanced by one vectorised
   step (:class:`capsjax.training.vectorize.VectorizedStep`; N=1: the ordinary jitted step),
   ``speedup`` against N=1 (the rate of the same runs one by one), the seconds per dispatch
-  and the step's new memory per device."""
+  and the step's new memory per device; in ``config.matmul_precision``."""
+  from capsjax.common import precision
+
+  with precision.scope(config):
+    return _vectorized_rates(config, run_counts, min_seconds)
+
+
+def _vectorized_rates(config, run_counts: list[int], min_seconds: float) -> list[dict]:
   import jax
 
   from capsjax.perf import rates

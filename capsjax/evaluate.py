@@ -77,7 +77,7 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
   """Restores ``checkpoint`` of ``workdir``, runs every evaluation, redraws figures."""
   import jax
 
-  from capsjax.common import files
+  from capsjax.common import files, precision
   from capsjax.runs import reporting
   from capsjax.training import restoring, run_figures
   from capsjax.evaluators.splits import shift_table
@@ -90,34 +90,36 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
     evals = config.get("evals") or {"test": {"type": "split", "split": "test"}}
     config.evals = {**{k: evals[k] for k in evals},
                     SHIFTED: {"type": "shifted", "split": "test", "max_shift": max_shift}}
-  restored = restoring.restore(workdir, Runtime(config), checkpoint)
-  runtime, step, state = restored.runtime, restored.step, restored.state
-  evals = runtime.evaluations()
-  results = {name: evaluator.run(state.variables) for name, evaluator in evals.items()}
-  selected_on = restored.selected_on
-  result = {"checkpoint_step": step, "selected_on": selected_on,
-            **{f"test_{k}": v for k, v in results["test"].items()},
-            "chance": runtime.task.chance_levels(), "evaluations": results}
-  if max_shift:
-    result["shifted_test_accuracy"] = results[SHIFTED]["accuracy_by_shift"]
-  if jax.process_index() == 0:
-    writer = reporting.MetricWriter(workdir)
-    run_figures.draw_figures(workdir, runtime.task, state.variables, runtime.splits["test"],
-                             evals, config.eval.num_figure_examples, writer, step)
-    writer.close()
-    files.write_json(os.path.join(workdir, "evaluation.json"), result)
-    test = results["test"]
-    print(f"Checkpoint step {step} ({selected_on}): test accuracy "
-          f"{100 * test['accuracy']:.2f}% (error {100 * test['error']:.2f}%; chance "
-          f"{reporting.chance_text(result['chance'])})"
-          + (f", loss {test['loss']:.4f}" if "loss" in test else "")
-          + f". Figures redrawn in {workdir}.")
-    for name, metrics in results.items():
-      if name != "test":
-        print(f"  {name}: accuracy {100 * metrics['accuracy']:.2f}%")
+  # Everything evaluated and drawn in the run's matmul precision.
+  with precision.scope(config):
+    restored = restoring.restore(workdir, Runtime(config), checkpoint)
+    runtime, step, state = restored.runtime, restored.step, restored.state
+    evals = runtime.evaluations()
+    results = {name: evaluator.run(state.variables) for name, evaluator in evals.items()}
+    selected_on = restored.selected_on
+    result = {"checkpoint_step": step, "selected_on": selected_on,
+              **{f"test_{k}": v for k, v in results["test"].items()},
+              "chance": runtime.task.chance_levels(), "evaluations": results}
     if max_shift:
-      print(shift_table(result["shifted_test_accuracy"], max_shift))
-  return result
+      result["shifted_test_accuracy"] = results[SHIFTED]["accuracy_by_shift"]
+    if jax.process_index() == 0:
+      writer = reporting.MetricWriter(workdir)
+      run_figures.draw_figures(workdir, runtime.task, state.variables, runtime.splits["test"],
+                               evals, config.eval.num_figure_examples, writer, step)
+      writer.close()
+      files.write_json(os.path.join(workdir, "evaluation.json"), result)
+      test = results["test"]
+      print(f"Checkpoint step {step} ({selected_on}): test accuracy "
+            f"{100 * test['accuracy']:.2f}% (error {100 * test['error']:.2f}%; chance "
+            f"{reporting.chance_text(result['chance'])})"
+            + (f", loss {test['loss']:.4f}" if "loss" in test else "")
+            + f". Figures redrawn in {workdir}.")
+      for name, metrics in results.items():
+        if name != "test":
+          print(f"  {name}: accuracy {100 * metrics['accuracy']:.2f}%")
+      if max_shift:
+        print(shift_table(result["shifted_test_accuracy"], max_shift))
+    return result
 
 
 def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
@@ -130,7 +132,7 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
   import ml_collections
 
   from capsjax import evaluators
-  from capsjax.common import files
+  from capsjax.common import files, precision
   from capsjax.runs import reporting
   from capsjax.training import restoring
   from capsjax.training.runtime import Runtime
@@ -152,30 +154,31 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
   if not isinstance(stored, dict):
     raise UsageError(f"{path} holds a {type(stored).__name__}, not the object of evaluations "
                      f"by name capsjax writes. Move it aside to start a new {EXTRA}.")
-  restored = restoring.restore(workdir, Runtime(config), checkpoint)
-  runtime, step, state, selected_on = (restored.runtime, restored.step, restored.state,
-                                       restored.selected_on)
-  built = evaluators.build(settings, runtime.config, runtime.task.dataset, runtime.splits,
-                           runtime.runner, log=reporting.log)
-  results = {name: evaluator.run(state.variables) for name, evaluator in built.items()}
-  if jax.process_index() == 0:  # Recorded first, then drawn.
-    from capsjax.training.run_figures import JittedModel
+  with precision.scope(config):
+    restored = restoring.restore(workdir, Runtime(config), checkpoint)
+    runtime, step, state, selected_on = (restored.runtime, restored.step, restored.state,
+                                         restored.selected_on)
+    built = evaluators.build(settings, runtime.config, runtime.task.dataset, runtime.splits,
+                             runtime.runner, log=reporting.log)
+    results = {name: evaluator.run(state.variables) for name, evaluator in built.items()}
+    if jax.process_index() == 0:  # Recorded first, then drawn.
+      from capsjax.training.run_figures import JittedModel
 
-    stored.update({name: {"checkpoint_step": step, "selected_on": selected_on,
-                          "settings": settings[name].to_dict(), "result": result}
-                   for name, result in results.items()})
-    files.write_json(path, stored)
-    model = JittedModel(runtime.task, jax.tree.map(jax.device_get, state.variables))
-    writer = reporting.MetricWriter(workdir)
-    for evaluator in built.values():
-      evaluator.draw(model, workdir, writer, step)
-    writer.close()
-    chance = reporting.chance_text(runtime.task.chance_levels())
-    for name, result in results.items():
-      print(f"{name} (checkpoint step {step}, {selected_on}): accuracy "
-            f"{100 * result['accuracy']:.2f}% (error {100 * (1 - result['accuracy']):.2f}%; "
-            f"chance, in %: {chance}); every number in {path}.")
-  return results
+      stored.update({name: {"checkpoint_step": step, "selected_on": selected_on,
+                            "settings": settings[name].to_dict(), "result": result}
+                     for name, result in results.items()})
+      files.write_json(path, stored)
+      model = JittedModel(runtime.task, jax.tree.map(jax.device_get, state.variables))
+      writer = reporting.MetricWriter(workdir)
+      for evaluator in built.values():
+        evaluator.draw(model, workdir, writer, step)
+      writer.close()
+      chance = reporting.chance_text(runtime.task.chance_levels())
+      for name, result in results.items():
+        print(f"{name} (checkpoint step {step}, {selected_on}): accuracy "
+              f"{100 * result['accuracy']:.2f}% (error {100 * (1 - result['accuracy']):.2f}%; "
+              f"chance, in %: {chance}); every number in {path}.")
+    return results
 
 
 def main(argv):

@@ -56,6 +56,10 @@ def make_config(*, smoke: bool = False, official: bool = False) -> ml_collection
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.dataset = "mnist"             # A registered dataset builder (capsjax/datasets).
+  # Float32 matmuls and convolutions: "default" is the device's fastest (TF32 on A100/H100
+  # GPUs); "float32" computes them in full float32, as the authors' code ran on 2017's GPUs
+  # (capsjax/common/precision.py); "tensorfloat32", "bfloat16".
+  c.matmul_precision = "default"
   c.data = data_config()
   c.model = model_config()
   c.loss = loss_config()

@@ -97,6 +97,7 @@ def table(rows: list[dict]) -> str:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  from capsjax.common import precision
   from capsjax.runs import cli
 
   config = cli.config_from_flag(_CONFIG)
@@ -105,7 +106,7 @@ def main(argv):
     import tensorflow_datasets as tfds
 
     mock = tfds.testing.mock_data(num_examples=2 * PROBE_SIZE)
-  with mock:
+  with mock, precision.scope(config):
     rows = measure(config, _STEPS.value, _EVERY.value)
   print(table(rows))
   if _OUTPUT.value:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The prepared GPU sitting of Table 1's headline row as the authors' code ran it
-# (experiments/paper_table1_official.py). STAGES (in order, default "s c"; each stopped by
+# (experiments/paper_table1_official.py). STAGES (in order, default "p s c"; each stopped by
 # SIGTERM at its limit, which saves its runs: the same command on the same machine continues
 # them):
 #   ab. configs/mnist.py:official and the text with only the margin loss's scale as the code
@@ -15,6 +15,10 @@
 #       3 seeds one at a time, 50 epochs (ran on 2026-11-27);
 #   s.  :stream, the default with the code's order of examples (data.order="stream") on the
 #       code's validation split, 3 seeds as one program: beside stage v's :official row.
+#   p.  :float32, the default computed in full float32 (matmul_precision="float32", as the
+#       code ran on 2017's GPUs; every earlier row used TF32) on the code's validation split,
+#       3 seeds as one program: beside stage v's :official row. First: a cause every row
+#       and the baseline CNN share would be this one or the order of examples (stage s).
 # Table 1's rows with the new default are experiments/paper_table1.py's sitting
 # (experiments/gpu_campaign.sh).
 # Test set evaluations every 1,500 steps fill results.md's comparison-only columns.
@@ -33,14 +37,15 @@ start=$(date +%s)
 left() { echo $((budget - ($(date +%s) - start))); }
 tiny=$([[ ${TINY:-0} != 0 ]] && echo "tiny" || echo "")
 experiment=experiments/paper_table1_official.py
-for stage in ${STAGES:-s c}; do
+for stage in ${STAGES:-p s c}; do
   case $stage in
     ab) variant=${tiny:+:$tiny} rows="0,1,2 3,4,5" ;;
     c) variant=:${tiny:+${tiny}_}budget rows="0" ;;
     v) variant=:${tiny:+${tiny}_}validation rows="0,1,2 3,4,5" ;;
     bl) variant=:${tiny:+${tiny}_}baseline rows="0 1 2" ;;
     s) variant=:${tiny:+${tiny}_}stream rows="0,1,2" ;;
-    *) echo "unknown stage '$stage': the stages are ab, c, v, bl and s" >&2; exit 2 ;;
+    p) variant=:${tiny:+${tiny}_}float32 rows="0,1,2" ;;
+    *) echo "unknown stage '$stage': the stages are ab, c, v, bl, s and p" >&2; exit 2 ;;
   esac
   # Each campaign writes OUT/results.md and OUT/collect.log: one folder per stage keeps them.
   EXPERIMENT="$experiment$variant" ROWS="$rows" THROUGHPUT=0 \

@@ -44,6 +44,7 @@ def test_benchmark_prints_json_last_line():
   assert abs(report["peak_fraction"] - report["train_gflop_per_s"]
              / report["matmul_gflop_per_s"]) < 1e-9
   assert report["device"].startswith("2 x")
+  assert report["matmul_precision"] == "default"
   # The smoke model by hand: conv1 16 x (81 + 1); PrimaryCaps 16 x (16 x 81 + 1); W_ij 6 x 6
   # x 4 children x 10 parents x 8 x 4; the decoder 80-32-64-784 with biases.
   assert report["trainable_parameters"] == (

@@ -54,6 +54,7 @@ def test_old_config_json_is_completed_with_the_same_values():
   assert added["model"]["class_capsules"]["scores"] == (
       config_keys.OPTIONAL_KEYS["model.class_capsules.scores"])
   assert added["data"]["viewpoint_split"] == config_keys.OPTIONAL_KEYS["data.viewpoint_split"]
+  assert added["matmul_precision"] == config_keys.OPTIONAL_KEYS["matmul_precision"] == "default"
 
 
 def _sources():

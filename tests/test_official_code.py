@@ -291,6 +291,11 @@ def test_the_official_experiment_lists_its_stages_in_order():
   assert [p.seed for p in stream] == [0, 1, 2]
   for point, official in zip(stream, chosen[:3]):
     assert point.overrides == dict(official.overrides, **{"data.order": "stream"})
+  # Full float32, beside :validation's :official points (the same seeds).
+  full = sweep.expand(sweep.experiment_sweep(module, path + ":float32"))
+  assert [p.seed for p in full] == [0, 1, 2]
+  for point, official in zip(full, chosen[:3]):
+    assert point.overrides == dict(official.overrides, **{"matmul_precision": "float32"})
 
 
 # --- The official code's baseline CNN (models/conv_model.py) ---

@@ -41,6 +41,13 @@ def test_config_changes_name_what_a_resume_changes_and_skip_run_length():
   after.model.primary.output_scale = 1 / 32  # ... at another value it is, from the value
   assert "model.primary.output_scale: 1.0 -> 0.03125" in config_history.config_changes(
       before, json.loads(after.to_json_best_effort()))  # that reproduces the earlier run.
+  # A run written before config.matmul_precision computed at JAX's default.
+  del before["matmul_precision"]
+  assert not [c for c in config_history.config_changes(
+      before, json.loads(after.to_json_best_effort())) if "matmul_precision" in c]
+  after.matmul_precision = "float32"
+  assert "matmul_precision: 'default' -> 'float32'" in config_history.config_changes(
+      before, json.loads(after.to_json_best_effort()))
 
 
 @pytest.mark.parametrize("validation_size", [0, 1000])

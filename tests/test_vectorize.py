@@ -210,6 +210,17 @@ def test_groups_follow_the_declared_rules(data_dir, monkeypatch):
   assert "apart by loss.m_plus (declared traced, but the train step does not read it" in text
 
 
+def test_runs_of_another_matmul_precision_are_a_program_of_their_own(data_dir):
+  """JAX keys a program by its precision: runs that differ in it cannot share one."""
+  configs = [point(data_dir, 0), point(data_dir, 1),
+             point(data_dir, 2, **{"matmul_precision": "float32"})]
+  runtimes = [Runtime(c) for c in configs]
+  run_group.share_equal_data(runtimes)
+  groups = vectorize.plan_groups(runtimes)
+  assert [g.indices for g in groups] == [(0, 1), (2,)]
+  assert all(g.split_by == ("matmul_precision",) for g in groups)
+
+
 # A researcher's dataset and model (tests/data/researcher_modules.py): settings that only
 # their load() or initialisation read.
 RESEARCHER = runconfig.import_config_file(

@@ -113,6 +113,7 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "model.decoder.init_scale": 0.0,       # 0: LeCun normal; the official code's: 0.1.
     "model.decoder.bias_init": 0.0,
     "model.class_capsules.scores": "auto",
+    "matmul_precision": "default",         # JAX's default (TF32 on recent GPUs): precision.py.
 }
 
 

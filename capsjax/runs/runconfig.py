@@ -22,7 +22,7 @@ from capsjax.common import files
 # (``config_keys.OPTIONAL_KEYS``).
 _DEFAULTS = {"dataset": defaults.DATASET, "model.name": defaults.MODEL,
              "train.stop_at_accuracy": None, "optimizer.name": "adam",
-             "optimizer.schedule": "exponential"}
+             "optimizer.schedule": "exponential", "matmul_precision": "default"}
 
 
 def _optional(*keys: str) -> dict:

@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 
+from capsjax.common import precision
 from capsjax.common.errors import UsageError
 
 # What members must share to be averaged over one test set.
@@ -85,7 +86,8 @@ def member_scores(members: list[str], checkpoint: str = "latest",
         member, first if n == 1 else Runtime(config, splits=first.splits), checkpoint,
         own_data=n == 1)
     step = restored.step
-    scores, labels = restored.runtime.runner.scores(restored.state.variables, test)
+    with precision.scope(config):  # Each member in the matmul precision it trained with.
+      scores, labels = restored.runtime.runner.scores(restored.state.variables, test)
     accuracy = float(np.mean(metrics.label_sets_correct(scores, labels)["accuracy"]))
     results.append({"workdir": member, "checkpoint_step": step,
                     "selected_on": restored.selected_on, "accuracy": accuracy})

@@ -28,6 +28,7 @@ from typing import Sequence
 
 import ml_collections
 
+from capsjax.common import precision
 from capsjax.common.errors import NonFiniteLossError
 from capsjax.runs import preemption, workdirs
 from capsjax.runs.reporting import log
@@ -63,6 +64,8 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
     check_same_data(runtimes)
   outcomes: list = [None] * len(configs)
   with contextlib.ExitStack() as held, preemption.watch() as stop:
+    # Everything the runs compute, backward passes included, in the runs' matmul precision.
+    held.enter_context(precision.group_scope(configs))
     runs = {}
     for i, (runtime, workdir) in enumerate(zip(runtimes, run_dirs)):
       created = not os.path.isdir(workdir)

@@ -24,7 +24,7 @@ import ml_collections
 from flax import nnx
 
 from capsjax import datasets, evaluators, models
-from capsjax.common import defaults
+from capsjax.common import defaults, precision
 from capsjax.common.errors import UsageError
 from capsjax.datasets import stream_order
 from capsjax.models import metrics
@@ -72,6 +72,7 @@ class Task:
     ``config.model.image_shape`` and ``num_classes`` left unset (None) are filled in from
     the dataset; set, they must agree with it."""
     config, dataset = resolve_config(config)
+    precision.check(config)
     stream_order.check(config, dataset.stream_copies(), config.dataset)
     task = cls(config, dataset, models.get(config))
     evaluators.validate(config)
