@@ -19,6 +19,8 @@
 #       code ran on 2017's GPUs; every earlier row used TF32) on the code's validation split,
 #       3 seeds as one program: beside stage v's :official row. First: a cause every row
 #       and the baseline CNN share would be this one or the order of examples (stage s).
+#   pb. :float32_baseline, the official baseline CNN in full float32, 3 seeds one at a time
+#       (beside stage bl's TF32 seeds).
 # Table 1's rows with the new default are experiments/paper_table1.py's sitting
 # (experiments/gpu_campaign.sh).
 # Test set evaluations every 1,500 steps fill results.md's comparison-only columns.
@@ -45,7 +47,8 @@ for stage in ${STAGES:-p s c}; do
     bl) variant=:${tiny:+${tiny}_}baseline rows="0 1 2" ;;
     s) variant=:${tiny:+${tiny}_}stream rows="0,1,2" ;;
     p) variant=:${tiny:+${tiny}_}float32 rows="0,1,2" ;;
-    *) echo "unknown stage '$stage': the stages are ab, c, v, bl, s and p" >&2; exit 2 ;;
+    pb) variant=:${tiny:+${tiny}_}float32_baseline rows="0 1 2" ;;
+    *) echo "unknown stage '$stage': the stages are ab, c, v, bl, s, p and pb" >&2; exit 2 ;;
   esac
   # Each campaign writes OUT/results.md and OUT/collect.log: one folder per stage keeps them.
   EXPERIMENT="$experiment$variant" ROWS="$rows" THROUGHPUT=0 \

@@ -296,6 +296,9 @@ def test_the_official_experiment_lists_its_stages_in_order():
   assert [p.seed for p in full] == [0, 1, 2]
   for point, official in zip(full, chosen[:3]):
     assert point.overrides == dict(official.overrides, **{"matmul_precision": "float32"})
+  full_baseline = sweep.expand(sweep.experiment_sweep(module, path + ":float32_baseline"))
+  assert [p.overrides for p in full_baseline] == [
+      dict(p.overrides, **{"matmul_precision": "float32"}) for p in baseline]
 
 
 # --- The official code's baseline CNN (models/conv_model.py) ---
