@@ -43,7 +43,8 @@ result is the final parameters' test error.
       --config.data.source=idx --config.data.dir=/path/to/mnist --index=0,1,2
 
 ``:tiny``, ``:tiny_budget``, ``:tiny_validation``, ``:tiny_baseline``, ``:tiny_stream``,
-``:tiny_float32`` and ``:tiny_float32_baseline`` are the same points on the smoke model for a few steps (the tests run them).
+``:tiny_float32`` and ``:tiny_float32_baseline`` are the same points on the smoke model for a
+few steps (the tests run them).
 """
 
 BASE_CONFIG = "configs/mnist.py"
@@ -60,6 +61,10 @@ VARIANTS = ("tiny", "budget", "tiny_budget", "validation", "tiny_validation", "b
 # beside the validation split only for the comparison-only columns.
 VALIDATION = {"data.validation_size": 10_000, "data.validation_split": "first",
               "train.eval_during": ("test",)}
+# The variants that are :validation's :official points with one setting changed, to set
+# beside that row (the same seeds).
+BESIDE_VALIDATION = {"stream": {"data.order": "stream"},
+                     "float32": {"matmul_precision": "float32"}}
 
 
 def get_sweep(variant: str | None = None):
@@ -78,11 +83,9 @@ def get_sweep(variant: str | None = None):
     arithmetic = {"matmul_precision": "float32"} if "float32" in variant else {}
     return {"points": [{"config": config, "train.eval_every_steps": 1500, **arithmetic}],
             "seeds": list(SEEDS)}
-  if variant is not None and variant.endswith("stream"):
-    return {"points": [dict(official, **validation, **{"data.order": "stream"})],
-            "seeds": list(SEEDS)}
-  if variant is not None and variant.endswith("float32"):
-    return {"points": [dict(official, **validation, **{"matmul_precision": "float32"})],
+  beside = (variant or "").removeprefix("tiny_")
+  if beside in BESIDE_VALIDATION:
+    return {"points": [dict(official, **validation, **BESIDE_VALIDATION[beside])],
             "seeds": list(SEEDS)}
   if variant is not None and variant.endswith("validation"):
     text = dict(HEADLINE, config=f"configs/mnist.py:text{smoke}")

@@ -53,8 +53,8 @@ def scope(config: ml_collections.ConfigDict) -> contextlib.AbstractContextManage
 
 
 def group_scope(configs) -> contextlib.AbstractContextManager:
-  """:func:`scope` of runs that compute in one program (a vectorised group, an ensemble):
-  ValueError when they differ in precision (the planner keeps such runs apart)."""
+  """:func:`scope` of runs that train as one program (a vectorised group): ValueError when
+  they differ in precision (the planner keeps such runs apart)."""
   values = {of(c) for c in configs}
   if len(values) > 1:
     raise ValueError(f"Runs computed in one program must share config.matmul_precision; "
