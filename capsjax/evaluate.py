@@ -15,7 +15,9 @@ WORKDIR/evaluation.json: ``test_*`` for the main test set, every evaluation
 under ``evaluations``, the chance levels, how the checkpoint was chosen
 (``selected_on``: ``final``, ``validation`` or ``step N``), and with
 ``--max_shift`` the grid of shifted test accuracies under
-``shifted_test_accuracy``. ``--checkpoint=best`` is refused for a run without a
+``shifted_test_accuracy``; and WORKDIR/evaluation_predictions.npz, which class it predicted
+for each test (and validation) example (:mod:`capsjax.runs.predictions`; a run's own end
+writes predictions.npz). ``--checkpoint=best`` is refused for a run without a
 validation split: its best checkpoint would be chosen on the test set.
 
 With ``--evals=FILE`` (a config file whose ``get_config()`` returns ``{name: settings}`` as
@@ -78,8 +80,8 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
   import jax
 
   from capsjax.common import files, precision
-  from capsjax.runs import reporting
-  from capsjax.training import restoring, run_figures
+  from capsjax.runs import predictions, reporting
+  from capsjax.training import restoring, run, run_figures
   from capsjax.evaluators.splits import shift_table
   from capsjax.training.runtime import Runtime
 
@@ -95,7 +97,8 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
     restored = restoring.restore(workdir, Runtime(config), checkpoint)
     runtime, step, state = restored.runtime, restored.step, restored.state
     evals = runtime.evaluations()
-    results = {name: evaluator.run(state.variables) for name, evaluator in evals.items()}
+    made = {name: evaluator.run_and_predict(state.variables) for name, evaluator in evals.items()}
+    results = {name: metrics for name, (metrics, _) in made.items()}
     selected_on = restored.selected_on
     result = {"checkpoint_step": step, "selected_on": selected_on,
               **{f"test_{k}": v for k, v in results["test"].items()},
@@ -107,6 +110,9 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
       run_figures.draw_figures(workdir, runtime.task, state.variables, runtime.splits["test"],
                                evals, config.eval.num_figure_examples, writer, step)
       writer.close()
+      run.write_predictions(os.path.join(workdir, predictions.EVALUATE_FILE), runtime,
+                            {name: p for name, (_, p) in made.items() if p is not None},
+                            step=step, selected_on=selected_on)
       files.write_json(os.path.join(workdir, "evaluation.json"), result)
       test = results["test"]
       print(f"Checkpoint step {step} ({selected_on}): test accuracy "

@@ -27,7 +27,9 @@ those points); ``--collect`` (also done after a full run) writes ``results.csv``
 (``{title: ["EVALUATION/KEY", ...]}``: further tables of results.md) and
 ``MATCHED`` (a comparison at matched familiar error: :mod:`capsjax.runs.matched`) and
 ``REFERENCES`` (``{column title: function(setting) -> text}``: published numbers beside each
-row of results.md; ``setting`` maps each swept key to the row's value as the table shows it).
+row of results.md; ``setting`` maps each swept key to the row's value as the table shows it)
+and ``PAIRED_REFERENCE`` (a point's settings, ``{dotted.key: value}``: results.md then compares
+every other row with it on the same test examples, seed by seed: :mod:`capsjax.runs.paired`).
 ``EXPERIMENT.py:variant`` calls ``get_sweep(variant)``.
 """
 
@@ -373,7 +375,8 @@ def main(argv):
     config = cli.config_from_flag(f.config)
     report = {"tables": getattr(experiment, "TABLES", None),
               "matched": getattr(experiment, "MATCHED", None),
-              "references": getattr(experiment, "REFERENCES", None)}
+              "references": getattr(experiment, "REFERENCES", None),
+              "paired_reference": getattr(experiment, "PAIRED_REFERENCE", None)}
     if f.collect.value:
       collect(points, workdir, **report)
       return

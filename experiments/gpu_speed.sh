@@ -65,9 +65,11 @@ for stage in ${STAGES:-peer runs gradients profile}; do
         bench "capsnet_b${batch}" --config=configs/mnist.py:text \
           --config.train.batch_size="$batch"
       done
-      for batch in ${PEER_BATCHES:-128 16}; do
-        peer "torch_b${batch}_compile" --batch_size="$batch" --compile
-      done ;;
+      if [[ ${PEER_DEFAULT:-1} != 0 ]]; then  # PEER_DEFAULT=0: the pairs alone.
+        for batch in ${PEER_BATCHES:-128 16}; do
+          peer "torch_b${batch}_compile" --batch_size="$batch" --compile
+        done
+      fi ;;
     runs)
       bench capsnet_runs --config=configs/mnist.py --runs=1,2,4,8 \
         --config.train.batch_size="${RUNS_BATCH:-128}"
@@ -84,12 +86,20 @@ for stage in ${STAGES:-peer runs gradients profile}; do
             --config.train.batch_size="$batch" --config.model.routing.gradient="$gradient"
         done
       done ;;
-    profile)
-      profile_batch=${PROFILE_BATCH:-128}
-      bench "capsnet_b${profile_batch}_profile" --config=configs/mnist.py \
-        --config.train.batch_size="$profile_batch" --profile
-      bench "em_b${profile_batch}_profile" --config=configs/em_mnist.py \
-        --config.train.batch_size="$profile_batch" --profile ;;
+    profile)  # PROFILE_BATCH (or PROFILE_BATCHES) and PROFILE_MODELS choose what is profiled.
+      for profile_batch in ${PROFILE_BATCHES:-${PROFILE_BATCH:-128}}; do
+        for model in ${PROFILE_MODELS:-capsnet em}; do
+          case $model in
+            capsnet) config=configs/mnist.py ;;
+            capsnet_text) config=configs/mnist.py:text ;;
+            em) config=configs/em_mnist.py ;;
+            *) echo "unknown PROFILE_MODELS entry '$model' (capsnet, capsnet_text, em)" >&2
+               exit 2 ;;
+          esac
+          bench "${model}_b${profile_batch}_profile" --config="$config" \
+            --config.train.batch_size="$profile_batch" --profile
+        done
+      done ;;
     bf16)
       for batch in ${PEER_BATCHES:-128 16}; do
         bench "capsnet_b${batch}_bf16" --config=configs/mnist.py \

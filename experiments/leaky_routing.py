@@ -13,3 +13,8 @@ BASE_CONFIG = "configs/mnist.py"
 
 def get_sweep():
   return {"grid": {"model.routing.leaky": [False, True]}, "seeds": [0]}
+
+
+# results.md compares every row with the paper's setting on the same test digits, seed by
+# seed (capsjax/runs/paired.py).
+PAIRED_REFERENCE = {"model.routing.leaky": False}

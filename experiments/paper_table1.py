@@ -66,3 +66,6 @@ def paper_error(setting: dict) -> str:
 
 
 REFERENCES = {"paper test error (%)": paper_error}
+
+# results.md compares every row with the headline row on the same test digits, seed by seed.
+PAIRED_REFERENCE = ROWS[0]

@@ -15,3 +15,8 @@ BASE_CONFIG = "configs/mnist.py"
 def get_sweep():
   return {"grid": {"loss.reconstruction_weight": [0.0, 0.0005 / 784, 0.0005, 0.005]},
           "seeds": [0]}
+
+
+# results.md compares every row with the paper's setting on the same test digits, seed by
+# seed (capsjax/runs/paired.py).
+PAIRED_REFERENCE = {"loss.reconstruction_weight": 0.0005}

@@ -20,3 +20,8 @@ BASE_CONFIG = "configs/mnist.py"
 def get_sweep():
   return {"points": [{"model.routing.name": name} for name in ("dynamic", "uniform", "random")],
           "seeds": [0, 1, 2]}
+
+
+# results.md compares every row with the paper's setting on the same test digits, seed by
+# seed (capsjax/runs/paired.py).
+PAIRED_REFERENCE = {"model.routing.name": "dynamic"}

@@ -16,3 +16,8 @@ BASE_CONFIG = "configs/mnist.py"
 
 def get_sweep():
   return {"grid": {"model.routing.softmax_axis": ["output", "input"]}, "seeds": [0]}
+
+
+# results.md compares every row with the paper's setting on the same test digits, seed by
+# seed (capsjax/runs/paired.py).
+PAIRED_REFERENCE = {"model.routing.softmax_axis": "output"}

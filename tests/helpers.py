@@ -36,6 +36,91 @@ def largest_intermediate(fn, *args) -> int:
   return walk(closed.jaxpr)
 
 
+def check_directional_derivatives(f, args, grads, *, argnums=(0,), directions: int = 3,
+                                  per_leaf: bool = True, epsilon: float = 1e-2,
+                                  rtol: float = 2e-2, seed: int = 0):
+  """Asserts that ``grads`` (of scalar ``f(*args)`` with respect to the arguments ``argnums``,
+  as ``jax.grad(f, argnums)`` returns them) agree with central finite differences
+  ``(f(x + e d) - f(x - e d)) / 2e`` (at e and e/2, extrapolated: Richardson) against
+  ``<grad, d>`` along unit directions ``d``: the whole gradient's, ``directions - 1`` random
+  ones, and with ``per_leaf`` one within each array (its gradient's, or a random one where
+  that is zero); each within ``rtol`` of the larger, plus float32's noise in the difference
+  of two values of ``f``. A gradient that drops a path (a stray stop-gradient zeroes a layer's
+  gradient: its own direction shows it), is scaled or has the wrong sign fails; being finite
+  and non-zero is not enough."""
+  grads = grads if isinstance(grads, tuple) else (grads,)
+  as64 = lambda tree: [np.asarray(x, np.float64) for x in jax.tree.leaves(tree)]
+  size = np.sqrt(sum(float(np.sum(g ** 2)) for tree in grads for g in as64(tree)))
+  assert size > 0, "the gradient is zero"
+  rng = np.random.default_rng(seed)
+  value = abs(float(f(*args)))
+  unit = lambda trees: [jax.tree.map(lambda u: u / np.sqrt(sum(
+      float(np.sum(v ** 2)) for t in trees for v in as64(t))), t) for t in trees]
+  zeros = [jax.tree.map(lambda x: np.zeros(np.shape(x)), args[i]) for i in argnums]
+  candidates = [("the gradient", unit([jax.tree.map(lambda g: np.asarray(g, np.float64), t)
+                                       for t in grads]))]
+  candidates += [("random", unit([jax.tree.map(lambda x: rng.standard_normal(np.shape(x)),
+                                               args[i]) for i in argnums]))
+                 for _ in range(directions - 1)]
+  if per_leaf:
+    for k, (g_tree, z_tree) in enumerate(zip(grads, zeros)):
+      g_leaves, structure = jax.tree.flatten(g_tree)
+      for n, g in enumerate(g_leaves):
+        g = np.asarray(g, np.float64)
+        own = g if np.any(g) else rng.standard_normal(g.shape)
+        leaves = [np.zeros(np.shape(x)) for x in g_leaves]
+        leaves[n] = own
+        trees = list(zeros)
+        trees[k] = jax.tree.unflatten(structure, leaves)
+        candidates.append((f"argument {argnums[k]}, array {n} "
+                           f"{'(zero gradient) ' if not np.any(g) else ''}{g.shape}",
+                           unit(trees)))
+  for name, d in candidates:
+    # Where the gradient says the loss does not move at all, a ten times larger step: the
+    # odd differences of a flat function stay 0, and float32's noise shrinks tenfold.
+    step = epsilon * (10 if "(zero gradient)" in name else 1)
+
+    def moved(sign):
+      out = list(args)
+      for t, i in zip(d, argnums):
+        out[i] = jax.tree.map(lambda a, u: (np.asarray(a, np.float64) + sign * step * u)
+                              .astype(np.asarray(a).dtype), args[i], t)
+      return float(f(*out))
+
+    half = step / 2
+    numeric = (4 * (moved(0.5) - moved(-0.5)) / (2 * half)
+               - (moved(1.0) - moved(-1.0)) / (2 * step)) / 3  # Richardson.
+    analytic = sum(float(np.sum(g * u)) for g_tree, u_tree in zip(grads, d)
+                   for g, u in zip(as64(g_tree), as64(u_tree)))
+    noise = 3 * 64 * np.finfo(np.float32).eps * max(value, 1e-3) / half
+    assert abs(numeric - analytic) <= rtol * max(abs(numeric), abs(analytic)) + noise, (
+        f"along {name}: finite differences {numeric:.6g}, gradient {analytic:.6g}")
+
+
+def assert_trained(workdir) -> None:
+  """That a finished run trained: every parameter of its final checkpoint moved from the
+  fresh one its seed draws, and its logged train losses are finite and, where there are
+  several, not all equal. A run
+  that only stepped its counter (a zero learning rate, a loss cut off from the parameters)
+  fails; a finite test loss alone would not."""
+  from capsjax.runs import runconfig
+  from capsjax.training import tasks
+
+  config = runconfig.load(str(workdir))
+  task = tasks.Task.from_config(config)
+  init_key, _ = jax.random.split(jax.random.PRNGKey(config.seed))
+  fresh, _ = task.init_variables(init_key)
+  final = final_params(workdir)
+  fresh_leaves = jax.tree.leaves_with_path(fresh)
+  final_leaves = dict((jax.tree_util.keystr(k), v) for k, v in jax.tree.leaves_with_path(final))
+  still = [jax.tree_util.keystr(k) for k, v in fresh_leaves
+           if np.array_equal(np.asarray(v), np.asarray(final_leaves[jax.tree_util.keystr(k)]))]
+  assert not still, f"parameters that did not move: {still}"
+  losses = [r["loss"] for r in train_records(workdir)]
+  assert losses and np.all(np.isfinite(losses)), losses
+  assert len(losses) == 1 or len(set(losses)) > 1, losses
+
+
 def write_idx(path, array: np.ndarray) -> None:
   """Writes an uint8 IDX file (gzip if ``path`` ends in .gz)."""
   import gzip

@@ -49,10 +49,16 @@ def test_accuracy_success_rate_and_checks_on_a_small_cnn(trained_cnn):
   built, params, model, splits = trained(*trained_cnn, adversarial=settings)
   result = built["adversarial"].run(params)
   assert result["clean_accuracy"] >= 0.9 and result["fgsm_eps0.3_accuracy"] < 0.9
+  clean = result["clean_accuracy"]
   for attack in ("fgsm", "pgd", "bim"):
     for eps in ("0", "0.1", "0.3"):
-      assert 0 <= result[f"{attack}_eps{eps}_accuracy"] <= 1
-      assert 0 <= result[f"{attack}_eps{eps}_success_rate"] <= 1
+      # The success rate is the share of correctly classified examples the attack fools: an
+      # attack that raises the true label's loss leaves wrong ones wrong, so it is the fall
+      # in accuracy over the clean accuracy (20 examples: a whole number of them).
+      accuracy = result[f"{attack}_eps{eps}_accuracy"]
+      assert result[f"{attack}_eps{eps}_success_rate"] == pytest.approx(
+          (clean - accuracy) / clean, abs=1e-6), (attack, eps)
+      assert 20 * accuracy == pytest.approx(round(20 * accuracy), abs=1e-4)
     # No budget, no change (pgd's random start is in a ball of radius 0).
     assert result[f"{attack}_eps0_accuracy"] == pytest.approx(result["clean_accuracy"])
     assert result[f"{attack}_eps0_success_rate"] == 0
@@ -61,8 +67,12 @@ def test_accuracy_success_rate_and_checks_on_a_small_cnn(trained_cnn):
   checks = built["adversarial"].checks(result)
   assert set(checks) == {"check_accuracy_falls", "check_pgd_at_least_fgsm",
                          "check_unbounded_at_most_chance"}
-  # The number the log prints: the weakest model under the strongest attack at 0.3.
-  assert result["accuracy"] == min(result[f"{a}_eps0.3_accuracy"] for a in ("fgsm", "pgd", "bim"))
+  # At 0.3 the three differ on this trained model, in the order of their strength: PGD
+  # (random start, steps) below BIM (steps) below FGSM (one step). The number the log prints
+  # is the lowest of them, PGD's.
+  at = {a: result[f"{a}_eps0.3_accuracy"] for a in ("fgsm", "pgd", "bim")}
+  assert at["pgd"] < at["bim"] < at["fgsm"], at
+  assert result["accuracy"] == at["pgd"]
   assert result["error"] == pytest.approx(1 - result["accuracy"])
   # The checks in the result, by the rules of the module docstring written out here: two
   # standard errors of the 20 examples' accuracy allowed back up a curve.
@@ -173,6 +183,13 @@ def test_a_training_run_with_the_evaluation_writes_its_results(bars_64_24, tmp_p
   config.train.num_steps = 2
   summary = train.train_and_evaluate(config, str(tmp_path / "run"))
   result = summary["evaluations"]["adversarial"]
+  # What the loop recorded is the evaluation of the final parameters, built here alone.
+  built, _, _, _, _ = build_evaluators(config)
+  alone = built["adversarial"].run(final_params(tmp_path / "run"))
+  numbers = [k for k, v in alone.items() if isinstance(v, float) and k != "seconds"]
+  assert "fgsm_eps0.2_accuracy" in numbers and "pgd_eps0.2_accuracy" in numbers
+  for key in numbers:
+    assert result[key] == pytest.approx(alone[key], abs=1e-6), key
   assert result["accuracy"] == min(result["fgsm_eps0.2_accuracy"], result["pgd_eps0.2_accuracy"])
   assert {"check_accuracy_falls", "check_pgd_at_least_fgsm", "zero_gradient"} <= set(result)
   figure = tmp_path / "run" / "adversarial_accuracy_vs_epsilon.png"

@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+import foolbox
 import mnist
 from capsjax import evaluators, train
 from capsjax.evaluators import foolbox_attacks
@@ -25,7 +26,6 @@ from capsjax.runs import checkpointing, runconfig
 from capsjax.training.runtime import Runtime
 from helpers import run_in_process, shared_run, write_idx_dataset
 
-foolbox = pytest.importorskip("foolbox")
 
 NUM_TEST = 100
 STEPS = 10  # The evaluator's default.

@@ -15,7 +15,8 @@ import mnist
 from capsjax import models, routing, train
 from capsjax.common.errors import UsageError
 from capsjax.models import capsnet
-from helpers import ROUTER_NAMES, read_summary, resolved, run_main, write_idx_dataset
+from helpers import (ROUTER_NAMES, assert_trained, check_directional_derivatives,
+                     parse_config_flags, read_summary, resolved, run_main, write_idx_dataset)
 
 NAMES = ROUTER_NAMES
 
@@ -74,18 +75,27 @@ def test_every_router_trains_and_evaluates_in_the_model(name):
   model = capsnet.CapsNet(smoke_config(name), rngs=nnx.Rngs(0))
   batch = _batch()
   graphdef, params = nnx.split(model, nnx.Param)
+  params = nnx.to_pure_dict(params)
 
   def objective(p):
     m = nnx.merge(graphdef, p)
     return jnp.mean(m.loss(m.apply(batch, train=True, rng=jax.random.PRNGKey(0)), batch)[0])
 
   grads = jax.jit(jax.grad(objective))(params)
-  assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
+  # The gradient's values, through every layer and the router: finite differences of the
+  # loss along the gradient and random directions of all the parameters.
+  check_directional_derivatives(jax.jit(objective), (params,), grads)
   outputs = model.apply(batch, train=False)
   metrics = model.metrics(outputs, batch)
-  assert outputs.scores.shape == (4, 10)
+  scores = np.asarray(outputs.scores)
+  assert scores.shape == (4, 10)
+  np.testing.assert_array_equal(np.asarray(metrics["accuracy"]),
+                                np.argmax(scores, axis=1) == np.asarray(batch["labels"]))
   measured = set(metrics) - {"accuracy", "class_capsule_length", "saturated_fraction"}
   assert "coupling_entropy" in measured and all(metrics[k].ndim == 2 for k in measured)
+  # Coupling entropy per iteration: of a distribution over the 10 parents at most log 10.
+  entropy = np.asarray(metrics["coupling_entropy"])
+  assert np.all((entropy >= -1e-6) & (entropy <= np.log(10) + 1e-5)), entropy
   # Saturation is watched where the squash bounds the scores.
   assert ("saturated_fraction" in metrics) == routing.get(name).squashes
 
@@ -176,15 +186,34 @@ def test_a_batch_sharded_on_four_devices_gives_the_loss_of_one_device(name):
   np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=() if n == "self_attention" else pytest.mark.slow) for n in NAMES])
-def test_the_smoke_config_runs_end_to_end_with_each_router(tmp_path, name):
-  """``python -m capsjax.main --config=configs/mnist.py:smoke`` with the router named on the
-  command line alone (one router in the default run; all with ``-m slow``)."""
+def test_the_smoke_config_runs_end_to_end_with_a_router_named_on_the_command_line(tmp_path):
+  """``python -m capsjax.main --config=configs/mnist.py:smoke`` with a router named on the
+  command line alone, end to end (one router: the loop does not depend on which; every
+  router's loss, gradient and evaluation in the model are checked above, and every router's
+  command line below)."""
   data = write_idx_dataset(tmp_path / "idx", 64, 32)
-  result = run_main(tmp_path / "run", f"--config.model.routing.name={name}",
+  result = run_main(tmp_path / "run", "--config.model.routing.name=self_attention",
                     "--config.train.num_steps=2", data_dir=data)
   assert result.returncode == 0, result.stdout + result.stderr
   summary = read_summary(tmp_path / "run")
-  assert summary["config"]["model"]["routing"]["name"] == name
+  assert summary["config"]["model"]["routing"]["name"] == "self_attention"
   assert "coupling_entropy" in summary["evaluations"]["test"]
+  assert_trained(tmp_path / "run")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_router_named_alone_on_the_command_line_gets_its_own_settings(name):
+  """``--config.model.routing.name=NAME`` and nothing else: the task builds (every setting
+  checked, the model's shapes traced) and the resolved config, what config.json records,
+  holds that router's settings at their defaults and leaves the other routers' unset."""
+  from capsjax.training import tasks
+
+  config = parse_config_flags(f"--config.model.routing.name={name}",
+                              config="configs/mnist.py:smoke")
+  task = tasks.Task.from_config(config)
+  recorded = task.config.model.routing.to_dict()
+  router, defaults = routing.resolve({"name": name})
+  own = router.as_run(defaults)
+  assert recorded["name"] == name
+  assert {k: recorded[k] for k in own} == own
+  assert all(v is None for k, v in recorded.items() if k not in own and k != "name")

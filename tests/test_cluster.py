@@ -43,12 +43,10 @@ def wait_for_train_step(workdir, step, proc, timeout=240):
   raise AssertionError(f"no train record at step {step} within {timeout} s")
 
 
-# SIGINT takes the same path (tests/test_preemption.py checks both handlers), so its
-# end-to-end run is a slow check.
-@pytest.mark.parametrize("signum", [signal.SIGTERM,
-                                    pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+# SIGINT (Ctrl-C) here, SIGTERM in the two-process test below: each signal end to end once
+# (tests/test_preemption.py checks both handlers in this process).
 def test_a_signal_saves_the_step_reached_and_the_rerun_ends_as_if_uninterrupted(
-    idx_dir, uninterrupted, tmp_path, signum):
+    idx_dir, uninterrupted, tmp_path, signum=signal.SIGINT):
   proc = run_main(tmp_path, *LONG, data_dir=idx_dir, devices=1, wait=False)
   wait_for_train_step(tmp_path, 30, proc)
   proc.send_signal(signum)

@@ -150,7 +150,7 @@ def test_margins_against_a_direct_count():
 def test_squeeze_equals_the_references_tf_resize_and_pad(width_mod, offset):
   """The reference's ops: tf.image.resize(LANCZOS3, antialias) to 28 - width_mod columns,
   pad_to_bounding_box at the offset, crop to 28x28."""
-  tf = pytest.importorskip("tensorflow")
+  import tensorflow as tf  # A dependency on x86-64 (pyproject.toml).
   image = _digits(1)[0]
   resized = tf.image.resize(image, [28, 28 - width_mod], method="lanczos3", antialias=True)
   padded = tf.image.pad_to_bounding_box(resized, 0, offset, 28, 28 + offset)

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 
 import cifar10
 import smallnorb
@@ -13,7 +14,6 @@ from capsjax import datasets
 from capsjax.common.errors import UsageError
 from capsjax.datasets import images as ops
 
-tfds = pytest.importorskip("tensorflow_datasets")
 
 
 def batch(seed=0, shape=(5, 8, 8, 3)):

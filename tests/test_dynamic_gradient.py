@@ -13,6 +13,7 @@ from capsjax import routing
 from capsjax.models import capsule_layers
 from capsjax.routing import core, dynamic
 from capsjax.perf import hlo_traffic
+from capsjax.common.errors import UsageError
 
 AXES = ["output", "input"]
 BINARY = list(itertools.product([False, True], [False, True], [0.0, 1e-3], [False, True]))
@@ -158,7 +159,7 @@ def test_the_written_out_pass_moves_no_more_bytes_than_autodiff():
 
 
 def test_the_setting_is_checked_and_diagnostics_still_come():
-  with pytest.raises(Exception, match="routing.gradient must be one of"):
+  with pytest.raises(UsageError, match="routing.gradient must be one of"):
     routing.resolve({"name": "dynamic", "gradient": "fused"})
   with pytest.raises(ValueError, match="gradient must be one of"):
     dynamic.dynamic_routing(jnp.ones((1, 2, 2, 2)), 2, gradient="fused")

@@ -15,6 +15,7 @@ from capsjax import models, train
 from capsjax.common.errors import UsageError
 from capsjax.models import em_capsnet, losses
 from capsjax.runs.runconfig import import_config_file
+from helpers import assert_trained
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 em_mnist = import_config_file(CONFIGS / "em_mnist.py")
@@ -102,11 +103,12 @@ def test_bad_settings_are_refused_naming_the_key():
     em_capsnet.EMCapsNet(model_config(), rngs=nnx.Rngs(0), loss=loss)
 
 
-@pytest.mark.parametrize("router,separated", [("em", 0.02), ("variational_bayes", 0.2)])
-def test_it_learns_to_separate_two_classes(router, separated):
+@pytest.mark.parametrize("router,separated,fall", [("em", 0.02, 0.93),
+                                                   ("variational_bayes", 0.2, 0.05)])
+def test_it_learns_to_separate_two_classes(router, separated, fall):
   """Adam at the code's rate classifies one batch of two classes and pulls the true class's
   activation above the other's. (At the EM code's small inverse temperatures the activations
-  move slowly: the spread loss falls a few percent in 100 steps, as in the code's long runs;
+  move slowly: the spread loss falls about 10% in 100 steps, as in the code's long runs;
   VB routing's batch-normalised activations move fast.)"""
   config = model_config((20, 20, 1), 2, conv1=8, primary=4, caps=(4, 4))
   config.routing.name = router
@@ -149,14 +151,18 @@ def test_it_learns_to_separate_two_classes(router, separated):
     losses_seen.append(float(value))
   after, accuracy = separation(params)
   assert abs(before) < 0.01 and after > separated and accuracy == 1.0
-  assert losses_seen[-1] < 0.95 * losses_seen[0]
+  # Measured: EM's spread loss 0.177 -> 0.159 (-10%), still at its lowest at the end; VB's
+  # 0.479 -> 0.009 (-98%).
+  assert losses_seen[-1] < fall * losses_seen[0]
+  assert losses_seen[-1] <= min(losses_seen[:-10])
 
 
 def test_a_smoke_run_trains_evaluates_and_logs_the_routing(idx_dir, tmp_path):
   config = em_mnist.get_config("smoke")
   config.data.source, config.data.dir = "idx", str(idx_dir)
   summary = train.train_and_evaluate(config, str(tmp_path))
-  assert summary["step"] == 8 and np.isfinite(summary["test_loss"])
+  assert summary["step"] == 8
+  assert_trained(tmp_path)
   metrics = (tmp_path / "metrics.jsonl").read_text()
   for name in ("caps1_coupling_entropy", "caps2_activation_mean", "log_sigma", "spread_loss"):
     assert name in metrics
@@ -211,7 +217,8 @@ def test_the_vb_variant_trains_with_its_cross_entropy(idx_dir, tmp_path):
   config = em_mnist.get_config("smoke,vb")
   config.data.source, config.data.dir = "idx", str(idx_dir)
   summary = train.train_and_evaluate(config, str(tmp_path))
-  assert summary["step"] == 8 and np.isfinite(summary["test_loss"])
+  assert summary["step"] == 8
+  assert_trained(tmp_path)
   assert summary["config"]["model"]["routing"]["name"] == "variational_bayes"
   assert summary["config"]["model"]["routing"]["prior_nu_offset"] == 1.0
   assert summary["config"]["loss"]["kind"] == "cross_entropy"

@@ -15,6 +15,7 @@ from capsjax.models import conv_capsules
 from capsjax.models import receptive_fields as fields
 from capsjax.routing import em
 from capsjax.perf import hlo_traffic
+from capsjax.common.errors import UsageError
 
 CODE = dict(em.SETTINGS)
 
@@ -199,7 +200,7 @@ def test_the_train_step_reads_the_votes_fewer_times():
 
 
 def test_the_setting_is_checked_and_diagnostics_still_come():
-  with pytest.raises(Exception, match="routing.gradient must be one of"):
+  with pytest.raises(UsageError, match="routing.gradient must be one of"):
     routing.resolve({"name": "em", "gradient": "fused"})
   x = problem((2, 6, 4, 1, 16), jnp.float32)
   result = em.em_routing(x["votes"], x["activations"], x["beta_u"], x["beta_a"],

@@ -14,6 +14,7 @@ from capsjax import routing
 from capsjax.models import capsule_layers, conv_capsules
 from capsjax.models import receptive_fields as fields
 from capsjax.routing import em
+from capsjax.common.errors import UsageError
 
 CODE = dict(em.SETTINGS)
 CONV = dict(CODE, inverse_temperature=0.01, mass_epsilon=1e-7, beta_u_init=0.5, beta_a_init=0.5)
@@ -311,9 +312,9 @@ def test_diagnostics_per_iteration_by_hand_at_the_start():
 def test_the_router_is_registered_and_refuses_bad_settings():
   router, settings = routing.resolve({"name": "em"})
   assert router.yields_activations and settings == em.SETTINGS
-  with pytest.raises(Exception, match="min_variance must be a number > 0"):
+  with pytest.raises(UsageError, match="min_variance must be a number > 0"):
     routing.resolve({"name": "em", "min_variance": 0.0})
-  with pytest.raises(Exception, match="mean_damping must be in"):
+  with pytest.raises(UsageError, match="mean_damping must be in"):
     routing.resolve({"name": "em", "mean_damping": 1.0})
   specs = router.parameters(8, 16, 5, 16, settings)
   np.testing.assert_array_equal(specs["beta_u"].create(jax.random.key(0)), np.full(5, 2.0))

@@ -63,6 +63,25 @@ def test_ensemble_averages_the_members_scores(members, idx_dir):
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-7)
 
 
+def test_the_ensemble_is_the_mean_of_the_scores_not_a_member_or_their_maximum(
+    members, monkeypatch):
+  """Hand-built scores of two members on three examples, where the mean's class differs from
+  member 0's (example 0), member 1's (example 1) and the elementwise maximum's (both): the
+  mean gets all three right, either member two, the maximum one."""
+  scores = np.array([[[0.6, 0.5, 0.0], [0.1, 0.0, 0.45], [0.0, 0.9, 0.0]],    # member 0
+                     [[0.0, 0.5, 0.1], [0.5, 0.0, 0.45], [0.0, 0.8, 0.0]]],   # member 1
+                    np.float32)
+  labels = np.array([1, 2, 1])
+  rules = {"mean": scores.mean(0), "member 0": scores[0], "member 1": scores[1],
+           "max": scores.max(0)}
+  by_rule = {k: float(np.mean(v.argmax(1) == labels)) for k, v in rules.items()}
+  assert by_rule == {"mean": 1.0, "member 0": 2 / 3, "member 1": 2 / 3, "max": 1 / 3}
+  results = [{"accuracy": by_rule[f"member {k}"]} for k in (0, 1)]
+  monkeypatch.setattr(ensemble, "member_scores", lambda *a, **k: (scores, labels, results))
+  result = ensemble.evaluate_ensemble([str(members)], checkpoint="latest")
+  assert result["accuracy"] == 1.0 and result["num_members"] == 2
+
+
 def test_members_that_differ_are_refused(members, tmp_path):
   other = tmp_path / "other"
   shutil.copytree(members / "seed=1", other)

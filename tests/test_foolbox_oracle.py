@@ -7,8 +7,6 @@ import pytest
 from capsjax.common.errors import UsageError
 from helpers import build_evaluators, evaluator_config, write_idx_dataset
 
-pytest.importorskip("foolbox")
-
 
 @pytest.fixture(scope="module")
 def bars_64_40(tmp_path_factory):

@@ -24,7 +24,7 @@ LAYERS = (
     ("evaluators",),
     ("training",),
     ("perf",),                        # the benchmark's analyses of a compiled step
-    ("train", "evaluate", "sweep", "main", "benchmark"),
+    ("train", "evaluate", "sweep", "main", "benchmark", "compare"),
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 

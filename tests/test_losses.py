@@ -32,6 +32,21 @@ def test_reconstruction_loss_is_weighted_sum_not_mean():
                              rtol=1e-6)
 
 
+def test_reconstruction_loss_is_the_squared_difference_with_the_targets():
+  """Targets of 0.2 and 0.9 under reconstructions of 0.5 (errors of both signs): half the
+  pixels give 0.09, half 0.16, so 392 x 0.25 = 98 per example; example 1 doubled (its
+  reconstruction 0.5 against 0.0 and 1.0: 0.25 each, 196). Not (r + t)^2, r^2 - t^2 or
+  |r - t|."""
+  targets = np.zeros((2, 28, 28, 1), np.float32)
+  targets[0, :14], targets[0, 14:] = 0.2, 0.9
+  targets[1, :14], targets[1, 14:] = 0.0, 1.0
+  recon = jnp.full((2, 28, 28, 1), 0.5)
+  per_example = losses.reconstruction_loss_per_example(recon, jnp.asarray(targets), weight=1.0)
+  np.testing.assert_allclose(np.asarray(per_example), [98.0, 196.0], rtol=1e-6)
+  np.testing.assert_allclose(float(losses.reconstruction_loss(recon, jnp.asarray(targets),
+                                                              weight=1.0)), 147.0, rtol=1e-6)
+
+
 def test_reconstruction_loss_shape_mismatch():
   with pytest.raises(ValueError, match="same shape"):
     losses.reconstruction_loss(jnp.zeros((2, 784)), jnp.zeros((2, 28, 28, 1)))

@@ -199,6 +199,10 @@ def test_the_learning_rate_floor_binds_only_where_the_decay_goes_below_it():
   built = optimizers.build(settings)
   floor_step = 2000 * np.log(1e-3 / 1e-6) / np.log(1 / 0.96)  # About step 338,400.
   assert float(built.schedule(300_000)) == pytest.approx(1e-3 * 0.96 ** 150, rel=1e-4)
+  # Between multiples of 2,000 steps the decay is smooth, as the code's (no staircase): at
+  # 301,000 the exponent is 150.5 (a staircase would hold 150, 2% higher).
+  assert float(built.schedule(301_000)) == pytest.approx(1e-3 * 0.96 ** 150.5, rel=1e-4)
+  assert float(built.schedule(301_000)) < 0.99 * 1e-3 * 0.96 ** 150
   assert float(built.schedule(int(floor_step) + 20_000)) == pytest.approx(1e-6, rel=1e-6)
   # A vectorised sweep's traced peak keeps the floor absolute.
   traced = optimizers.traceable_schedule(built.settings, peak=jnp.float32(2e-3))

@@ -103,7 +103,8 @@ def config_has_key(config, dotted: str) -> bool:
 
 def test_the_readmes_have_capsjax_commands():
   targets = {target for _, target, _ in ALL}
-  assert {"capsjax.main", "capsjax.evaluate", "capsjax.sweep", "capsjax.benchmark"} <= targets
+  assert {"capsjax.main", "capsjax.evaluate", "capsjax.sweep", "capsjax.benchmark",
+          "capsjax.compare"} <= targets
   assert len(ALL) > 30
 
 
@@ -134,6 +135,8 @@ def test_command_parses(doc, target, args):
     experiment = REPO / positional[0].partition(":")[0]  # EXPERIMENT.py[:variant]
     assert experiment.exists(), f"{doc}: {positional[0]} does not exist"
     config_file = config_file or runconfig.import_config_file(experiment).BASE_CONFIG
+  elif target == "capsjax.compare":  # Two sides: runs, sweeps or SWEEP_DIR:SETTING.
+    assert len(positional) == 2, f"{doc}: `{line}` names not two sides"
   else:
     assert not positional, f"{doc}: unexpected arguments {positional} in `{line}`"
   if config_file is None:

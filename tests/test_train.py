@@ -50,6 +50,18 @@ def test_main_end_to_end(full_run):
   predictions = model.apply({"images": images.astype(np.float32), "labels": labels},
                             train=False).predictions
   assert summary["test_accuracy"] == pytest.approx(np.mean(np.asarray(predictions) == labels))
+  # What the run kept of each test digit: its place in the file, label, the class the model
+  # by hand predicts, whether that is right, and the scores behind it.
+  from capsjax.runs import predictions as kept
+  found, meta = kept.read(str(workdir / kept.RUN_FILE))
+  test = found["test"]
+  np.testing.assert_array_equal(test.id, np.arange(64))
+  np.testing.assert_array_equal(test.label, labels)
+  np.testing.assert_array_equal(test.predicted, np.asarray(predictions))
+  np.testing.assert_array_equal(test.correct, np.asarray(predictions) == labels)
+  np.testing.assert_array_equal(np.argmax(test.scores, axis=1), test.predicted)
+  np.testing.assert_array_equal(test.wrong_ids, np.flatnonzero(~test.correct)[:256])
+  assert meta["step"] == 8 and meta["selected_on"] == "final" and meta["source"] == "idx"
   assert np.isfinite(summary["test_loss"])
   assert summary["train_images_per_second"] > 0
   for name in ("reconstructions.png", "latent_perturbations.png", "training_curves.png",
@@ -216,6 +228,12 @@ def test_evaluate_command_redraws(full_run):
   assert evaluation["checkpoint_step"] == 8 and evaluation["selected_on"] == "final"
   np.testing.assert_allclose(evaluation["test_loss"], read_summary(workdir)["test_loss"],
                              rtol=1e-5)
+  from capsjax.runs import predictions as kept  # The same checkpoint: the same predictions.
+  at_end, evaluated = (kept.read(str(workdir / name))[0]["test"]
+                       for name in (kept.RUN_FILE, kept.EVALUATE_FILE))
+  np.testing.assert_array_equal(evaluated.predicted, at_end.predicted)
+  np.testing.assert_array_equal(evaluated.correct, at_end.correct)
+  np.testing.assert_allclose(evaluated.scores, at_end.scores, rtol=1e-5, atol=1e-6)
   shifted = evaluation["shifted_test_accuracy"]
   assert sorted(shifted) == sorted(f"{dx},{dy}" for dx in (-1, 0, 1) for dy in (-1, 0, 1))
   assert shifted["0,0"] == evaluation["test_accuracy"]
@@ -295,5 +313,9 @@ def test_with_a_validation_split_the_best_checkpoint_is_kept_by_validation(idx_d
   assert evaluated.returncode == 0, evaluated.stderr
   evaluation = json.load(open(tmp_path / "evaluation.json"))
   assert evaluation["checkpoint_step"] == best and evaluation["selected_on"] == "validation"
+  from capsjax.runs import predictions as kept  # Both split evaluations keep theirs.
+  found, meta = kept.read(str(tmp_path / kept.EVALUATE_FILE))
+  assert sorted(found) == ["test", "validation"] and meta["step"] == best
+  assert found["validation"].correct.mean() == pytest.approx(validation[best])
   np.testing.assert_allclose(evaluation["evaluations"]["validation"]["accuracy"],
                              validation[best])

@@ -39,6 +39,54 @@ def test_a_whole_pixel_translation_is_a_shift_with_zero_fill():
                                 augment.shift_images(images, 3, 0))
 
 
+def scipy_transform(image: np.ndarray, kind: str, value: float) -> np.ndarray:
+  """One grey image ``(h, w)`` moved about its centre by SciPy's affine warp (bilinear, zero
+  outside): output pixel o samples the input at ``F^-1 (o - c) + c`` for the forward map F on
+  (y, x): a counter-clockwise turn on screen, a scale, or the shear ``x += k y``."""
+  import scipy.ndimage
+
+  c = (np.array(image.shape) - 1) / 2
+  if kind == "rotations":
+    t = np.deg2rad(value)
+    forward = np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
+  elif kind == "scales":
+    forward = np.diag([value, value])
+  else:
+    forward = np.array([[1.0, 0.0], [value, 1.0]])
+  inverse = np.linalg.inv(forward)
+  out = scipy.ndimage.affine_transform(image.astype(np.float64), inverse, offset=c - inverse @ c,
+                                       order=1, mode="grid-constant", cval=0.0)
+  return np.clip(np.rint(out), 0, 255)
+
+
+@pytest.mark.parametrize("kind,value", [
+    ("rotations", -60.0), ("rotations", -30.0), ("rotations", 30.0), ("rotations", 45.0),
+    ("rotations", 90.0), ("scales", 0.8), ("scales", 1.3), ("shears", 0.3), ("shears", -0.5)])
+def test_each_transform_is_scipys_affine_warp(kind, value):
+  """Against SciPy's warp (an implementation of its own): equal but for rounding at .5 (one
+  grey level on a few pixels; measured: rotations and 0.8 exact, 1.3 on 0.1%, shear 0.3 on
+  2% of the pixels)."""
+  images = _images()
+  ours = transform(images, kind, value)[..., 0].astype(np.float64)
+  theirs = np.stack([scipy_transform(image[..., 0], kind, value) for image in images])
+  difference = np.abs(ours - theirs)
+  assert difference.max() <= 1 and np.mean(difference > 0) < 0.03, (difference.max(),
+                                                                     np.mean(difference > 0))
+
+
+@pytest.mark.parametrize("degrees", [-60.0, 30.0, 45.0, 90.0])
+def test_rotations_turn_as_scipys_rotate(degrees):
+  """The direction and centre of a turn, from SciPy's own rotation (positive: counter-clockwise
+  on screen), not from the matrix written above."""
+  import scipy.ndimage
+
+  image = _images()[0, ..., 0]
+  theirs = scipy.ndimage.rotate(image.astype(np.float64), degrees, reshape=False, order=1,
+                                mode="grid-constant", cval=0.0)
+  ours = transform(_images()[:1], "rotations", degrees)[0, ..., 0].astype(np.float64)
+  assert np.abs(ours - np.clip(np.rint(theirs), 0, 255)).max() <= 1
+
+
 def test_a_quarter_turn_is_counter_clockwise_and_a_half_scale_halves_offsets():
   image = np.zeros((1, 29, 29, 1), np.uint8)
   image[0, 14, 22] = 255  # 8 px right of the centre (14, 14).

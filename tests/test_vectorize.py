@@ -371,8 +371,25 @@ def test_sweep_vectorised_equals_one_by_one_on_one_device(tmp_path):
     assert summary["devices"] == 1
   module = sweep.load_experiment(experiment)  # What --collect does.
   sweep.collect(sweep.expand(sweep.experiment_sweep(module, experiment)),
-                str(tmp_path / "together"), references=module.REFERENCES)
+                str(tmp_path / "together"), references=module.REFERENCES,
+                paired_reference=module.PAIRED_REFERENCE)
   table = (tmp_path / "together" / "results.md").read_text()
+  # Each row against the headline row on the same test digits, counted here from the files.
+  from capsjax.runs import predictions
+  correct = {name: predictions.read(str(tmp_path / "together" / name / "predictions.npz"))[0]
+             ["test"].correct for name in names}
+  headline = next(n for n in names if "iterations=3,reconstruction_weight=0.0005" in n)
+  assert ("Paired against model.routing.iterations=3, loss.reconstruction_weight=0.0005"
+          in table)
+  for name in names:
+    if name == headline:
+      continue
+    only_this = int(np.sum(~correct[name] & correct[headline]))
+    only_reference = int(np.sum(correct[name] & ~correct[headline]))
+    line = next(l for l in table.split("Paired against")[1].splitlines()
+                if l.startswith("| ") and "mnist" in l
+                and ("mnist_baseline" in l) == ("baseline" in name))
+    assert f" | 1 | {only_this} | {only_reference} | " in line, (line, name)
   assert "| paper test error (%) |" in table.splitlines()[0]
   assert "| 0.25 ± 0.005 |" in table and "| 0.35 ± 0.036 |" in table and "| 0.39 |" in table
   assert "Not finished (12)" in table

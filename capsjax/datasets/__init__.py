@@ -50,18 +50,38 @@ class Split:
       ``images`` uint8 ``(n, h, w, c)`` and ``labels`` int32 ``(n,)``.
     shared: arrays every example may index (e.g. the base digits that
       generated pairs refer to); not sliced into batches.
+    ids: each example's position in the split of the source it was read from, ``(n,)``
+      (MNIST's test digit 17 is 17 in the IDX file, wherever a sample or a held-out split put
+      it); None: its position here. Kept on the host: runs record them beside their
+      predictions, so that two runs are compared digit by digit (:mod:`capsjax.runs.predictions`).
+    source_size: how many examples that source split holds (its halves are the first and the
+      last ``source_size // 2`` ids); None: ``len(self)``.
   """
   examples: dict[str, np.ndarray]
   shared: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  ids: np.ndarray | None = None
+  source_size: int | None = None
 
   def __len__(self) -> int:
     return len(next(iter(self.examples.values()))) if self.examples else 0
+
+  def source_ids(self) -> np.ndarray:
+    """``ids``, or ``0..n-1`` for a split that does not record them."""
+    return np.arange(len(self)) if self.ids is None else np.asarray(self.ids)
+
+  def source_count(self) -> int:
+    return len(self) if self.source_size is None else int(self.source_size)
+
+  def take(self, rows: np.ndarray) -> "Split":
+    """The examples at ``rows`` (an index array), their ids and ``shared`` kept."""
+    return Split({k: v[rows] for k, v in self.examples.items()}, self.shared,
+                 self.source_ids()[rows], self.source_count())
 
   def first(self, n: int) -> "Split":
     """The first ``n`` examples (all if ``n`` is 0 or larger than the split)."""
     if not n or n >= len(self):
       return self
-    return Split({k: v[:n] for k, v in self.examples.items()}, self.shared)
+    return self.take(np.arange(n))
 
   def sample(self, n: int, seed: int = 0) -> "Split":
     """``n`` examples drawn without replacement with a fixed ``seed``, in their order (all if
@@ -69,8 +89,11 @@ class Split:
     (MultiMNIST's test pairs are digit-major, so its first pairs all share one digit)."""
     if not n or n >= len(self):
       return self
-    keep = np.sort(np.random.default_rng(seed).choice(len(self), n, replace=False))
-    return Split({k: v[keep] for k, v in self.examples.items()}, self.shared)
+    return self.take(np.sort(np.random.default_rng(seed).choice(len(self), n, replace=False)))
+
+  def with_examples(self, **arrays: np.ndarray) -> "Split":
+    """The same examples with some arrays replaced (e.g. shifted ``images``), ids kept."""
+    return Split({**self.examples, **arrays}, self.shared, self.ids, self.source_size)
 
 
 class Builder:

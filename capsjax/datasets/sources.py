@@ -66,6 +66,7 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
   Raises:
     UsageError: with the path or config key at fault and what to do.
   """
+  check_file_order(config)
   if partition and config.source != "tfds":
     raise UsageError("A split by viewpoint reads tensorflow-datasets' features; set "
                      "config.data.source='tfds'.")
@@ -82,49 +83,70 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
     raise UsageError(f"config.data.source must be 'tfds' or 'idx', got {config.source!r}.")
   where = config.dir if config.source == "idx" else f"tfds dataset {config.name!r}"
   novel_split = None
+  sizes = {}  # Each split's size in the source, before any selection.
   for split in ("train", "test"):
     images, labels, features = arrays[split]
     if images.ndim == 3:  # IDX and tfds give grey images without a channel axis.
       images = images[..., None]
     check_split(split, images, labels, tuple(image_shape), num_classes, where, shape_source)
+    ids, sizes[split] = np.arange(len(labels)), len(labels)
     if partition:
       familiar = np.asarray(partition[1](features), bool)
       if split == "test":
         novel_split = partition[2]
-        arrays[novel_split] = (images[~familiar], labels[~familiar])
-      images, labels = images[familiar], labels[familiar]
-    arrays[split] = (images, labels)
-  for split in arrays:
-    images, labels = arrays[split][:2]
-    if split == "train" and config.train_limit:  # The first N: a smaller training set.
-      images, labels = images[:config.train_limit], labels[:config.train_limit]
-    if split != "train" and config.test_limit:  # A fair sample: see Split.sample.
-      sample = Split({"images": images, "labels": labels}).sample(config.test_limit)
-      images, labels = sample.examples["images"], sample.examples["labels"]
-    arrays[split] = (images, labels)
+        arrays[novel_split] = (images[~familiar], labels[~familiar], ids[~familiar])
+        sizes[novel_split] = len(labels)
+      images, labels, ids = images[familiar], labels[familiar], ids[familiar]
+    arrays[split] = (images, labels, ids)
+  splits = {name: Split({"images": images, "labels": labels}, ids=ids,
+                        source_size=sizes[name]) for name, (images, labels, ids) in arrays.items()}
+  if config.train_limit:  # The first N: a smaller training set.
+    splits["train"] = splits["train"].first(config.train_limit)
+  for name in splits:
+    if name != "train" and config.test_limit:  # A fair sample: see Split.sample.
+      splits[name] = splits[name].sample(config.test_limit)
 
-  train_images, train_labels = arrays["train"]
+  train = splits.pop("train")
   n_val = int(config.validation_size)
-  if n_val < 0 or n_val >= len(train_images):
+  if n_val < 0 or n_val >= len(train):
     raise UsageError(f"config.data.validation_size={n_val} must be in [0, "
-                     f"{len(train_images)}) for {len(train_images)} training examples.")
+                     f"{len(train)}) for {len(train)} training examples.")
   where_from = config_keys.optional(config, "data.validation_split")
   if where_from == "first":  # The official code's --validate: the first 10,000 of train.
-    order = np.arange(len(train_images))
+    order = np.arange(len(train))
   elif where_from == "random":
-    order = np.random.default_rng(seed).permutation(len(train_images))
+    order = np.random.default_rng(seed).permutation(len(train))
   else:
     raise UsageError(f"config.data.validation_split must be 'random' (drawn with the seed) or "
                      f"'first' (the first validation_size training examples), got "
                      f"{where_from!r}.")
-  val_idx, train_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
-  split = lambda images, labels: Split({"images": images, "labels": labels})
-  splits = {"train": split(train_images[train_idx], train_labels[train_idx]),
-            "validation": split(train_images[val_idx], train_labels[val_idx]),
-            "test": split(*arrays["test"])}
-  if novel_split:
-    splits[novel_split] = split(*arrays[novel_split])
-  return splits
+  return {"train": train.take(np.sort(order[n_val:])),
+          "validation": train.take(np.sort(order[:n_val])), **splits}
+
+
+def check_file_order(config: ml_collections.ConfigDict) -> None:
+  """Refuses the settings that assume the original files' order of examples when the data come
+  from tensorflow-datasets, whose writer orders examples by a hash of their key:
+  ``data.validation_split="first"`` with a validation split, and ``data.order="stream"``."""
+  if config.source != "tfds":
+    return
+  if (int(config.validation_size) and
+      config_keys.optional(config, "data.validation_split") == "first"):
+    setting = (f"config.data.validation_split='first' (with validation_size="
+               f"{int(config.validation_size)}) holds out the first training examples of the "
+               "original files, as the official code's --validate")
+  elif config_keys.optional(config, "data.order") == "stream":
+    setting = ("config.data.order='stream' reads the training examples in the original "
+               "files' order, as the official code")
+  else:
+    return
+  other = (", or hold out a random split: --config.data.validation_split=random"
+           if "validation_split" in setting else "")
+  raise UsageError(f"{setting}; tensorflow-datasets ({config.name!r}) reads them in another "
+                   "order (its writer orders examples by a hash of their key), so these would "
+                   "be other examples. Read the original files: --config.data.source=idx "
+                   "--config.data.dir=/path/to/mnist (a folder with the four IDX files)"
+                   f"{other}.")
 
 
 def check_split(split: str, images: np.ndarray, labels: np.ndarray, image_shape: tuple,

@@ -32,6 +32,7 @@ from capsjax import datasets
 from capsjax.common import checks, config_keys
 from capsjax.common.errors import UsageError
 from capsjax.common.registry import Registry
+from capsjax.runs import predictions
 
 
 def limit(split: datasets.Split, config) -> datasets.Split:
@@ -75,6 +76,11 @@ class Evaluator:
     """The named metrics of the model with ``params``: every variable of the model, parameters
     and state (``TrainState.variables``), as ``nnx.merge`` takes them."""
     raise NotImplementedError
+
+  def run_and_predict(self, params) -> tuple[dict, "predictions.Predictions | None"]:
+    """:meth:`run`'s metrics and, for evaluations of examples as they are, which class the
+    model predicted for each (:class:`capsjax.runs.predictions.Predictions`); None here."""
+    return self.run(params), None
 
   def draw(self, model, workdir: str, writer, step: int) -> None:
     """Optional figures of this evaluation (after training)."""

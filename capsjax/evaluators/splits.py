@@ -10,7 +10,7 @@ import numpy as np
 from capsjax import datasets, evaluators
 from capsjax.common.errors import UsageError
 from capsjax.datasets import augment
-from capsjax.runs import reporting
+from capsjax.runs import predictions, reporting
 
 
 def _split(evaluator: evaluators.Evaluator) -> datasets.Split:
@@ -29,11 +29,12 @@ def _images_of(evaluator: evaluators.Evaluator, split: datasets.Split) -> np.nda
 
 
 def _shifted(split: datasets.Split, images: np.ndarray) -> datasets.Split:
-  return datasets.Split({**split.examples, "images": images}, split.shared)
+  return split.with_examples(images=images)
 
 
 class SplitEvaluator(evaluators.Evaluator):
-  """A split of the dataset (``split``: ``test`` or ``validation``) as it is."""
+  """A split of the dataset (``split``: ``test`` or ``validation``) as it is; the runs keep
+  its predictions per example (:mod:`capsjax.runs.predictions`)."""
   SETTINGS = ("split",)
 
   def __init__(self, *args):
@@ -41,7 +42,13 @@ class SplitEvaluator(evaluators.Evaluator):
     self.set = self.runner.eval_set(_split(self), self.builder.eval_batch)
 
   def run(self, params) -> dict:
-    return self.runner.evaluate(params, self.set)
+    return self.run_and_predict(params)[0]
+
+  def run_and_predict(self, params) -> tuple[dict, predictions.Predictions]:
+    metrics, per_example, outputs = self.runner.evaluate_examples(params, self.set)
+    return metrics, predictions.Predictions.of(
+        self.set.host, outputs["scores"], per_example["accuracy"], outputs["labels"],
+        self.builder.info.labels_per_example)
 
 
 class ShiftGridEvaluator(evaluators.Evaluator):

@@ -9,14 +9,17 @@ kind, each batch sharded over the mesh's ``data`` axis::
     runner.mean(fn, variables, eval_set)     # weighted means over the set: {name: float}
     runner.collect(fn, variables, eval_set)  # per-example values: {name: (n, ...) array}
 
-``runner.evaluate`` is ``mean`` of the task's forward (loss, its parts, metrics) and
-``runner.scores`` ``collect`` of its class scores. An evaluator that needs gradients with
+``runner.evaluate_examples`` collects the task's forward (loss, its parts, metrics, class scores)
+per example and averages it on the host in float64 (what a split's evaluation keeps as the
+run's predictions); ``runner.evaluate`` is its means, and ``runner.scores`` ``collect`` of the
+class scores. An evaluator that needs gradients with
 respect to the input (an attack) writes its ``fn`` with ``jax.grad`` of
 :meth:`capsjax.training.tasks.Task.forward` (``runner.task.forward``) and hands it to the runner.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Callable
 
@@ -106,7 +109,8 @@ class Runner:
     if (kind, fn, make_batch) in self._steps:
       return self._steps[kind, fn, make_batch]
 
-    @jax.jit
+    # Per-example values come back replicated: every process can read them (multi-host).
+    @functools.partial(jax.jit, out_shardings=self.replicated if kind == "collect" else None)
     def step(variables, examples, shared, weights, start):
       take = self._take(start)
       batch = self.task.complete_batch(make_batch(jax.tree.map(take, examples), shared))
@@ -153,8 +157,10 @@ class Runner:
     return {k: np.concatenate([np.asarray(p[k]) for p in parts])[:eval_set.size]
             for k in parts[0]}
 
-  def _evaluation(self, variables, batch) -> dict:
-    return self.task.forward(variables, batch, train=False).per_example()
+  def _evaluation_and_scores(self, variables, batch) -> dict:
+    result = self.task.forward(variables, batch, train=False)
+    return {**{f"per_example/{k}": v for k, v in result.per_example().items()},
+            "scores": result.outputs.scores, "labels": batch["labels"]}
 
   def _scores(self, variables, batch) -> dict:
     return {"scores": self.task.forward(variables, batch, train=False).outputs.scores,
@@ -162,11 +168,25 @@ class Runner:
 
   def evaluate(self, variables, eval_set: EvalSet) -> dict:
     """Means over the set of the model's loss, its parts and its metrics; ``error`` is
-    ``1 - accuracy``. Values are floats, or lists for per-iteration metrics."""
-    metrics = self.mean(self._evaluation, variables, eval_set)
+    ``1 - accuracy``. Values are floats, or lists for per-iteration metrics. (The means of
+    :meth:`evaluate_examples`: every evaluation of the model averages the same way.)"""
+    return self.evaluate_examples(variables, eval_set)[0]
+
+  def evaluate_examples(self, variables, eval_set: EvalSet) -> tuple[dict, dict, dict]:
+    """``(metrics, per_example, outputs)``: :meth:`evaluate`'s means, computed on the host from
+    the values of each example; those values (``{name: (size, ...)}``: the loss, its parts and
+    the metrics); and ``outputs``: the class ``scores`` ``(size, num_classes)`` and the
+    ``labels`` of the batches (the dataset's, e.g. MultiMNIST's pairs'). One program, one
+    pass."""
+    values = self.collect(self._evaluation_and_scores, variables, eval_set)
+    per_example = {k[len("per_example/"):]: v for k, v in values.items()
+                   if k.startswith("per_example/")}
+    count = max(eval_set.size, 1)
+    metrics = {k: (np.sum(v.astype(np.float64), axis=0) / count).tolist()
+               for k, v in per_example.items()}
     if "accuracy" in metrics:
       metrics["error"] = 1.0 - metrics["accuracy"]
-    return metrics
+    return metrics, per_example, {"scores": values["scores"], "labels": values["labels"]}
 
   def scores(self, variables, eval_set: EvalSet) -> tuple[np.ndarray, np.ndarray]:
     """The model's class scores ``(n, num_classes)`` and the labels of every example of the

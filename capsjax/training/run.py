@@ -24,7 +24,8 @@ import numpy as np
 
 from capsjax.common import checks, config_keys, files
 from capsjax.common.errors import UsageError
-from capsjax.runs import checkpointing, comparison, hardware, preemption, reporting
+from capsjax.runs import (checkpointing, comparison, hardware, predictions, preemption,
+                          reporting)
 from capsjax.runs.reporting import log
 from capsjax.training import config_history, run_figures
 from capsjax.training.runtime import Runtime
@@ -55,6 +56,7 @@ class Run:
                                            keep_best=self.validation)
     self.watched = "validation" if self.validation else "test"  # Evaluated during training.
     self.results: dict = {}
+    self.predictions: dict = {}  # Of the evaluations in results, where they keep them.
     self.progress: TrainLog | None = None
     self.closed = False
     self.config_recorded = False
@@ -136,11 +138,12 @@ class Run:
     accuracy = None
     if plan.eval_due(step):
       variables = get().variables
-      self.results = {self.watched: self.evals[self.watched].run(variables)}
+      self.results, self.predictions = {}, {}
+      self.evaluate(self.watched, variables)
       self.progress.evaluation(self.watched, step, self.results[self.watched])
       accuracy = self.results[self.watched]["accuracy"]
       for name in self.recorded:
-        self.results[name] = self.evals[name].run(variables)
+        self.evaluate(name, variables)
         self.progress.evaluation(name, step, self.results[name])
       self.reached = target_reached(self.runtime.config, accuracy,
                                     f"{self.watched} accuracy at step {step}")
@@ -149,6 +152,13 @@ class Run:
       self.ckpt.save(step, get(), plan.meta(step, accuracy),
                      {checkpointing.BEST_METRIC: accuracy} if best else None)
     self.progress.restart_timer(step)
+
+  def evaluate(self, name: str, variables) -> None:
+    """Runs evaluation ``name`` into :attr:`results` (and :attr:`predictions`, where it keeps
+    them)."""
+    self.results[name], found = self.evals[name].run_and_predict(variables)
+    if found is not None:
+      self.predictions[name] = found
 
   def save_for_stop(self, state) -> None:
     """After a stop signal: logs the pending train metrics and saves :attr:`step`."""
@@ -161,9 +171,9 @@ class Run:
     """Every evaluation of the final parameters, ``summary.json`` (``runs_in_program``: how
     many runs its program trained at the end) and the figures; returns the summary."""
     runtime, step = self.runtime, self.step
-    for name, evaluator in self.evals.items():
+    for name in self.evals:
       if name not in self.results:
-        self.results[name] = evaluator.run(state.variables)
+        self.evaluate(name, state.variables)
         if step > self.first_step:  # A rerun of a finished run has logged these already.
           self.progress.evaluation(name, step, self.results[name])
     self.record_config()  # A finished run rerun: its evaluations ran with these settings.
@@ -171,7 +181,9 @@ class Run:
     summary = summarise(runtime, step, state.params, self.results, self.progress, self.ckpt,
                         selected_on=(self.watched if self.reached else "final"))
     summary["runs_in_program"] = runs_in_program
-    if jax.process_index() == 0:  # The summary first: figures can be redrawn by evaluate.
+    if jax.process_index() == 0:  # Predictions and the summary first: figures can be redrawn.
+      write_predictions(os.path.join(self.workdir, predictions.RUN_FILE), runtime,
+                        self.predictions, step=step, selected_on=summary["selected_on"])
       # Chosen on test or validation during training: never the result (runs/comparison.py).
       summary["comparison_only"] = comparison.comparison_errors(
           reporting.read_metrics(self.workdir))
@@ -272,6 +284,14 @@ def init_or_restore(runtime: Runtime, ckpt, workdir: str):
   if jax.process_index() == 0:
     config_history.announce_changes(workdir, config, latest, log=log)
   return state, reached, latest
+
+
+def write_predictions(path: str, runtime: Runtime, found: dict, **meta) -> None:
+  """The predictions ``found`` (``{evaluation: Predictions}``) at ``path``, with what they were
+  made on (:mod:`capsjax.runs.predictions`)."""
+  if found:
+    predictions.write(path, found, dataset=runtime.task.dataset.describe(),
+                      source=runtime.config.data.get("source"), **meta)
 
 
 def _truncate_metrics(workdir: str, step: int) -> None:

@@ -75,7 +75,8 @@ def _is_extra(column: str) -> bool:
 
 
 def collect(points: list, workdir: str, tables: dict | None = None,
-            matched: dict | None = None, references: dict | None = None) -> list[dict]:
+            matched: dict | None = None, references: dict | None = None,
+            paired_reference: dict | None = None) -> list[dict]:
   """Writes results.csv, results.md and plots from the finished runs' summaries.
 
   ``points``: the sweep's :class:`capsjax.sweep.Point` s; each run is ``WORKDIR/point.name``.
@@ -84,7 +85,10 @@ def collect(points: list, workdir: str, tables: dict | None = None,
   (an experiment's ``MATCHED``): ``{"familiar", "novel", "target_errors"}``, the comparison at
   matched familiar error of :mod:`capsjax.runs.matched`; ``references`` (an experiment's
   ``REFERENCES``): ``{column title: function(setting) -> text}``, published numbers in
-  columns beside the test error (``setting``: the row's ``{key: value as shown}``).
+  columns beside the test error (``setting``: the row's ``{key: value as shown}``);
+  ``paired_reference`` (an experiment's ``PAIRED_REFERENCE``): the settings of the row every
+  other row is compared with, seed by seed on the same test examples
+  (:func:`paired_table`).
   """
   from capsjax.runs import runconfig
   from capsjax.training import config_history
@@ -126,6 +130,8 @@ def collect(points: list, workdir: str, tables: dict | None = None,
     f.write(markdown_table(groups, keys, references))
     for title, metrics in (tables or {}).items():
       f.write(f"\n{title}\n\n" + metric_table(rows, keys, evaluations, metrics))
+    if paired_reference:
+      f.write("\n" + paired_table(rows, keys, workdir, paired_reference))
     if matched:
       from capsjax.runs import matched as matched_lib
 
@@ -138,6 +144,63 @@ def collect(points: list, workdir: str, tables: dict | None = None,
     print(f"{len(missing)} of {len(points)} runs not finished: {', '.join(missing)}")
   print(f"Wrote {os.path.join(workdir, 'results.csv')} ({len(rows)} runs) and results.md.")
   return rows
+
+
+def paired_table(rows: list[dict], keys: list[str], workdir: str, reference: dict) -> str:
+  """Each setting against the reference row, on the same test examples: the runs of one seed
+  paired, the examples only the setting gets wrong and only the reference, McNemar's exact p
+  per seed pair and the sign-flip test over examples combined (:mod:`capsjax.runs.paired`).
+  A setting whose runs kept no predictions (before 2026-11-28) says so."""
+  from capsjax.common.errors import UsageError
+  from capsjax.runs import paired, predictions
+
+  shown = {k: config_label(v) if k == CONFIG_KEY else format_value(v)
+           for k, v in reference.items()}
+  groups = _group(rows, keys)
+  matching = [g for g in groups if all(g["setting"].get(k) == v for k, v in shown.items())]
+  title = ", ".join(f"{k}={v}" for k, v in shown.items())
+  if len(matching) != 1:
+    return (f"Paired against {title}: {len(matching)} rows have these settings (one is "
+            "needed; PAIRED_REFERENCE).\n")
+
+  def runs_of(group) -> dict:
+    members = [r for r in rows if all(r[k] == group["setting"][k] for k in keys)]
+    found = {}
+    for r in members:
+      path = os.path.join(workdir, r["run"], predictions.RUN_FILE)
+      found[r["seed"]] = (predictions.read(path)[0].get("test") if os.path.exists(path)
+                          else None)
+    return found
+
+  base = runs_of(matching[0])
+  lines = [f"Paired against {title} (the reference), on the same test examples, the runs of "
+           "each seed paired: the examples only this row gets wrong and only the reference "
+           "(summed over seed pairs), McNemar's exact p per seed pair, and the sign-flip test "
+           "over examples combined (capsjax/runs/paired.py):", "",
+           "| " + " | ".join([*keys, "seed pairs", "only this wrong", "only reference wrong",
+                               "p per seed pair", "combined p", ""]) + " |",
+           "|" + "---|" * (len(keys) + 6)]
+  for group in groups:
+    if group is matching[0]:
+      continue
+    this = runs_of(group)
+    seeds = sorted(s for s in set(this) & set(base)
+                   if this[s] is not None and base[s] is not None)
+    cells = [group["setting"][k] or NOT_APPLICABLE for k in keys]
+    try:
+      result = paired.compare([(s, this[s], base[s]) for s in seeds]) if seeds else None
+    except UsageError as e:  # Other examples: said in the table, not a failed collect.
+      result, cells = None, cells + [str(len(seeds)), f"not comparable: {e}", "", "", "", ""]
+    else:
+      if result is None:
+        cells += ["0", "no predictions kept", "", "", "", ""]
+      else:
+        cells += [str(len(seeds)), str(sum(c.only_a for c in result.counts)),
+                  str(sum(c.only_b for c in result.counts)),
+                  ", ".join(paired.format_p(c.p_value) for c in result.counts),
+                  paired.format_p(result.combined_p), result.verdict("this", "reference")]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
 
 
 def metric_table(rows: list[dict], keys: list[str], evaluations: dict[str, dict],

@@ -1,0 +1,194 @@
+"""Compares two setups on the same test examples: paired, seed by seed.
+
+  python -m capsjax.compare /tmp/runA /tmp/runB                  # two runs
+  python -m capsjax.compare /tmp/sweep:iterations=1 /tmp/sweep:iterations=3  # sweep points
+  python -m capsjax.compare /tmp/capsnet_sweep /tmp/cnn_sweep    # two sweep directories
+
+A side is a run's workdir, a sweep directory whose finished runs share one setting (their seeds),
+or ``SWEEP_DIR:SETTING``: the runs of the sweep whose point name holds every ``key=value`` of
+SETTING (``iterations=1``, or the point's whole name without its seed). Runs of the two sides
+are paired by seed (A's seed 0 with B's seed 0, ...); seeds on one side only are listed and
+left out. Each run's ``predictions.npz`` (written at its end; ``--predictions=evaluate``: the
+``evaluation_predictions.npz`` of ``capsjax.evaluate``) says which examples it got wrong.
+
+Prints and writes to ``--output`` (default: ``compare_A_vs_B`` beside A):
+``comparison.md`` (each side's error on all shared examples and on the two halves of the
+source's order, MNIST's test[:5000] and test[5000:]; per seed pair the examples only A gets
+wrong, only B, both, and McNemar's exact p; the sign-flip test combined over seed pairs:
+:mod:`capsjax.runs.paired`), ``comparison.json`` (the same numbers) and
+``disagreements.png`` (the examples of the first seed pair that only one side gets wrong, with
+the label and both predictions).
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+from absl import flags
+
+from capsjax.common.errors import UsageError
+from capsjax.runs import cli
+
+FLAGS: types.SimpleNamespace | None = None
+FIGURE_EXAMPLES = 24  # Per side in disagreements.png.
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
+  """The command's flags, in ``flag_values`` (``argv`` unused: no config flags)."""
+  del argv
+  global FLAGS
+  define = dict(flag_values=flag_values)
+  FLAGS = types.SimpleNamespace(
+      evaluation=flags.DEFINE_string(
+          "evaluation", "test", "Which evaluation's predictions to compare (test, "
+          "validation).", **define),
+      predictions=flags.DEFINE_enum(
+          "predictions", "run", ["run", "evaluate"], "run: the predictions each run wrote at "
+          "its end (predictions.npz); evaluate: those of capsjax.evaluate "
+          "(evaluation_predictions.npz).", **define),
+      output=flags.DEFINE_string("output", None, "Where to write comparison.md, "
+                                 "comparison.json and disagreements.png.", **define))
+  return FLAGS
+
+
+def runs_of(spec: str) -> list[tuple[int, str]]:
+  """``[(seed, workdir)]`` of one side (see the module docstring), by seed."""
+  from capsjax.runs import runconfig
+
+  path, _, setting = spec.partition(":")
+  if not os.path.isdir(path):
+    raise UsageError(f"{path!r} is not a directory: give a run's workdir or a sweep directory.")
+  if runconfig.read_raw(path) is not None:  # A run.
+    if setting:
+      raise UsageError(f"{spec}: {path} is a run, not a sweep directory; drop ':{setting}'.")
+    return [(seed_of(path), path)]
+  runs = sorted(d for d in os.listdir(path)
+                if runconfig.read_raw(os.path.join(path, d)) is not None)
+  if not runs:
+    raise UsageError(f"{path} holds no run (no config.json in it or its folders).")
+  groups: dict[str, list[str]] = {}
+  for name in runs:
+    groups.setdefault(",".join(p for p in name.split(",") if not p.startswith("seed=")),
+                      []).append(name)
+  wanted = [part for part in setting.split(",") if part]
+  matching = {g: names for g, names in groups.items()
+              if all(part in g.split(",") for part in wanted)}
+  if len(matching) != 1:
+    found = "none does" if not matching else f"{len(matching)} do"
+    raise UsageError(f"{spec}: name one setting of the sweep ({found}); its settings are "
+                     + "; ".join(f"{path}:{g}" for g in sorted(groups)) + ".")
+  names = next(iter(matching.values()))
+  pairs = [(seed_of(os.path.join(path, n)), os.path.join(path, n)) for n in names]
+  seeds = [seed for seed, _ in pairs]
+  if len(set(seeds)) != len(seeds):
+    raise UsageError(f"{spec}: several runs have one seed ({sorted(seeds)}).")
+  return sorted(pairs)
+
+
+def seed_of(workdir: str) -> int:
+  from capsjax.runs import runconfig
+
+  return int(runconfig.read_raw(workdir).get("seed", 0))
+
+
+def load_side(spec: str, evaluation: str, which: str) -> dict:
+  """``{seed: Predictions}`` of one side's runs."""
+  from capsjax.runs import predictions
+
+  name = predictions.RUN_FILE if which == "run" else predictions.EVALUATE_FILE
+  found = {}
+  for seed, workdir in runs_of(spec):
+    by_evaluation, _ = predictions.read(os.path.join(workdir, name))
+    if evaluation not in by_evaluation:
+      raise UsageError(f"{os.path.join(workdir, name)} holds the predictions of "
+                       f"{sorted(by_evaluation)}, not {evaluation!r} (--evaluation).")
+    found[seed] = by_evaluation[evaluation]
+  return found
+
+
+def draw(path: str, a, b) -> None:
+  """disagreements.png: the examples only A gets wrong, then only B (``a``, ``b``: the first
+  seed pair's Predictions), from the images of misclassified examples each run kept."""
+  import numpy as np
+
+  from capsjax.common import figures
+  from capsjax.runs import paired
+
+  rows_a, rows_b = paired.aligned(a, b)
+  wrong_a, wrong_b = ~a.correct[rows_a], ~b.correct[rows_b]
+  ids = a.id[rows_a]
+  panels = []
+  for title, only, source in (("only A wrong", wrong_a & ~wrong_b, a),
+                              ("only B wrong", wrong_b & ~wrong_a, b)):
+    chosen = np.flatnonzero(only)[np.argsort(ids[only], kind="stable")][:FIGURE_EXAMPLES]
+    kept = ({int(i): k for k, i in enumerate(source.wrong_ids)}
+            if source.wrong_images.ndim == 4 else {})  # MultiMNIST's pairs keep no images.
+    chosen = [k for k in chosen if int(ids[k]) in kept]
+    images = np.stack([source.wrong_images[kept[int(ids[k])]] for k in chosen]) if chosen else (
+        np.zeros((0, 1, 1, 1), np.uint8))
+    if images.dtype == np.uint8:
+      images = images.astype(np.float32) / 255.0
+    captions = [f"#{int(ids[k])} {label_text(a.label[rows_a[k]])}: "
+                f"A {label_text(a.predicted[rows_a[k]])}, B {label_text(b.predicted[rows_b[k]])}"
+                for k in chosen]
+    panels.append((f"{title} ({int(only.sum())}; id: label: A's and B's predictions)",
+                   images, captions))
+  figures.save_disagreements(path, panels)
+
+
+def label_text(value) -> str:
+  import numpy as np
+
+  value = np.asarray(value)
+  return str(int(value)) if value.ndim == 0 else "+".join(str(int(v)) for v in value)
+
+
+def compare_sides(spec_a: str, spec_b: str, evaluation: str = "test", which: str = "run",
+                  output: str | None = None) -> dict:
+  """Compares the two sides, prints the tables and writes them; returns comparison.json's
+  data."""
+  from capsjax.common import files
+  from capsjax.runs import paired
+
+  side_a, side_b = (load_side(s, evaluation, which) for s in (spec_a, spec_b))
+  seeds = sorted(set(side_a) & set(side_b))
+  if not seeds:
+    raise UsageError(f"The sides share no seed: A has {sorted(side_a)}, B {sorted(side_b)}; "
+                     "runs are paired by seed.")
+  result = paired.compare([(s, side_a[s], side_b[s]) for s in seeds])
+  text = paired.markdown(result, spec_a, spec_b)
+  unpaired = sorted(set(side_a) ^ set(side_b))
+  if unpaired:
+    text += f"Left out (a seed of one side only): {unpaired}.\n"
+  output = output or os.path.join(os.path.dirname(os.path.abspath(spec_a.partition(":")[0])),
+                                  f"compare_{name_of(spec_a)}_vs_{name_of(spec_b)}")
+  os.makedirs(output, exist_ok=True)
+  data = {"a": spec_a, "b": spec_b, "evaluation": evaluation, "predictions": which,
+          "unpaired_seeds": unpaired, **paired.as_json(result)}
+  with files.atomic_write(os.path.join(output, "comparison.md")) as f:
+    f.write(text)
+  files.write_json(os.path.join(output, "comparison.json"), data)
+  draw(os.path.join(output, "disagreements.png"), side_a[seeds[0]], side_b[seeds[0]])
+  print(text + f"Written to {output} (comparison.md, comparison.json, disagreements.png).")
+  return data
+
+
+def name_of(spec: str) -> str:
+  """A side's short name for the default output folder."""
+  path, _, setting = spec.partition(":")
+  name = os.path.basename(os.path.normpath(path)) + (f"_{setting}" if setting else "")
+  return "".join(c if c.isalnum() or c in "._=-," else "_" for c in name)
+
+
+def main(argv):
+  with cli.clear_errors():
+    if len(argv) != 3:
+      raise UsageError("Give two sides: python -m capsjax.compare A B (each a run's workdir, "
+                       "a sweep directory, or SWEEP_DIR:SETTING).")
+    compare_sides(argv[1], argv[2], FLAGS.evaluation.value, FLAGS.predictions.value,
+                  FLAGS.output.value)
+
+
+if __name__ == "__main__":
+  cli.run(main, "capsjax.compare", define_flags)
