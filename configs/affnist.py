@@ -60,6 +60,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     del c["loss"]
     if smoke:
       c.model.conv_features, c.model.hidden = (8, 8, 4), (16, 8)
+      mnist.set_smoke_convolutions(c)
 
   c.evals.test_random_placement = ml_collections.ConfigDict(dict(
       type="randomly_shifted", split="test", seed=0))

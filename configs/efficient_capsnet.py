@@ -77,6 +77,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.convs.features = (8, 8, 8, 16)
     c.model.class_capsules.dim = 8
     c.model.decoder.hidden = (32, 64)
+    mnist.set_smoke_convolutions(c)
   else:
     c.train.checkpoint_every_steps = 3750  # Once per epoch of batch 16.
     c.train.log_every_steps = 500

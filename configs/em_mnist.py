@@ -69,6 +69,7 @@ def code_training(c: ml_collections.ConfigDict, *, small: bool, smoke: bool) -> 
   c.model = em_model(conv1=64, primary=8, caps=(16, 16)) if small else em_model()
   if smoke:
     c.model = em_model(conv1=8, primary=4, caps=(4, 4))
+    mnist.set_smoke_convolutions(c)
   c.loss = config_keys.em_loss()
   c.optimizer.update(dict(learning_rate=0.01, decay_rate=0.96, decay_steps=20_000))
   if not smoke:

@@ -23,7 +23,8 @@ Variants (keywords after ':', capsjax/common/config_args.py):
   official  the default, by name (earlier commands run as they did); not with text.
   smoke     a tiny model for a few steps on a small slice of data (tests, CI), with the
             text's settings (the code's inits and 1/32 scale are the full model's);
-            official,smoke: with the code's.
+            official,smoke: with the code's. Its convolutions are XLA's own
+            (conv_impl="native", set_smoke_convolutions), as in every smoke variant.
 """
 
 import ml_collections
@@ -231,6 +232,16 @@ def set_smoke(c: ml_collections.ConfigDict) -> None:
   c.train.checkpoint_every_steps = 4
   c.eval.batch_size = 64
   c.eval.num_figure_examples = 4
+  set_smoke_convolutions(c)
+
+
+def set_smoke_convolutions(c: ml_collections.ConfigDict) -> None:
+  """The smoke models' convolutions as XLA's own (``conv_impl="native"``): on a CPU,
+  ``"auto"``'s im2col (81 slices per 9x9 kernel, and as many pads in its gradient) made the
+  smoke CapsNet's forward pass a 10x longer compilation (2.1 s against 0.19 s; its input
+  gradient 2.6 s against 0.7 s), which a run of a few steps never earns back (tests/README.md).
+  Every smoke variant ends with it, after the config has its final model."""
+  c.model.conv_impl = "native"
 
 
 def set_official(c: ml_collections.ConfigDict) -> None:

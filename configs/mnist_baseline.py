@@ -77,4 +77,5 @@ def make_config(*, smoke: bool = False, official: bool = False) -> ml_collection
   if smoke:
     c.model.conv_features = (8, 4) if official else (8, 8, 4)
     c.model.hidden = (16,) if official else (16, 8)
+    mnist.set_smoke_convolutions(c)
   return c

@@ -74,6 +74,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     del c["loss"]
     if smoke:
       c.model.conv_features, c.model.hidden = (8, 8, 4), (16, 8)
+      mnist.set_smoke_convolutions(c)
   if smoke:
     c.data.pairs_per_digit = 1
   return c

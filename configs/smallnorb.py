@@ -54,6 +54,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         **({k: smoke_model[k] for k in ("conv_features", "hidden")} if args.smoke else {}))
     del c["loss"]
     c.eval.batch_size = 100
+    if args.smoke:
+      mnist_baseline.mnist.set_smoke_convolutions(c)
   if c.data.viewpoint_split:
     # 24,300 training images, a third (azimuth) or three ninths (elevation) familiar.
     c.data.validation_size = 20 if args.smoke else 810

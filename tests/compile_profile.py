@@ -5,7 +5,7 @@
 Each worker appends one JSON line per test to ``PROFILE/WORKER.jsonl``: its wall seconds, and
 the seconds JAX spent in this process tracing, lowering and compiling (XLA's backend compile,
 a persistent-cache read included) with the count of programs compiled and of persistent-cache
-hits. Programs that tests compile in processes they start (``run_main``) show only in their
+hits, and the 20 programs (by name) that took longest. Programs that tests compile in processes they start (``run_main``) show only in their
 wall time. ``python tests/compile_profile.py PROFILE`` sums it per file.
 """
 
@@ -29,6 +29,7 @@ def _duration(event: str, seconds: float, **kwargs) -> None:
     _current["totals"][name] += seconds
     if name == "compile":
       _current["totals"]["programs"] += 1
+      _current.setdefault("programs", collections.Counter())[kwargs.get("fun_name", "?")] += seconds
 
 
 def _event(event: str, **kwargs) -> None:
@@ -45,6 +46,7 @@ def pytest_configure(config):
 
 def pytest_runtest_protocol(item, nextitem):
   _current["test"], _current["totals"] = item.nodeid, collections.Counter()
+  _current["programs"] = collections.Counter()
   _current["start"] = time.perf_counter()
 
 
@@ -55,7 +57,8 @@ def pytest_runtest_logfinish(nodeid, location):
   os.makedirs(folder, exist_ok=True)
   worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
   record = {"test": nodeid, "wall": time.perf_counter() - _current["start"],
-            **{k: round(v, 3) for k, v in _current["totals"].items()}}
+            **{k: round(v, 3) for k, v in _current["totals"].items()},
+            "by_program": {k: round(v, 3) for k, v in _current["programs"].most_common(20)}}
   with open(os.path.join(folder, f"{worker}.jsonl"), "a") as f:
     f.write(json.dumps(record) + "\n")
   _current["test"] = None

@@ -117,7 +117,6 @@ def test_unknown_tfds_name():
 SHARED_MNIST = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mnist")
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir(SHARED_MNIST), reason="needs ../shared/data/mnist")
 def test_tfds_offline_from_manual_dir_matches_idx(tmp_path):
   """tfds prepares MNIST offline from the original archives; same data as the idx source."""
