@@ -388,6 +388,14 @@ def run_sweep(experiment, workdir, *extra, data_dir):
       env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
+def sweep_in_process(capsys, experiment, workdir, *extra, data_dir):
+  """:func:`run_sweep`'s command line in this process (:func:`run_in_process`, this
+  process's devices)."""
+  return run_in_process(capsys, "capsjax.sweep", str(experiment), f"--workdir={workdir}",
+                        "--config.data.source=idx", f"--config.data.dir={data_dir}",
+                        "--config.train.num_steps=2", "--config.data.test_limit=32", *extra)
+
+
 def truncate_data(ckpt, step):
   """What a crash or a full disk leaves: a checkpoint's array files cut in half."""
   files = [p for p in pathlib.Path(ckpt.directory, str(step)).rglob("*")

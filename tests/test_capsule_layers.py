@@ -14,7 +14,7 @@ from capsjax.models import conv_capsules, em_capsnet
 from test_em_capsnet import model_config
 from test_em_routing import np_conv_votes
 from test_routing_dynamic import np_routing
-from helpers import check_directional_derivatives, run_sweep, write_idx_dataset
+from helpers import REPO, check_directional_derivatives, sweep_in_process, write_idx_dataset
 
 
 def conv_layer(router: str, **settings):
@@ -152,7 +152,8 @@ def test_every_router_runs_at_every_routed_layer_of_em_capsnet(router):
     np.testing.assert_allclose(scores, np.linalg.norm(poses, axis=-1), rtol=1e-5)
 
 
-def test_the_capsule_type_experiment_runs_both_types_through_the_sweep(tmp_path):
+def test_the_capsule_type_experiment_runs_both_types_through_the_sweep(tmp_path, capsys,
+                                                                       monkeypatch):
   """``experiments/capsule_type_vs_routing.py``: vector x matrix capsules x four routers;
   ``:tiny`` runs a vector and a matrix point from the command line, and results.md names each
   row's capsule type."""
@@ -164,8 +165,9 @@ def test_the_capsule_type_experiment_runs_both_types_through_the_sweep(tmp_path)
       (config, router) for config in ("configs/mnist.py", "configs/em_mnist.py:small")
       for router in ("dynamic", "em", "variational_bayes", "uniform")]
   data = write_idx_dataset(tmp_path / "idx", num_train=64, num_test=16)
-  result = run_sweep(path + ":tiny", tmp_path / "runs", "--index=0,4",
-                     "--config.eval.num_figure_examples=0", data_dir=data)
+  monkeypatch.chdir(REPO)  # The experiment names its config files from the repository.
+  result = sweep_in_process(capsys, path + ":tiny", tmp_path / "runs", "--index=0,4",
+                            "--config.eval.num_figure_examples=0", data_dir=data)
   assert result.returncode == 0, result.stderr
   tiny = sweep.expand(sweep.experiment_sweep(module, path + ":tiny"))
   sweep.collect(tiny, str(tmp_path / "runs"), references=module.REFERENCES)

@@ -14,8 +14,8 @@ import pytest
 
 from capsjax.common.errors import UsageError
 from capsjax.datasets import sources
-from helpers import (checkpoint_steps, final_params, free_port, read_summary, run_main,
-                     truncate_data)
+from helpers import (checkpoint_steps, final_params, free_port, main_in_process, read_summary,
+                     run_main, truncate_data)
 
 LONG_STEPS = 200  # Long enough that a signal sent at step 30 arrives mid-run.
 LONG = (f"--config.train.num_steps={LONG_STEPS}", "--config.train.log_every_steps=10",
@@ -80,13 +80,15 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_in_both(idx_dir, tm
   assert steps[0] == steps[1] and steps[0] in checkpoint_steps(tmp_path), outputs
 
 
-def test_damaged_checkpoints(idx_dir, tmp_path):
+def test_damaged_checkpoints(idx_dir, tmp_path, capsys):
+  """The command in this process (helpers.main_in_process): what it restores and says."""
   from capsjax.runs import checkpointing
 
-  first = run_main(tmp_path, "--config.train.num_steps=8", data_dir=idx_dir, devices=1)
+  run = lambda *args: main_in_process(capsys, tmp_path, *args, data_dir=idx_dir)
+  first = run("--config.train.num_steps=8")
   assert first.returncode == 0 and checkpoint_steps(tmp_path) == [4, 8]
   truncate_data(checkpointing.Checkpointer(str(tmp_path / "checkpoints")), 8)
-  rerun = run_main(tmp_path, "--config.train.num_steps=12", data_dir=idx_dir, devices=1)
+  rerun = run("--config.train.num_steps=12")
   assert rerun.returncode == 0, rerun.stderr
   assert "the checkpoint at step 8 in" in rerun.stdout and "cannot be restored" in rerun.stdout
   assert "Resuming from the checkpoint at step 4" in rerun.stdout
@@ -96,7 +98,7 @@ def test_damaged_checkpoints(idx_dir, tmp_path):
   ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"))
   for step in ckpt.all_steps():
     truncate_data(ckpt, step)
-  broken = run_main(tmp_path, "--config.train.num_steps=16", data_dir=idx_dir, devices=1)
+  broken = run("--config.train.num_steps=16")
   assert broken.returncode == 2, broken.stdout + broken.stderr
   assert f"None of the checkpoints in {tmp_path / 'checkpoints'} can be restored" in broken.stderr
   assert "Traceback" not in broken.stderr + broken.stdout
@@ -121,10 +123,10 @@ def test_a_held_workdir_refuses_a_second_run_until_the_holder_dies(idx_dir, tmp_
     ("file", "is a file, not a directory"),
     ("inside_file", "lies inside the file"),
 ])
-def test_bad_workdir_paths(idx_dir, tmp_path, where, message):
+def test_bad_workdir_paths(idx_dir, tmp_path, where, message, capsys):
   (tmp_path / "file").write_text("not a folder")
   workdir = {"file": tmp_path / "file", "inside_file": tmp_path / "file" / "run"}[where]
-  result = run_main(workdir, data_dir=idx_dir, devices=1)
+  result = main_in_process(capsys, workdir, data_dir=idx_dir)
   assert result.returncode == 2 and message in result.stderr, result.stderr
   assert "Traceback" not in result.stderr + result.stdout
 

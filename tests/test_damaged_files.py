@@ -12,7 +12,7 @@ import mnist
 from capsjax import train
 from capsjax.common import files
 from capsjax.runs import checkpointing, cli, reporting
-from helpers import checkpoint_steps, read_summary, run_in_process, run_main
+from helpers import checkpoint_steps, main_in_process, read_summary, run_in_process
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -78,10 +78,12 @@ def test_a_full_disk_while_checkpointing_keeps_the_earlier_checkpoint(idx_dir, t
   assert summary["step"] == 8
 
 
-def test_a_rerun_with_another_models_shapes_names_the_settings(idx_dir, tmp_path):
-  first = run_main(tmp_path, "--config.train.num_steps=4", data_dir=idx_dir, devices=1)
+def test_a_rerun_with_another_models_shapes_names_the_settings(idx_dir, tmp_path, capsys):
+  # The command in this process (helpers.main_in_process): its exit status and message.
+  first = main_in_process(capsys, tmp_path, "--config.train.num_steps=4", data_dir=idx_dir)
   assert first.returncode == 0, first.stderr
-  other = run_main(tmp_path, "--config.model.conv1.features=8", data_dir=idx_dir, devices=1)
+  other = main_in_process(capsys, tmp_path, "--config.model.conv1.features=8",
+                          data_dir=idx_dir)
   assert other.returncode == 2, other.stderr
   assert "holds a run of another model" in other.stderr
   assert "model.conv1.features: 16 -> 8" in other.stderr and "new --workdir" in other.stderr

@@ -3,8 +3,6 @@ model state (training and evaluation modes, synchronised over devices, resumed e
 the whole run through the command line."""
 
 import json
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +15,8 @@ from capsjax import models, train
 from capsjax.common.errors import UsageError
 from capsjax.models import efficient_capsnet as model_lib
 from capsjax.training import train_step
-from helpers import REPO, abstract_model, final_state, read_summary, resolved, run_main
+from helpers import (REPO, abstract_model, final_state, read_summary, resolved, run_in_process,
+                     run_main)
 
 CONFIG = str(REPO / "configs" / "efficient_capsnet.py")
 
@@ -220,16 +219,16 @@ def test_settings_that_cannot_work_are_refused():
     model_lib.validate_config(config.model)
 
 
-def test_the_smoke_config_runs_end_to_end_and_evaluate_agrees(idx_dir, tmp_path):
+def test_the_smoke_config_runs_end_to_end_and_evaluate_agrees(idx_dir, tmp_path, capsys):
   """``python -m capsjax.main --config=configs/efficient_capsnet.py:smoke``, then
-  ``python -m capsjax.evaluate`` on its workdir: the same test accuracy as the summary."""
+  ``python -m capsjax.evaluate`` on its workdir (in this process: helpers.run_in_process):
+  the same test accuracy as the summary."""
   workdir = tmp_path / "run"
   result = run_main(workdir, data_dir=idx_dir, config=CONFIG + ":smoke")
   assert result.returncode == 0, result.stdout + result.stderr
   summary = read_summary(workdir)
   assert summary["num_params"] == models.count_params(smoke_model())
-  evaluated = subprocess.run([sys.executable, "-m", "capsjax.evaluate", f"--workdir={workdir}"],
-                             cwd=REPO, capture_output=True, text=True, timeout=300)
+  evaluated = run_in_process(capsys, "capsjax.evaluate", f"--workdir={workdir}")
   assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
   evaluation = json.loads((workdir / "evaluation.json").read_text())
   assert evaluation["test_accuracy"] == summary["test_accuracy"]

@@ -3,11 +3,7 @@ without, end to end through the command, written beside the run's own results.""
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 
-import jax
 import pytest
 
 from helpers import REPO, run_in_process, write_idx_dataset
@@ -28,25 +24,26 @@ def trained(tmp_path_factory):
   return workdir
 
 
-def _evaluate(workdir, *args):
-  # This process's device count: the numbers are compared with an evaluation made here.
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(jax.device_count()), TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.run([sys.executable, "-m", "capsjax.evaluate", f"--workdir={workdir}",
-                         *args], env=env, cwd=REPO, capture_output=True, text=True,
-                        timeout=600)
+def _evaluate(capsys, workdir, *args):
+  """The command in this process (helpers.run_in_process; a process of its own added only its
+  start-up to a cold test run): its devices are this process's, as the evaluation made here
+  to check its numbers."""
+  return run_in_process(capsys, "capsjax.evaluate", f"--workdir={workdir}", *args)
 
 
 def _digest(path):
   return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.figures  # The evaluations' figures are checked.
 def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained, tmp_path,
                                                                          capsys, monkeypatch):
   """One test, so that the module trains one run (the tests run in parallel)."""
+  monkeypatch.chdir(REPO)  # The --evals files are named relative to the repository.
   summary = _digest(trained / "summary.json")
   # One attack each (every attack is a compilation): the command is under test, not them.
-  result = _evaluate(trained, "--evals=configs/evals/robustness.py:adversarial,detection,vote,"
-                     "limit=12", "--evals.adversarial.steps=2", "--evals.detection.steps=2",
+  result = _evaluate(capsys, trained,
+                     "--evals=configs/evals/robustness.py:adversarial,detection,vote,limit=12", "--evals.adversarial.steps=2", "--evals.detection.steps=2",
                      "--evals.vote_attack.steps=2", "--evals.adversarial.epsilons=0,0.2",
                      "--evals.adversarial.attacks=pgd", "--evals.detection.attacks=pgd",
                      "--evals.vote_attack.attacks=vote_pgd")
@@ -90,7 +87,7 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
 
   # A second call replaces the evaluations it names and keeps the others.
   # Attacks listed on the command line as epsilons are: "fgsm,pgd" is two attacks.
-  again = _evaluate(trained, "--evals=configs/evals/robustness.py:adversarial,limit=8",
+  again = _evaluate(capsys, trained, "--evals=configs/evals/robustness.py:adversarial,limit=8",
                     "--evals.adversarial.steps=1", "--evals.adversarial.epsilons=0,0.1",
                     "--evals.adversarial.attacks=fgsm,pgd")
   assert again.returncode == 0, again.stderr
@@ -101,9 +98,7 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
   assert extra["detection"]["settings"]["limit"] == 12
 
   # A negative size is refused by name; a damaged record is refused before anything is
-  # evaluated or drawn.
-  # The refusals, in this process (helpers.run_in_process): exit status and message.
-  monkeypatch.chdir(REPO)
+  # evaluated or drawn (exit status and message).
   evaluate = lambda *args: run_in_process(capsys, "capsjax.evaluate", f"--workdir={trained}",
                                           *args)
   result = evaluate("--evals=configs/evals/robustness.py:adversarial",

@@ -11,7 +11,7 @@ import pytest
 import mnist
 from capsjax import sweep
 from capsjax.common.errors import UsageError
-from helpers import REPO, run_in_process, run_sweep, write_idx_dataset
+from helpers import REPO, run_in_process, sweep_in_process, write_idx_dataset
 
 
 
@@ -45,22 +45,24 @@ def test_apply_overrides_sets_values_and_rejects_unknown_keys():
     sweep.apply_overrides(base, {"model.routing.iteratons": 5}, seed=0)
 
 
-def test_two_by_two_sweep_runs_resumes_and_collects(tmp_path):
+def test_two_by_two_sweep_runs_resumes_and_collects(tmp_path, capsys):
+  """The command in this process (helpers.sweep_in_process); two processes on one sweep
+  directory: the next test."""
   data_dir = write_idx_dataset(tmp_path / "idx", num_train=64, num_test=32)
   experiment = write_experiment(
       tmp_path / "exp.py", '{"grid": {"model.routing.iterations": [1, 2]}, "seeds": [0, 1]}')
   workdir = tmp_path / "sweep"
 
-  listed = run_sweep(experiment, workdir, "--list", data_dir=data_dir)
+  listed = sweep_in_process(capsys, experiment, workdir, "--list", data_dir=data_dir)
   assert listed.returncode == 0, listed.stderr
   assert len(listed.stdout.strip().splitlines()) == 4
 
-  one = run_sweep(experiment, workdir, "--index=2", data_dir=data_dir)
+  one = sweep_in_process(capsys, experiment, workdir, "--index=2", data_dir=data_dir)
   assert one.returncode == 0, one.stderr
   assert os.listdir(workdir) == ["iterations=2,seed=0"]
   done_first = os.path.getmtime(workdir / "iterations=2,seed=0" / "summary.json")
 
-  full = run_sweep(experiment, workdir, data_dir=data_dir)
+  full = sweep_in_process(capsys, experiment, workdir, data_dir=data_dir)
   assert full.returncode == 0, full.stderr
   assert "iterations=2,seed=0: finished, skipped" in full.stdout
   assert os.path.getmtime(workdir / "iterations=2,seed=0" / "summary.json") == done_first
@@ -80,7 +82,7 @@ def test_two_by_two_sweep_runs_resumes_and_collects(tmp_path):
   assert all(" ± " in line for line in table[2:])  # Two seeds: a spread.
   assert (workdir / "test_error_vs_iterations.png").exists()
 
-  again = run_sweep(experiment, workdir, data_dir=data_dir)
+  again = sweep_in_process(capsys, experiment, workdir, data_dir=data_dir)
   assert again.returncode == 0
   assert again.stdout.count("finished, skipped") == 4
 

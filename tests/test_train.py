@@ -14,7 +14,8 @@ import pytest
 from flax import nnx
 
 from helpers import (abstract_model, checkpoint_steps, final_params, free_port,
-                     main_in_process, read_summary, run_main, train_records, write_idx_dataset)
+                     main_in_process, read_summary, run_in_process, run_main, train_records,
+                     write_idx_dataset)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -105,13 +106,15 @@ def test_tensorboard_reads_the_events_a_run_writes(full_run):
     image = events.Images(tag)[-1]
     assert image.encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n" and image.width > 0
 
-def test_stopped_run_resumes_to_the_same_result(idx_dir, full_run, tmp_path):
-  first = run_main(tmp_path, "--config.train.num_steps=4", data_dir=idx_dir)
+def test_stopped_run_resumes_to_the_same_result(idx_dir, full_run, tmp_path, capsys):
+  """The command in this process (helpers.main_in_process; the uninterrupted run, full_run,
+  in one of its own)."""
+  first = main_in_process(capsys, tmp_path, "--config.train.num_steps=4", data_dir=idx_dir)
   assert first.returncode == 0, first.stderr
   assert read_summary(tmp_path)["step"] == 4
   # A new seed re-draws nothing a resumed run uses (no validation split here), so the result
   # must not change; the resume says so and keeps the earlier config.
-  second = run_main(tmp_path, "--config.seed=1", data_dir=idx_dir)
+  second = main_in_process(capsys, tmp_path, "--config.seed=1", data_dir=idx_dir)
   assert second.returncode == 0, second.stderr
   assert "Resuming from the checkpoint at step 4" in second.stdout
   assert "differ from the run's config.json: seed: 0 -> 1." in second.stdout
@@ -203,11 +206,12 @@ def test_two_processes_match_one(idx_dir, tmp_path):
                              rtol=1e-5)
 
 
-def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(idx_dir, tmp_path):
-  first = run_main(tmp_path, "--config.train.num_steps=4", data_dir=idx_dir)
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(idx_dir, tmp_path, capsys):
+  # In this process (helpers.main_in_process): the command's exit status and messages.
+  first = main_in_process(capsys, tmp_path, "--config.train.num_steps=4", data_dir=idx_dir)
   assert first.returncode == 0, first.stderr
-  blowup = run_main(tmp_path, "--config.optimizer.learning_rate=1e30",
-                    "--config.train.log_every_steps=1", data_dir=idx_dir)
+  blowup = main_in_process(capsys, tmp_path, "--config.optimizer.learning_rate=1e30",
+                           "--config.train.log_every_steps=1", data_dir=idx_dir)
   assert blowup.returncode == 1, blowup.stdout + blowup.stderr
   assert "non-finite at step" in blowup.stderr
   assert "last good checkpoint is step 4" in blowup.stderr
@@ -215,7 +219,7 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(idx_dir, tmp_path):
   assert checkpoint_steps(tmp_path) == [4]
 
 
-def test_evaluate_command_redraws(full_run):
+def test_evaluate_command_redraws(full_run, capsys):
   workdir, _ = full_run
   os.remove(workdir / "latent_perturbations.png")
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
@@ -238,18 +242,15 @@ def test_evaluate_command_redraws(full_run):
   assert sorted(shifted) == sorted(f"{dx},{dy}" for dx in (-1, 0, 1) for dy in (-1, 0, 1))
   assert shifted["0,0"] == evaluation["test_accuracy"]
   assert "by shift" in result.stdout
-  bad = subprocess.run([sys.executable, "-m", "capsjax.evaluate", f"--workdir={workdir}",
-                        "--checkpoint=123"], env=env, cwd=REPO, capture_output=True, text=True,
-                       timeout=300)
+  # The refusals, in this process (helpers.run_in_process): exit status and message.
+  evaluate = lambda *args: run_in_process(capsys, "capsjax.evaluate", f"--workdir={workdir}",
+                                          *args)
+  bad = evaluate("--checkpoint=123")
   assert bad.returncode == 2 and "saved steps [4, 8]" in bad.stderr
-  best = subprocess.run([sys.executable, "-m", "capsjax.evaluate", f"--workdir={workdir}",
-                         "--checkpoint=best"], env=env, cwd=REPO, capture_output=True,
-                        text=True, timeout=300)  # No validation split: it would be test's best.
+  best = evaluate("--checkpoint=best")  # No validation split: it would be test's best.
   assert best.returncode == 2 and "chosen on the test set" in best.stderr
   assert "--config.data.validation_size" in best.stderr and "Traceback" not in best.stderr
-  negative = subprocess.run([sys.executable, "-m", "capsjax.evaluate", f"--workdir={workdir}",
-                             "--max_shift=-1"], env=env, cwd=REPO, capture_output=True,
-                            text=True, timeout=300)
+  negative = evaluate("--max_shift=-1")
   assert negative.returncode == 2 and "--max_shift=-1" in negative.stderr
   assert "Traceback" not in negative.stderr
 
@@ -291,12 +292,14 @@ def test_stop_at_accuracy_stops_at_the_first_evaluation_that_reaches_it(idx_dir,
   assert again["step"] == stopped["step"] and again["test_accuracy"] == target
 
 
-def test_with_a_validation_split_the_best_checkpoint_is_kept_by_validation(idx_dir, tmp_path):
+def test_with_a_validation_split_the_best_checkpoint_is_kept_by_validation(idx_dir, tmp_path,
+                                                                          capsys):
   """Validation held out: each evaluation ranks a checkpoint; the best by validation accuracy
-  is kept and `evaluate --checkpoint=best` restores it. The test set chose nothing."""
-  result = run_main(tmp_path, "--config.data.validation_size=64", "--config.train.num_steps=12",
-                    "--config.train.eval_every_steps=3", "--config.train.keep_checkpoints=1",
-                    data_dir=idx_dir, devices=1)
+  is kept and `evaluate --checkpoint=best` restores it. The test set chose nothing. (Both
+  commands in this process: helpers.main_in_process, run_in_process.)"""
+  result = main_in_process(capsys, tmp_path, "--config.data.validation_size=64",
+                           "--config.train.num_steps=12", "--config.train.eval_every_steps=3",
+                           "--config.train.keep_checkpoints=1", data_dir=idx_dir)
   assert result.returncode == 0, result.stderr
   records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   validation = {r["step"]: r["accuracy"] for r in records if r["kind"] == "validation"}
@@ -306,10 +309,8 @@ def test_with_a_validation_split_the_best_checkpoint_is_kept_by_validation(idx_d
   summary = read_summary(tmp_path)
   assert summary["best_checkpoint_step"] == best and summary["selected_on"] == "final"
   assert set(checkpoint_steps(tmp_path)) == {best, 12}
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
-  evaluated = subprocess.run([sys.executable, "-m", "capsjax.evaluate", f"--workdir={tmp_path}",
-                              "--checkpoint=best"], env=env, cwd=REPO, capture_output=True,
-                             text=True, timeout=300)
+  evaluated = run_in_process(capsys, "capsjax.evaluate", f"--workdir={tmp_path}",
+                             "--checkpoint=best")
   assert evaluated.returncode == 0, evaluated.stderr
   evaluation = json.load(open(tmp_path / "evaluation.json"))
   assert evaluation["checkpoint_step"] == best and evaluation["selected_on"] == "validation"

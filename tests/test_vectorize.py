@@ -17,7 +17,7 @@ from capsjax.runs import runconfig
 from capsjax.training import run_group, vectorize
 from capsjax.training.runtime import Runtime
 from helpers import (REPO, final_params, read_summary, run_in_process, run_sweep,
-                     train_records, write_idx_dataset)
+                     sweep_in_process, train_records, write_idx_dataset)
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +285,7 @@ def test_a_researchers_model_shares_a_program_only_in_what_it_declares(data_dir,
   assert not np.allclose(first["dense"]["kernel"], second["dense"]["kernel"])
 
 
-def test_sweep_of_a_setting_read_while_loading_data_equals_one_by_one(tmp_path):
+def test_sweep_of_a_setting_read_while_loading_data_equals_one_by_one(tmp_path, capsys):
   """The issue's table through the command line: each run's test loss vectorised equals its
   loss alone, and the two runs differ (the flipped run trained on its own data)."""
   data = write_idx_dataset(tmp_path / "idx", num_train=64, num_test=16)
@@ -298,7 +298,8 @@ def test_sweep_of_a_setting_read_while_loading_data_equals_one_by_one(tmp_path):
   extra = ("--config.train.num_steps=6", "--config.eval.num_figure_examples=0")
   losses, output = {}, {}
   for mode in ("vectorize", "novectorize"):
-    result = run_sweep(experiment, tmp_path / mode, f"--{mode}", *extra, data_dir=data)
+    result = sweep_in_process(capsys, experiment, tmp_path / mode, f"--{mode}", *extra,
+                              data_dir=data)
     assert result.returncode == 0, result.stderr
     output[mode] = result.stdout
     losses[mode] = [read_summary(tmp_path / mode / f"flip_fraction={f},seed=0")["test_loss"]
