@@ -377,23 +377,27 @@ def build_evaluators(config):
   return built, params, model, splits, messages
 
 
+def _sweep_args(experiment, workdir, extra, data_dir) -> list[str]:
+  """The sweep command's arguments: ``data_dir`` for 2 steps (32 test examples)."""
+  return [str(experiment), f"--workdir={workdir}", "--config.data.source=idx",
+          f"--config.data.dir={data_dir}", "--config.train.num_steps=2",
+          "--config.data.test_limit=32", *extra]
+
+
 def run_sweep(experiment, workdir, *extra, data_dir):
   """``python -m capsjax.sweep EXPERIMENT`` on 1 device, on ``data_dir`` for 2 steps (32 test
   examples), in a process of its own."""
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
   return subprocess.run(
-      [sys.executable, "-m", "capsjax.sweep", str(experiment), f"--workdir={workdir}",
-       "--config.data.source=idx", f"--config.data.dir={data_dir}",
-       "--config.train.num_steps=2", "--config.data.test_limit=32", *extra],
+      [sys.executable, "-m", "capsjax.sweep", *_sweep_args(experiment, workdir, extra, data_dir)],
       env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
 def sweep_in_process(capsys, experiment, workdir, *extra, data_dir):
   """:func:`run_sweep`'s command line in this process (:func:`run_in_process`, this
   process's devices)."""
-  return run_in_process(capsys, "capsjax.sweep", str(experiment), f"--workdir={workdir}",
-                        "--config.data.source=idx", f"--config.data.dir={data_dir}",
-                        "--config.train.num_steps=2", "--config.data.test_limit=32", *extra)
+  return run_in_process(capsys, "capsjax.sweep",
+                        *_sweep_args(experiment, workdir, extra, data_dir))
 
 
 def truncate_data(ckpt, step):

@@ -24,13 +24,6 @@ def trained(tmp_path_factory):
   return workdir
 
 
-def _evaluate(capsys, workdir, *args):
-  """The command in this process (helpers.run_in_process; a process of its own added only its
-  start-up to a cold test run): its devices are this process's, as the evaluation made here
-  to check its numbers."""
-  return run_in_process(capsys, "capsjax.evaluate", f"--workdir={workdir}", *args)
-
-
 def _digest(path):
   return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -40,13 +33,17 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
                                                                          capsys, monkeypatch):
   """One test, so that the module trains one run (the tests run in parallel)."""
   monkeypatch.chdir(REPO)  # The --evals files are named relative to the repository.
+  # The command in this process (helpers.run_in_process; a process of its own added only its
+  # start-up): its devices are this process's, as the evaluation made here to check it.
+  evaluate = lambda *args: run_in_process(capsys, "capsjax.evaluate", f"--workdir={trained}",
+                                          *args)
   summary = _digest(trained / "summary.json")
   # One attack each (every attack is a compilation): the command is under test, not them.
-  result = _evaluate(capsys, trained,
-                     "--evals=configs/evals/robustness.py:adversarial,detection,vote,limit=12", "--evals.adversarial.steps=2", "--evals.detection.steps=2",
-                     "--evals.vote_attack.steps=2", "--evals.adversarial.epsilons=0,0.2",
-                     "--evals.adversarial.attacks=pgd", "--evals.detection.attacks=pgd",
-                     "--evals.vote_attack.attacks=vote_pgd")
+  result = evaluate("--evals=configs/evals/robustness.py:adversarial,detection,vote,limit=12",
+                    "--evals.adversarial.steps=2", "--evals.detection.steps=2",
+                    "--evals.vote_attack.steps=2", "--evals.adversarial.epsilons=0,0.2",
+                    "--evals.adversarial.attacks=pgd", "--evals.detection.attacks=pgd",
+                    "--evals.vote_attack.attacks=vote_pgd")
   assert result.returncode == 0, result.stderr
   assert _digest(trained / "summary.json") == summary  # The run's own results stay.
   extra = json.loads((trained / "extra_evaluations.json").read_text())
@@ -87,9 +84,9 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
 
   # A second call replaces the evaluations it names and keeps the others.
   # Attacks listed on the command line as epsilons are: "fgsm,pgd" is two attacks.
-  again = _evaluate(capsys, trained, "--evals=configs/evals/robustness.py:adversarial,limit=8",
-                    "--evals.adversarial.steps=1", "--evals.adversarial.epsilons=0,0.1",
-                    "--evals.adversarial.attacks=fgsm,pgd")
+  again = evaluate("--evals=configs/evals/robustness.py:adversarial,limit=8",
+                   "--evals.adversarial.steps=1", "--evals.adversarial.epsilons=0,0.1",
+                   "--evals.adversarial.attacks=fgsm,pgd")
   assert again.returncode == 0, again.stderr
   extra = json.loads((trained / "extra_evaluations.json").read_text())
   assert set(extra) == {"adversarial", "detection", "vote_attack"}
@@ -99,8 +96,6 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
 
   # A negative size is refused by name; a damaged record is refused before anything is
   # evaluated or drawn (exit status and message).
-  evaluate = lambda *args: run_in_process(capsys, "capsjax.evaluate", f"--workdir={trained}",
-                                          *args)
   result = evaluate("--evals=configs/evals/robustness.py:adversarial",
                     "--evals.adversarial.limit=-5")
   assert result.returncode == 2 and "Traceback" not in result.stderr
