@@ -1,6 +1,8 @@
 """Crops moved from the centre (capsjax/datasets/images.py: crop_at) and the crop-averaging
 evaluator (capsjax/evaluators/crops.py)."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -16,6 +18,11 @@ def test_crop_at_moves_the_centre_crop_by_the_offset():
   np.testing.assert_array_equal(crop_at(images, 32, -8, 8), images[:, 0:32, 16:48])
   with pytest.raises(ValueError, match=r"offset \(9, 0\) leaves the 48x48 image"):
     crop_at(images, 32, 9, 0)
+  # Traced offsets (one compiled program for every crop) take the same patches.
+  moved = jax.jit(lambda offset: crop_at(jnp.asarray(images), 32, offset[0], offset[1]))
+  for offset in ((0, 0), (1, -2), (-8, 8), (3, -3)):
+    np.testing.assert_array_equal(moved(np.asarray(offset, np.int32)),
+                                  crop_at(images, 32, *offset))
 
 
 def test_the_codes_thirteen_crops():
@@ -91,6 +98,11 @@ def test_smallnorb_em_trains_on_mock_data_and_its_centre_crop_is_the_test_set(tm
                                                 "offsets": ((0, 0), (1, 1), (-3, 3))})},
         runtime.config, runtime.task.dataset, runtime.splits, runtime.runner,
         log=print)["patching"]
+
+  # The crops share one copy of the split on the devices and differ only in their offset.
+  assert all(crops.examples is evaluator.sets[0].examples for crops in evaluator.sets)
+  assert [tuple(np.asarray(crops.shared["crop_offset"])) for crops in evaluator.sets] == [
+      (0, 0), (1, 1), (-3, 3)]
 
   class Designed:  # Each crop's set scored as designed.
     def scores(self, params, crops):

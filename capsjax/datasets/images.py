@@ -26,7 +26,7 @@ Without network access, point ``config.data.dir`` at the downloaded archives
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -53,15 +53,21 @@ def centre_crop(images, size: int):
   return images[:, top:top + size, left:left + size]
 
 
-def crop_at(images, size: int, dy: int, dx: int):
+def crop_at(images, size: int, dy, dx):
   """The ``size`` x ``size`` patch whose centre is ``(dy, dx)`` px from the central patch's
   (TF's ``extract_glimpse(centered=True, normalized=False)``, as the matrix-capsule code's
-  ``--patching`` takes them). ValueError if it leaves the image."""
+  ``--patching`` takes them). ValueError if it leaves the image. ``dy``, ``dx`` may be traced
+  (one compiled program for every offset); then the caller checks the bounds, since a
+  ``dynamic_slice`` would clamp an offset that leaves the image."""
   h, w = images.shape[1:3]
   top, left = (h - size) // 2 + dy, (w - size) // 2 + dx
-  if not (0 <= top <= h - size and 0 <= left <= w - size):
-    raise ValueError(f"a {size}x{size} crop at offset ({dy}, {dx}) leaves the {h}x{w} image.")
-  return images[:, top:top + size, left:left + size]
+  if isinstance(dy, (int, np.integer)) and isinstance(dx, (int, np.integer)):
+    if not (0 <= top <= h - size and 0 <= left <= w - size):
+      raise ValueError(f"a {size}x{size} crop at offset ({dy}, {dx}) leaves the {h}x{w} "
+                       "image.")
+    return images[:, top:top + size, left:left + size]
+  start = (0, top, left) + (0,) * (images.ndim - 3)
+  return jax.lax.dynamic_slice(images, start, (images.shape[0], size, size, *images.shape[3:]))
 
 
 def random_flip(key, images):
@@ -174,22 +180,20 @@ class TFDSImages(datasets.Builder):
       images = centre_crop(images, self.crop)
     return {"images": self._finish(images), "labels": examples["labels"]}
 
-  def eval_batch_at(self, dy: int, dx: int) -> Callable:
-    """An ``eval_batch`` whose crop is moved by ``(dy, dx)`` px from the centre
-    (:func:`crop_at`), for evaluations that average over crops."""
+  def eval_batch_moved(self, examples, shared):
+    """An ``eval_batch`` whose crop is moved from the centre by ``shared["crop_offset"]``
+    (``(dy, dx)`` px, int32, :func:`crop_at`), for evaluations that average over crops: the
+    offset is an argument of the compiled step, so every crop runs one program. The caller
+    checks that the offset stays inside the image."""
     if not self.crop:
       raise UsageError(f"config.dataset={self.name!r} has no crop (config.data.crop=0): "
                        "there is nothing to move.")
-
-    def make_batch(examples, shared):
-      del shared
-      images = examples["images"]
-      images = (images * 255.0 if jnp.issubdtype(images.dtype, jnp.floating)
-                else images.astype(jnp.float32))
-      images = crop_at(images, self.crop, dy, dx)
-      return {"images": self._finish(images), "labels": examples["labels"]}
-
-    return make_batch
+    images = examples["images"]
+    images = (images * 255.0 if jnp.issubdtype(images.dtype, jnp.floating)
+              else images.astype(jnp.float32))
+    offset = shared["crop_offset"]
+    images = crop_at(images, self.crop, offset[0], offset[1])
+    return {"images": self._finish(images), "labels": examples["labels"]}
 
   def _finish(self, images):
     return standardize(images) if self.config.data.standardize else images / 255.0

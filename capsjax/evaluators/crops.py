@@ -36,8 +36,8 @@ class CropAverageEvaluator(evaluators.Evaluator):
   def __init__(self, *args):
     super().__init__(*args)
     where = f"config.evals.{self.name}"
-    at = getattr(self.builder, "eval_batch_at", None)
-    if at is None or not getattr(self.builder, "crop", 0):
+    moved = getattr(self.builder, "eval_batch_moved", None)
+    if moved is None or not getattr(self.builder, "crop", 0):
       raise UsageError(f"{where}: type 'crop_average' needs a dataset that crops its images "
                        f"(config.data.crop > 0, e.g. smallnorb); {self.config.dataset!r} "
                        "does not.")
@@ -53,7 +53,9 @@ class CropAverageEvaluator(evaluators.Evaluator):
                                for dy, dx in self.offsets):
       raise UsageError(f"{where}.offsets={self.offsets!r}: a {self.builder.crop}-px crop of "
                        f"{h}x{w} images moves at most {room} px from the centre.")
-    self.sets = [self.runner.eval_set(sample, at(dy, dx)) for dy, dx in self.offsets]
+    # One set on the devices; each crop adds its offset, an argument of the one compiled step.
+    centred = self.runner.eval_set(sample, moved)
+    self.sets = [centred.with_shared(crop_offset=np.asarray(o, np.int32)) for o in self.offsets]
     self.num_classes = self.runner.task.dataset.info.num_classes
 
   def run(self, params) -> dict:

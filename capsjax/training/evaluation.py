@@ -19,6 +19,7 @@ respect to the input (an attack) writes its ``fn`` with ``jax.grad`` of
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
 from typing import Callable
@@ -66,6 +67,16 @@ class EvalSet:
     self.make_batch = make_batch
     self.batch_size = batch_size
     self.host = split
+    self._sharding = sharding
+
+  def with_shared(self, **arrays: np.ndarray) -> "EvalSet":
+    """The same examples on the devices (not copied) with ``arrays`` added to ``shared``:
+    values its ``make_batch`` reads as arguments of the compiled step (e.g. a crop's offset),
+    so that sets which differ only in them run one program."""
+    other = copy.copy(self)
+    other.shared = {**self.shared, **{k: replicated_array(v, self._sharding)
+                                      for k, v in arrays.items()}}
+    return other
 
 
 def _show_progress(label: str | None, done: int, total: int, values) -> None:
