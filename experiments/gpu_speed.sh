@@ -8,8 +8,9 @@
 #      mode at each batch;
 #   2. vectorised runs: train images/s of 1, 2, 4 and 8 paper-CapsNet runs in one program,
 #      with XLA's convolutions (grouped under vmap) and as im2col matmuls (batched);
-#   3. the routers' written-out backward passes (routing.gradient=analytic) against autodiff,
-#      EM and dynamic routing, batch 128 and 16 (BATCHES);
+#   3. the routers' written-out backward passes against autodiff, batch 128 and 16 (BATCHES):
+#      EM's train step (routing.gradient=analytic), dynamic routing's routing alone
+#      (experiments/dynamic_gradient.py, which checks both agree first);
 #   4. the roofline and per-layer profile of the paper CapsNet and of EM;
 #   5. (STAGES=bf16) the paper CapsNet's speed with model.compute_dtype=bfloat16 at batch 128
 #      and 16, and, with DATA=/path/to/mnist, the headline row's accuracy in bf16 (3 seeds,
@@ -82,10 +83,15 @@ for stage in ${STAGES:-peer runs gradients profile}; do
         for gradient in autodiff analytic; do
           bench "em_b${batch}_${gradient}" --config=configs/em_mnist.py \
             --config.train.batch_size="$batch" --config.model.routing.gradient="$gradient"
-          bench "capsnet_b${batch}_${gradient}" --config=configs/mnist.py \
-            --config.train.batch_size="$batch" --config.model.routing.gradient="$gradient"
         done
-      done ;;
+      done
+      # Dynamic routing's written-out backward pass is an experiment, not a setting: its
+      # JSON lines (routing alone, both forms) go to the same file.
+      timeout -k 30 240 "$python" experiments/dynamic_gradient.py \
+        --batches="$(echo ${BATCHES:-128 16} | tr ' ' ,)" >"$out/dynamic_gradient.log" 2>&1
+      echo "== dynamic_gradient: exit $?"
+      sed -n 's/^{/{"name": "dynamic_gradient", /p' "$out/dynamic_gradient.log" \
+        | tee -a "$out/speed.jsonl" | cut -c1-300 ;;
     profile)  # PROFILE_BATCH (or PROFILE_BATCHES) and PROFILE_MODELS choose what is profiled.
       for profile_batch in ${PROFILE_BATCHES:-${PROFILE_BATCH:-128}}; do
         for model in ${PROFILE_MODELS:-capsnet em}; do

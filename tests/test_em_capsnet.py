@@ -134,24 +134,39 @@ def test_it_learns_to_separate_two_classes(router, separated, fall):
       return value, nnx.to_pure_dict(nnx.state(m, nnx.BatchStat))
     (value, state), grads = jax.value_and_grad(objective, has_aux=True)(params)
     updates, opt = tx.update(grads, opt, params)
-    return optax.apply_updates(params, updates), state, opt, value
+    return optax.apply_updates(params, updates), state, opt, value, grads
 
   @jax.jit
-  def evaluation_scores(params, state):
-    return nnx.merge(graphdef, params, state).apply(batch, train=False).scores
+  def evaluation(params, state):
+    model = nnx.merge(graphdef, params, state)
+    outputs = model.apply(batch, train=False)
+    return outputs.scores, model.metrics(outputs, batch)
 
   def separation(params):
-    scores = np.asarray(evaluation_scores(params, state))
+    scores = np.asarray(evaluation(params, state)[0])
     true = scores[np.arange(16), labels]
     return np.mean(true - scores[np.arange(16), 1 - labels]), np.mean(true > scores[
         np.arange(16), 1 - labels])
 
   before, _ = separation(params)
-  losses_seen = []
-  for _ in range(100):
-    params, state, opt, value = step(params, state, opt)
+  initial_state, losses_seen = state, []
+  for n in range(100):
+    params, state, opt, value, grads = step(params, state, opt)
     losses_seen.append(float(value))
+    if n == 0:  # The first gradient reaches every routed layer's transforms.
+      for layer in (*grads["conv_capsules"].values(), grads["class_capsules"]):
+        assert np.isfinite(layer["weights"]).all() and np.abs(layer["weights"]).sum() > 0
   after, accuracy = separation(params)
+  # VB's batch norms (none under EM): training moved every running statistic.
+  moved = [not np.allclose(a, b) for a, b in zip(jax.tree.leaves(initial_state),
+                                                 jax.tree.leaves(state))]
+  assert len(moved) == (12 if router == "variational_bayes" else 0) and all(moved)
+  scores, metrics = evaluation(params, state)
+  assert np.all((np.asarray(scores) > 0) & (np.asarray(scores) < 1))
+  names = {"em": ("caps1_coupling_entropy", "caps2_activation_mean"),
+           "variational_bayes": ("caps1_coupling_entropy", "caps2_mixing_entropy", "log_sigma")}
+  for name in names[router]:
+    assert metrics[name].shape[0] == 16 and np.isfinite(metrics[name]).all(), name
   assert abs(before) < 0.01 and after > separated and accuracy == 1.0
   # Measured: EM's spread loss 0.177 -> 0.159 (-10%), still at its lowest at the end; VB's
   # 0.479 -> 0.009 (-98%).
@@ -172,45 +187,17 @@ def test_a_smoke_run_trains_evaluates_and_logs_the_routing(idx_dir, tmp_path):
 
 def test_variational_bayes_routes_the_same_layers_with_batch_norms():
   """routing.name='variational_bayes': the same parameters (beta_u, beta_a per type), plus
-  the running statistics of each routing layer's two batch norms, which training updates."""
+  the running statistics of each routing layer's two batch norms (that training updates them
+  and that the gradient reaches every layer: :func:`test_it_learns_to_separate_two_classes`).
+  Shapes only (``nnx.eval_shape``): nothing is compiled."""
   config = model_config((20, 20, 1), 3, conv1=8, primary=4, caps=(4, 4))
-  em_model = em_capsnet.EMCapsNet(config, rngs=nnx.Rngs(0))
+  em_model = nnx.eval_shape(lambda: em_capsnet.EMCapsNet(config, rngs=nnx.Rngs(0)))
   config.routing.name = "variational_bayes"
-  model = em_capsnet.EMCapsNet(config, rngs=nnx.Rngs(0))
+  model = nnx.eval_shape(lambda: em_capsnet.EMCapsNet(config, rngs=nnx.Rngs(0)))
   assert models.count_params(model) == models.count_params(em_model)
   stats = nnx.state(model, nnx.BatchStat)
   assert len(jax.tree.leaves(stats)) == 3 * 2 * 2     # 3 layers x 2 norms x (mean, var).
-  rng = np.random.default_rng(0)
-  batch = {"images": jnp.asarray(rng.uniform(size=(6, 20, 20, 1)), jnp.float32),
-           "labels": jnp.arange(6) % 3}
-  graphdef, params, state = nnx.split(model, nnx.Param, ...)
-  params, state = nnx.to_pure_dict(params), nnx.to_pure_dict(state)
-
-  def objective(p, st):
-    m = nnx.merge(graphdef, p, st)
-    out = m.apply(batch, train=True)
-    return (jnp.mean(m.loss(out, batch, step=jnp.asarray(0))[0]),
-            nnx.to_pure_dict(nnx.state(m, nnx.BatchStat)))
-
-  (value, new_stats), grads = jax.jit(jax.value_and_grad(objective, has_aux=True))(params,
-                                                                                    state)
-  assert np.isfinite(value)
-  assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
-  assert sum(np.abs(g).sum() for g in jax.tree.leaves(grads)) > 0
-  moved = [not np.allclose(a, b) for a, b in zip(
-      jax.tree.leaves(nnx.to_pure_dict(stats)), jax.tree.leaves(new_stats))]
-  assert all(moved)
-
-  @jax.jit  # One program: op by op the routing took most of this test's time.
-  def evaluate(batch):
-    outputs = model.apply(batch, train=False)
-    return outputs.scores, model.metrics(outputs, batch)
-
-  scores, metrics = evaluate(batch)
-  scores = np.asarray(scores)
-  assert scores.shape == (6, 3) and np.all((scores > 0) & (scores < 1))
-  for name in ("caps1_coupling_entropy", "caps2_mixing_entropy", "log_sigma"):
-    assert metrics[name].shape == (6, 3) and np.isfinite(metrics[name]).all()
+  assert not jax.tree.leaves(nnx.state(em_model, nnx.BatchStat))
 
 
 def test_the_vb_variant_trains_with_its_cross_entropy(idx_dir, tmp_path):

@@ -221,3 +221,23 @@ def test_auto_is_the_analytic_form_on_a_cpu_only(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert em.resolved_gradient("auto") == "autodiff"
   assert em.resolved_gradient("analytic") == "analytic"
+
+
+def test_auto_is_resolved_once_into_the_runs_config(monkeypatch):
+  """``routing.fill`` (what a run's config resolution calls) writes the form that runs here,
+  so config.json says which backward pass ran; a chosen form is kept as given; routers without
+  the setting (dynamic routing's is differentiated by JAX) leave it unset."""
+  import ml_collections
+
+  def filled(name, gradient="auto"):
+    config = ml_collections.ConfigDict(routing.config_keys())
+    config.name, config.gradient = name, gradient
+    routing.fill(config)
+    return config.gradient
+
+  assert filled("em") == "analytic" and filled("em", "autodiff") == "autodiff"  # On the CPU.
+  assert filled("dynamic", None) is None and filled("uniform", None) is None
+  with pytest.raises(UsageError, match="gradient='auto' is not a setting of router 'dynamic'"):
+    filled("dynamic")
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert filled("em") == "autodiff"

@@ -337,7 +337,7 @@ def test_finite_jitted_gradients_at_zero_and_very_large_votes(name, scale):
 def test_resolve_fills_the_chosen_routers_defaults():
   assert routing.resolve({"name": "dynamic"})[1] == {
       "iterations": 3, "softmax_axis": "output", "stop_gradient": False, "leaky": False,
-      "squash_epsilon": 0.0, "gradient": "auto"}
+      "squash_epsilon": 0.0}
   keys = routing.config_keys()
   config = ml_collections.ConfigDict(keys)
   config.name = "inverted_dot_product"
@@ -349,7 +349,7 @@ def test_resolve_fills_the_chosen_routers_defaults():
 
 def test_resolve_refuses_misspelled_and_foreign_settings_naming_them():
   with pytest.raises(UsageError, match=r"routing.iteratons is not a routing setting.*'dynamic' "
-                                       r"has \['gradient', 'iterations'"):
+                                       r"has \['iterations', 'leaky'"):
     routing.resolve({"name": "dynamic", "iteratons": 2})
   with pytest.raises(UsageError, match=r"routing.iterations=3 is not a setting of router "
                                        r"'uniform'.*'uniform' has \['squash_epsilon'\]"):
@@ -376,7 +376,7 @@ def test_todays_routing_flags_keep_their_meaning():
                   "--config.model.routing.softmax_axis=input")
   assert routing.resolve(config.model.routing)[1] == {
       "iterations": 1, "softmax_axis": "input", "stop_gradient": False, "leaky": True,
-      "squash_epsilon": 1e-7, "gradient": "auto"}
+      "squash_epsilon": 1e-7}
   config = parse_config_flags("--config.model.routing.name=self_attention",
                   "--config.model.routing.iterations=2")
   with pytest.raises(UsageError, match="iterations=2 is not a setting of router"):

@@ -19,7 +19,7 @@ def test_config_changes_name_what_a_resume_changes_and_skip_run_length():
   after = mnist.get_config("text")
   after.train.num_epochs, after.train.eval_every_steps, after.data.dir = 2, 117, "/elsewhere"
   after.eval.batch_size = 100
-  after.model.routing.gradient = "analytic"   # How it is differentiated: the same function.
+  after.model.conv_impl = "native"   # How convolutions are computed: the same function.
   assert config_history.config_changes(before, json.loads(after.to_json_best_effort())) == []
   after.model.routing.iterations, after.optimizer.learning_rate = 1, 2e-3
   after.model.decoder.hidden = (16, 32)
@@ -83,6 +83,29 @@ def test_load_fills_keys_of_later_versions_and_restores_tuples(tmp_path):
   assert task.model_class.__name__ == "CapsNet" and task.dataset.name == "mnist"
   assert optimizers.resolve(loaded.optimizer) == optimizers.resolve(
       mnist.get_config("smoke").optimizer)  # The same Adam, only written out.
+
+
+def test_dynamic_routings_removed_gradient_setting_is_unset_on_load(tmp_path):
+  """Runs written before 2026-11-28 recorded dynamic routing's ``model.routing.gradient``
+  (``"autodiff"``, resolved from ``"auto"``, or ``"analytic"``, the written-out backward pass
+  now in experiments/): they load with it unset and resolve; EM's is kept."""
+  from capsjax import routing
+
+  for name, gradient in ((None, "analytic"), ("dynamic", "autodiff")):
+    old = json.loads(mnist.get_config("smoke").to_json_best_effort())
+    old["model"]["routing"]["gradient"] = gradient
+    if name is None:
+      del old["model"]["routing"]["name"]          # Before routers had names.
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    loaded = runconfig.load(str(tmp_path))
+    assert loaded.model.routing.gradient is None
+    router, settings = routing.resolve(loaded.model.routing)
+    assert router.name == "dynamic" and "gradient" not in settings
+    assert config_history.config_changes(old, json.loads(
+        mnist.get_config("smoke").to_json_best_effort())) == []
+  em = json.loads(mnist.get_config("smoke").to_json_best_effort())
+  em["model"]["routing"].update(name="em", gradient="analytic")
+  assert runconfig.with_added_keys(em)["model"]["routing"]["gradient"] == "analytic"
 
 
 def test_load_and_import_name_missing_files(tmp_path):

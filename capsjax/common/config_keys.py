@@ -27,7 +27,6 @@ ROUTER_SETTINGS: dict[str, dict[str, Any]] = {
         "stop_gradient": False,     # Paper: gradients flow through every iteration.
         "leaky": False,             # The official code's extra zero logit; paper: none.
         "squash_epsilon": 0.0,      # Eq. 1 exactly.
-        "gradient": "auto",         # How it is differentiated, not a modelling choice (route).
     },
     "uniform": {
         "squash_epsilon": 0.0,      # Eq. 1 exactly; see capsjax.routing.squash.

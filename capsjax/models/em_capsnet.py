@@ -59,16 +59,12 @@ from capsjax.models.outputs import Outputs
 
 
 def conv_routing_settings(config: ml_collections.ConfigDict, class_settings: dict,
-                          router: str = "em") -> dict:
-  """The convolutional capsule layers' routing settings: the class router's, under EM with
-  the layer's own inverse temperature, mass epsilon and beta inits (``config.conv_caps``);
-  variational Bayes uses one set of priors for every layer, as its authors' code, and every
-  other router its one set of settings."""
-  settings = dict(class_settings)
-  if router == "em":
-    for key in ("inverse_temperature", "mass_epsilon", "beta_u_init", "beta_a_init"):
-      settings[key] = config.conv_caps[key]
-  return settings
+                          router: routing.Router) -> dict:
+  """The convolutional capsule layers' routing settings: the class layer's, with those the
+  router takes per layer (``Router.conv_layer_settings``: EM's inverse temperature, mass
+  epsilon and beta inits) from ``config.conv_caps``; variational Bayes uses one set of priors
+  for every layer, as its authors' code, and every other router its one set of settings."""
+  return {**class_settings, **{key: config.conv_caps[key] for key in router.conv_layer_settings}}
 
 
 def grids(config: ml_collections.ConfigDict) -> list[int]:
@@ -92,7 +88,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if caps.normalisation not in fields.NORMALISATIONS:
     raise UsageError(f"config.model.conv_caps.normalisation must be one of "
                      f"{fields.NORMALISATIONS}, got {caps.normalisation!r}.")
-  router.check(conv_routing_settings(config, settings, router.name))
+  router.check(conv_routing_settings(config, settings, router))
   if config.class_capsules.coordinate_addition not in fields.COORDINATE_ADDITIONS:
     raise UsageError(f"config.model.class_capsules.coordinate_addition must be one of "
                      f"{fields.COORDINATE_ADDITIONS}, "
@@ -117,8 +113,8 @@ class EMCapsNet(nnx.Module):
     """``config`` is ``config.model`` (``configs/em_mnist.py``); ``loss`` is ``config.loss``."""
     validate_config(config)
     router, class_settings = routing.resolve(config.routing)
-    conv_settings = conv_routing_settings(config, class_settings, router.name)
-    norms = router.name == "variational_bayes"  # The VB authors' batch norms of the parents.
+    conv_settings = conv_routing_settings(config, class_settings, router)
+    norms = router.parent_batch_norms  # The VB authors' batch norms of the parents.
     pose = config.pose_size
     self.conv1 = layers.Conv2D(config.image_shape[2], config.conv1.features,
                                config.conv1.kernel_size, config.conv1.stride,

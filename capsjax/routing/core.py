@@ -302,6 +302,12 @@ class Router:
       each receptive field on its own with ``route``.
     activation_logits: whether its results carry ``activation_logits``, so that a layer may
       batch-normalise them before the sigmoid (``routing_norms``).
+    parent_batch_norms: whether its authors' matrix-capsule network batch-normalises each
+      routed layer's parents (activation logits and poses), which ``em_capsnet`` then does
+      (the VB code's; needs ``activation_logits``).
+    conv_layer_settings: the settings the convolutional capsule layers of ``em_capsnet`` take
+      from ``config.model.conv_caps`` rather than from ``config.model.routing`` (their own
+      values in the authors' code: EM's inverse temperature, mass epsilon and beta inits).
   """
   name: str
   settings: dict[str, Any]
@@ -314,3 +320,5 @@ class Router:
   as_run: Callable[[dict], dict] = lambda settings: settings
   route_layer: Callable[..., RoutingResult] | None = None
   activation_logits: bool = False
+  parent_batch_norms: bool = False
+  conv_layer_settings: tuple[str, ...] = ()

@@ -24,29 +24,11 @@ import jax.numpy as jnp
 
 from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
-from capsjax.routing import core, dynamic_arithmetic, dynamic_gradient
-from capsjax.routing.core import (GRADIENTS, Router, RoutingResult, check_gradient,
-                                  check_iterations, coupling_statistics, safe_norm)
+from capsjax.routing import dynamic_arithmetic
+from capsjax.routing.core import (Router, RoutingResult, check_iterations, coupling_statistics,
+                                  safe_norm)
 
 SOFTMAX_AXES = ("output", "input")
-
-# The backends where the written-out backward pass (gradient="analytic") was measured faster
-# than autodiff of the loop, so that "auto" picks it: none yet. On XLA:CPU autodiff already
-# makes the passes over the votes that the chain rule needs (9 products and one write at r = 3;
-# docs/performance.md); GPUs are measured by experiments/gpu_speed.sh.
-ANALYTIC_ON: tuple[str, ...] = ()
-
-
-def resolved_gradient(gradient: str) -> str:
-  """The form ``gradient`` runs as: ``"auto"`` is ``"analytic"`` on :data:`ANALYTIC_ON`."""
-  return core.resolved_gradient(gradient, ANALYTIC_ON)
-
-
-def as_run(settings: dict) -> dict:
-  """``settings`` with ``gradient`` as it runs on this backend (resolved once, recorded in
-  the run's config.json)."""
-  return {**settings, "gradient": resolved_gradient(settings["gradient"])}
-
 
 def coupling_coefficients(logits: jax.Array, softmax_axis: str = "output",
                           leaky: bool = False) -> jax.Array:
@@ -111,8 +93,7 @@ def dynamic_routing(votes: jax.Array,
                     leaky: bool = False,
                     bias: jax.Array | None = None,
                     squash_epsilon: float = 0.0,
-                    return_trace: bool = False,
-                    gradient: str = "autodiff"):
+                    return_trace: bool = False):
   """Routing-by-agreement, Procedure 1 of the paper.
 
   ::
@@ -139,11 +120,6 @@ def dynamic_routing(votes: jax.Array,
       one, the paper does not); None for no bias.
     squash_epsilon: see :func:`squash`.
     return_trace: also return a :class:`RoutingTrace`.
-    gradient: how the routing is differentiated, with equal gradients to rounding:
-      ``"autodiff"`` (default here: JAX differentiates
-      :func:`capsjax.routing.dynamic_arithmetic.procedure_1`, the reference),
-      ``"analytic"`` (:mod:`capsjax.routing.dynamic_gradient`'s written-out backward pass;
-      not with ``return_trace``), ``"auto"`` (:func:`resolved_gradient`).
 
   Returns:
     The output capsules v_j, ``(batch, out_caps, out_dim)``; with
@@ -160,16 +136,10 @@ def dynamic_routing(votes: jax.Array,
   # the one transpose here into the einsum that made the votes.
   _softmax_axis_index(softmax_axis)  # Validates early with a clear message.
   softmax_index = {"output": 1, "input": 2}[softmax_axis]
-  if gradient not in GRADIENTS:
-    raise ValueError(f"gradient must be one of {GRADIENTS}, got {gradient!r}.")
   votes = jnp.transpose(votes, (0, 2, 3, 1))
   batch, out_caps, _, in_caps = votes.shape
   uniform = 1.0 / ((out_caps if softmax_axis == "output" else in_caps) + int(leaky))
   normalise = lambda logits: _softmax(logits, softmax_index, leaky)
-  if resolved_gradient(gradient) == "analytic" and not return_trace:
-    return dynamic_gradient.dynamic_routing_analytic(
-        votes, bias, iterations=num_iterations, uniform=uniform, normalise=normalise,
-        squash_epsilon=squash_epsilon, stop_gradient=stop_gradient)
   child_major = lambda x: jnp.transpose(x, (0, 2, 1))
 
   def record(trace, r, logits, coupling, preactivation):
@@ -246,7 +216,6 @@ def check(settings: dict) -> None:
   if settings["softmax_axis"] not in SOFTMAX_AXES:
     raise UsageError(f"config.model.routing.softmax_axis must be one of {SOFTMAX_AXES}, "
                      f"got {settings['softmax_axis']!r}.")
-  check_gradient(settings["gradient"])
   if not settings["squash_epsilon"] >= 0:
     raise UsageError(f"config.model.routing.squash_epsilon must be >= 0, "
                      f"got {settings['squash_epsilon']!r}.")
@@ -265,7 +234,7 @@ def route(votes, *, inputs=None, activations=None, params=None, rng=None, settin
   result = dynamic_routing(votes, s["iterations"], softmax_axis=s["softmax_axis"],
                            stop_gradient=s["stop_gradient"], leaky=s["leaky"],
                            bias=(params or {}).get("bias"), squash_epsilon=s["squash_epsilon"],
-                           return_trace=diagnostics, gradient=s["gradient"])
+                           return_trace=diagnostics)
   if not diagnostics:
     return RoutingResult(result, None, {})
   capsules, trace = result
@@ -273,5 +242,5 @@ def route(votes, *, inputs=None, activations=None, params=None, rng=None, settin
                        routing_diagnostics_per_example(trace, s["softmax_axis"]))
 
 
-ROUTER = Router(name="dynamic", settings=SETTINGS, route=route, as_run=as_run, check=check,
+ROUTER = Router(name="dynamic", settings=SETTINGS, route=route, check=check,
                 uses_parent_bias=True)

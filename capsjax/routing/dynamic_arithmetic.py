@@ -1,9 +1,9 @@
 """Dynamic routing's arithmetic, written once: Procedure 1 of Sabour et al. (2017) on
-parent-major votes. The reference (:func:`capsjax.routing.dynamic.dynamic_routing`,
-differentiated by JAX) and the written-out backward pass
-(:mod:`capsjax.routing.dynamic_gradient`, whose custom VJP runs :func:`procedure_1` forward)
-both call :func:`procedure_1`; the backward pass uses :func:`preactivation` and
-:func:`agreement` as each other's transposes.
+parent-major votes. The router (:func:`capsjax.routing.dynamic.dynamic_routing`,
+differentiated by JAX) calls :func:`procedure_1`; so does the written-out backward pass that
+``experiments/dynamic_gradient.py`` measures against it (its custom VJP runs
+:func:`procedure_1` forward and uses :func:`preactivation` and :func:`agreement` as each
+other's transposes).
 
 Layout: the votes u_hat are parent-major, ``(batch, out_caps, out_dim, in_caps)``; logits
 and coupling ``(batch, out_caps, in_caps)``; parents ``(batch, out_caps, out_dim)``. Both
@@ -70,7 +70,8 @@ def procedure_1(votes: jax.Array, *, iterations: int,
     observed: what ``observe`` starts from (arrays of fixed shapes, unless ``python_loop``).
     python_loop: run the iterations as a Python loop instead of ``fori_loop``, so that
       ``observe`` sees each ``t`` as an int and may keep what it is given in a list (the
-      written-out backward pass's residuals: no arrays to write them into).
+      residuals of experiments/dynamic_gradient.py's backward pass: no arrays to write them
+      into).
 
   Returns:
     The parents v_{r-1}, ``(batch, out_caps, out_dim)``, and ``observed``.

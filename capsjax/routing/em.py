@@ -42,8 +42,8 @@ not define; it is not offered.
 
 How it is differentiated (``gradient``, not a modelling choice: both give the same gradients to
 float rounding): ``"analytic"`` runs the iterations with the backward pass written out
-(:mod:`capsjax.routing.em_gradient`: a few products with the votes per iteration; on a 2-core
-CPU 1.6-1.8x the training speed of ``configs/em_mnist.py`` with a third less step memory);
+(:mod:`capsjax.routing.em_gradient`: a few products with the votes per iteration; on a CPU
+faster, with less step memory: docs/performance.md);
 ``"autodiff"`` differentiates the loop below, the reference the tests compare it with;
 ``"auto"`` (default) is ``"analytic"`` on a CPU and ``"autodiff"`` elsewhere, until the
 analytic form is measured faster on GPUs too (``experiments/gpu_speed.sh``).
@@ -283,4 +283,6 @@ def route_layer(votes, *, activations, params, settings, layer: ConvLayer,
 
 
 ROUTER = Router(name="em", settings=SETTINGS, route=route, as_run=as_run, parameters=parameters,
-                check=check, yields_activations=True, squashes=False, route_layer=route_layer)
+                check=check, yields_activations=True, squashes=False, route_layer=route_layer,
+                conv_layer_settings=("inverse_temperature", "mass_epsilon", "beta_u_init",
+                                     "beta_a_init"))

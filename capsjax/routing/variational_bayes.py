@@ -280,4 +280,4 @@ def route_layer(votes, *, activations, params, settings, layer: ConvLayer,
 # beta_u and beta_a per parent, as EM routing's (here initialised to 0, the VB code's).
 ROUTER = Router(name="variational_bayes", settings=SETTINGS, route=route, parameters=parameters,
                 check=check, yields_activations=True, squashes=False, route_layer=route_layer,
-                activation_logits=True)
+                activation_logits=True, parent_batch_norms=True)

@@ -47,6 +47,17 @@ _DEFAULTS_OF = {
 # resolved (:func:`capsjax.training.config_history.comparable`).
 
 
+def _drop_removed_settings(raw: dict) -> None:
+  """Unsets, in place, settings a later version no longer has where they did not change what
+  a run computed: dynamic routing's ``model.routing.gradient`` (``"autodiff"``, or
+  ``"analytic"``, its written-out backward pass, equal to autodiff's gradient to rounding;
+  since 2026-11-28 experiments/dynamic_gradient.py)."""
+  section = raw.get("model", {}).get("routing")
+  if isinstance(section, dict) and (section.get("name") or "dynamic") == "dynamic":
+    if section.get("gradient") is not None:
+      section["gradient"] = None
+
+
 def flatten(tree: dict, prefix: str = "") -> dict:
   """A nested dict as ``{"dotted.key": value}``."""
   flat = {}
@@ -97,8 +108,10 @@ def from_raw(raw: dict) -> ml_collections.ConfigDict:
 
 def with_added_keys(raw: dict) -> dict:
   """A copy of a config.json's dict with the keys added since it was written
-  (:data:`_DEFAULTS`, :data:`_DEFAULTS_OF`) set to the values that reproduce its run."""
+  (:data:`_DEFAULTS`, :data:`_DEFAULTS_OF`) set to the values that reproduce its run, and
+  settings removed since unset (:func:`_drop_removed_settings`)."""
   raw = json.loads(json.dumps(raw))
+  _drop_removed_settings(raw)
 
   def node_of(key):
     node, (*parents, leaf) = raw, key.split(".")

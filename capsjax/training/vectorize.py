@@ -356,7 +356,6 @@ def replicated(runtime: Runtime) -> NamedSharding:
 
 def default_min_runs(backend: str | None = None) -> int | None:
   """The smallest group ``capsjax.sweep`` vectorises when ``--vectorize`` is not given; None:
-  none. Measured (docs/performance.md, "Several runs in one program"): on a CPU one run
-  already keeps it busy and N = 2-8 runs in one program were 0.79-1.01x as fast as one by one; on
-  an H100, 2 runs were 0.87-1.01x, 4 runs 1.12-1.30x and 8 runs 1.25-1.86x."""
+  none. On a CPU one run already keeps it busy; on a GPU, groups of 4 or more ran faster than
+  their runs one by one (measured: docs/performance.md, "Several runs in one program")."""
   return None if (backend or jax.default_backend()) == "cpu" else 4

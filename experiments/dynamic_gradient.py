@@ -1,16 +1,26 @@
-"""Dynamic routing with its backward pass written out (the dynamic router's setting
-``gradient="analytic"``): the same forward as :func:`capsjax.routing.dynamic.dynamic_routing`,
-with a ``custom_vjp`` over all the iterations that reads the votes once per product the
-chain rule needs and writes their cotangent once. Its forward is the reference's
+"""Dynamic routing with its backward pass written out, measured against autodiff of the
+router (:func:`capsjax.routing.dynamic.dynamic_routing`): the same forward, with a
+``custom_vjp`` over all the iterations that reads the votes once per product the chain rule
+needs and writes their cotangent once. Its forward is the router's
 (:func:`capsjax.routing.dynamic_arithmetic.procedure_1`); only the backward pass is here.
+
+    python experiments/dynamic_gradient.py [--batches=128,16] [--calls=10]
+
+checks on this machine's default backend that both forms give the same gradient (float32, at
+the paper's vote sizes) and prints one JSON line per batch: the median seconds of the
+jitted value and gradient of each form and the bytes XLA's program moves
+(:mod:`capsjax.perf.hlo_traffic`). ``experiments/gpu_speed.sh`` runs it in its
+``gradients`` stage. It left the package (until 2026-11-28 the dynamic router's setting
+``gradient="analytic"``) because nothing chose it: on XLA:CPU autodiff makes the same passes
+(docs/notes/performance_log.md); it comes back as a router setting where it is measured
+faster. tests/test_experiment_dynamic_gradient.py keeps it equal to autodiff.
 
 Why: the votes ``u_hat (batch, in_caps, out_caps, out_dim)`` are the routing's only large
 array (0.74 MB per image for the paper's MNIST model, 10 x 1152 x 16 floats); everything else
 is 1/out_dim of them (logits, coupling) or smaller (the parents). So the routing costs about
 the number of votes-sized passes it makes, and this form makes only those the chain rule
 needs. On XLA:CPU autodiff of the unrolled loop turned out to make the same passes (the same
-bytes, measured with :mod:`capsjax.perf.hlo_traffic`, and the same speed; docs/performance.md),
-so the router's ``"auto"`` keeps autodiff there; GPUs are still to be measured.
+bytes and the same speed), so the router differentiates its loop with JAX.
 
 The derivation. Forward, for ``t = 0 .. r-1`` (Procedure 1; ``c_0`` uniform)::
 
@@ -38,11 +48,17 @@ out_caps)``. The residuals are the votes, each iteration's logits and ``s_t`` (s
 
 from __future__ import annotations
 
+import argparse
+import json
+import statistics
+import time
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from capsjax.routing import dynamic
 from capsjax.routing.core import squash
 from capsjax.routing.dynamic_arithmetic import (agreement, preactivation, procedure_1,
                                                 uniform_coupling)
@@ -122,3 +138,72 @@ def dynamic_routing_analytic(votes: jax.Array, bias: jax.Array | None, *, iterat
 
   route.defvjp(forward, backward)
   return route(votes, bias)
+
+
+def routing(votes: jax.Array, iterations: int, *, softmax_axis: str = "output",
+            stop_gradient: bool = False, leaky: bool = False, bias: jax.Array | None = None,
+            squash_epsilon: float = 0.0) -> jax.Array:
+  """:func:`capsjax.routing.dynamic.dynamic_routing`'s arguments and result (child-major
+  ``votes (batch, in_caps, out_caps, out_dim)``), differentiated by the written-out pass."""
+  votes = jnp.transpose(votes, (0, 2, 3, 1))
+  _, out_caps, _, in_caps = votes.shape
+  uniform = 1.0 / ((out_caps if softmax_axis == "output" else in_caps) + int(leaky))
+  axis = {"output": 1, "input": 2}[softmax_axis]
+  return dynamic_routing_analytic(
+      votes, bias, iterations=iterations, uniform=uniform,
+      normalise=lambda logits: dynamic._softmax(logits, axis, leaky),
+      squash_epsilon=squash_epsilon, stop_gradient=stop_gradient)
+
+
+def gradient_programs(votes: jax.Array, cotangent: jax.Array, iterations: int = 3) -> dict:
+  """The jitted gradient in the votes of ``sum(v * cotangent)`` by each form (the paper's
+  switches): ``{"autodiff": fn, "analytic": fn}``."""
+  forms = {"autodiff": lambda v: dynamic.dynamic_routing(v, iterations),
+           "analytic": lambda v: routing(v, iterations)}
+  return {name: jax.jit(jax.grad(lambda v, f=f: jnp.sum(f(v) * cotangent)))
+          for name, f in forms.items()}
+
+
+def measure(batch: int, calls: int, in_caps: int = 1152) -> dict:
+  """Both forms at the paper's DigitCaps sizes: equal gradients (float32 rounding), then the
+  median seconds of ``calls`` calls each (alternating) and the bytes each program moves."""
+  from capsjax.perf import hlo_traffic
+
+  rng = np.random.default_rng(0)
+  votes = jnp.asarray(0.05 * rng.normal(size=(batch, in_caps, 10, 16)), jnp.float32)
+  cotangent = jnp.asarray(rng.normal(size=(batch, 10, 16)), jnp.float32)
+  programs = gradient_programs(votes, cotangent)
+  grads = {name: np.asarray(fn(votes)) for name, fn in programs.items()}
+  scale = float(np.max(np.abs(grads["autodiff"])))
+  difference = float(np.max(np.abs(grads["analytic"] - grads["autodiff"])))
+  if not difference <= 1e-5 * scale:
+    raise SystemExit(f"the two gradients differ by {difference:.3g} (scale {scale:.3g}): "
+                     "not measured.")
+  seconds = {name: [] for name in programs}
+  for _ in range(calls):
+    for name, fn in programs.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn(votes))
+      seconds[name].append(time.perf_counter() - start)
+  traffic = {name: hlo_traffic.program_traffic(fn.lower(votes).compile().as_text()).total_bytes
+             for name, fn in programs.items()}
+  return {"measurement": "dynamic_routing_gradient", "backend": jax.default_backend(),
+          "device": jax.devices()[0].device_kind, "batch": batch,
+          "votes": [batch, in_caps, 10, 16], "iterations": 3, "calls": calls,
+          "max_difference": difference, "gradient_scale": scale,
+          **{f"{name}_median_s": statistics.median(s) for name, s in seconds.items()},
+          **{f"{name}_bytes": traffic[name] for name in programs}}
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--batches", default="128,16", help="comma-separated batch sizes")
+  parser.add_argument("--calls", type=int, default=10, help="timed calls of each form")
+  parser.add_argument("--in_caps", type=int, default=1152, help="children (paper: 1152)")
+  args = parser.parse_args(argv)
+  for batch in (int(b) for b in args.batches.split(",")):
+    print(json.dumps(measure(batch, args.calls, args.in_caps)), flush=True)
+
+
+if __name__ == "__main__":
+  main()
