@@ -133,6 +133,43 @@ def test_the_batches_the_step_builds_are_fresh_shifts_of_each_epochs_examples_sh
     assert sharding.shard_shape((16, 28, 28, 1)) == (4, 28, 28, 1)
 
 
+@pytest.mark.parametrize("order, steps_per_dispatch", [("permutation", 3), ("stream", 1)])
+def test_the_step_receives_the_examples_its_data_order_picks(idx_dir, seen_by_the_model, order,
+                                                             steps_per_dispatch):
+  """Which train digits the model receives at each step (found from the pixels, as above):
+  those the data order picks by its own functions, from the run's data key: the epoch's
+  permutation (also when a dispatch of 3 steps draws it once for all three) or the official
+  code's stream (capsjax/datasets/stream_order.py)."""
+  from capsjax.datasets import augment, stream_order
+  from capsjax.training.data_order import TrainOrder
+
+  batches, _, _ = seen_by_the_model
+  config = mnist.get_config("smoke")
+  config.data.source, config.data.dir, config.data.train_limit = "idx", str(idx_dir), 48
+  config.data.order, config.data.stream_window = order, 24
+  runtime = Runtime(config)
+  train = runtime.splits["train"]
+  examples, shared = runtime.on_devices(train)
+  step = runtime.make_train_step()
+  state = runtime.fresh_state()
+  data_key = np.asarray(TrainOrder.keys(state.rng)[0])
+  for _ in range(6 // steps_per_dispatch):  # Two epochs of 3 steps.
+    state, _ = step(state, examples, shared, steps_per_dispatch)
+  jax.block_until_ready(state)
+  assert len(batches) == 6
+  copies = shifted_copies(train.examples["images"], config.data.shift_pixels)
+  for k, (images, labels) in enumerate(batches):
+    received = [copies[p.tobytes()][0] for p in np.rint(images * 255).astype(np.uint8)]
+    if order == "stream":
+      positions = stream_order.batch_positions(data_key, k, 16, 24)
+      expected, _ = stream_order.examples_and_copies(positions, 48, runtime.task.dataset
+                                                     .stream_copies())
+    else:
+      expected = augment.epoch_batch_indices(data_key, k, 48, 16)
+    np.testing.assert_array_equal(received, np.asarray(expected), err_msg=f"step {k}")
+    np.testing.assert_array_equal(labels, train.examples["labels"][received])
+
+
 def test_the_logged_train_metrics_are_the_batch_means_recomputed_outside_the_step(
     idx_dir, seen_by_the_model):
   """The loss, its parts and the accuracy a step returns (what the log writes) are the means

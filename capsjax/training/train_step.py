@@ -10,9 +10,9 @@ batch is one global array sharded over the mesh, a BatchNorm's batch mean and va
 reduced over the whole global batch (XLA inserts the cross-device reduction): this is
 synchronised BatchNorm, the same statistics as on one device. Stateless models (CapsNet, the
 baseline CNN) have ``model_state == {}``. The train split sits on
-the devices, replicated; each step picks its examples by the epoch's permutation and lets
-the dataset builder turn them into a batch (augmentation, synthetic data), inside the jitted
-step.
+the devices, replicated; which examples each step takes, and its augmentation key, is the
+data order's (:mod:`capsjax.training.data_order`); the step is the loss, its gradient and the
+update.
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
-from capsjax.common import config_keys
-from capsjax.datasets import augment, stream_order
+from capsjax.training import data_order
 from capsjax.training.tasks import Task
 
 
@@ -117,9 +116,7 @@ def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
   what the training forward pass wrote (BatchNorm: running statistics updated with the
   global batch's).
   """
-  batch_size = task.config.train.batch_size
-  batch_sharding = NamedSharding(mesh, P("data"))
-  shard = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
+  order = data_order.TrainOrder(task, num_train, mesh)
 
   def loss_fn(params, model_state, batch, rng, step, settings):
     result = task.forward(merge_variables(params, model_state), batch, train=True, rng=rng,
@@ -128,44 +125,8 @@ def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
                for k, v in result.per_example().items()}
     return metrics["loss"], (metrics, result.model_state)
 
-  steps_per_epoch = num_train // batch_size
-  stream = config_keys.optional(task.config.data, "data.order") == "stream"
-  if stream:  # The official code's order (capsjax/datasets/stream_order.py).
-    copies = task.dataset.stream_copies()
-    window = int(config_keys.optional(task.config.data, "data.stream_window"))
-
-  def step_keys(state: TrainState):
-    """The run's data key (epoch permutations) and augmentation key (folded with the step)."""
-    return jax.random.split(jax.random.fold_in(state.rng, 0))
-
-  def epoch_permutations(state: TrainState):
-    """The permutations of the first epoch of a dispatch and the next, drawn once for all of
-    its steps (a dispatch of at most an epoch's steps touches at most two epochs)."""
-    data_key, _ = step_keys(state)
-    first_epoch = state.step // steps_per_epoch
-    return first_epoch, jnp.stack([augment.epoch_permutation(data_key, first_epoch + e,
-                                                             num_train) for e in (0, 1)])
-
-  def train_batch(state: TrainState, examples, shared, permutations):
-    """The step's batch: from the epoch's permutation, or the stream's (``data.order``)."""
-    data_key, augment_key = step_keys(state)
-    key = jax.random.fold_in(augment_key, state.step)
-    if stream:
-      positions = stream_order.batch_positions(data_key, state.step, batch_size, window)
-      indices, which = stream_order.examples_and_copies(positions, num_train, copies)
-      return task.dataset.train_stream_batch(key, shard(indices), shard(which), examples,
-                                             shared)
-    if permutations is None:
-      indices = augment.epoch_batch_indices(data_key, state.step, num_train, batch_size)
-    else:  # The same indices, from the dispatch's permutations.
-      first_epoch, orders = permutations
-      order = orders[state.step // steps_per_epoch - first_epoch]
-      indices = augment.batch_from_permutation(order, state.step, batch_size)
-    return task.dataset.train_batch(key, shard(indices), examples, shared)
-
   def one_step(state: TrainState, examples, shared, settings, permutations=None):
-    batch = task.complete_batch(train_batch(state, examples, shared, permutations))
-    batch = jax.tree.map(shard, batch)
+    batch = order.batch(state.step, state.rng, examples, shared, permutations)
     noise_key = jax.random.fold_in(jax.random.fold_in(state.rng, 1), state.step)
     # The settings are closed over, not differentiated arguments: a reader may record them.
     grads, (metrics, model_state) = jax.grad(
@@ -181,8 +142,7 @@ def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
     if num_steps == 1:
       state, metrics = one_step(state, examples, shared, settings)
       return state, jax.tree.map(lambda m: m[None], metrics)
-    permutations = (epoch_permutations(state) if num_steps <= steps_per_epoch and not stream
-                    else None)
+    permutations = order.dispatch(state.step, state.rng, num_steps)
     return jax.lax.scan(lambda s, _: one_step(s, examples, shared, settings, permutations),
                         state, None, length=num_steps)
 
