@@ -188,94 +188,91 @@ def apply_overrides(config, overrides: dict, seed: int):
 
 
 def run_points(config, points: list[Point], workdir: str, command_line: dict | None = None,
-               skip_held: bool = True) -> None:
-  """Runs each point not yet finished in ``WORKDIR/<point name>``.
+               skip_held: bool = True, min_runs: int | None = None) -> None:
+  """Runs each point not yet finished in ``WORKDIR/<point name>``, every one the same way:
+  planned into groups, each group trained by
+  :func:`capsjax.training.run_group.train_and_evaluate_group`.
+
+  ``min_runs``: None trains each point alone, its data loaded when its turn comes; a number
+  vectorises: the points that differ only in settings declared safe
+  (:mod:`capsjax.training.vectorize` groups them, by declared rules and each point's own data,
+  loaded once for all and shared where equal) train as one program each when a group has at
+  least ``max(2, min_runs)`` runs, the others alone on the data already loaded.
 
   A point whose workdir another worker holds is skipped (``skip_held``), so several workers
-  can share one sweep directory; every point runs once. SIGTERM or SIGINT during a point
-  saves it and raises :class:`capsjax.runs.preemption.Preempted`; between points, it stops before
-  the next one.
+  can share one sweep directory; every point runs once. A point whose loss becomes
+  non-finite stops alone; the others go on, and the sweep ends with
+  :class:`NonFiniteLossError` naming it. SIGTERM or SIGINT during a group saves its runs and
+  raises :class:`capsjax.runs.preemption.Preempted`; between groups, it stops before the
+  next one.
   """
-  from capsjax import train
-
-  with preemption.watch() as stop:
-    for k, point in enumerate(points):
-      tag = f"[{k + 1}/{len(points)}] {point.name}"
-      if point.index != k:  # A subset (--index): name the point as --list numbers it.
-        tag += f" (point {point.index})"
-      if stop.signal_name is not None:
-        raise preemption.Preempted(f"Stopped by {stop.signal_name} before {tag}; rerun the "
-                                   "same command to continue the sweep.", stop.signal_name)
-      run_dir = os.path.join(workdir, point.name)
-      if is_finished(run_dir):
-        print(f"{tag}: finished, skipped.", flush=True)
-        continue
-      print(tag, flush=True)
-      try:
-        train.train_and_evaluate(point_config(config, point, command_line or {}), run_dir)
-      except workdirs.WorkdirBusy:
-        if not skip_held:
-          raise
-        print(f"{tag}: held by another worker ({workdirs.Lock(run_dir).holder()}), skipped.",
-              flush=True)
-
-
-def run_vectorized(config, points: list[Point], workdir: str, command_line: dict | None = None,
-                   skip_held: bool = True, min_runs: int = 2) -> None:
-  """Runs the unfinished points with those that differ only in settings declared safe trained
-  as one program each (:mod:`capsjax.training.vectorize` groups them, by declared rules and
-  each point's own data; :mod:`capsjax.training.run_group` trains a group); a group of fewer than ``min_runs``
-  runs one by one. Every point keeps its own workdir, as :func:`run_points` gives it. A
-  point whose loss becomes non-finite stops alone; the others go on, and the sweep ends
-  with :class:`NonFiniteLossError` naming it."""
-  from capsjax import train
-  from capsjax.training import run_group, vectorize
+  from capsjax.training import memory, run_group, vectorize
   from capsjax.training.runtime import Runtime
 
   pending = []
   for point in points:
     if is_finished(os.path.join(workdir, point.name)):
-      print(f"{point.name}: finished, skipped.", flush=True)
+      print(f"{_tag(point, points)}: finished, skipped.", flush=True)
     else:
       pending.append(point)
   if not pending:
     return
   configs = [point_config(config, p, command_line or {}) for p in pending]
-  runtimes = [Runtime(c) for c in configs]
-  run_group.share_equal_data(runtimes)
-  groups = vectorize.plan_groups(runtimes)
-  print(describe_groups(groups, pending), flush=True)
+  runtimes: list = [None] * len(pending)
+  if min_runs is None:
+    groups = [vectorize.Group((i,)) for i in range(len(pending))]
+  else:
+    with memory.advice_on_allocation_failure(configs[0], "Loading the runs' data"):
+      runtimes = [Runtime(c) for c in configs]
+    run_group.share_equal_data(runtimes)
+    groups = vectorize.plan_groups(runtimes)
+    print(describe_groups(groups, pending), flush=True)
   diverged = []
-  for k, group in enumerate(groups):
-    members = [pending[i] for i in group.indices]
-    dirs = [os.path.join(workdir, p.name) for p in members]
-    print(f"[group {k + 1}/{len(groups)}] {len(members)} run(s): "
-          f"{', '.join(p.name for p in members)}", flush=True)
-    if len(members) < max(2, min_runs):
-      outcomes = [_run_alone(train, configs[i], d) for i, d in zip(group.indices, dirs)]
-    else:
-      outcomes = run_group.train_and_evaluate_group(
-          [configs[i] for i in group.indices], dirs, group.traced_keys,
-          runtimes=[runtimes[i] for i in group.indices])
-    for point, outcome in zip(members, outcomes):
-      if isinstance(outcome, workdirs.WorkdirBusy):
-        if not skip_held:
+  with preemption.watch() as stop:
+    for k, group in enumerate(groups):
+      members = [pending[i] for i in group.indices]
+      tag = (_tag(members[0], points) if min_runs is None else
+             f"[group {k + 1}/{len(groups)}] {len(members)} run(s): "
+             f"{', '.join(p.name for p in members)}")
+      if stop.signal_name is not None:
+        raise preemption.Preempted(f"Stopped by {stop.signal_name} before {tag}; rerun the "
+                                   "same command to continue the sweep.", stop.signal_name)
+      print(tag, flush=True)
+      outcomes = []
+      if len(members) >= max(2, min_runs or 2):
+        outcomes = run_group.train_and_evaluate_group(
+            [configs[i] for i in group.indices],
+            [os.path.join(workdir, p.name) for p in members], group.traced_keys,
+            runtimes=[runtimes[i] for i in group.indices])
+      else:
+        for i, point in zip(group.indices, members):
+          with memory.advice_on_allocation_failure(configs[i]):
+            outcomes += run_group.train_and_evaluate_group(
+                [configs[i]], [os.path.join(workdir, point.name)],
+                runtimes=None if runtimes[i] is None else [runtimes[i]], vectorised=False)
+      for point, outcome in zip(members, outcomes):
+        if isinstance(outcome, workdirs.WorkdirBusy):
+          if not skip_held:
+            raise outcome
+          holder = workdirs.Lock(os.path.join(workdir, point.name)).holder()
+          print(f"{_tag(point, points)}: held by another worker ({holder}), skipped.",
+                flush=True)
+        elif isinstance(outcome, NonFiniteLossError):
+          diverged.append(f"{point.name}: {outcome}")
+        elif isinstance(outcome, BaseException):
           raise outcome
-        print(f"{point.name}: held by another worker, skipped.", flush=True)
-      elif isinstance(outcome, NonFiniteLossError):
-        diverged.append(f"{point.name}: {outcome}")
   if diverged:
     raise NonFiniteLossError("These runs stopped on a non-finite loss (the others finished):\n  "
                              + "\n  ".join(diverged))
 
 
-def _run_alone(train, config, run_dir: str):
-  """``train_and_evaluate`` of one point, its stop on a non-finite loss returned as the
-  outcome (as a group's runs report it) and a held workdir too."""
-  try:
-    return train.train_and_evaluate(config, run_dir)
-  except (NonFiniteLossError, workdirs.WorkdirBusy) as e:
-    return e
+def _tag(point: Point, points: list[Point]) -> str:
+  """``[k/n] name`` as the sweep's progress names a point (and ``(point i)`` for a subset)."""
+  k = points.index(point)
+  tag = f"[{k + 1}/{len(points)}] {point.name}"
+  if point.index != k:  # A subset (--index): name the point as --list numbers it.
+    tag += f" (point {point.index})"
+  return tag
 
 
 def describe_groups(groups, points: list[Point]) -> str:
@@ -385,8 +382,7 @@ def main(argv):
     min_runs = 2 if f.vectorize.value else None
     if f.vectorize.value is None:
       min_runs = vectorize.default_min_runs()
-    run = (functools.partial(run_vectorized, min_runs=min_runs) if min_runs is not None
-           else run_points)
+    run = functools.partial(run_points, min_runs=min_runs)
     if f.index.value:
       selected = [points[k] for k in _indices(f.index.value, len(points))]
       for p in selected:
