@@ -95,7 +95,7 @@ SCHEDULES = {
 # Keys a config may leave out, with the value that leaving them out means (a config file of a
 # dataset or model without the setting, or one written before the key existed). Code reads them
 # with :func:`optional`, never with an inline default; a config.json of an earlier version is
-# completed by ``capsjax.runs.runconfig.with_added_keys`` from the same values.
+# completed by ``capsjax.runs.migrations`` from the same values.
 OPTIONAL_KEYS: dict[str, Any] = {
     "data.test_limit": 0,                  # 0: the whole test set.
     "data.validation_size": 0,             # No validation split.

@@ -24,8 +24,6 @@ def class_bias(config: ml_collections.ConfigDict, router) -> bool:
   """Whether the class capsules add a bias to s_j: ``config.class_capsules.use_bias``, or
   unset (None; the default of configs/mnist.py, as the official code) wherever ``router``
   forms s_j."""
-  if "use_bias" not in config.class_capsules:  # Configs written before the bias existed.
-    return False
   use_bias = config.class_capsules.use_bias
   return bool(router.uses_parent_bias if use_bias is None else use_bias)
 

@@ -17,7 +17,7 @@ import ml_collections
 from capsjax import routing
 from capsjax.common import files
 from capsjax.common.errors import UsageError
-from capsjax.runs import runconfig
+from capsjax.runs import migrations, runconfig
 from capsjax.runs.runconfig import flatten
 from capsjax.training import optimizers, tasks, train_step
 
@@ -110,7 +110,7 @@ def record(workdir: str, config, resumed_step: int | None, log=print,
     if not os.path.exists(kept):
       files.write_json(kept, earlier)
   with files.atomic_write(os.path.join(workdir, "config.json")) as f:
-    f.write(config.to_json_best_effort(indent=2))
+    json.dump(migrations.versioned(json.loads(config.to_json_best_effort())), f, indent=2)
 
 
 def check_same_model(runtime, workdir: str) -> None:

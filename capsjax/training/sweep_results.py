@@ -103,7 +103,8 @@ def collect(points: list, workdir: str, tables: dict | None = None,
     with open(path) as f:
       summary = json.load(f)
     run_config = runconfig.read_raw(os.path.join(workdir, point.name))
-    run_config = config_history.comparable(run_config) if run_config is not None else None
+    run_config = (config_history.comparable(runconfig.with_added_keys(run_config))
+                  if run_config is not None else None)
     row = {"run": point.name, "seed": point.seed}
     for k in keys:
       if k not in point.overrides:

@@ -1,0 +1,119 @@
+"""Every earlier form of a run's ``config.json``, brought to this version's in one ordered
+chain.
+
+``config.json`` records ``schema_version`` (:data:`SCHEMA_VERSION`; files written before
+2026-11-28 have none: version 0). :func:`migrate` applies, in order, each migration newer than
+the file's version; each one turns a file of the version before into one of its own, with the
+values that reproduce the run that wrote it (a config.json of this version round-trips
+exactly). No model, router, dataset or optimiser keeps code for old configs: a change that
+would need it adds a migration here, with a real config.json of the old form under
+``tests/data/config_forms/`` and a test that resumes it (tests/test_migrations.py).
+
+Add one: append ``Migration(version=SCHEMA_VERSION + 1, since="DATE: what changed",
+apply=fn)`` where ``fn(raw)`` edits the dict in place, and bump nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, NamedTuple
+
+from capsjax.common import config_keys, defaults
+from capsjax.common.errors import UsageError
+
+
+class Migration(NamedTuple):
+  version: int                    # The schema version a file has after it.
+  since: str                      # When and what changed.
+  apply: Callable[[dict], None]   # Edits a config.json's dict in place.
+
+
+def _optional(*keys: str) -> dict:
+  return {key: config_keys.OPTIONAL_KEYS[key] for key in keys}
+
+
+# Keys added from the first workdirs (2026-11-21) to 2026-11-28, with the value that
+# reproduces the runs written before them: for every run, and (the second table) for runs of
+# the model and dataset that had the key, which were the only ones when it was added. Where a
+# key is optional in every config, that value is the one leaving it out means
+# (``config_keys.OPTIONAL_KEYS``). Settings that registries own (a router's, an optimiser's)
+# are not listed: they are compared resolved
+# (:func:`capsjax.training.config_history.comparable`).
+ADDED_KEYS = {"dataset": defaults.DATASET, "model.name": defaults.MODEL,
+              "train.stop_at_accuracy": None, "optimizer.name": "adam",
+              "optimizer.schedule": "exponential", "matmul_precision": "default"}
+_ORDER = ("data.order", "data.stream_window")
+ADDED_KEYS_OF = {
+    ("model.name", "capsnet"): {**_optional("model.primary.output_scale",
+                                            "model.class_capsules.scores"),
+                                "model.routing.name": "dynamic", "loss.margin_weight": 1.0,
+                                "model.class_capsules.use_bias": False},
+    ("model.name", "efficient_capsnet"): {"loss.margin_weight": 1.0},
+    ("model.name", "baseline_cnn"): {"model.padding": "SAME", "model.bias_init": 0.0,
+                                     "model.dense_init_scale": None,
+                                     "model.loss": "cross_entropy"},
+    ("dataset", "mnist"): {"data.pad": 0, **_optional("data.validation_split", *_ORDER)},
+    ("dataset", "smallnorb"): _optional("data.viewpoint_split", "data.validation_split"),
+    ("dataset", "multimnist"): _optional("data.validation_split", *_ORDER),
+    **{("dataset", name): _optional("data.validation_split") for name in ("cifar10", "svhn")},
+}
+
+
+def _node(raw: dict, key: str) -> tuple[dict, str]:
+  node, (*parents, leaf) = raw, key.split(".")
+  for p in parents:
+    node = node.setdefault(p, {})
+  return node, leaf
+
+
+def _add_keys(raw: dict) -> None:
+  """Version 1: :data:`ADDED_KEYS` and :data:`ADDED_KEYS_OF` set where a file lacks them."""
+  for key, value in ADDED_KEYS.items():
+    node, leaf = _node(raw, key)
+    node.setdefault(leaf, value)
+  for (key, value), keys in ADDED_KEYS_OF.items():
+    node, leaf = _node(raw, key)
+    if node[leaf] == value:
+      for added, default in keys.items():
+        node, leaf = _node(raw, added)
+        node.setdefault(leaf, default)
+
+
+def _unset_dynamic_gradient(raw: dict) -> None:
+  """Version 2: dynamic routing's ``model.routing.gradient`` (``"autodiff"``, or
+  ``"analytic"``, its written-out backward pass, equal to autodiff's gradient to rounding;
+  now experiments/dynamic_gradient.py) unset. EM's is kept."""
+  section = raw.get("model", {}).get("routing")
+  if isinstance(section, dict) and (section.get("name") or "dynamic") == "dynamic":
+    if section.get("gradient") is not None:
+      section["gradient"] = None
+
+
+MIGRATIONS = (
+    Migration(1, "2026-11-21 to 2026-11-28: keys added before config.json had a version",
+              _add_keys),
+    Migration(2, "2026-11-28: dynamic routing's gradient setting removed",
+              _unset_dynamic_gradient),
+)
+SCHEMA_VERSION = MIGRATIONS[-1].version
+VERSION_KEY = "schema_version"
+
+
+def migrate(raw: dict) -> dict:
+  """A copy of a config.json's dict in this version's form, without its ``schema_version``
+  (the file's, not a setting). UsageError for a file a newer capsjax wrote."""
+  raw = json.loads(json.dumps(raw))
+  version = raw.pop(VERSION_KEY, 0)
+  if not isinstance(version, int) or version > SCHEMA_VERSION:
+    raise UsageError(f"config.json has schema_version={version!r}, newer than this capsjax's "
+                     f"{SCHEMA_VERSION}: it was written by a later version; upgrade capsjax "
+                     "to resume or evaluate this run.")
+  for migration in MIGRATIONS:
+    if migration.version > version:
+      migration.apply(raw)
+  return raw
+
+
+def versioned(raw: dict) -> dict:
+  """``raw`` (a config as JSON) with this version's ``schema_version``, as config.json holds it."""
+  return {VERSION_KEY: SCHEMA_VERSION, **raw}

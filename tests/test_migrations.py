@@ -1,0 +1,88 @@
+"""One migration chain for every earlier form of config.json (capsjax/runs/migrations.py):
+real files written by earlier versions (tests/data/config_forms/DATE_COMMIT.json, each the
+config.json of a 2-step smoke run of configs/mnist.py:smoke by that commit) load, resume and
+are rewritten in this version's form."""
+
+import json
+import pathlib
+import shutil
+
+import pytest
+
+import mnist
+from capsjax import train
+from capsjax.common.errors import UsageError
+from capsjax.runs import migrations, runconfig
+from capsjax.training import config_history
+from capsjax.training.runtime import Runtime
+
+FORMS = sorted((pathlib.Path(__file__).parent / "data" / "config_forms").glob("*.json"))
+
+
+def smoke(idx_dir, num_steps):
+  config = mnist.get_config("smoke")
+  config.data.source, config.data.dir = "idx", str(idx_dir)
+  config.train.num_steps = num_steps
+  return config
+
+
+@pytest.fixture(scope="module")
+def two_steps(idx_dir, tmp_path_factory):
+  """A smoke run of 2 steps, its checkpoint at step 2, by this version."""
+  workdir = tmp_path_factory.mktemp("two_steps") / "run"
+  train.train_and_evaluate(smoke(idx_dir, 2), str(workdir))
+  return workdir
+
+
+def test_the_forms_span_the_versions_and_none_records_a_version():
+  assert [f.name[:10] for f in FORMS] == ["2026-11-21", "2026-11-23", "2026-11-24",
+                                          "2026-11-25", "2026-11-27"]
+  for form in FORMS:
+    assert migrations.VERSION_KEY not in json.loads(form.read_text())
+
+
+@pytest.mark.parametrize("form", FORMS, ids=lambda f: f.stem)
+def test_each_earlier_form_loads_and_resumes_as_the_same_run(form, idx_dir, two_steps,
+                                                             tmp_path, capsys):
+  """The run's config.json replaced by one an earlier version wrote for the same command:
+  it loads in this version's form, a resume with today's command finds no setting changed
+  (so the migrations reproduce that run's settings), continues from step 2, and rewrites the
+  file with this version's ``schema_version``."""
+  old = json.loads(form.read_text())
+  old["data"]["dir"] = str(idx_dir)
+  workdir = tmp_path / "run"
+  shutil.copytree(two_steps, workdir)
+  (workdir / "config.json").write_text(json.dumps(old))
+  loaded = runconfig.load(str(workdir))
+  assert loaded.model.name == "capsnet" and loaded.model.routing.name == "dynamic"
+  assert loaded.model.routing.get("gradient") is None          # Migration 2.
+  now = json.loads(Runtime(smoke(idx_dir, 3)).config.to_json_best_effort())  # Resolved.
+  assert config_history.config_changes(old, now) == []
+  capsys.readouterr()
+  summary = train.train_and_evaluate(smoke(idx_dir, 3), str(workdir))
+  out = capsys.readouterr().out
+  assert "Resuming from the checkpoint at step 2" in out and "differ" not in out
+  assert summary["step"] == 3
+  written = json.loads((workdir / "config.json").read_text())
+  assert written[migrations.VERSION_KEY] == migrations.SCHEMA_VERSION
+  assert migrations.migrate(written) == {k: v for k, v in written.items()
+                                         if k != migrations.VERSION_KEY}
+
+
+def test_migrations_run_in_order_from_the_files_version():
+  """Version 1's added keys are not applied to a file of version 1 (it has them or means
+  their absence); version 2's unsetting is; a file of this version round-trips; a newer one
+  is refused, naming the version."""
+  assert [m.version for m in migrations.MIGRATIONS] == list(
+      range(1, migrations.SCHEMA_VERSION + 1))
+  raw = {"model": {"name": "capsnet", "routing": {"name": "dynamic", "gradient": "analytic"},
+                   "class_capsules": {}}, "data": {}}
+  v1 = migrations.migrate({**raw, migrations.VERSION_KEY: 1})
+  assert v1["model"]["routing"]["gradient"] is None
+  assert "dataset" not in v1 and "use_bias" not in v1["model"]["class_capsules"]
+  v0 = migrations.migrate(raw)
+  assert v0["dataset"] == "mnist" and v0["model"]["class_capsules"]["use_bias"] is False
+  current = json.loads(mnist.get_config("smoke").to_json_best_effort())
+  assert migrations.migrate(migrations.versioned(current)) == current
+  with pytest.raises(UsageError, match="schema_version=99, newer than this capsjax's 2"):
+    migrations.migrate({migrations.VERSION_KEY: 99})
