@@ -122,8 +122,9 @@ def resolve(config) -> tuple[Router, dict[str, Any]]:
   settings with the defaults filled in.
 
   Raises UsageError naming the key for an unknown router, a misspelled setting, a setting the
-  chosen router does not have (set, i.e. not None), and values the router cannot use. Configs
-  written before ``name`` existed are dynamic routing.
+  chosen router does not have (set, i.e. not None), and values the router cannot use. An
+  unset ``name`` is the default router (dynamic routing); old runs' config.json files are
+  brought to this form by :mod:`capsjax.runs.migrations`.
   """
   given = {k: config[k] for k in config}
   name = given.pop("name", None) or DEFAULT

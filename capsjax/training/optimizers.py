@@ -65,8 +65,8 @@ def resolve(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
   Raises UsageError naming the key for an unknown name or schedule, a setting the chosen
   optimiser or schedule does not have, a step count given twice (in steps and in epochs) and
-  values that cannot work. Configs written before ``name`` and ``schedule`` existed are Adam
-  with the exponential schedule. ``official_code=True`` (the default of ``configs/mnist.py``)
+  values that cannot work. An unset ``name`` is Adam and an unset ``schedule`` the
+  exponential one (old runs' config.json files: :mod:`capsjax.runs.migrations`). ``official_code=True`` (the default of ``configs/mnist.py``)
   fills the unset settings that :data:`OFFICIAL_CODE` names as the authors' code has them
   (Adam's epsilon hat, the exponential decay's floor of 1e-6), so that another optimiser or
   schedule named alone still works.
