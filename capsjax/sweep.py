@@ -230,7 +230,16 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
   diverged = []
   with preemption.watch() as stop:
     for k, group in enumerate(groups):
-      members = [pending[i] for i in group.indices]
+      # Another worker on the same sweep directory may have finished some since the plan.
+      indices = []
+      for i in group.indices:
+        if is_finished(os.path.join(workdir, pending[i].name)):
+          print(f"{_tag(pending[i], points)}: finished, skipped.", flush=True)
+        else:
+          indices.append(i)
+      if not indices:
+        continue
+      members = [pending[i] for i in indices]
       tag = (_tag(members[0], points) if min_runs is None else
              f"[group {k + 1}/{len(groups)}] {len(members)} run(s): "
              f"{', '.join(p.name for p in members)}")
@@ -241,11 +250,11 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
       outcomes = []
       if len(members) >= max(2, min_runs or 2):
         outcomes = run_group.train_and_evaluate_group(
-            [configs[i] for i in group.indices],
+            [configs[i] for i in indices],
             [os.path.join(workdir, p.name) for p in members], group.traced_keys,
-            runtimes=[runtimes[i] for i in group.indices])
+            runtimes=[runtimes[i] for i in indices])
       else:
-        for i, point in zip(group.indices, members):
+        for i, point in zip(indices, members):
           with memory.advice_on_allocation_failure(configs[i]):
             outcomes += run_group.train_and_evaluate_group(
                 [configs[i]], [os.path.join(workdir, point.name)],
