@@ -247,18 +247,8 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
         raise preemption.Preempted(f"Stopped by {stop.signal_name} before {tag}; rerun the "
                                    "same command to continue the sweep.", stop.signal_name)
       print(tag, flush=True)
-      outcomes = []
-      if len(members) >= max(2, min_runs or 2):
-        outcomes = run_group.train_and_evaluate_group(
-            [configs[i] for i in indices],
-            [os.path.join(workdir, p.name) for p in members], group.traced_keys,
-            runtimes=[runtimes[i] for i in indices])
-      else:
-        for i, point in zip(indices, members):
-          with memory.advice_on_allocation_failure(configs[i]):
-            outcomes += run_group.train_and_evaluate_group(
-                [configs[i]], [os.path.join(workdir, point.name)],
-                runtimes=None if runtimes[i] is None else [runtimes[i]], vectorised=False)
+      outcomes = _train_group(indices, group.traced_keys, configs, runtimes,
+                              [os.path.join(workdir, p.name) for p in members], min_runs)
       for point, outcome in zip(members, outcomes):
         if isinstance(outcome, workdirs.WorkdirBusy):
           if not skip_held:
@@ -273,6 +263,26 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
   if diverged:
     raise NonFiniteLossError("These runs stopped on a non-finite loss (the others finished):\n  "
                              + "\n  ".join(diverged))
+
+
+def _train_group(indices: list[int], traced_keys, configs: list, runtimes: list,
+                 run_dirs: list[str], min_runs: int | None) -> list:
+  """The outcomes (summaries, or what stopped a run alone) of training the runs ``indices``
+  of ``configs`` into ``run_dirs``: as one program when there are at least ``max(2,
+  min_runs)``, else one by one (each on its runtime already loaded, if any)."""
+  from capsjax.training import memory, run_group
+
+  if len(indices) >= max(2, min_runs or 2):
+    return run_group.train_and_evaluate_group(
+        [configs[i] for i in indices], run_dirs, traced_keys,
+        runtimes=[runtimes[i] for i in indices])
+  outcomes = []
+  for i, run_dir in zip(indices, run_dirs):
+    with memory.advice_on_allocation_failure(configs[i]):
+      outcomes += run_group.train_and_evaluate_group(
+          [configs[i]], [run_dir], runtimes=None if runtimes[i] is None else [runtimes[i]],
+          vectorised=False)
+  return outcomes
 
 
 def _tag(point: Point, points: list[Point]) -> str:
