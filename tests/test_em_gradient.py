@@ -48,7 +48,7 @@ def value_and_gradients(x, settings, normalise, initial=None):
     return (jnp.sum(result.poses * x["pose_weights"])
             + jnp.sum(result.activations * x["activation_weights"]))
 
-  return jax.value_and_grad(objective, argnums=(0, 1, 2, 3))(
+  return jax.jit(jax.value_and_grad(objective, argnums=(0, 1, 2, 3)))(
       x["votes"], x["activations"], x["beta_u"], x["beta_a"])
 
 
