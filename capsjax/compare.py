@@ -87,9 +87,10 @@ def runs_of(spec: str) -> list[tuple[int, str]]:
 
 
 def seed_of(workdir: str) -> int:
+  from capsjax.common import config_keys
   from capsjax.runs import runconfig
 
-  return int(runconfig.read_raw(workdir).get("seed", 0))
+  return int(config_keys.optional(runconfig.read_raw(workdir), "seed"))
 
 
 def load_side(spec: str, evaluation: str, which: str) -> dict:

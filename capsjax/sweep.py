@@ -49,6 +49,7 @@ from typing import NamedTuple
 from absl import flags, logging
 from ml_collections import config_flags
 
+from capsjax.common import config_keys
 from capsjax.common.errors import NonFiniteLossError, UsageError
 from capsjax.runs import cli, preemption, workdirs
 from capsjax.runs.reporting import is_finished
@@ -163,7 +164,7 @@ def point_config(base, point: "Point", command_line: dict):
   if spec is not None:
     base = load_config_file(spec)
     try:
-      base = apply_overrides(base, command_line, base.get("seed", 0))
+      base = apply_overrides(base, command_line, config_keys.optional(base, "seed"))
     except UsageError as e:
       raise UsageError(f"A command-line override does not fit {spec}: {e}") from e
   return apply_overrides(base, overrides, point.seed)

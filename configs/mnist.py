@@ -153,14 +153,12 @@ def model_config() -> ml_collections.ConfigDict:
 
 
 def loss_config() -> ml_collections.ConfigDict:
-  """``config.loss``: the margin loss (Eq. 4) and the reconstruction term."""
-  return ml_collections.ConfigDict(dict(
-      m_plus=0.9, m_minus=0.1, lam=0.5,
-      reconstruction_weight=0.0005,  # Times the SUM of squared pixel errors.
-      # Times Eq. 4 summed over the classes; the official code's 0.05 (0.5 x a mean over the
-      # 10 classes) weighs reconstruction 20x more against the margin.
-      margin_weight=1.0,
-  ))
+  """``config.loss``: the margin loss (Eq. 4: m_plus 0.9, m_minus 0.1, lam 0.5) times
+  ``margin_weight`` (1: summed over the classes; the official code's 0.05, 0.5 x a mean over
+  the 10 classes, weighs reconstruction 20x more against the margin) and the reconstruction
+  term, 0.0005 x the SUM of squared pixel errors: the declared defaults
+  (``python -m capsjax.common.config_keys``)."""
+  return config_keys.defaults_of("loss")
 
 
 def optimizer_config() -> ml_collections.ConfigDict:
@@ -171,13 +169,11 @@ def optimizer_config() -> ml_collections.ConfigDict:
   # decay_steps or decay_epochs, staircase; ...) are unset here, which takes that one's default
   # (Adam: TF's b1 0.9, b2 0.999, eps 1e-8; exponential: the paper's 0.96 every 2000 steps),
   # so that e.g. --config.optimizer.name=sgd or --config.optimizer.schedule=cosine alone works.
-  optimizer = ml_collections.ConfigDict(config_keys.optimizer())
-  optimizer.name = "adam"           # adam | adamw | sgd | rmsprop
-  optimizer.learning_rate = 1e-3
-  optimizer.schedule = "exponential"  # exponential | cosine | constant | piecewise
-  optimizer.weight_decay = config_dict.placeholder(float)  # Unset: 0 (adamw: 1e-4).
-  optimizer.clip_norm = 0.0         # > 0: clip gradients to this global norm.
-  return optimizer
+  # The declared defaults (python -m capsjax.common.config_keys): name "adam" (adam | adamw |
+  # sgd | rmsprop), learning_rate 1e-3, schedule "exponential" (exponential | cosine |
+  # constant | piecewise), weight_decay unset (0; adamw: 1e-4), clip_norm 0 (> 0: clip the
+  # gradients to this global norm).
+  return ml_collections.ConfigDict(config_keys.optimizer())
 
 
 def train_config() -> ml_collections.ConfigDict:
@@ -198,7 +194,7 @@ def train_config() -> ml_collections.ConfigDict:
   train.eval_during = ()
   # Warn when this fraction of the class capsules is saturated (longer than 0.95) for this
   # many consecutive steps (steps=0: never); docs/training.md, "Saturated class capsules".
-  train.saturation_warning = ml_collections.ConfigDict(dict(fraction=0.9, steps=100))
+  train.saturation_warning = config_keys.defaults_of("train.saturation_warning")  # 0.9, 100.
   return train
 
 

@@ -30,16 +30,17 @@ from capsjax.common.errors import UsageError
 
 
 class FGSM(evaluators.Evaluator):
-  """Settings: ``epsilon`` (L-infinity budget, default 0.1), ``split`` (default "test")."""
-  SETTINGS = ("epsilon", "split")  # Any other key in config.evals.NAME is refused.
+  """Settings: ``epsilon`` (L-infinity budget), ``split``."""
+  # Its settings and their defaults; any other key in config.evals.NAME is refused.
+  SETTINGS = {"epsilon": 0.1, "split": "test"}
 
   def __init__(self, *args):
     super().__init__(*args)
-    self.epsilon = float(self.settings.get("epsilon", 0.1))
+    self.epsilon = float(self.setting("epsilon"))
     if not 0 <= self.epsilon <= 1:
       raise UsageError(f"config.evals.{self.name}.epsilon must lie in [0, 1], got "
                        f"{self.epsilon!r}.")
-    split = self.settings.get("split", "test")
+    split = self.setting("split")
     if split not in self.splits:
       raise UsageError(f"config.evals.{self.name}.split={split!r}: the dataset has "
                        f"{tuple(self.splits)}.")

@@ -162,3 +162,39 @@ def test_a_misspelled_evaluator_setting_is_refused_not_defaulted():
 
 class Undeclared(evaluators.Evaluator):
   """A researcher's evaluator without ``SETTINGS``: its settings are not checked."""
+
+
+def test_a_setting_left_out_or_none_is_its_declared_default():
+  """``Evaluator.setting``: the config's value, else the class's declared default (also for
+  None); a key the class does not declare is an error, not a silent None. A researcher's
+  evaluator that declares names only (a tuple) reads them with no default."""
+
+  class Declared(evaluators.Evaluator):
+    SETTINGS = {"split": "test", "limit": 1000}
+
+  class Named(evaluators.Evaluator):
+    SETTINGS = ("split",)
+
+  def built(cls, **settings):
+    return cls("x", ml_collections.ConfigDict(settings), None, None, {}, None)
+
+  assert built(Declared).setting("limit") == 1000
+  assert built(Declared, limit=None).setting("limit") == 1000
+  assert built(Declared, limit=7).setting("limit") == 7
+  assert built(Declared, limit=7).count("limit", minimum=1) == 7
+  with pytest.raises(UsageError, match="config.evals.x.limit"):
+    built(Declared, limit=-1).count("limit")
+  with pytest.raises(KeyError, match="does not declare it"):
+    built(Declared).setting("seed")
+  assert built(Named, split="validation").setting("split") == "validation"
+  assert built(Named).setting("split") is None
+  with pytest.raises(TypeError):  # The removed default argument is not taken as a minimum.
+    built(Declared).count("limit", 1000)
+
+
+def test_every_built_in_evaluator_declares_the_schemas_settings():
+  """Each registered evaluator reads its defaults from config_keys.EVALUATOR_SETTINGS."""
+  from capsjax.common import config_keys
+
+  for name in evaluators.types():
+    assert evaluators.EVALUATORS.get(name).SETTINGS is config_keys.EVALUATOR_SETTINGS[name], name

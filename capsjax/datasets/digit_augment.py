@@ -37,23 +37,30 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from capsjax.common import config_keys
+
 AMOUNT_STD = 0.33      # The reference's normal(0, .33) for every random amount.
 AMOUNT_MAX = 0.9999    # ... clipped below 1, so no shift reaches past a margin.
 
+_DEFAULT = config_keys.OPTIONAL_KEYS
+
 
 class Settings(NamedTuple):
-  """``config.data`` values; zero or False switches a step off."""
-  rotation_degrees: float = 0.0       # Reference: 30.
-  rotation_probability: float = 0.5   # Reference: r1 <= 0 with r1 ~ normal, 1/2.
-  rotation_distribution: str = "normal"  # Reference; "uniform": any angle in +-degrees.
-  margin_shift: bool = False          # Reference: on.
-  squeeze: bool = False               # Reference: on.
-  erase_size: int = 0                 # Reference: 4.
+  """``config.data`` values (their defaults: ``config_keys.DECLARED["data.*"]``); zero or
+  False switches a step off. The reference: 30 degrees, half the images, normal amounts;
+  margin shifts, squeezing and a 4x4 erasure on."""
+  rotation_degrees: float = _DEFAULT["data.rotation_degrees"]
+  rotation_probability: float = _DEFAULT["data.rotation_probability"]
+  rotation_distribution: str = _DEFAULT["data.rotation_distribution"]
+  margin_shift: bool = _DEFAULT["data.margin_shift"]
+  squeeze: bool = _DEFAULT["data.squeeze"]
+  erase_size: int = _DEFAULT["data.erase_size"]
 
   @classmethod
   def from_config(cls, data) -> "Settings":
-    """From ``config.data`` (keys absent in configs written before them: off)."""
-    return cls(**{k: type(v)(data.get(k, v)) for k, v in cls._field_defaults.items()})
+    """From ``config.data``; a key it lacks takes its declared default (off)."""
+    return cls(**{k: type(v)(config_keys.optional(data, f"data.{k}"))
+                  for k, v in cls._field_defaults.items()})
 
   @property
   def active(self) -> bool:

@@ -124,7 +124,7 @@ class TFDSImages(datasets.Builder):
       raise UsageError(f"config.dataset={self.name!r} reads tensorflow-datasets only; set "
                        f"config.data.source='tfds' (got {d.source!r}).")
     h, w, c = self.STORED_SHAPE
-    self.resize = int(d.get("resize", 0) or 0)
+    self.resize = int(config_keys.optional(d, "data.resize"))
     if self.resize:
       h = w = self.resize
     self.stored_shape = (h, w, c)

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from capsjax import datasets
+from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.datasets import augment, digit_augment, sources
 
@@ -37,7 +38,7 @@ class MNIST(datasets.Builder):
   def __init__(self, config):
     super().__init__(config)
     d = config.data
-    pad, shift = int(d.get("pad", 0)), int(d.shift_pixels)
+    pad, shift = int(config_keys.optional(d, "data.pad")), int(d.shift_pixels)
     if pad < 0 or shift < 0:
       raise UsageError(f"config.data.pad={pad} and config.data.shift_pixels={shift} must be "
                        ">= 0.")

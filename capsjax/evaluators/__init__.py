@@ -24,7 +24,7 @@ example).
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 import ml_collections
 
@@ -50,9 +50,10 @@ class Evaluator:
   """Base class: one named evaluation. Subclasses build their sets in ``__init__``
   (through ``self.runner.eval_set``) and implement :meth:`run`."""
   type_name: ClassVar[str] = ""
-  # The settings it reads besides ``type`` (``config.evals.NAME.*``); any other is refused,
-  # so that a misspelled one never runs its default. None: not declared (not checked).
-  SETTINGS: ClassVar[tuple[str, ...] | None] = None
+  # The settings it reads besides ``type`` (``config.evals.NAME.*``) with their defaults
+  # (built-in evaluators: ``config_keys.EVALUATOR_SETTINGS[type]``); any other is refused, so
+  # that a misspelled one never runs its default. None: not declared (not checked).
+  SETTINGS: ClassVar[dict[str, Any] | None] = None
 
   def __init__(self, name: str, settings: ml_collections.ConfigDict, config, builder,
                splits: dict, runner):
@@ -66,11 +67,22 @@ class Evaluator:
     """``split`` limited as :func:`limit` does."""
     return limit(split, self.config)
 
-  def count(self, key: str, default: int, minimum: int = 0) -> int:
+  def setting(self, key: str) -> Any:
+    """The setting ``key`` of this evaluation, or its declared default (:attr:`SETTINGS`) where
+    the config leaves it out or sets None."""
+    declared = self.SETTINGS or {}
+    if not isinstance(declared, dict):  # Names alone (before 2026-11-28): no defaults.
+      declared = dict.fromkeys(declared)
+    if key not in declared:
+      raise KeyError(f"{type(self).__name__} reads the setting {key!r} but does not declare "
+                     "it: add it with its default to its SETTINGS.")
+    value = self.settings.get(key)
+    return declared[key] if value is None else value
+
+  def count(self, key: str, *, minimum: int = 0) -> int:
     """The setting ``key`` as an integer >= ``minimum`` (e.g. ``limit``), or UsageError
     naming ``config.evals.NAME.key``."""
-    return checks.count(self.settings.get(key, default), f"config.evals.{self.name}.{key}",
-                        minimum)
+    return checks.count(self.setting(key), f"config.evals.{self.name}.{key}", minimum)
 
   def run(self, params) -> dict:
     """The named metrics of the model with ``params``: every variable of the model, parameters

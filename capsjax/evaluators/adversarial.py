@@ -66,34 +66,33 @@ import jax.numpy as jnp
 from absl import logging
 
 from capsjax import evaluators
-from capsjax.common import checks, figures
+from capsjax.common import checks, config_keys, figures
 from capsjax.common.errors import UsageError
 from capsjax.evaluators import attacks, foolbox_attacks
 
 ATTACKS = ("fgsm", "pgd", "bim", "vote_fgsm", "vote_pgd")
 LOSSES = ("cross_entropy", "model")
-DEFAULT_EPSILONS = (0.0, 0.05, 0.1, 0.2, 0.3)
+DEFAULT_EPSILONS = config_keys.EVALUATOR_SETTINGS["adversarial"]["epsilons"]
 
 
 class AdversarialEvaluator(evaluators.Evaluator):
   """FGSM/PGD/BIM accuracy and attack success per epsilon, with gradient-masking checks."""
   type_name = "adversarial"
-  SETTINGS = ("attacks", "epsilons", "steps", "step_size", "random_start", "targeted", "loss",
-              "value_range", "seed", "split", "limit", "foolbox_kwargs")
+  SETTINGS = config_keys.EVALUATOR_SETTINGS["adversarial"]
 
   def __init__(self, *args):
     super().__init__(*args)
-    get = self.settings.get
+    get = self.setting
     where = f"config.evals.{self.name}"
-    self.attacks = checks.names(get("attacks", ("fgsm", "pgd")))
-    self.epsilons = tuple(float(e) for e in get("epsilons", DEFAULT_EPSILONS))
-    self.steps = self.count("steps", 10, minimum=1)
-    self.step_size = get("step_size", None)
-    self.random_start = bool(get("random_start", True))
-    self.targeted = bool(get("targeted", False))
-    self.loss = get("loss", "cross_entropy")
-    self.low, self.high = (float(v) for v in get("value_range", (0.0, 1.0)))
-    self.seed = int(get("seed", 0))
+    self.attacks = checks.names(get("attacks"))
+    self.epsilons = tuple(float(e) for e in get("epsilons"))
+    self.steps = self.count("steps", minimum=1)
+    self.step_size = get("step_size")
+    self.random_start = bool(get("random_start"))
+    self.targeted = bool(get("targeted"))
+    self.loss = get("loss")
+    self.low, self.high = (float(v) for v in get("value_range"))
+    self.seed = int(get("seed"))
     if not self.attacks or {a for a in self.attacks if not a.startswith(
         foolbox_attacks.PREFIX)} - set(ATTACKS):
       raise UsageError(f"{where}.attacks={self.attacks!r}: choose from {ATTACKS}, or name "
@@ -125,10 +124,10 @@ class AdversarialEvaluator(evaluators.Evaluator):
       raise UsageError(f"{where}: the images are standardised per image "
                        "(config.data.standardize), so an L-infinity budget in pixel units "
                        "has no fixed meaning; set config.data.standardize=False.")
-    split = get("split", "test")
+    split = get("split")
     if split not in self.splits:
       raise UsageError(f"{where}.split={split!r}: the dataset has {tuple(self.splits)}.")
-    sample = self.splits[split].sample(self.count("limit", 1000))
+    sample = self.splits[split].sample(self.count("limit"))
     self.set = self.runner.eval_set(sample)
     self.num_examples = len(sample)
     self.chance = self.runner.task.chance_levels()["accuracy"]

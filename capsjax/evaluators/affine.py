@@ -45,25 +45,23 @@ class AffineMNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
   affine transforms (:mod:`capsjax.datasets.affine`), drawn with ``seed``; the ranges are
   ``rotation_degrees``, ``shear``, ``scale_min``/``scale_max``. ``config.data.test_limit``
   limits the number of transformed images."""
-  SETTINGS = ("transforms_per_digit", "rotation_degrees", "shear", "scale_min", "scale_max",
-              "seed")
+  SETTINGS = config_keys.EVALUATOR_SETTINGS["affine_mnist"]
 
   def __init__(self, *args):
     super().__init__(*args)
-    s, test = self.settings, self.splits["test"]
-    per_digit = self.count("transforms_per_digit", 1, minimum=1)
+    s, test = self.setting, self.splits["test"]
+    per_digit = self.count("transforms_per_digit", minimum=1)
     if per_digit < 1:
       raise UsageError(f"config.evals.{self.name}.transforms_per_digit must be >= 1, "
                        f"got {per_digit}.")
     limit = checks.count(config_keys.optional(self.config.data, "data.test_limit"),
                          "config.data.test_limit")
     digits = test.sample(-(-limit // per_digit) if limit else 0)
-    ranges = affine.AffineRanges(float(s.get("rotation_degrees", 20.0)),
-                                 float(s.get("shear", 0.2)),
-                                 (float(s.get("scale_min", 0.8)), float(s.get("scale_max", 1.2))))
+    ranges = affine.AffineRanges(float(s("rotation_degrees")), float(s("shear")),
+                                 (float(s("scale_min")), float(s("scale_max"))))
     canvas = tuple(self.builder.info.image_shape[:2])
     images, labels = affine.random_affine(digits.examples["images"], digits.examples["labels"],
-                                          per_digit, canvas, ranges, int(s.get("seed", 0)))
+                                          per_digit, canvas, ranges, int(s("seed")))
     transformed = self.limited(datasets.Split({"images": images, "labels": labels}))
     self.set = self.runner.eval_set(transformed, self.builder.eval_batch)
     self.figure_title = (f"affine MNIST (a stand-in for affNIST, made here): rotation "
@@ -77,13 +75,13 @@ class AffineMNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
 class AffNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
   """The real affNIST test set from ``path`` (``test.mat`` or the folder of test batches);
   skipped, with a message, while ``path`` is unset."""
-  SETTINGS = ("path",)
+  SETTINGS = config_keys.EVALUATOR_SETTINGS["affnist"]
 
   figure_title = "affNIST test set; (label, prediction)"
 
   def __init__(self, *args):
     super().__init__(*args)
-    path = self.settings.get("path")
+    path = self.setting("path")
     if not path:
       raise evaluators.SkipEvaluation(
           f"no affNIST files given; set --config.evals.{self.name}.path=PATH to test.mat or "

@@ -20,18 +20,18 @@ import jax
 import numpy as np
 
 from capsjax import evaluators
+from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.models import metrics
 from capsjax.runs import reporting
 
-CODE_OFFSETS = ((0, 0),) + tuple((k * dy, k * dx) for k in (1, 2, 3)
-                                 for dy, dx in ((1, 1), (1, -1), (-1, 1), (-1, -1)))
+CODE_OFFSETS = config_keys.CODE_OFFSETS
 
 
 class CropAverageEvaluator(evaluators.Evaluator):
   """Accuracy of class scores averaged over crops of each image."""
   type_name = "crop_average"
-  SETTINGS = ("offsets", "split", "limit")
+  SETTINGS = config_keys.EVALUATOR_SETTINGS["crop_average"]
 
   def __init__(self, *args):
     super().__init__(*args)
@@ -41,12 +41,11 @@ class CropAverageEvaluator(evaluators.Evaluator):
       raise UsageError(f"{where}: type 'crop_average' needs a dataset that crops its images "
                        f"(config.data.crop > 0, e.g. smallnorb); {self.config.dataset!r} "
                        "does not.")
-    self.offsets = tuple(tuple(int(v) for v in o) for o in self.settings.get("offsets",
-                                                                             CODE_OFFSETS))
-    split = self.settings.get("split", "test")
+    self.offsets = tuple(tuple(int(v) for v in o) for o in self.setting("offsets"))
+    split = self.setting("split")
     if split not in self.splits:
       raise UsageError(f"{where}.split={split!r}: the dataset has {tuple(self.splits)}.")
-    sample = self.limited(self.splits[split]).sample(self.count("limit", 0))
+    sample = self.limited(self.splits[split]).sample(self.count("limit"))
     h, w = self.builder.stored_shape[:2]
     room = (h - self.builder.crop) // 2, (w - self.builder.crop) // 2
     if not self.offsets or any(abs(dy) > room[0] or abs(dx) > room[1]

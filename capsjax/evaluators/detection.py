@@ -44,7 +44,7 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax.common import figures
+from capsjax.common import config_keys, figures
 from capsjax.common.errors import UsageError
 from capsjax.evaluators.adversarial import AdversarialEvaluator
 
@@ -58,7 +58,7 @@ def reconstruction_distance(images, reconstructions):
 class ReconstructionDetectionEvaluator(AdversarialEvaluator):
   """The false-positive and detection rates of a threshold on the reconstruction distance."""
   type_name = "reconstruction_detection"
-  SETTINGS = (*AdversarialEvaluator.SETTINGS, "percentile", "validation_limit")
+  SETTINGS = config_keys.EVALUATOR_SETTINGS["reconstruction_detection"]
 
   def __init__(self, *args):
     super().__init__(*args)
@@ -76,13 +76,13 @@ class ReconstructionDetectionEvaluator(AdversarialEvaluator):
       raise UsageError(f"{where}: the detection threshold is taken on a validation split, "
                        "never on the test set, and this run holds none; set "
                        "config.data.validation_size (e.g. 1000).")
-    if self.settings.get("split", "test") == "validation":
+    if self.setting("split") == "validation":
       raise UsageError(f"{where}.split='validation': the threshold is taken there; attack "
                        "the test split.")
-    self.percentile = float(self.settings.get("percentile", 95.0))
+    self.percentile = float(self.setting("percentile"))
     if not 0 < self.percentile < 100:
       raise UsageError(f"{where}.percentile={self.percentile!r}: give a number in (0, 100).")
-    sample = validation.sample(self.count("validation_limit", 0))
+    sample = validation.sample(self.count("validation_limit"))
     self.validation_set = self.runner.eval_set(sample)
     self.distances: dict[str, np.ndarray] = {}
 

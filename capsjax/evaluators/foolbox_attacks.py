@@ -71,7 +71,7 @@ def run_attack(evaluator, attack: str, variables) -> dict:
   import foolbox
 
   cls = attack_class(attack, f"config.evals.{evaluator.name}")
-  kwargs = (evaluator.settings.get("foolbox_kwargs", None) or {}).get(attack[len(PREFIX):])
+  kwargs = (evaluator.setting("foolbox_kwargs") or {}).get(attack[len(PREFIX):])
   instance = cls(**dict(kwargs or {}))
   task, eval_set, name = evaluator.runner.task, evaluator.set, result_name(attack)
   num_classes = task.dataset.info.num_classes

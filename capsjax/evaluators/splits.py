@@ -8,13 +8,14 @@ import jax
 import numpy as np
 
 from capsjax import datasets, evaluators
+from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.datasets import augment
 from capsjax.runs import predictions, reporting
 
 
 def _split(evaluator: evaluators.Evaluator) -> datasets.Split:
-  name = evaluator.settings.get("split", "test")
+  name = evaluator.setting("split")
   if name not in evaluator.splits:
     raise UsageError(f"config.evals.{evaluator.name}.split={name!r}: the dataset has the "
                      f"splits {tuple(evaluator.splits)}.")
@@ -35,7 +36,7 @@ def _shifted(split: datasets.Split, images: np.ndarray) -> datasets.Split:
 class SplitEvaluator(evaluators.Evaluator):
   """A split of the dataset (``split``: ``test`` or ``validation``) as it is; the runs keep
   its predictions per example (:mod:`capsjax.runs.predictions`)."""
-  SETTINGS = ("split",)
+  SETTINGS = config_keys.EVALUATOR_SETTINGS["split"]
 
   def __init__(self, *args):
     super().__init__(*args)
@@ -55,13 +56,13 @@ class ShiftGridEvaluator(evaluators.Evaluator):
   """The split moved by every (dx, dy) with ``|dx|, |dy| <= max_shift`` px (zero fill, as
   the training shifts): ``accuracy`` is the mean over the shifts, ``accuracy_by_shift``
   maps ``"dx,dy"`` to each one's accuracy."""
-  SETTINGS = ("split", "max_shift")
+  SETTINGS = config_keys.EVALUATOR_SETTINGS["shifted"]
 
   def __init__(self, *args):
     super().__init__(*args)
     self.split = _split(self)
     images = _images_of(self, self.split)
-    self.max_shift = int(self.settings.get("max_shift", 2))
+    self.max_shift = int(self.setting("max_shift"))
     largest = min(images.shape[1:3]) - 1
     if not 0 <= self.max_shift <= largest:
       raise UsageError(f"max_shift={self.max_shift} (config.evals.{self.name}): use 0 up to "
@@ -100,15 +101,15 @@ class RandomlyShiftedEvaluator(evaluators.Evaluator):
   On expanded MNIST (``data.pad`` = ``shift_pixels`` = 6) this is the test set with every
   digit at a random position of the 40x40 canvas, like the training images.
   """
-  SETTINGS = ("split", "max_shift", "seed")
+  SETTINGS = config_keys.EVALUATOR_SETTINGS["randomly_shifted"]
 
   def __init__(self, *args):
     super().__init__(*args)
     split = _split(self)
     images = _images_of(self, split)
-    max_shift = self.settings.get("max_shift")
+    max_shift = self.setting("max_shift")  # Declared None: the run's own shifts.
     max_shift = int(self.config.data.shift_pixels if max_shift is None else max_shift)
-    rng = np.random.default_rng(int(self.settings.get("seed", 0)))
+    rng = np.random.default_rng(int(self.setting("seed")))
     self.shifts = rng.integers(-max_shift, max_shift + 1, size=(len(split), 2))
     moved = _shifted(split, augment.shift_each_image(images, self.shifts))
     self.set = self.runner.eval_set(moved, self.builder.eval_batch)

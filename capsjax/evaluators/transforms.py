@@ -43,12 +43,7 @@ from capsjax.common.errors import UsageError
 from capsjax.datasets import affine
 from capsjax.runs import reporting
 
-DEFAULTS = {
-    "rotations": tuple(float(d) for d in range(-90, 91, 15)),
-    "scales": tuple(round(0.6 + 0.1 * k, 1) for k in range(9)),
-    "shears": tuple(round(-0.4 + 0.1 * k, 1) for k in range(9)),
-    "translations": tuple(float(t) for t in range(-6, 7, 2)),
-}
+KINDS = ("rotations", "scales", "shears", "translations")
 
 
 def transform(images: np.ndarray, kind: str, value: float) -> np.ndarray:
@@ -72,15 +67,16 @@ def transform(images: np.ndarray, kind: str, value: float) -> np.ndarray:
 class TransformsEvaluator(evaluators.Evaluator):
   """Accuracy per rotation, scale, shear and translation; familiar against novel rotations."""
   type_name = "transforms"
-  SETTINGS = (*DEFAULTS, "familiar_degrees", "split", "limit")
+  SETTINGS = config_keys.EVALUATOR_SETTINGS["transforms"]
 
   def __init__(self, *args):
     super().__init__(*args)
-    get, where = self.settings.get, f"config.evals.{self.name}"
-    self.sweeps = {kind: tuple(float(v) for v in get(kind, default))
-                   for kind, default in DEFAULTS.items()}
-    trained = float(config_keys.optional(self.config.data, "data.rotation_degrees"))
-    self.familiar = float(get("familiar_degrees", trained or 30.0))
+    get, where = self.setting, f"config.evals.{self.name}"
+    self.sweeps = {kind: tuple(float(v) for v in get(kind)) for kind in KINDS}
+    familiar = get("familiar_degrees")  # Declared None: the trained rotations, or 30.
+    if familiar is None:
+      familiar = float(config_keys.optional(self.config.data, "data.rotation_degrees")) or 30.0
+    self.familiar = float(familiar)
     if not 0 <= self.familiar < 90:
       raise UsageError(f"{where}.familiar_degrees={self.familiar}: give an angle in [0, 90).")
     if any(s <= 0 for s in self.sweeps["scales"]):
@@ -90,10 +86,10 @@ class TransformsEvaluator(evaluators.Evaluator):
             and any(self.familiar < abs(a) <= 90 for a in rotations)):
       raise UsageError(f"{where}.rotations={rotations}: give angles within and beyond "
                        f"familiar_degrees={self.familiar:g} (up to 90).")
-    split = get("split", "test")
+    split = get("split")
     if split not in self.splits:
       raise UsageError(f"{where}.split={split!r}: the dataset has {tuple(self.splits)}.")
-    sample = self.splits[split].sample(self.count("limit", 1000))
+    sample = self.splits[split].sample(self.count("limit"))
     if "images" not in sample.examples or sample.examples["images"].dtype != np.uint8:
       raise UsageError(f"{where}: type 'transforms' moves uint8 images; this dataset's "
                        "examples hold none.")

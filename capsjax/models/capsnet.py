@@ -95,7 +95,7 @@ class CapsNet(capsule_model.CapsuleModel):
     self.primary_capsules = capsule_layers.PrimaryCapsules(
         config.conv1.features, config.primary.num_types, config.primary.dim,
         config.primary.kernel_size, config.primary.stride,
-        squash_epsilon=settings.get("squash_epsilon", 0.0), impl=config.conv_impl,
+        squash_epsilon=config_keys.optional(settings, "model.routing.squash_epsilon"), impl=config.conv_impl,
         compute_dtype=dtype, init_scale=config.primary.init_scale,
         bias_init=config.primary.bias_init, padding=padding,
         output_scale=config_keys.optional(config.primary, "model.primary.output_scale"),

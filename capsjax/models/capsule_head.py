@@ -37,19 +37,17 @@ class LossSettings:
   """``config.loss``: Eq. 4's m+, m- and lambda; the weight of the summed squared errors; and
   the margin loss's own weight (1: Eq. 4 summed over the classes; the official code's 0.05 is
   its 0.5 x a mean over the 10 classes)."""
-  m_plus: float = 0.9
-  m_minus: float = 0.1
-  lam: float = 0.5
-  reconstruction_weight: float = 0.0005
-  margin_weight: float = 1.0
+  m_plus: float = config_keys.OPTIONAL_KEYS["loss.m_plus"]
+  m_minus: float = config_keys.OPTIONAL_KEYS["loss.m_minus"]
+  lam: float = config_keys.OPTIONAL_KEYS["loss.lam"]
+  reconstruction_weight: float = config_keys.OPTIONAL_KEYS["loss.reconstruction_weight"]
+  margin_weight: float = config_keys.OPTIONAL_KEYS["loss.margin_weight"]
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict | None) -> "LossSettings":
-    """From ``config.loss``; a setting it lacks (a config written before it existed) takes the
-    default."""
-    if config is None:
-      return cls()
-    return cls(**{f.name: float(config.get(f.name, f.default))
+    """From ``config.loss`` (None: no loss section); a setting it lacks takes its declared
+    default (``config_keys.DECLARED``)."""
+    return cls(**{f.name: float(config_keys.optional(config, f"loss.{f.name}"))
                   for f in dataclasses.fields(cls)})
 
 
@@ -231,7 +229,8 @@ class CapsuleHead:
     saturation, naming ``saturation_settings`` (the model's keys that control it)."""
     if not self.measures_saturation:
       return []
-    settings = config.train.get("saturation_warning") or {}  # Configs before it: defaults.
-    return [SaturationWatch(fraction=settings.get("fraction", 0.9),
-                            steps=settings.get("steps", 100),
+    settings = config.train.get("saturation_warning")  # None: the declared defaults.
+    return [SaturationWatch(
+        fraction=config_keys.optional(settings, "train.saturation_warning.fraction"),
+        steps=config_keys.optional(settings, "train.saturation_warning.steps"),
                             settings=saturation_settings, chance=chance)]

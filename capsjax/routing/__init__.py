@@ -64,6 +64,7 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
+from capsjax.common import config_keys as schema
 from capsjax.common.errors import UsageError
 from capsjax.common.registry import Registry
 from capsjax.routing.core import (ConvLayer, ParamSpec, Router, RoutingResult, capsule_votes,
@@ -84,7 +85,7 @@ ROUTERS = Registry("router", "config.model.routing.name", {
     "em": "capsjax.routing.em:ROUTER",
     "variational_bayes": "capsjax.routing.variational_bayes:ROUTER",
 })
-DEFAULT = "dynamic"
+DEFAULT = schema.DEFAULT_ROUTER   # The paper's; declared in the schema.
 
 
 def get(name: str) -> Router:

@@ -45,7 +45,7 @@ def members_of(paths: list[str]) -> tuple[list[str], str]:
 
 def _setting(config: dict, path: tuple[str, ...]):
   for key in path:
-    config = config.get(key, {}) if isinstance(config, dict) else {}
+    config = config.get(key) if isinstance(config, dict) else None
   return config
 
 

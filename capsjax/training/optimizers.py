@@ -44,8 +44,7 @@ from capsjax.common.errors import UsageError
 
 # Each optimiser's and schedule's own settings and their defaults: the JAX-free schema's.
 OPTIMIZERS, SCHEDULES = schema.OPTIMIZERS, schema.SCHEDULES
-COMMON = ("name", "learning_rate", "schedule", "warmup_steps", "warmup_epochs", "weight_decay",
-          "clip_norm", "official_code")
+COMMON = tuple(schema.OPTIMIZER_COMMON)
 # What ``official_code=True`` makes of the chosen optimiser's and schedule's unset settings: the
 # authors' code's tf.train.AdamOptimizer and its exponential decay's floor (models/model.py:63-70);
 # an optimiser or schedule not named here keeps its own defaults.
@@ -72,7 +71,10 @@ def resolve(config: ml_collections.ConfigDict) -> dict[str, Any]:
   schedule named alone still works.
   """
   given = {k: config[k] for k in config}
-  name, schedule = given.get("name") or "adam", given.get("schedule") or "exponential"
+  # The common settings, each unset one its declared default (config_keys.OPTIMIZER_COMMON).
+  common = {k: default if given.get(k) is None else given[k]
+            for k, default in schema.OPTIMIZER_COMMON.items()}
+  name, schedule = common["name"], common["schedule"]
   if name not in OPTIMIZERS:
     raise UsageError(f"config.optimizer.name={name!r} is not an optimiser here; use one of "
                      f"{tuple(OPTIMIZERS)}.")
@@ -90,14 +92,14 @@ def resolve(config: ml_collections.ConfigDict) -> dict[str, Any]:
           f"config.optimizer.{key}={value!r} is not a setting of optimiser {name!r} with "
           f"schedule {schedule!r}; theirs are {sorted(own) or 'none'}. Leave it unset.")
   settings = {"name": name, "schedule": schedule,
-              "learning_rate": float(given.get("learning_rate", 1e-3)),
-              "warmup_steps": int(given.get("warmup_steps") or 0),
-              "warmup_epochs": given.get("warmup_epochs"),
-              "weight_decay": given.get("weight_decay"),
-              "clip_norm": float(given.get("clip_norm") or 0.0)}
+              "learning_rate": float(common["learning_rate"]),
+              "warmup_steps": int(common["warmup_steps"]),
+              "warmup_epochs": common["warmup_epochs"],
+              "weight_decay": common["weight_decay"],
+              "clip_norm": float(common["clip_norm"])}
   if settings["weight_decay"] is None:
-    settings["weight_decay"] = 1e-4 if name == "adamw" else 0.0
-  settings["official_code"] = bool(given.get("official_code") or False)
+    settings["weight_decay"] = schema.DEFAULT_WEIGHT_DECAY.get(name, 0.0)
+  settings["official_code"] = bool(common["official_code"])
   if settings["official_code"]:
     own = {**own, **OFFICIAL_CODE.get(name, {}), **OFFICIAL_CODE.get(schedule, {})}
   for key, default in own.items():

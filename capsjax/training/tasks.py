@@ -24,7 +24,7 @@ import ml_collections
 from flax import nnx
 
 from capsjax import datasets, evaluators, models
-from capsjax.common import defaults, precision
+from capsjax.common import config_keys, precision
 from capsjax.common.errors import UsageError
 from capsjax.datasets import stream_order
 from capsjax.models import metrics
@@ -199,8 +199,8 @@ def resolve_config(config: ml_collections.ConfigDict
   has one. ``config`` itself is not written."""
   config = copy.deepcopy(config)
   with config.unlocked():
-    config.dataset = config.get("dataset") or defaults.DATASET
-    config.model.name = config.model.get("name") or defaults.MODEL
+    config.dataset = config_keys.optional(config, "dataset")
+    config.model.name = config_keys.optional(config.model, "model.name")
     dataset = fill_model_shapes(config)
     hook = getattr(models.get(config), "resolve_config", None)
     if hook is not None:
@@ -214,7 +214,7 @@ def fill_model_shapes(config: ml_collections.ConfigDict) -> datasets.Builder:
   dataset's (UsageError naming the key and the right value)."""
   dataset = datasets.get(config)
   info = dataset.info
-  name = config.get("dataset", defaults.DATASET)
+  name = config_keys.optional(config, "dataset")
   if config.model.get("image_shape") is None:
     config.model.image_shape = tuple(info.image_shape)
   elif tuple(config.model.image_shape) != tuple(info.image_shape):
