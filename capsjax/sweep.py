@@ -18,7 +18,7 @@ unfinished ones resume, so rerunning a sweep continues it.
 ``--vectorize`` trains the points that differ only in settings declared safe to (seeds,
 learning rates, loss weights, init scales) and load equal data as one jitted program each
 (``jax.vmap`` over the runs; the plan names what sets the others apart); each point
-keeps its own workdir, checkpoints and results (:mod:`capsjax.training.run_group`). Without
+keeps its own workdir, checkpoints and results (:mod:`capsjax.training.driver`). Without
 the flag, groups of at least four runs are vectorised on accelerators and none on CPUs, as
 measured (:func:`capsjax.training.vectorize.default_min_runs`); ``--novectorize``: never.
 ``--index=K`` runs point K only, for SLURM arrays or Kubernetes indexed jobs (``--index=K,L``:
@@ -192,7 +192,7 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
                skip_held: bool = True, min_runs: int | None = None) -> None:
   """Runs each point not yet finished in ``WORKDIR/<point name>``, every one the same way:
   planned into groups, each group trained by
-  :func:`capsjax.training.run_group.train_and_evaluate_group`.
+  :func:`capsjax.training.driver.train_and_evaluate_group`.
 
   ``min_runs``: None trains each point alone, its data loaded when its turn comes; a number
   vectorises: the points that differ only in settings declared safe
@@ -207,7 +207,7 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
   raises :class:`capsjax.runs.preemption.Preempted`; between groups, it stops before the
   next one.
   """
-  from capsjax.training import memory, run_group, vectorize
+  from capsjax.training import driver, memory, vectorize
   from capsjax.training.runtime import Runtime
 
   pending = []
@@ -225,7 +225,7 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
   else:
     with memory.advice_on_allocation_failure(configs[0], "Loading the runs' data"):
       runtimes = [Runtime(c) for c in configs]
-    run_group.share_equal_data(runtimes)
+    driver.share_equal_data(runtimes)
     groups = vectorize.plan_groups(runtimes)
     print(describe_groups(groups, pending), flush=True)
   diverged = []
@@ -271,16 +271,16 @@ def _train_group(indices: list[int], traced_keys, configs: list, runtimes: list,
   """The outcomes (summaries, or what stopped a run alone) of training the runs ``indices``
   of ``configs`` into ``run_dirs``: as one program when there are at least ``max(2,
   min_runs)``, else one by one (each on its runtime already loaded, if any)."""
-  from capsjax.training import memory, run_group
+  from capsjax.training import driver, memory
 
   if len(indices) >= max(2, min_runs or 2):
-    return run_group.train_and_evaluate_group(
+    return driver.train_and_evaluate_group(
         [configs[i] for i in indices], run_dirs, traced_keys,
         runtimes=[runtimes[i] for i in indices])
   outcomes = []
   for i, run_dir in zip(indices, run_dirs):
     with memory.advice_on_allocation_failure(configs[i]):
-      outcomes += run_group.train_and_evaluate_group(
+      outcomes += driver.train_and_evaluate_group(
           [configs[i]], [run_dir], runtimes=None if runtimes[i] is None else [runtimes[i]],
           vectorised=False)
   return outcomes

@@ -5,14 +5,14 @@ The loop never names a dataset, model or loss: ``config.dataset`` picks the data
 evaluations; :class:`capsjax.training.runtime.Runtime` sets them up as for every other command,
 and :class:`capsjax.training.run.Run` keeps the run's records (how checkpoints and evaluations
 are chosen: its docstring). One driver trains a run alone and several that differ only in
-numbers as one program: :func:`capsjax.training.run_group.train_and_evaluate_group`.
+numbers as one program: :func:`capsjax.training.driver.train_and_evaluate_group`.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from capsjax.training import memory, run_group
+from capsjax.training import driver, memory
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -25,7 +25,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   :class:`capsjax.training.memory.OutOfMemory`, ...).
   """
   with memory.advice_on_allocation_failure(config):
-    (outcome,) = run_group.train_and_evaluate_group([config], [workdir], vectorised=False)
+    (outcome,) = driver.train_and_evaluate_group([config], [workdir], vectorised=False)
   if isinstance(outcome, BaseException):
     raise outcome
   return outcome

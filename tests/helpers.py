@@ -371,7 +371,7 @@ def build_evaluators(config):
   splits = task.dataset.load()
   model = task.model(nnx.Rngs(0))
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-  runner = evaluation.Runner(task, runtime.make_mesh(), config.eval.batch_size)
+  runner = evaluation.EvalRunner(task, runtime.make_mesh(), config.eval.batch_size)
   messages = []
   built = evaluators.build_all(task.config, task.dataset, splits, runner, log=messages.append)
   return built, params, model, splits, messages

@@ -1,4 +1,4 @@
-"""evaluation.Runner: any pure function of (variables, batch) mapped over a set on every
+"""evaluation.EvalRunner: any pure function of (variables, batch) mapped over a set on every
 device, against NumPy over the same examples; sets that are not whole batches; gradients with
 respect to the input through the task's forward function."""
 
@@ -20,7 +20,7 @@ def setup(tmp_path_factory):
   c.data.source, c.data.dir, c.data.test_limit = "idx", str(idx), 0
   task = tasks.Task.from_config(c)
   params, state = task.init_variables(jax.random.PRNGKey(0))
-  runner = evaluation.Runner(task, runtime.make_mesh(), batch_size=8)  # 21 = 8 + 8 + 5.
+  runner = evaluation.EvalRunner(task, runtime.make_mesh(), batch_size=8)  # 21 = 8 + 8 + 5.
   test = task.dataset.load()["test"]
   return task, train_step.merge_variables(params, state), runner, test
 

@@ -115,3 +115,14 @@ def test_docs_code_names_every_module():
              if path.name != "__init__.py"
              and not re.search(rf"(?<![\w]){re.escape(path.name)}\b", code)]
   assert not missing, f"docs/code.md does not say what these modules are: {missing}"
+
+
+def test_the_drivers_old_module_name_warns_and_is_the_driver():
+  import sys
+
+  from capsjax.training import driver
+
+  sys.modules.pop("capsjax.training.run_group", None)
+  with pytest.warns(DeprecationWarning, match="capsjax.training.driver"):
+    old = importlib.import_module("capsjax.training.run_group")
+  assert old is driver and old.train_and_evaluate_group is driver.train_and_evaluate_group

@@ -1,4 +1,4 @@
-"""Several runs in one program (capsjax/training/vectorize.py, run_group.py): each vectorised
+"""Several runs in one program (capsjax/training/vectorize.py, driver.py): each vectorised
 run ends where it ends alone, a diverging one stops alone, groups follow what the train step
 does, a group that does not fit is split, and runs restored at different steps resume."""
 
@@ -14,7 +14,7 @@ import mnist
 from capsjax import sweep, train
 from capsjax.common.errors import NonFiniteLossError, UsageError
 from capsjax.runs import runconfig
-from capsjax.training import run_group, vectorize
+from capsjax.training import driver, vectorize
 from capsjax.training.runtime import Runtime
 from helpers import (REPO, final_params, read_summary, run_in_process, run_sweep,
                      sweep_in_process, train_records, write_idx_dataset)
@@ -81,12 +81,12 @@ def test_vectorised_runs_end_where_they_end_alone_and_a_diverging_one_stops_alon
   assert read_summary(tmp_path / "alone2")["step"] == 4   # Ran after the diverged one.
 
   runtimes = [Runtime(c) for c in configs]
-  run_group.share_equal_data(runtimes)
+  driver.share_equal_data(runtimes)
   [group] = vectorize.plan_groups(runtimes)
   assert group.traced_keys == ("loss.reconstruction_weight", "optimizer.learning_rate")
   assert group.init_keys == ("model.class_capsules.init_scale",)
   dirs = [str(tmp_path / f"together{k}") for k in range(3)]
-  outcomes = run_group.train_and_evaluate_group(configs, dirs, group.traced_keys,
+  outcomes = driver.train_and_evaluate_group(configs, dirs, group.traced_keys,
                                                 runtimes=runtimes)
   for k in (0, 2):
     assert outcomes[k]["runs_in_program"] == 2  # Three until the middle one stopped.
@@ -125,11 +125,11 @@ def test_a_signal_saves_every_run_of_a_group_and_the_rerun_ends_as_if_uninterrup
 
   monkeypatch.setattr(run_lib.Run, "dispatched", signal_after_the_first_step)
   with pytest.raises(preemption.Preempted) as stopped:
-    run_group.train_and_evaluate_group(configs, dirs, keys)
+    driver.train_and_evaluate_group(configs, dirs, keys)
   monkeypatch.undo()
   assert stopped.value.exit_status == 143 and sent == [1]
   assert [checkpoint_steps(d) for d in dirs] == [[1], [1]]
-  outcomes = run_group.train_and_evaluate_group(configs, dirs, keys)
+  outcomes = driver.train_and_evaluate_group(configs, dirs, keys)
   assert [o["step"] for o in outcomes] == [4, 4]
   for k, config in enumerate(configs):
     train.train_and_evaluate(config, str(tmp_path / f"alone{k}"))
@@ -149,7 +149,7 @@ def test_in_a_group_a_busy_workdir_is_skipped_and_stop_at_accuracy_stops_as_alon
   dirs = [str(tmp_path / f"run{k}") for k in range(3)]
   os.makedirs(dirs[1])
   with workdirs.hold(dirs[1]):
-    outcomes = run_group.train_and_evaluate_group(configs, dirs)
+    outcomes = driver.train_and_evaluate_group(configs, dirs)
   assert isinstance(outcomes[1], workdirs.WorkdirBusy)
   assert not os.path.exists(os.path.join(dirs[1], "summary.json"))
   for k in (0, 2):
@@ -188,7 +188,7 @@ def test_groups_follow_the_declared_rules(data_dir, monkeypatch):
              point(data_dir, 3, **{"model.routing.squash_epsilon": 1e-7,
                                    "loss.m_plus": 0.7})]
   runtimes = [Runtime(c) for c in configs]
-  run_group.share_equal_data(runtimes)
+  driver.share_equal_data(runtimes)
   groups = vectorize.plan_groups(runtimes)
   # m_plus is declared traced (CapsuleModel.traced_settings); the iterations (an integer) and
   # squash_epsilon (a float) are declared nothing: each value is a program of its own.
@@ -216,7 +216,7 @@ def test_runs_of_another_matmul_precision_are_a_program_of_their_own(data_dir):
   configs = [point(data_dir, 0), point(data_dir, 1),
              point(data_dir, 2, **{"matmul_precision": "float32"})]
   runtimes = [Runtime(c) for c in configs]
-  run_group.share_equal_data(runtimes)
+  driver.share_equal_data(runtimes)
   groups = vectorize.plan_groups(runtimes)
   assert [g.indices for g in groups] == [(0, 1), (2,)]
   assert all(g.split_by == ("matmul_precision",) for g in groups)
@@ -236,7 +236,7 @@ def test_runs_whose_data_differ_never_share_the_first_runs_data(data_dir, tmp_pa
   configs = [flipped(0), flipped(0, **{"data.flip_fraction": 1.0}),
              flipped(0, **{"data.flip_test": 1.0}), flipped(1, **{"loss.m_plus": 0.8})]
   runtimes = [Runtime(c) for c in configs]
-  run_group.share_equal_data(runtimes)
+  driver.share_equal_data(runtimes)
   assert runtimes[3].splits is runtimes[0].splits  # Equal data: one copy on the host.
   groups = vectorize.plan_groups(runtimes)
   assert [g.indices for g in groups] == [(0, 3), (1,), (2,)]
@@ -248,14 +248,14 @@ def test_runs_whose_data_differ_never_share_the_first_runs_data(data_dir, tmp_pa
   # Runs that the plan would keep apart are refused by the group's trainer, not trained on
   # the first one's data.
   with pytest.raises(ValueError, match="data differ"):
-    run_group.train_and_evaluate_group(configs[:2], [str(tmp_path / "a"), str(tmp_path / "b")])
+    driver.train_and_evaluate_group(configs[:2], [str(tmp_path / "a"), str(tmp_path / "b")])
   assert not os.path.exists(tmp_path / "a")
 
   # A seed that draws each run's validation split gives each its own training data: apart,
   # though the seed alone never splits.
   held_out = [point(data_dir, seed, **{"data.validation_size": 8}) for seed in (0, 1, 0)]
   runtimes = [Runtime(c) for c in held_out]
-  run_group.share_equal_data(runtimes)
+  driver.share_equal_data(runtimes)
   groups = vectorize.plan_groups(runtimes)
   assert [g.indices for g in groups] == [(0, 2), (1,)]
   assert groups[1].apart == ((vectorize.DATA, vectorize.DATA_DIFFER),)
@@ -271,14 +271,14 @@ def test_a_researchers_model_shares_a_program_only_in_what_it_declares(data_dir,
   configs = [linear(0), linear(1, **{"model.init_std": 0.5}),
              linear(0, **{"model.temperature": 2.0})]
   runtimes = [Runtime(c) for c in configs]
-  run_group.share_equal_data(runtimes)
+  driver.share_equal_data(runtimes)
   groups = vectorize.plan_groups(runtimes)
   assert [g.indices for g in groups] == [(0, 1), (2,)]
   assert groups[0].init_keys == ("model.init_std",) and groups[0].traced_keys == ()
   assert "apart by model.temperature (neither traced nor initialisation-only)" in (
       sweep.describe_groups(groups, sweep.expand({"points": [{}] * 3, "seeds": [0]})))
   dirs = [str(tmp_path / f"together{k}") for k in range(2)]
-  run_group.train_and_evaluate_group(configs[:2], dirs, runtimes=runtimes[:2])
+  driver.train_and_evaluate_group(configs[:2], dirs, runtimes=runtimes[:2])
   for k in range(2):
     train.train_and_evaluate(configs[k], str(tmp_path / f"alone{k}"))
     assert_same_run(tmp_path / f"alone{k}", dirs[k])
@@ -316,7 +316,7 @@ def test_a_group_that_does_not_fit_is_split_and_a_single_run_refused(data_dir, t
                                                                       capsys):
   configs = configs_of(data_dir, POINTS[:2])
   limits = iter([0])  # No room for both at the first compile; room afterwards.
-  outcomes = run_group.train_and_evaluate_group(
+  outcomes = driver.train_and_evaluate_group(
       configs, [str(tmp_path / f"run{k}") for k in range(2)], ("loss.reconstruction_weight",
                                                                "optimizer.learning_rate"),
       memory_limit=lambda: next(limits, None))
@@ -324,7 +324,7 @@ def test_a_group_that_does_not_fit_is_split_and_a_single_run_refused(data_dir, t
   assert [o["runs_in_program"] for o in outcomes] == [1, 1]
   with pytest.raises(UsageError, match=r"needs .* per device .* \(batch 16, 1 step\(s\) per "
                      r"dispatch\); the device has 0.0 MiB free. Lower --config.train.batch_size"):
-    run_group.train_and_evaluate_group(configs[:1], [str(tmp_path / "none")],
+    driver.train_and_evaluate_group(configs[:1], [str(tmp_path / "none")],
                                        memory_limit=lambda: 0)
 
 
@@ -336,12 +336,12 @@ def test_runs_restored_at_different_steps_resume_as_separate_programs(data_dir, 
   for c in short:
     c.train.num_steps = 2
   dirs = [str(tmp_path / f"run{k}") for k in range(2)]
-  run_group.train_and_evaluate_group(short, dirs, keys)
+  driver.train_and_evaluate_group(short, dirs, keys)
   # The first run's checkpoint is lost: it starts over, the second resumes at step 2.
   import shutil
   shutil.rmtree(os.path.join(dirs[0], "checkpoints"))
   os.remove(os.path.join(dirs[0], "summary.json"))
-  outcomes = run_group.train_and_evaluate_group(configs, dirs, keys)
+  outcomes = driver.train_and_evaluate_group(configs, dirs, keys)
   assert "restored at different steps (0, 2)" in capsys.readouterr().out
   assert [o["step"] for o in outcomes] == [4, 4]
   fresh = str(tmp_path / "alone1")

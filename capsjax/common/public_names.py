@@ -43,6 +43,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "capsjax.common.traced_settings": ("is_traced", "value"),
     "capsjax.runs.runconfig": ("import_config_file", "load"),
     "capsjax.training.vectorize": ("default_min_runs",),
+    "capsjax.training.evaluation": ("EvalRunner",),   # What Evaluator.runner is.
 }
 
 # (old module, old name) -> "new.module:Name", kept for a release after the move.
@@ -56,6 +57,8 @@ MOVED: dict[tuple[str, str], str] = {
         "capsjax.models.capsule_layers:matrix_vote_weights",
     ("capsjax.models.layers", "PrimaryCapsules"): "capsjax.models.capsule_layers:PrimaryCapsules",
     ("capsjax.models.layers", "ClassCapsules"): "capsjax.models.capsule_layers:ClassCapsules",
+    # Renamed so that "run" names a run (2026-11-28): evaluation's runner, the driver.
+    ("capsjax.training.evaluation", "Runner"): "capsjax.training.evaluation:EvalRunner",
 }
 
 

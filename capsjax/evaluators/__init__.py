@@ -10,7 +10,7 @@ Each evaluator builds its examples once (on the host, then on the devices),
 and :meth:`Evaluator.run` returns ``{"accuracy": ..., "loss": ..., ...}``:
 the averages of the model's own per-example loss and metrics, computed on the
 devices in batches of ``config.eval.batch_size`` by a
-:class:`capsjax.training.evaluation.Runner` (``self.runner``: ``eval_set``, ``evaluate``, and
+:class:`capsjax.training.evaluation.EvalRunner` (``self.runner``: ``eval_set``, ``evaluate``, and
 ``mean`` / ``collect`` of any pure function of the variables and a batch, e.g. one that
 differentiates ``self.runner.task.forward`` with respect to the images). The run
 writes them to metrics.jsonl, TensorBoard and ``summary.json["evaluations"]``
@@ -59,7 +59,7 @@ class Evaluator:
                splits: dict, runner):
     """``settings`` is ``config.evals[name]``; ``config`` the run config; ``builder`` the
     dataset builder; ``splits`` its host splits; ``runner`` a
-    :class:`capsjax.training.evaluation.Runner`."""
+    :class:`capsjax.training.evaluation.EvalRunner`."""
     self.name, self.settings, self.config = name, settings, config
     self.builder, self.splits, self.runner = builder, splits, runner
 

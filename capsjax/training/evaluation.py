@@ -2,7 +2,7 @@
 evaluation, ensemble, benchmark and experiment uses.
 
 An :class:`EvalSet` is a split on the devices, padded to whole batches (padding weighs 0),
-with the function that turns a slice of its examples into a batch. A :class:`Runner` maps any
+with the function that turns a slice of its examples into a batch. An :class:`EvalRunner` maps any
 pure ``fn(variables, batch) -> {name: per_example}`` over it, jitted once per ``fn`` and set
 kind, each batch sharded over the mesh's ``data`` axis::
 
@@ -30,6 +30,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax import datasets
+from capsjax.common import public_names
 from capsjax.training import inflight
 
 
@@ -92,7 +93,7 @@ def _show_progress(label: str | None, done: int, total: int, values) -> None:
     reporting.count_progress(f"{label}: batch", done, total)
 
 
-class Runner:
+class EvalRunner:
   """Maps functions of a task's variables over :class:`EvalSet`s: jitted per batch, data
   parallel over the mesh.
 
@@ -204,3 +205,8 @@ class Runner:
     set (ensembles average the scores of several models)."""
     values = self.collect(self._scores, variables, eval_set)
     return values["scores"], values["labels"]
+
+
+# ``Runner`` is now :class:`EvalRunner` (it is not a run's or a sweep's runner), served with a
+# DeprecationWarning for a release.
+__getattr__ = public_names.module_getattr(__name__)

@@ -1,7 +1,7 @@
 """One run's bookkeeping around its train steps: restore or start, log, evaluate, checkpoint,
 stop, summarise.
 
-One driver (:func:`capsjax.training.run_group.train_and_evaluate_group`) advances every
+One driver (:func:`capsjax.training.driver.train_and_evaluate_group`) advances every
 :class:`Run`: one alone with its own train step (:func:`capsjax.train.train_and_evaluate`),
 several with one vectorised step. Either way a run's workdir ends the same: ``config.json``,
 ``metrics.jsonl``, TensorBoard events, checkpoints, ``summary.json`` and figures.

@@ -9,7 +9,7 @@ evaluation runner.
 
 The mesh is 1-D over every device of the job (axis ``data``): batches are sharded,
 parameters, optimiser state and the datasets replicated. ``runtime.runner``
-(:class:`capsjax.training.evaluation.Runner`) maps functions of the model over evaluation sets in
+(:class:`capsjax.training.evaluation.EvalRunner`) maps functions of the model over evaluation sets in
 jitted, data-parallel batches.
 """
 
@@ -26,7 +26,7 @@ from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.runs import reporting
 from capsjax.training import optimizers, plan, train_step
-from capsjax.training.evaluation import Runner, put_on_devices
+from capsjax.training.evaluation import EvalRunner, put_on_devices
 from capsjax.training.tasks import Task
 
 
@@ -71,7 +71,7 @@ class Runtime:
     self.plan = plan.Plan.from_config(self.config.train, len(self.splits["train"]))
     self.optimizer = optimizers.build(self.config.optimizer, self.plan.steps_per_epoch,
                                       self.plan.num_steps)
-    self._runner: Runner | None = None
+    self._runner: EvalRunner | None = None
 
   def fresh_state(self) -> train_step.TrainState:
     """Parameters and optimiser state from ``config.seed``, replicated on the mesh."""
@@ -97,9 +97,9 @@ class Runtime:
                                       self.mesh)
 
   @property
-  def runner(self) -> "Runner":
+  def runner(self) -> "EvalRunner":
     if self._runner is None:
-      self._runner = Runner(self.task, self.mesh, self.config.eval.batch_size)
+      self._runner = EvalRunner(self.task, self.mesh, self.config.eval.batch_size)
     return self._runner
 
   def evaluations(self, log: Callable[[str], None] = reporting.log) -> dict:

@@ -124,7 +124,7 @@ class Task:
               settings: dict | None = None) -> Forward:
     """The model's outputs, per-example loss and its parts, and metrics on ``batch``: a pure
     function of its arguments (jit it, differentiate it, map it over a set:
-    :meth:`capsjax.training.evaluation.Runner.mean`).
+    :meth:`capsjax.training.evaluation.EvalRunner.mean`).
 
     Args:
       variables: every variable of the model, parameters and state, as a pure dict

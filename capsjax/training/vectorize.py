@@ -232,7 +232,7 @@ class VectorizedStep:
   ``(runs, num_steps)``. Compiled once per run count and ``num_steps``, its memory checked
   before it first runs (:class:`capsjax.training.memory.OutOfMemory`).
 
-  With :class:`OneRunStep` it is the driver's step (:mod:`capsjax.training.run_group`): the
+  With :class:`OneRunStep` it is the driver's step (:mod:`capsjax.training.driver`): the
   driver stacks the runs' states, reads each run's metrics and state, and drops runs, through
   the methods below."""
 
@@ -290,7 +290,7 @@ class VectorizedStep:
 class OneRunStep:
   """One run's own jitted train step (its settings compiled in, nothing mapped) behind
   :class:`VectorizedStep`'s interface, so that one driver trains one run as it trains
-  several (:mod:`capsjax.training.run_group`). Its memory is checked before it first runs."""
+  several (:mod:`capsjax.training.driver`). Its memory is checked before it first runs."""
 
   vectorised = False
 
