@@ -91,15 +91,12 @@ def resolve(config: ml_collections.ConfigDict) -> dict[str, Any]:
       raise UsageError(
           f"config.optimizer.{key}={value!r} is not a setting of optimiser {name!r} with "
           f"schedule {schedule!r}; theirs are {sorted(own) or 'none'}. Leave it unset.")
-  settings = {"name": name, "schedule": schedule,
-              "learning_rate": float(common["learning_rate"]),
+  settings = {**common, "learning_rate": float(common["learning_rate"]),
               "warmup_steps": int(common["warmup_steps"]),
-              "warmup_epochs": common["warmup_epochs"],
-              "weight_decay": common["weight_decay"],
-              "clip_norm": float(common["clip_norm"])}
+              "clip_norm": float(common["clip_norm"]),
+              "official_code": bool(common["official_code"])}
   if settings["weight_decay"] is None:
     settings["weight_decay"] = schema.DEFAULT_WEIGHT_DECAY.get(name, 0.0)
-  settings["official_code"] = bool(common["official_code"])
   if settings["official_code"]:
     own = {**own, **OFFICIAL_CODE.get(name, {}), **OFFICIAL_CODE.get(schedule, {})}
   for key, default in own.items():
