@@ -5,11 +5,19 @@ test runs too (``~/.cache/capsjax-tests/xla-jax-VERSION``, trimmed to 2 GB at th
 least recently used first; its entries written whole or not at all: tests/site/sitecustomize.py;
 ``CAPSJAX_TEST_CACHE=0`` uses a fresh directory for one run).
 
-XLA compiles with its default settings. A faster-compiling choice was measured and dropped:
-XLA:CPU's older emitter at LLVM optimisation level 1 (``--xla_backend_optimization_level=1
---xla_cpu_use_fusion_emitters=false``) compiled a smoke train step in 1.7 s instead of 4.2 s,
-but twice in five full runs a worker aborted (``Fatal Python error: Aborted``) while a compiled
-program ran, which no run with the defaults (every CI run before) had done. (Level 0 turned EM routing's gradients into NaN.)"""
+XLA:CPU compiles with its older emitter (``--xla_cpu_use_fusion_emitters=false``, added to
+XLA_FLAGS unless they name the emitter; ``XLA_FLAGS=--xla_cpu_use_fusion_emitters=true`` tests
+with the default one). The tests' models are tiny, so compiling is most of a first run's time:
+measured on a fresh clone with an empty cache (2026-11-28, 2 cores), the whole run took 13m58s
+and 1,545 CPU-seconds against 17m40s and 1,975 with the default emitter, every test passing
+under both. It changes only the CPU's machine code, not what is computed (the tests compare
+with references at tolerances, or two runs under the same flags); ``.ci/run`` also runs the
+train step's and the routers' tests with the default emitter. Measured and dropped: LLVM
+optimisation level 1 for every program besides (within 8%; level 0 turned EM routing's
+gradients into NaN). With both flags, two of five runs on 2026-11-27 had a worker abort
+while a program ran; the same day XLA:CPU's collectives were found to deadlock and abort
+a worker when many dispatches were queued, bounded since (capsjax/training/inflight.py), the
+likely cause: no run under the old emitter has aborted since (the runs of this date)."""
 
 import importlib.util
 import os
@@ -20,6 +28,16 @@ import tempfile
 # Must happen before JAX initialises its backend.
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "4")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def with_older_emitter(xla_flags: str | None) -> str:
+  """``xla_flags`` with XLA:CPU's older emitter added, unless they name an emitter."""
+  if xla_flags and "xla_cpu_use_fusion_emitters" in xla_flags:
+    return xla_flags
+  return " ".join(f for f in (xla_flags, "--xla_cpu_use_fusion_emitters=false") if f)
+
+
+os.environ["XLA_FLAGS"] = with_older_emitter(os.environ.get("XLA_FLAGS"))
 
 
 def _cache_dir() -> str:

@@ -1,12 +1,14 @@
 """The test run's own set-up (tests/conftest.py, tests/site/sitecustomize.py): the persistent
 compilation cache's entries are written whole or not at all, here and in the processes the
-tests start."""
+tests start; XLA:CPU's older emitter unless XLA_FLAGS name one."""
 
 import os
 import subprocess
 import sys
 
 from jax._src import lru_cache
+
+import conftest
 
 
 def test_a_cache_entry_appears_whole_by_a_rename(tmp_path, monkeypatch):
@@ -34,3 +36,14 @@ def test_the_processes_the_tests_start_write_it_so_too():
   out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                        check=True, env=os.environ.copy())
   assert out.stdout.strip() == "True"
+
+
+def test_the_older_emitter_unless_the_flags_name_one():
+  older = "--xla_cpu_use_fusion_emitters=false"
+  assert conftest.with_older_emitter(None) == older
+  assert conftest.with_older_emitter("") == older
+  assert conftest.with_older_emitter("--xla_dump_to=/tmp/d") == f"--xla_dump_to=/tmp/d {older}"
+  default = "--xla_cpu_use_fusion_emitters=true"
+  assert conftest.with_older_emitter(default) == default
+  # In effect in this run and handed to the processes it starts (they inherit XLA_FLAGS).
+  assert "--xla_cpu_use_fusion_emitters=" in os.environ["XLA_FLAGS"]
