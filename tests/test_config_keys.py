@@ -1,11 +1,12 @@
-"""capsjax/common/config_keys.py: the keys a config may leave out, read in one place."""
+"""capsjax/common/config_keys.py and config_file_keys.py: the keys a config may leave out, read
+in one place, and the keys every config file sets, declared."""
 
 import pathlib
 
 import ml_collections
 import pytest
 
-from capsjax.common import config_keys
+from capsjax.common import config_file_keys, config_keys
 from capsjax.models import capsnet
 from capsjax.runs import runconfig
 
@@ -83,6 +84,8 @@ NOT_CONFIG = {
     "computations": "an HLO text's tables", "op.called": "an HLO text's tables",
     "by_op": "an HLO text's tables", "sizes": "an HLO text's tables",
     "layers": "a profile's tables", "{'(': 1, ')': -1}": "a parser's table",
+    "DATASET_KEYS": "the schema's own table (a researcher's dataset: no keys declared)",
+    "MODEL_KEYS": "the schema's own table (a researcher's model: no keys declared)",
 }
 
 
@@ -143,3 +146,68 @@ def test_the_docs_listing_is_the_schemas():
     assert f"| `{key}` |" in listed
   for name, settings in config_keys.EVALUATOR_SETTINGS.items():
     assert all(f"`{key}`" in listed for key in settings), name
+
+
+# Each config file's variants (config_args keywords) whose datasets or models differ.
+VARIANTS = {"affnist": ("baseline",), "multimnist": ("baseline",), "smallnorb": ("baseline",),
+            "em_mnist": ("vb",), "mnist": ("text",), "mnist_robustness": ("model=baseline", "model=efficient")}
+CONFIG_FILES = sorted(p.stem for p in (pathlib.Path(REPO) / "configs").glob("*.py")
+                      if p.stem != "images")
+
+
+def _flat_keys(config: ml_collections.ConfigDict) -> set[str]:
+  """The dotted keys of ``config``, ``evals`` one key, the registries' sections
+  (``config.optimizer``, ``config.model.routing``: config_keys' tables) left out."""
+  keys = set()
+
+  def walk(node, prefix):
+    for key in node.keys():
+      path = prefix + key
+      if path in ("optimizer", "model.routing"):
+        continue
+      if isinstance(node[key], ml_collections.ConfigDict) and path != "evals":
+        walk(node[key], path + ".")
+      else:
+        keys.add(path)
+
+  walk(config, "")
+  return keys
+
+
+@pytest.mark.parametrize("name,variant", [(n, v) for n in CONFIG_FILES
+                                          for v in ("", "smoke", *VARIANTS.get(n, ()))])
+def test_every_key_of_every_config_file_is_declared_and_every_required_one_set(name, variant):
+  """Every key a config file sets is declared (config_keys.DECLARED, or
+  config_file_keys for its dataset and model), and it sets every key config_file_keys
+  requires of its dataset and model."""
+  config = runconfig.import_config_file(pathlib.Path(REPO) / "configs" / f"{name}.py"
+                                        ).get_config(variant)
+  keys = _flat_keys(config)
+  dataset = config_keys.optional(config, "dataset")
+  model = config_keys.optional(config.model, "model.name")
+  required = config_file_keys.for_config(dataset, model)
+  undeclared = sorted(keys - set(config_keys.DECLARED) - set(required))
+  assert not undeclared, f"declare in capsjax/common/config_file_keys.py: {undeclared}"
+  unset = sorted(set(required) - keys)
+  assert not unset, f"{name}:{variant} ({dataset}, {model}) lacks {unset}"
+
+
+def test_the_required_keys_check_sees_a_missing_and_an_undeclared_key():
+  """The test above fails on a config without a required key and on one with a key nobody
+  declared."""
+  import mnist  # configs/, on the path in conftest.
+
+  config = mnist.get_config("smoke")
+  required = config_file_keys.for_config("mnist", "capsnet")
+  assert _flat_keys(config) - set(config_keys.DECLARED) == set(required)
+  del config.train["batch_size"]
+  config.data.brightness = 0.0   # An image dataset's key on MNIST.
+  keys = _flat_keys(config)
+  assert set(required) - keys == {"train.batch_size"}
+  assert keys - set(config_keys.DECLARED) - set(required) == {"data.brightness"}
+
+
+def test_matrix_capsules_loss_section_is_the_declared_one():
+  declared = {k.split(".", 1)[1] for k in config_file_keys.MODEL_KEYS["em_capsnet"]
+              if k.startswith("loss.")}
+  assert set(config_keys.em_loss().keys()) == declared
