@@ -66,3 +66,25 @@ def test_reconstruction_loss_of_two_digits_adds_their_sums():
   # Digit 1: 9 * 0.25; digit 2: 9 * 0.25; sum 4.5, times 0.0005.
   np.testing.assert_allclose(np.asarray(losses.reconstruction_loss_per_example(recon, targets)),
                              [4.5 * 0.0005], rtol=1e-6)
+
+
+def test_a_capsule_models_per_run_numbers_are_its_loss_settings_fields():
+  """Which ``loss.*`` keys may differ between the runs of one vectorised program follows from
+  ``LossSettings``' fields (a new field needs no second list), and a run's values replace
+  exactly the passed ones."""
+  import dataclasses
+
+  from capsjax.common import traced_settings
+  from capsjax.models.capsule_head import LossSettings
+  from capsjax.models.capsule_model import CapsuleModel
+
+  fields = [f.name for f in dataclasses.fields(LossSettings)]
+  assert CapsuleModel.traced_settings == tuple(f"loss.{name}" for name in fields)
+  assert set(fields) == {"m_plus", "m_minus", "lam", "reconstruction_weight", "margin_weight"}
+  config = LossSettings(m_plus=0.9, m_minus=0.1, lam=0.5, reconstruction_weight=5e-4,
+                        margin_weight=1.0)
+  assert config.for_run(None) == config
+  recording = traced_settings.Recording({"loss.m_plus": 0.8, "loss.margin_weight": 0.05})
+  run = config.for_run(recording)
+  assert run == dataclasses.replace(config, m_plus=0.8, margin_weight=0.05)
+  assert recording.reads == {"loss.m_plus", "loss.margin_weight"}

@@ -50,6 +50,20 @@ class LossSettings:
     return cls(**{f.name: float(config_keys.optional(config, f"loss.{f.name}"))
                   for f in dataclasses.fields(cls)})
 
+  @classmethod
+  def traced_keys(cls) -> tuple[str, ...]:
+    """The config keys of these numbers (``loss.m_plus``, ...): what may differ between the
+    runs of one vectorised program (a capsule model's ``traced_settings``), so that a new
+    field is one without being listed again."""
+    return tuple(f"loss.{f.name}" for f in dataclasses.fields(cls))
+
+  def for_run(self, settings: dict | None) -> "LossSettings":
+    """These numbers with one run's values where a vectorised program passes them
+    (``settings``: :mod:`capsjax.common.traced_settings`; traced scalars), else the config's."""
+    return dataclasses.replace(self, **{
+        f.name: traced_settings.value(settings, f"loss.{f.name}", getattr(self, f.name))
+        for f in dataclasses.fields(self)})
+
 
 def check_scores(config: ml_collections.ConfigDict, router: routing.Router) -> None:
   """Raises UsageError for a ``config.class_capsules.scores`` the router cannot give."""
@@ -176,16 +190,13 @@ class CapsuleHead:
     its label; the sums are added), not the input: an attack that moves the input of a batch
     completed by :meth:`capsjax.training.tasks.Task.complete_batch` leaves it. A batch without
     targets is refused (it is never the images silently: those may be an attack's)."""
-    s = self.loss_settings
-    # A vectorised sweep's runs may differ in these: ``settings`` holds each run's
-    # (capsjax/common/traced_settings.py).
-    setting = lambda name: traced_settings.value(settings, f"loss.{name}", getattr(s, name))
-    margin = setting("margin_weight") * losses.margin_loss_per_example(
-        outputs.scores, batch["labels"], m_plus=setting("m_plus"), m_minus=setting("m_minus"),
-        lam=setting("lam"))
+    # A vectorised sweep's runs may differ in these: ``settings`` holds each run's.
+    s = self.loss_settings.for_run(settings)
+    margin = s.margin_weight * losses.margin_loss_per_example(
+        outputs.scores, batch["labels"], m_plus=s.m_plus, m_minus=s.m_minus, lam=s.lam)
     several = batch["labels"].ndim == 2
     reconstructions = outputs.label_reconstructions if several else outputs.reconstructions
-    weight = setting("reconstruction_weight")
+    weight = s.reconstruction_weight
     if reconstructions is not None and (
         traced_settings.is_traced(settings, "loss.reconstruction_weight") or weight):
       if "reconstruction_targets" not in batch:

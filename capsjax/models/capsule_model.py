@@ -28,7 +28,7 @@ import ml_collections
 from flax import nnx
 
 from capsjax import routing
-from capsjax.models.capsule_head import CapsuleHead
+from capsjax.models.capsule_head import CapsuleHead, LossSettings
 from capsjax.models.capsule_layers import Capsules, ClassCapsules
 from capsjax.models.layers import Decoder
 from capsjax.models.outputs import Outputs
@@ -47,9 +47,9 @@ class CapsuleModel(nnx.Module):
   decoder: Decoder | None
   head: CapsuleHead
   saturation_settings: tuple[str, ...] = ()
-  # What the head's loss reads as each run's traced value (capsule_head.CapsuleHead.loss).
-  traced_settings: tuple[str, ...] = ("loss.m_plus", "loss.m_minus", "loss.lam",
-                                      "loss.reconstruction_weight", "loss.margin_weight")
+  # What the head's loss reads as each run's traced value (capsule_head.CapsuleHead.loss):
+  # the fields of its LossSettings.
+  traced_settings: tuple[str, ...] = LossSettings.traced_keys()
   init_only_settings: tuple[str, ...] = ()
 
   def primary(self, images: jax.Array, *, train: bool = False) -> Capsules:
