@@ -238,8 +238,8 @@ def _vectorized_rates(config, run_counts: list[int], min_seconds: float) -> list
     else:
       vstep = vectorize.VectorizedStep(runtime)
       holder = [vectorize.stack([state] * runs, vectorize.replicated(runtime))]
-      compiled = vstep.prepare(holder[0], {}, examples, shared, num_steps)
-      call = lambda: compiled(holder[0], {}, examples, shared)
+      compiled = vstep.prepare(holder[0], None, examples, shared, num_steps)
+      call = lambda: compiled(holder[0], None, examples, shared)
 
     def once():
       holder[0], metrics = call()

@@ -248,7 +248,7 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
         raise preemption.Preempted(f"Stopped by {stop.signal_name} before {tag}; rerun the "
                                    "same command to continue the sweep.", stop.signal_name)
       print(tag, flush=True)
-      outcomes = _train_group(indices, group.traced_keys, configs, runtimes,
+      outcomes = _train_group(indices, group.per_run_keys, configs, runtimes,
                               [os.path.join(workdir, p.name) for p in members], min_runs)
       for point, outcome in zip(members, outcomes):
         if isinstance(outcome, workdirs.WorkdirBusy):
@@ -266,7 +266,7 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
                              + "\n  ".join(diverged))
 
 
-def _train_group(indices: list[int], traced_keys, configs: list, runtimes: list,
+def _train_group(indices: list[int], per_run_keys, configs: list, runtimes: list,
                  run_dirs: list[str], min_runs: int | None) -> list:
   """The outcomes (summaries, or what stopped a run alone) of training the runs ``indices``
   of ``configs`` into ``run_dirs``: as one program when there are at least ``max(2,
@@ -275,7 +275,7 @@ def _train_group(indices: list[int], traced_keys, configs: list, runtimes: list,
 
   if len(indices) >= max(2, min_runs or 2):
     return driver.train_and_evaluate_group(
-        [configs[i] for i in indices], run_dirs, traced_keys,
+        [configs[i] for i in indices], run_dirs, per_run_keys,
         runtimes=[runtimes[i] for i in indices])
   outcomes = []
   for i, run_dir in zip(indices, run_dirs):
@@ -296,15 +296,15 @@ def _tag(point: Point, points: list[Point]) -> str:
 
 
 def describe_groups(groups, points: list[Point]) -> str:
-  """The vectorisation plan: one line per group, its traced settings and what set it apart
+  """The vectorisation plan: one line per group, its per-run numbers and what set it apart
   from the others, with why (:mod:`capsjax.training.vectorize`)."""
   from capsjax.training import vectorize
   lines = [f"Vectorised: {len(points)} run(s) in {len(groups)} program(s)."]
   for k, group in enumerate(groups):
     names = ", ".join(points[i].name for i in group.indices)
     notes = []
-    if group.traced_keys:
-      notes.append(f"traced: {', '.join(group.traced_keys)}")
+    if group.per_run_keys:
+      notes.append(f"per-run: {', '.join(group.per_run_keys)}")
     if group.init_keys:
       notes.append(f"initialisation only: {', '.join(group.init_keys)}")
     for why in dict.fromkeys(why for _, why in group.apart):

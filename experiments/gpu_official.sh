@@ -24,8 +24,8 @@
 # Table 1's rows with the new default are experiments/paper_table1.py's sitting
 # (experiments/gpu_campaign.sh). Its headline row with the default is stage ab's :official
 # (0.37 +- 0.04%) and the baseline's default did not change, so three CapsNet rows are left, 9
-# runs in two programs (reconstruction's weight is traced: 6 runs of 1 iteration share one),
-# ~9 minutes at ~52,000 images/s summed:
+# runs in two programs (reconstruction's weight is a per-run number: 6 runs of 1 iteration share
+# one), ~9 minutes at ~52,000 images/s summed:
 #   ROWS="6,7,8 3,4,5,9,10,11" THROUGHPUT=0 experiments/gpu_campaign.sh /path/to/mnist OUT 550
 # Test set evaluations every 1,500 steps fill results.md's comparison-only columns.
 #

@@ -1,5 +1,6 @@
 """Losses against hand-computed values."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -69,22 +70,40 @@ def test_reconstruction_loss_of_two_digits_adds_their_sums():
 
 
 def test_a_capsule_models_per_run_numbers_are_its_loss_settings_fields():
-  """Which ``loss.*`` keys may differ between the runs of one vectorised program follows from
-  ``LossSettings``' fields (a new field needs no second list), and a run's values replace
-  exactly the passed ones."""
+  """``LossSettings`` is the capsule models' per-run numbers: a pytree whose leaves are its
+  fields (what a vectorised step maps over), each read from ``loss.<field>`` (a new field
+  needs no second list), and the loss given one run's numbers computes with those, not the
+  head's."""
   import dataclasses
 
-  from capsjax.common import traced_settings
-  from capsjax.models.capsule_head import LossSettings
+  import ml_collections
+
+  from capsjax.common import per_run
+  from capsjax.models.capsule_head import CapsuleHead, LossSettings
   from capsjax.models.capsule_model import CapsuleModel
+  from capsjax.models.outputs import Outputs
 
   fields = [f.name for f in dataclasses.fields(LossSettings)]
-  assert CapsuleModel.traced_settings == tuple(f"loss.{name}" for name in fields)
+  assert CapsuleModel.per_run_numbers is LossSettings
+  assert per_run.config_keys(LossSettings) == tuple(f"loss.{name}" for name in fields)
   assert set(fields) == {"m_plus", "m_minus", "lam", "reconstruction_weight", "margin_weight"}
-  config = LossSettings(m_plus=0.9, m_minus=0.1, lam=0.5, reconstruction_weight=5e-4,
-                        margin_weight=1.0)
-  assert config.for_run(None) == config
-  recording = traced_settings.Recording({"loss.m_plus": 0.8, "loss.margin_weight": 0.05})
-  run = config.for_run(recording)
-  assert run == dataclasses.replace(config, m_plus=0.8, margin_weight=0.05)
-  assert recording.reads == {"loss.m_plus", "loss.margin_weight"}
+  run = LossSettings(m_plus=0.8, m_minus=0.2, lam=0.25, reconstruction_weight=0.0,
+                     margin_weight=0.05)
+  assert jax.tree.leaves(run) == [0.8, 0.2, 0.25, 0.0, 0.05]
+  section = ml_collections.ConfigDict({"m_plus": 0.8, "margin_weight": 0.05})
+  assert LossSettings.from_config(section) == dataclasses.replace(
+      LossSettings(), m_plus=0.8, margin_weight=0.05)  # The others their declared defaults.
+  two = per_run.stacked(LossSettings, [ml_collections.ConfigDict({"loss": section}),
+                                       ml_collections.ConfigDict({})])
+  np.testing.assert_allclose(two.m_plus, [0.8, LossSettings().m_plus])
+
+  rng = np.random.default_rng(0)
+  lengths = jnp.asarray(rng.uniform(0, 1, size=(8, 10)), jnp.float32)
+  outputs = Outputs(scores=lengths, predictions=jnp.argmax(lengths, -1),
+                    log_probabilities=jnp.log(lengths))
+  batch = {"labels": jnp.asarray(rng.integers(0, 10, size=8))}
+  given, _ = CapsuleHead(10, False, True, LossSettings()).loss(outputs, batch, run)
+  own, _ = CapsuleHead(10, False, True, run).loss(outputs, batch)
+  default, _ = CapsuleHead(10, False, True, LossSettings()).loss(outputs, batch)
+  np.testing.assert_allclose(given, own, rtol=1e-6)
+  assert not np.allclose(given, default, rtol=1e-2)

@@ -7,14 +7,18 @@ import json
 import pathlib
 import shutil
 
+import jax
+import numpy as np
 import pytest
 
 import mnist
 from capsjax import train
+from capsjax.common import registry
 from capsjax.common.errors import UsageError
-from capsjax.runs import migrations, runconfig
+from capsjax.runs import checkpointing, migrations, runconfig
 from capsjax.training import config_history
 from capsjax.training.runtime import Runtime
+from helpers import write_idx_dataset
 
 FORMS = sorted((pathlib.Path(__file__).parent / "data" / "config_forms").glob("*.json"))
 
@@ -86,3 +90,43 @@ def test_migrations_run_in_order_from_the_files_version():
   assert migrations.migrate(migrations.versioned(current)) == current
   with pytest.raises(UsageError, match="schema_version=99, newer than this capsjax's 2"):
     migrations.migrate({migrations.VERSION_KEY: 99})
+
+
+PRE_INJECTION = pathlib.Path(__file__).parent / "data" / "pre_injection_run"
+
+
+def _flat(state) -> dict:
+  leaves = jax.tree_util.tree_flatten_with_path(
+      {"params": state.params, "model_state": state.model_state})[0]
+  return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
+          for path, v in leaves}
+
+
+def test_a_checkpoint_from_before_the_learning_rate_was_state_resumes_as_uninterrupted(
+    tmp_path, capsys):
+  """tests/data/pre_injection_run (written by 0aa21b6, whose optimiser state has no injected
+  peak; a model with BatchNorm state): this code resumes its step-2 checkpoint to step 3 and
+  ends with the parameters and model state that 0aa21b6 reached from the same checkpoint
+  (``uninterrupted_step3.npz``; its ``written_by.py`` says how)."""
+  written_by = registry.import_module(str(PRE_INJECTION / "written_by.py"), "written_by")
+  workdir = tmp_path / "run"
+  shutil.copytree(PRE_INJECTION, workdir, ignore=shutil.ignore_patterns("*.py", "*.npz"))
+  config = written_by.tiny(write_idx_dataset(tmp_path / "idx", 128, 64), 3)
+  summary = train.train_and_evaluate(config, str(workdir))
+  assert "Resuming from the checkpoint at step 2" in capsys.readouterr().out
+  assert summary["step"] == 3 and not list(workdir.glob("config.before_step_*.json"))
+
+  runtime = Runtime(config)
+  ckpt = checkpointing.Checkpointer(str(workdir / "checkpoints"))
+  (_, at_3, _), (_, at_2, _) = (runtime.restore(ckpt, steps=[s]) for s in (3, 2))
+  written, _ = ckpt.restore(3, runtime.abstract_state())  # Today's layout, as it was saved.
+  ckpt.close()
+  assert written.opt_state.hyperparams["learning_rate"] == np.float32(
+      config.optimizer.learning_rate)
+  expected = dict(np.load(PRE_INJECTION / "uninterrupted_step3.npz"))
+  got, before = _flat(at_3), _flat(at_2)
+  assert sorted(got) == sorted(expected) and any(k.startswith("model_state") for k in got)
+  for key in expected:
+    np.testing.assert_allclose(got[key], expected[key], rtol=1e-6, atol=1e-7, err_msg=key)
+  # The step moved the parameters by far more than the tolerance: the check can fail.
+  assert max(np.max(np.abs(expected[k] - before[k])) for k in expected) > 1e-5

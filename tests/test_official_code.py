@@ -4,6 +4,8 @@ PrimaryCaps' 1/32 coupling and bias, the inits and biases, the parameter count, 
 the learning-rate floor and the validation split of ``--validate``; and the comparison-only
 test errors (capsjax/runs/comparison.py)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -204,8 +206,10 @@ def test_the_learning_rate_floor_binds_only_where_the_decay_goes_below_it():
   assert float(built.schedule(301_000)) == pytest.approx(1e-3 * 0.96 ** 150.5, rel=1e-4)
   assert float(built.schedule(301_000)) < 0.99 * 1e-3 * 0.96 ** 150
   assert float(built.schedule(int(floor_step) + 20_000)) == pytest.approx(1e-6, rel=1e-6)
-  # A vectorised sweep's traced peak keeps the floor absolute.
-  traced = optimizers.traceable_schedule(built.settings, peak=jnp.float32(2e-3))
+  # Another peak held in a run's optimiser state (a traced value) keeps the floor absolute.
+  traced = jax.jit(lambda peak, step: optimizers.make_schedule(
+      {**built.settings, "learning_rate": peak})(step))
+  traced = functools.partial(traced, jnp.float32(2e-3))
   assert float(traced(10**6)) == pytest.approx(1e-6, rel=1e-6)
   assert float(traced(0)) == pytest.approx(2e-3, rel=1e-6)
   with pytest.raises(UsageError, match="end_value must be >= 0"):

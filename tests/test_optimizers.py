@@ -41,10 +41,14 @@ def test_the_default_is_the_papers_adam_with_exponential_decay():
   assert built.settings["decay_rate"] == 0.96 and built.settings["decay_steps"] == 2000
   for step in (0, 1000, 4000):
     assert float(built.schedule(step)) == pytest.approx(1e-3 * 0.96 ** (step / 2000))
-  # Same state structure as optax.adam's: checkpoints of earlier runs restore.
+  # optax.adam's state, under the injected peak: checkpoints of earlier runs (optax.adam's
+  # state alone, that of ``uninjected``) restore into it.
   params = {"w": jnp.zeros(3)}
-  assert (jax.tree.structure(built.tx.init(params))
-          == jax.tree.structure(expected.init(params)))
+  state = built.tx.init(params)
+  assert state.hyperparams == {"learning_rate": np.float32(1e-3)}
+  assert (jax.tree.structure(state.inner_state) == jax.tree.structure(expected.init(params))
+          == jax.tree.structure(built.uninjected.init(params)))
+  np.testing.assert_allclose(updates(built.uninjected), updates(expected), rtol=1e-6)
 
 
 @pytest.mark.parametrize("settings,expected", [

@@ -14,6 +14,7 @@ import mnist
 from capsjax import routing
 from capsjax.common import registry
 from capsjax.common.errors import UsageError
+from capsjax.models.capsule_head import LossSettings
 from capsjax.training import tasks, train_step
 from helpers import write_idx_dataset
 
@@ -130,7 +131,7 @@ def _tiny(bars_32_16, name, margin_steps=10):
     ("NotOutputs", "apply returned dict, not capsjax.models.Outputs"),
     ("LossWithoutStep", r"LossWithoutStep.loss takes no step= keyword"),
     ("ApplyWithoutRng", r"ApplyWithoutRng.apply takes no rng= keyword"),
-    ("TracedWithoutSettings", r"TracedWithoutSettings.loss takes no settings= keyword"),
+    ("NumbersNotTaken", r"NumbersNotTaken.loss takes no numbers= keyword"),
     ("PartsNotADict", "loss returned its parts as tuple, not a dict"),
     ("FloatPredictions", "outputs.predictions has dtype float32, not integer class ids"),
     ("WrongVoteScores", r"vote_scores has shape \(2, 9\), not \(batch, num_classes\)"),
@@ -189,11 +190,21 @@ class LossWithoutStep(_tiny_capsnet()):
     return super().loss(outputs, batch)
 
 
-class TracedWithoutSettings(_tiny_capsnet()):
-  traced_settings = ("loss.margin",)  # Declared traced, but its loss cannot be given them.
+class NumbersNotTaken(_tiny_capsnet()):
+  per_run_numbers = LossSettings  # Declared per-run, but its loss cannot be given them.
 
   def loss(self, outputs, batch, *, step=None):
     return super().loss(outputs, batch, step=step)
+
+
+class OldTracedSettings(_tiny_capsnet()):
+  traced_settings = ("loss.margin",)  # The protocol before per_run_numbers.
+
+
+def test_a_model_that_declares_the_old_traced_settings_is_warned(bars_32_16):
+  with pytest.warns(DeprecationWarning, match=r"OldTracedSettings\.traced_settings is no "
+                    r"longer read .* per_run_numbers"):
+    tasks.Task.from_config(_tiny(bars_32_16, f"{pathlib.Path(__file__)}:OldTracedSettings"))
 
 
 class ApplyWithoutRng(_tiny_capsnet()):

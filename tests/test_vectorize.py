@@ -2,17 +2,20 @@
 run ends where it ends alone, a diverging one stops alone, groups follow what the train step
 does, a group that does not fit is split, and runs restored at different steps resume."""
 
+import dataclasses
 import json
 import os
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import mnist
 from capsjax import sweep, train
 from capsjax.common.errors import NonFiniteLossError, UsageError
+from capsjax.models.capsule_head import LossSettings
 from capsjax.runs import runconfig
 from capsjax.training import driver, vectorize
 from capsjax.training.runtime import Runtime
@@ -35,7 +38,7 @@ def point(data_dir, seed, **overrides):
   return sweep.apply_overrides(config, overrides, seed)
 
 
-# Differ in seed, a traced loss weight, the traced learning rate and an init-only scale; the
+# Differ in seed, per-run numbers (a loss weight, the learning rate) and an init-only scale; the
 # third's weight makes its loss infinite at once.
 POINTS = (dict(seed=0),
           dict(seed=1, **{"loss.reconstruction_weight": 0.002, "optimizer.learning_rate": 3e-3,
@@ -83,10 +86,10 @@ def test_vectorised_runs_end_where_they_end_alone_and_a_diverging_one_stops_alon
   runtimes = [Runtime(c) for c in configs]
   driver.share_equal_data(runtimes)
   [group] = vectorize.plan_groups(runtimes)
-  assert group.traced_keys == ("loss.reconstruction_weight", "optimizer.learning_rate")
+  assert group.per_run_keys == ("loss.reconstruction_weight", "optimizer.learning_rate")
   assert group.init_keys == ("model.class_capsules.init_scale",)
   dirs = [str(tmp_path / f"together{k}") for k in range(3)]
-  outcomes = driver.train_and_evaluate_group(configs, dirs, group.traced_keys,
+  outcomes = driver.train_and_evaluate_group(configs, dirs, group.per_run_keys,
                                                 runtimes=runtimes)
   for k in (0, 2):
     assert outcomes[k]["runs_in_program"] == 2  # Three until the middle one stopped.
@@ -160,18 +163,22 @@ def test_in_a_group_a_busy_workdir_is_skipped_and_stop_at_accuracy_stops_as_alon
     assert_same_run(tmp_path / f"alone{k}", dirs[k])
 
 
-def test_a_traced_setting_really_reaches_the_step(data_dir):
-  """The same group with the learning rate and the loss weight traced: each run's loss
-  differs as its settings do (not the first run's constants for all)."""
+def test_each_runs_per_run_numbers_reach_the_step(data_dir):
+  """A group whose runs differ in the loss weight (the model's per-run numbers, mapped over)
+  and the learning rate (in each run's optimiser state): each run's loss and update are its
+  own, not the first run's for all."""
   configs = configs_of(data_dir, [dict(seed=0), dict(seed=0, **{
-      "loss.reconstruction_weight": 0.05, "optimizer.learning_rate": 0.0})])
-  runtime = Runtime(configs[0])  # (A run of its own with learning rate 0 would be refused.)
-  step = vectorize.VectorizedStep(runtime, ("loss.reconstruction_weight",
-                                            "optimizer.learning_rate"))
+      "loss.reconstruction_weight": 0.05})])
+  runtime = Runtime(configs[0])
+  step = vectorize.VectorizedStep(runtime, ("loss.reconstruction_weight",))
   sharding = vectorize.replicated(runtime)
   state = runtime.fresh_state()
-  states = vectorize.stack([state, state], sharding)
-  values = jax.device_put(vectorize.run_values(configs, step.traced_keys), sharding)
+  # The state a run of rate 0 would start from (such a run alone is refused).
+  still = state.replace(opt_state=state.opt_state._replace(
+      hyperparams={"learning_rate": jnp.zeros((), jnp.float32)}))
+  states = vectorize.stack([state, still], sharding)
+  values = step.values(configs)
+  assert isinstance(values, LossSettings) and values.reconstruction_weight.shape == (2,)
   examples, shared = runtime.on_devices(runtime.splits["train"])
   states, metrics = step(states, values, examples, shared, 2)
   recon = np.asarray(metrics["reconstruction_loss"])
@@ -181,7 +188,16 @@ def test_a_traced_setting_really_reaches_the_step(data_dir):
   assert all(np.array_equal(p[1], q) for p, q in zip(params, jax.tree.leaves(state.params)))
 
 
-def test_groups_follow_the_declared_rules(data_dir, monkeypatch):
+def test_the_keys_runs_may_differ_in_follow_from_the_declarations(data_dir):
+  """The optimiser's per-run numbers and the fields of the model's ``per_run_numbers``: a
+  new field is a key runs may differ in, without a second list."""
+  runtime = Runtime(configs_of(data_dir, [dict(seed=0)])[0])
+  per_run, _ = vectorize.declared(runtime)
+  assert per_run == ("optimizer.learning_rate",) + tuple(
+      f"loss.{f.name}" for f in dataclasses.fields(LossSettings))
+
+
+def test_groups_follow_the_declared_rules(data_dir):
   configs = [point(data_dir, 0), point(data_dir, 1, **{"loss.m_plus": 0.8}),
              point(data_dir, 0, **{"model.routing.iterations": 1}),
              point(data_dir, 2, **{"model.routing.squash_epsilon": 1e-7}),
@@ -190,25 +206,17 @@ def test_groups_follow_the_declared_rules(data_dir, monkeypatch):
   runtimes = [Runtime(c) for c in configs]
   driver.share_equal_data(runtimes)
   groups = vectorize.plan_groups(runtimes)
-  # m_plus is declared traced (CapsuleModel.traced_settings); the iterations (an integer) and
+  # m_plus is a per-run number (CapsuleModel.per_run_numbers); the iterations (an integer) and
   # squash_epsilon (a float) are declared nothing: each value is a program of its own.
   assert [g.indices for g in groups] == [(0, 1), (2,), (3, 4)]
-  assert groups[0].traced_keys == groups[2].traced_keys == ("loss.m_plus",)
-  assert groups[1].traced_keys == ()
+  assert groups[0].per_run_keys == groups[2].per_run_keys == ("loss.m_plus",)
+  assert groups[1].per_run_keys == ()
   assert all(g.split_by == ("model.routing.iterations", "model.routing.squash_epsilon")
              for g in groups)
   text = sweep.describe_groups(groups, sweep.expand({"points": [{}] * 5, "seeds": [0]}))
-  assert ("apart by model.routing.iterations, model.routing.squash_epsilon (neither traced "
-          "nor initialisation-only)") in text and "traced: loss.m_plus" in text
+  assert ("apart by model.routing.iterations, model.routing.squash_epsilon (neither a per-run "
+          "number nor initialisation-only)") in text and "per-run: loss.m_plus" in text
 
-  # A declared traced setting that the step does not read as a traced value (it reads the
-  # config's number instead) splits the group by its value and says so.
-  monkeypatch.setattr(vectorize, "traced_reads", lambda runtime, keys: set())
-  groups = vectorize.plan_groups(runtimes[:2])
-  assert [g.indices for g in groups] == [(0,), (1,)]
-  assert groups[0].apart == (("loss.m_plus", vectorize.NOT_READ),)
-  text = sweep.describe_groups(groups, sweep.expand({"points": [{}] * 2, "seeds": [0]}))
-  assert "apart by loss.m_plus (declared traced, but the train step does not read it" in text
 
 
 def test_runs_of_another_matmul_precision_are_a_program_of_their_own(data_dir):
@@ -240,9 +248,9 @@ def test_runs_whose_data_differ_never_share_the_first_runs_data(data_dir, tmp_pa
   assert runtimes[3].splits is runtimes[0].splits  # Equal data: one copy on the host.
   groups = vectorize.plan_groups(runtimes)
   assert [g.indices for g in groups] == [(0, 3), (1,), (2,)]
-  assert groups[0].traced_keys == ("loss.m_plus",)
+  assert groups[0].per_run_keys == ("loss.m_plus",)
   text = sweep.describe_groups(groups, sweep.expand({"points": [{}] * 4, "seeds": [0]}))
-  assert ("apart by data.flip_fraction, data.flip_test (neither traced nor "
+  assert ("apart by data.flip_fraction, data.flip_test (neither a per-run number nor "
           "initialisation-only)") in text
 
   # Runs that the plan would keep apart are refused by the group's trainer, not trained on
@@ -274,8 +282,8 @@ def test_a_researchers_model_shares_a_program_only_in_what_it_declares(data_dir,
   driver.share_equal_data(runtimes)
   groups = vectorize.plan_groups(runtimes)
   assert [g.indices for g in groups] == [(0, 1), (2,)]
-  assert groups[0].init_keys == ("model.init_std",) and groups[0].traced_keys == ()
-  assert "apart by model.temperature (neither traced nor initialisation-only)" in (
+  assert groups[0].init_keys == ("model.init_std",) and groups[0].per_run_keys == ()
+  assert "apart by model.temperature (neither a per-run number nor initialisation-only)" in (
       sweep.describe_groups(groups, sweep.expand({"points": [{}] * 3, "seeds": [0]})))
   dirs = [str(tmp_path / f"together{k}") for k in range(2)]
   driver.train_and_evaluate_group(configs[:2], dirs, runtimes=runtimes[:2])
@@ -306,7 +314,7 @@ def test_sweep_of_a_setting_read_while_loading_data_equals_one_by_one(tmp_path, 
     losses[mode] = [read_summary(tmp_path / mode / f"flip_fraction={f},seed=0")["test_loss"]
                     for f in ("0.0", "1.0")]
   assert "Vectorised: 2 run(s) in 2 program(s)" in output["vectorize"]
-  assert ("apart by data.flip_fraction (neither traced nor initialisation-only)"
+  assert ("apart by data.flip_fraction (neither a per-run number nor initialisation-only)"
           in output["vectorize"])
   np.testing.assert_allclose(losses["vectorize"], losses["novectorize"], rtol=2e-5)
   assert abs(losses["novectorize"][0] - losses["novectorize"][1]) > 1e-3
@@ -352,7 +360,7 @@ def test_runs_restored_at_different_steps_resume_as_separate_programs(data_dir, 
 
 def test_sweep_vectorised_equals_one_by_one_on_one_device(tmp_path):
   """The tiny Table 1 through the command line on 1 CPU device: with and without reconstruction
-  (a traced weight) in one program, the baseline CNN alone; then the table with the paper's
+  (a per-run weight) in one program, the baseline CNN alone; then the table with the paper's
   column."""
   data = write_idx_dataset(tmp_path / "idx", num_train=64, num_test=16)
   experiment = "experiments/paper_table1.py:tiny"
@@ -360,7 +368,7 @@ def test_sweep_vectorised_equals_one_by_one_on_one_device(tmp_path):
   together = run_sweep(experiment, tmp_path / "together", "--vectorize", *extra, data_dir=data)
   assert together.returncode == 0, together.stderr
   assert "Vectorised: 3 run(s) in 2 program(s)" in together.stdout
-  assert "traced: loss.reconstruction_weight" in together.stdout
+  assert "per-run: loss.reconstruction_weight" in together.stdout
   alone = run_sweep(experiment, tmp_path / "alone", "--novectorize", *extra, data_dir=data)
   assert alone.returncode == 0, alone.stderr
   names = sorted(os.listdir(tmp_path / "alone"))

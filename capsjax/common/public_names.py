@@ -40,6 +40,8 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "capsjax.common.errors": ("UsageError",),
     "capsjax.common.config_args": ("parse_arg",),
     "capsjax.common.config_keys": (),
+    "capsjax.common.per_run": ("declare", "config_keys", "of_config", "stacked"),
+    # Deprecated on 2026-11-28 (per_run replaces it); kept for a release.
     "capsjax.common.traced_settings": ("is_traced", "value"),
     "capsjax.runs.runconfig": ("import_config_file", "load"),
     "capsjax.training.vectorize": ("default_min_runs",),

@@ -38,13 +38,13 @@ Optional, declared by the model and checked at the start of a run:
       the model's own figures of a test batch after training (``model`` is a jitted
       :class:`capsjax.training.run_figures.JittedModel` with ``apply``, ``decode``,
       ``capabilities``);
-  ``Model.init_only_settings`` and ``Model.traced_settings``
-      dotted config keys (``*`` matches one part) that a vectorised sweep's runs may differ
-      in and still share one program (:mod:`capsjax.training.vectorize`): those used only to
-      draw the initial parameters, and those the loss reads as each run's traced value: a
-      model that declares ``traced_settings`` takes ``loss(..., settings=None)``, one run's
-      ``{key: scalar}`` in a vectorised step (:mod:`capsjax.common.traced_settings`; absent
-      elsewhere). Runs that differ in any undeclared setting train apart.
+  ``Model.init_only_settings`` and ``Model.per_run_numbers``
+      what a vectorised sweep's runs may differ in and still share one program
+      (:mod:`capsjax.training.vectorize`): dotted config keys (``*`` matches one part) used
+      only to draw the initial parameters, and a dataclass of the numbers its loss reads
+      (:mod:`capsjax.common.per_run`): a model that declares one takes ``loss(...,
+      numbers=None)``, one run's instance in a vectorised step (None elsewhere: the config's).
+      Runs that differ in any undeclared setting train apart.
 
 Variables that are not ``nnx.Param`` (BatchNorm statistics) are the model's state: the train
 step keeps what ``apply(train=True)`` writes to them (:mod:`capsjax.training.train_step`), and
@@ -58,6 +58,7 @@ To add a model: a module with such a class, and one line in :data:`MODELS`
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -92,7 +93,15 @@ KEYWORDS = {"apply": ("train", "rng"), "loss": ("step",)}
 
 def check_class(model_class: type, name: str) -> None:
   """UsageError naming the model and what it lacks, for a class without the interface (a
-  method missing, or one that does not take the keywords it is called with)."""
+  method missing, or one that does not take the keywords it is called with); a
+  DeprecationWarning for a class that declares ``traced_settings``, which nothing reads now."""
+  if getattr(model_class, "traced_settings", None):
+    warnings.warn(
+        f"config.model.name={name!r}: {model_class.__name__}.traced_settings is no longer read "
+        "(deprecated on 2026-11-28): runs that differ in those keys train apart. Declare the "
+        "numbers as per_run_numbers, a class made by capsjax.common.per_run.declare, and take "
+        "them as loss(..., numbers=None) (docs/extending.md).", DeprecationWarning,
+        stacklevel=2)
   missing = [m for m in ("from_config", "apply", "loss", "metrics")
              if not callable(getattr(model_class, m, None))]
   if missing:
@@ -102,8 +111,8 @@ def check_class(model_class: type, name: str) -> None:
     parameters = inspect.signature(getattr(model_class, method)).parameters
     if any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
       continue
-    if method == "loss" and getattr(model_class, "traced_settings", ()):
-      keywords = (*keywords, "settings")  # It declares traced settings: it takes them.
+    if method == "loss" and getattr(model_class, "per_run_numbers", None) is not None:
+      keywords = (*keywords, "numbers")  # It declares per-run numbers: it takes them.
     if absent := [k for k in keywords if k not in parameters]:
       raise UsageError(f"config.model.name={name!r}: {model_class.__name__}.{method} takes no "
                        f"{', '.join(k + '=' for k in absent)} keyword (the model interface: "

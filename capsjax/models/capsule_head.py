@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from capsjax import routing
-from capsjax.common import config_keys, traced_settings
+from capsjax.common import config_keys, per_run
 from capsjax.common.errors import UsageError
 from capsjax.models import losses, metrics
 from capsjax.models.capsule_layers import Capsules, ClassCapsules
@@ -32,11 +32,14 @@ from capsjax.models.saturation_watch import SaturationWatch
 SCORES = ("auto", "lengths", "activations")
 
 
-@dataclasses.dataclass(frozen=True)
+@per_run.declare("loss")
 class LossSettings:
   """``config.loss``: Eq. 4's m+, m- and lambda; the weight of the summed squared errors; and
   the margin loss's own weight (1: Eq. 4 summed over the classes; the official code's 0.05 is
-  its 0.5 x a mean over the 10 classes)."""
+  its 0.5 x a mean over the 10 classes).
+
+  The capsule models' per-run numbers (:mod:`capsjax.common.per_run`): a pytree whose fields
+  a vectorised sweep's runs may differ in, each run's handed to :meth:`CapsuleHead.loss`."""
   m_plus: float = config_keys.OPTIONAL_KEYS["loss.m_plus"]
   m_minus: float = config_keys.OPTIONAL_KEYS["loss.m_minus"]
   lam: float = config_keys.OPTIONAL_KEYS["loss.lam"]
@@ -47,22 +50,7 @@ class LossSettings:
   def from_config(cls, config: ml_collections.ConfigDict | None) -> "LossSettings":
     """From ``config.loss`` (None: no loss section); a setting it lacks takes its declared
     default (``config_keys.DECLARED``)."""
-    return cls(**{f.name: float(config_keys.optional(config, f"loss.{f.name}"))
-                  for f in dataclasses.fields(cls)})
-
-  @classmethod
-  def traced_keys(cls) -> tuple[str, ...]:
-    """The config keys of these numbers (``loss.m_plus``, ...): what may differ between the
-    runs of one vectorised program (a capsule model's ``traced_settings``), so that a new
-    field is one without being listed again."""
-    return tuple(f"loss.{f.name}" for f in dataclasses.fields(cls))
-
-  def for_run(self, settings: dict | None) -> "LossSettings":
-    """These numbers with one run's values where a vectorised program passes them
-    (``settings``: :mod:`capsjax.common.traced_settings`; traced scalars), else the config's."""
-    return dataclasses.replace(self, **{
-        f.name: traced_settings.value(settings, f"loss.{f.name}", getattr(self, f.name))
-        for f in dataclasses.fields(self)})
+    return per_run.of_config(cls, config)
 
 
 def check_scores(config: ml_collections.ConfigDict, router: routing.Router) -> None:
@@ -180,7 +168,7 @@ class CapsuleHead:
     votes = class_layer.votes(primary.poses)  # (batch, in_caps, out_caps, out_dim)
     return routing.safe_norm(routing.squash(jnp.mean(votes, axis=1)), axis=-1)
 
-  def loss(self, outputs: Outputs, batch: dict, settings: dict | None = None
+  def loss(self, outputs: Outputs, batch: dict, numbers: LossSettings | None = None
            ) -> tuple[jax.Array, dict]:
     """``margin_weight`` x margin loss (Eq. 4) + ``reconstruction_weight`` x summed squared
     reconstruction error, per example.
@@ -189,16 +177,18 @@ class CapsuleHead:
     several digits per image, Sec. 6, each digit's own image, reconstructed from the capsule of
     its label; the sums are added), not the input: an attack that moves the input of a batch
     completed by :meth:`capsjax.training.tasks.Task.complete_batch` leaves it. A batch without
-    targets is refused (it is never the images silently: those may be an attack's)."""
-    # A vectorised sweep's runs may differ in these: ``settings`` holds each run's.
-    s = self.loss_settings.for_run(settings)
+    targets is refused (it is never the images silently: those may be an attack's).
+
+    ``numbers``: one run's :class:`LossSettings` in a vectorised step (traced scalars), or
+    None: :attr:`loss_settings`, the config's."""
+    s = self.loss_settings if numbers is None else numbers
     margin = s.margin_weight * losses.margin_loss_per_example(
         outputs.scores, batch["labels"], m_plus=s.m_plus, m_minus=s.m_minus, lam=s.lam)
     several = batch["labels"].ndim == 2
     reconstructions = outputs.label_reconstructions if several else outputs.reconstructions
     weight = s.reconstruction_weight
     if reconstructions is not None and (
-        traced_settings.is_traced(settings, "loss.reconstruction_weight") or weight):
+        numbers is not None or weight):  # A traced weight may be nonzero.
       if "reconstruction_targets" not in batch:
         raise ValueError("the batch has no 'reconstruction_targets' to reconstruct: complete "
                          "it with capsjax.training.tasks.Task.complete_batch (the dataset's "

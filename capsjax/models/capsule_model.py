@@ -47,9 +47,9 @@ class CapsuleModel(nnx.Module):
   decoder: Decoder | None
   head: CapsuleHead
   saturation_settings: tuple[str, ...] = ()
-  # What the head's loss reads as each run's traced value (capsule_head.CapsuleHead.loss):
-  # the fields of its LossSettings.
-  traced_settings: tuple[str, ...] = LossSettings.traced_keys()
+  # The numbers a vectorised sweep's runs may differ in, each run's handed to the loss
+  # (capsjax/common/per_run.py).
+  per_run_numbers: type = LossSettings
   init_only_settings: tuple[str, ...] = ()
 
   def primary(self, images: jax.Array, *, train: bool = False) -> Capsules:
@@ -84,11 +84,11 @@ class CapsuleModel(nnx.Module):
                                  self.class_capsules)
 
   def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None,
-           settings: dict | None = None) -> tuple[jax.Array, dict]:
+           numbers: LossSettings | None = None) -> tuple[jax.Array, dict]:
     """The margin and reconstruction losses (:meth:`CapsuleHead.loss`); ``step`` is unused
-    (no schedule); ``settings``: one run's :attr:`traced_settings` in a vectorised sweep."""
+    (no schedule); ``numbers``: one run's :attr:`per_run_numbers` in a vectorised sweep."""
     del step
-    return self.head.loss(outputs, batch, settings)
+    return self.head.loss(outputs, batch, numbers)
 
   def metrics(self, outputs: Outputs, batch: dict) -> dict:
     """Accuracy, saturation and routing diagnostics (:meth:`CapsuleHead.metrics`)."""

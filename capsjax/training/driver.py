@@ -38,12 +38,12 @@ from capsjax.training.runtime import Runtime
 
 
 def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
-                             run_dirs: Sequence[str], traced_keys: Sequence[str] = (),
+                             run_dirs: Sequence[str], per_run_keys: Sequence[str] = (),
                              runtimes: Sequence[Runtime] | None = None,
                              memory_limit=None, vectorised: bool | None = None) -> list:
   """Trains the runs of ``configs`` into ``run_dirs``.
 
-  ``traced_keys``: the settings that differ between the runs and are traced
+  ``per_run_keys``: the per-run numbers that differ between the runs
   (:func:`capsjax.training.vectorize.plan_groups` finds them; any other difference must not
   change the train step). ``runtimes``: the configs' runtimes already built (the planner's),
   else built here; either way each run's data must equal the first's (ValueError).
@@ -79,8 +79,8 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
                             label=os.path.basename(workdir) if vectorised else None)
     if vectorised:
       log(f"{len(runs)} run{'s' if len(runs) != 1 else ''} in one program (jax.vmap over "
-          f"the runs); traced settings: "
-          f"{', '.join(traced_keys) or 'none (they differ in seed or initialisation only)'}.")
+          f"the runs); per-run numbers that differ: "
+          f"{', '.join(per_run_keys) or 'none (they differ in seed or initialisation only)'}.")
     by_step: dict[int, list[int]] = {}
     for i, run in runs.items():
       by_step.setdefault(run.step, []).append(i)
@@ -92,10 +92,10 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
       for step in sorted(by_step):
         members = by_step[step]
         template = runtimes[members[0]]
-        new_steps = (functools.partial(vectorize.VectorizedStep, template, traced_keys,
+        new_steps = (functools.partial(vectorize.VectorizedStep, template, per_run_keys,
                                        memory_limit) if vectorised else
                      functools.partial(vectorize.OneRunStep, template, memory_limit))
-        _train(template, [runs[i] for i in members], new_steps, traced_keys, stop, outcomes,
+        _train(template, [runs[i] for i in members], new_steps, per_run_keys, stop, outcomes,
                members)
     except BaseException:
       for run in runs.values():
@@ -126,7 +126,7 @@ def check_same_data(runtimes: Sequence[Runtime]) -> None:
         "capsjax.training.vectorize.plan_groups, which keeps them apart.")
 
 
-def _train(template: Runtime, runs: list, new_steps, traced_keys, stop, outcomes: list,
+def _train(template: Runtime, runs: list, new_steps, per_run_keys, stop, outcomes: list,
            indices: list[int]) -> None:
   """Trains ``runs`` (all at the same step) together with the step ``new_steps()`` makes;
   fills ``outcomes[indices[k]]``. Splits a group in halves while its program does not fit in
@@ -143,7 +143,7 @@ def _train(template: Runtime, runs: list, new_steps, traced_keys, stop, outcomes
   what = f"{len(runs)} runs in one program" if step_fn.vectorised else "The run"
   try:
     with memory.advice_on_allocation_failure(template.config, what):
-      _train_together(template, runs, step_fn, traced_keys, stop, outcomes, indices)
+      _train_together(template, runs, step_fn, per_run_keys, stop, outcomes, indices)
   except memory.OutOfMemory as e:
     if len(runs) == 1 or any(run.step > run.first_step for run in runs):
       raise  # One run alone does not fit (the message says what to change).
@@ -151,10 +151,10 @@ def _train(template: Runtime, runs: list, new_steps, traced_keys, stop, outcomes
     log(f"{len(runs)} runs in one program do not fit: {e} Splitting them into {half} and "
         f"{len(runs) - half} runs.")
     for part, part_indices in ((runs[:half], indices[:half]), (runs[half:], indices[half:])):
-      _train(template, part, new_steps, traced_keys, stop, outcomes, part_indices)
+      _train(template, part, new_steps, per_run_keys, stop, outcomes, part_indices)
 
 
-def _train_together(template: Runtime, runs: list, step_fn, traced_keys, stop,
+def _train_together(template: Runtime, runs: list, step_fn, per_run_keys, stop,
                     outcomes: list, indices: list[int]) -> None:
   """The training loop: dispatch, log, evaluate, checkpoint, stop; for one run or several."""
   examples, shared = template.on_devices(template.splits["train"])

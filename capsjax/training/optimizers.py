@@ -7,7 +7,8 @@ restore. ``config.optimizer``:
     ``adam`` (default; the paper's), ``adamw`` (decoupled weight decay), ``sgd`` (with
     momentum, optionally Nesterov) or ``rmsprop``.
 ``learning_rate``
-    the peak rate of the schedule.
+    the peak rate of the schedule, held in the optimiser state (``optax.inject_hyperparams``)
+    so that the runs of one vectorised program may differ in it (:data:`PER_RUN_KEYS`).
 ``schedule``
     ``exponential`` (default; the paper's ``lr * decay_rate ** (step / decay_steps)``),
     ``cosine`` (from the peak to ``alpha * lr`` over ``decay_steps``, by default the whole run
@@ -31,7 +32,7 @@ switches to SGD with its defaults. Steps may be given in epochs (``decay_epochs`
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +40,6 @@ import ml_collections
 import optax
 
 from capsjax.common import config_keys as schema
-from capsjax.common import traced_settings
 from capsjax.common.errors import UsageError
 
 # Each optimiser's and schedule's own settings and their defaults: the JAX-free schema's.
@@ -171,20 +171,6 @@ def make_schedule(settings: dict, steps_per_epoch: int | None = None,
   return schedule
 
 
-def traceable_schedule(settings: dict, steps_per_epoch: int | None = None,
-                       num_steps: int | None = None, peak=None) -> optax.Schedule:
-  """:func:`make_schedule`, or with ``peak`` (one run's traced peak learning rate in a
-  vectorised sweep: :mod:`capsjax.common.traced_settings`) the schedule of peak 1 times
-  ``peak``, its floor (``end_value``) kept absolute."""
-  if peak is None:
-    return make_schedule(settings, steps_per_epoch, num_steps)
-  floor = settings.get("end_value") or 0.0  # Absolute, whatever the peak.
-  unit = make_schedule({**settings, "learning_rate": 1.0, "end_value": 0.0}, steps_per_epoch,
-                       num_steps)
-  return lambda count: (jnp.maximum(unit(count) * peak, floor) if floor
-                        else unit(count) * peak)
-
-
 def scale_by_adam_eps_hat(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
   """Adam's scaling as TF1's ``AdamOptimizer`` computes it (the official CapsNet code's):
   ``sqrt(1 - b2^t) / (1 - b1^t) * m_t / (sqrt(v_t) + eps)``, eps added to the root of the
@@ -226,30 +212,60 @@ def _transform(settings: dict, schedule: optax.Schedule) -> optax.GradientTransf
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
   """What :func:`build` makes: the optax transformation, its schedule and the settings in
-  effect (``summary.json`` records them)."""
+  effect (``summary.json`` records them).
+
+  Attributes:
+    tx: the transformation, its per-run numbers in its state (:data:`PER_RUN_KEYS`): runs
+      stacked for one program each carry their own.
+    schedule: the learning rate at each step, at the config's peak (the training log's).
+    settings: :func:`resolve`'s.
+    uninjected: the same transformation with the peak compiled in, as runs before 2026-11-28
+      held their optimiser state: only to read their checkpoints (:meth:`with_injected`).
+  """
   tx: optax.GradientTransformation
   schedule: optax.Schedule
   settings: dict
-  with_peak: Callable[[object], optax.GradientTransformation] = dataclasses.field(
+  uninjected: optax.GradientTransformation = dataclasses.field(
       default=None, compare=False, repr=False)
 
-  def transform(self, run_settings=None) -> optax.GradientTransformation:
-    """:attr:`tx`, or for one run of a vectorised program whose ``run_settings`` pass its
-    ``optimizer.learning_rate`` (a traced scalar) the same transformation at that peak (the
-    same state: the peak is not stored)."""
-    peak = traced_settings.value(run_settings, "optimizer.learning_rate", None)
-    return self.tx if peak is None else self.with_peak(peak)
+  def per_run_numbers(self) -> dict[str, float]:
+    """``{hyperparameter: value}`` of :data:`PER_RUN_KEYS` in this config."""
+    return {name: self.settings[key.split(".", 1)[1]] for name, key in PER_RUN_KEYS.items()}
+
+  def with_injected(self, opt_state):
+    """An optimiser state of :attr:`uninjected`'s form (a checkpoint written before the peak
+    was state) in :attr:`tx`'s form, its peak the config's."""
+    numbers = {k: jnp.asarray(v, jnp.float32) for k, v in self.per_run_numbers().items()}
+    count = jnp.zeros((), jnp.int32)  # Counts nothing we read: the peak is no schedule.
+    return optax.InjectStatefulHyperparamsState(count=count, hyperparams=numbers,
+                                                hyperparams_states={}, inner_state=opt_state)
+
+  def with_config_numbers(self, opt_state):
+    """``opt_state`` (of :attr:`tx`) with the config's per-run numbers: a resumed run may
+    change its learning rate (:mod:`capsjax.training.config_history` records it)."""
+    numbers = {k: jnp.asarray(v, opt_state.hyperparams[k].dtype)
+               for k, v in self.per_run_numbers().items()}
+    return opt_state._replace(hyperparams={**opt_state.hyperparams, **numbers})
+
+
+# The optimiser's numbers that may differ between the runs of one program: hyperparameters of
+# its state (``optax.inject_hyperparams``), by the config key each comes from. The schedule's
+# shape (decay, warmup, floor) is not among them: it is the program's.
+PER_RUN_KEYS = {"learning_rate": "optimizer.learning_rate"}
 
 
 def build(config: ml_collections.ConfigDict, steps_per_epoch: int | None = None,
           num_steps: int | None = None) -> Optimizer:
   """The optimiser of ``config`` (``config.optimizer``): clipping, L2 decay (not for adamw,
-  which decays its own way), then the optimiser on the schedule. With neither clipping nor
-  decay it is exactly ``optax.adam(...)`` etc., so checkpoints of earlier runs restore."""
+  which decays its own way), then the optimiser on the schedule, its peak learning rate held
+  in the optimiser state (``optax.inject_hyperparams``), so that runs of one program may
+  differ in it."""
   settings = resolve(config)
 
-  def at(peak) -> optax.GradientTransformation:
-    schedule = traceable_schedule(settings, steps_per_epoch, num_steps, peak)
+  def at(learning_rate) -> optax.GradientTransformation:
+    # The schedule of this peak; the same arithmetic whether the peak is a number or state.
+    schedule = make_schedule({**settings, "learning_rate": learning_rate}, steps_per_epoch,
+                             num_steps)
     parts = []
     if settings["clip_norm"] > 0:
       parts.append(optax.clip_by_global_norm(settings["clip_norm"]))
@@ -258,5 +274,6 @@ def build(config: ml_collections.ConfigDict, steps_per_epoch: int | None = None,
     tx = _transform(settings, schedule)
     return optax.chain(*parts, tx) if parts else tx
 
-  return Optimizer(at(None), traceable_schedule(settings, steps_per_epoch, num_steps), settings,
-                   with_peak=at)
+  tx = optax.inject_hyperparams(at)(learning_rate=settings["learning_rate"])
+  return Optimizer(tx, make_schedule(settings, steps_per_epoch, num_steps), settings,
+                   uninjected=at(settings["learning_rate"]))

@@ -86,10 +86,19 @@ class Runtime:
               log: Callable[[str], None] = reporting.log):
     """``(step, state, meta)`` of the newest checkpoint that restores (or the first of
     ``steps``), or None when there is none; see
-    :meth:`capsjax.runs.checkpointing.Checkpointer.restore_newest`."""
+    :meth:`capsjax.runs.checkpointing.Checkpointer.restore_newest`. Checkpoints of every
+    earlier layout restore (:func:`capsjax.training.train_step.older_forms`); the optimiser's
+    per-run numbers are the config's."""
     abstract = self.abstract_state()
-    return checkpointer.restore_newest(abstract, log=log, move_aside=move_aside, steps=steps,
-                                       older_forms=train_step.older_forms(abstract))
+    found = checkpointer.restore_newest(
+        abstract, log=log, move_aside=move_aside, steps=steps,
+        older_forms=train_step.older_forms(abstract, self.optimizer))
+    if found is None:
+      return None
+    step, state, meta = found
+    # The config's learning rate, not the checkpoint's: a resumed run may change it.
+    opt_state = self.optimizer.with_config_numbers(state.opt_state)
+    return step, state.replace(opt_state=jax.device_put(opt_state, self.replicated)), meta
 
   def make_train_step(self) -> Callable:
     """The jitted train step over the loaded train split."""

@@ -121,7 +121,7 @@ class Task:
 
   def forward(self, variables: dict, batch: dict, *, train: bool,
               rng: jax.Array | None = None, step: jax.Array | None = None,
-              settings: dict | None = None) -> Forward:
+              numbers=None) -> Forward:
     """The model's outputs, per-example loss and its parts, and metrics on ``batch``: a pure
     function of its arguments (jit it, differentiate it, map it over a set:
     :meth:`capsjax.training.evaluation.EvalRunner.mean`).
@@ -134,13 +134,14 @@ class Task:
       train: training mode (dropout, label-masked decoder, BatchNorm on batch statistics).
       rng: the key of training noise (dropout, random routing).
       step: the training step, for losses with schedules.
+      numbers: one run's per-run numbers in a vectorised step (the model's
+        ``per_run_numbers``: :mod:`capsjax.common.per_run`), or None: the config's.
     """
     model = nnx.merge(self.graphdef, variables)
     batch = self.complete_batch(batch)
     outputs = model.apply(batch, train=train, rng=rng)
-    # One run's settings of a vectorised program (capsjax/common/traced_settings.py); only
-    # models that declare traced settings take them.
-    extra = {"settings": settings} if settings else {}
+    # Only a model that declares per-run numbers takes them.
+    extra = {"numbers": numbers} if numbers is not None else {}
     loss, parts = model.loss(outputs, batch, step=step, **extra)
     return Forward(outputs, loss, parts, model.metrics(outputs, batch),
                    nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))

@@ -55,14 +55,24 @@ class StatelessTrainState:
   rng: jax.Array
 
 
-def older_forms(abstract: TrainState) -> list[tuple[Any, Callable]]:
+def older_forms(abstract: TrainState, optimizer) -> list[tuple[Any, Callable]]:
   """``[(abstract, upgrade)]``: the earlier layouts a checkpoint of this state may have, each
-  with the function that turns it into a :class:`TrainState`. A stateless model's checkpoint
-  from before ``model_state`` restores as :class:`StatelessTrainState`."""
-  if jax.tree.leaves(abstract.model_state):
-    return []
-  old = StatelessTrainState(abstract.step, abstract.params, abstract.opt_state, abstract.rng)
-  return [(old, lambda s: TrainState(s.step, s.params, s.opt_state, s.rng, {}))]
+  with the function that turns it into a :class:`TrainState`.
+
+  ``optimizer`` (:class:`capsjax.training.optimizers.Optimizer`) builds the optimiser state of
+  checkpoints written before the peak learning rate was optimiser state (2026-11-28): ``uninjected``'s
+  form, upgraded by ``with_injected``. A stateless model's checkpoint from before
+  ``model_state`` restores as :class:`StatelessTrainState`."""
+  sharding = jax.tree.leaves(abstract.step)[0].sharding
+  plain = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                       jax.eval_shape(optimizer.uninjected.init, abstract.params))
+  forms = [(abstract.replace(opt_state=plain),
+            lambda s: s.replace(opt_state=optimizer.with_injected(s.opt_state)))]
+  if not jax.tree.leaves(abstract.model_state):
+    old = StatelessTrainState(abstract.step, abstract.params, plain, abstract.rng)
+    forms.append((old, lambda s: TrainState(s.step, s.params,
+                                            optimizer.with_injected(s.opt_state), s.rng, {})))
+  return forms
 
 
 def merge_variables(params: dict, model_state: dict) -> dict:
@@ -98,16 +108,15 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, num_train: int
 
 
 def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
-                mesh, transform: Callable[[dict], optax.GradientTransformation] | None = None
-                ) -> Callable:
-  """``fn(state, examples, shared, num_steps, settings=None) -> (state, metrics)``, a pure
+                mesh) -> Callable:
+  """``fn(state, examples, shared, num_steps, numbers=None) -> (state, metrics)``, a pure
   function (not jitted: :func:`make_train_step` jits it, :mod:`capsjax.training.vectorize`
   maps it over runs first).
 
-  ``settings``: one run's settings of a vectorised program, ``{dotted key: scalar}``
-  (:mod:`capsjax.common.traced_settings`), handed to the model's loss and to ``transform``
-  (``transform(settings)``: the optimiser at the run's learning rate,
-  :meth:`capsjax.training.optimizers.Optimizer.transform`); empty or None: ``tx``.
+  ``numbers``: one run's per-run numbers in a vectorised program, an instance of the model's
+  ``per_run_numbers`` (:mod:`capsjax.common.per_run`) handed to its loss; None: the
+  config's. The optimiser's per-run numbers (the peak learning rate) are in ``state``'s
+  optimiser state.
 
   ``num_steps`` (static) train steps run in one dispatch, through ``lax.scan`` when more than
   one; each metric comes back with a leading axis of that length, and the result equals that
@@ -118,32 +127,30 @@ def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
   """
   order = data_order.TrainOrder(task, num_train, mesh)
 
-  def loss_fn(params, model_state, batch, rng, step, settings):
+  def loss_fn(params, model_state, batch, rng, step, numbers):
     result = task.forward(merge_variables(params, model_state), batch, train=True, rng=rng,
-                          step=step, settings=settings)
+                          step=step, numbers=numbers)
     metrics = {k: jnp.mean(v.astype(jnp.float32), axis=0)
                for k, v in result.per_example().items()}
     return metrics["loss"], (metrics, result.model_state)
 
-  def one_step(state: TrainState, examples, shared, settings, permutations=None):
+  def one_step(state: TrainState, examples, shared, numbers, permutations=None):
     batch = order.batch(state.step, state.rng, examples, shared, permutations)
     noise_key = jax.random.fold_in(jax.random.fold_in(state.rng, 1), state.step)
-    # The settings are closed over, not differentiated arguments: a reader may record them.
     grads, (metrics, model_state) = jax.grad(
-        lambda p, m: loss_fn(p, m, batch, noise_key, state.step, settings), has_aux=True)(
+        lambda p, m: loss_fn(p, m, batch, noise_key, state.step, numbers), has_aux=True)(
             state.params, state.model_state)
-    run_tx = transform(settings) if (settings and transform is not None) else tx
-    updates, opt_state = run_tx.update(grads, state.opt_state, state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                          model_state=model_state), metrics
 
-  def train_step(state, examples, shared, num_steps: int, settings=None):
+  def train_step(state, examples, shared, num_steps: int, numbers=None):
     if num_steps == 1:
-      state, metrics = one_step(state, examples, shared, settings)
+      state, metrics = one_step(state, examples, shared, numbers)
       return state, jax.tree.map(lambda m: m[None], metrics)
     permutations = order.dispatch(state.step, state.rng, num_steps)
-    return jax.lax.scan(lambda s, _: one_step(s, examples, shared, settings, permutations),
+    return jax.lax.scan(lambda s, _: one_step(s, examples, shared, numbers, permutations),
                         state, None, length=num_steps)
 
   return train_step

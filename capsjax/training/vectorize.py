@@ -11,11 +11,10 @@ in a single run.
 declared rules; nothing is guessed from the program:
 
 * ``seed`` never splits a group: each run is initialised and draws its batches from its own;
-* a setting the step takes as each run's data (its argument ``settings``, ``{key: scalar}``:
-  :mod:`capsjax.common.traced_settings`) is declared so: :data:`TRACED_KEYS` (the
-  optimiser's peak learning rate) and the model class's ``traced_settings`` (the capsule
-  head's loss weights and margins). Tracing the step once with a recording settings dict
-  checks that it really reads each one; one it does not read splits the group;
+* a per-run number (:mod:`capsjax.common.per_run`) never splits a group: the optimiser's
+  (:data:`capsjax.training.optimizers.PER_RUN_KEYS`, the peak learning rate: each run's
+  state holds its own) and the fields of the model class's ``per_run_numbers`` (the capsule
+  head's loss weights and margins: the step maps over one instance per run);
 * a setting used only to build the initial parameters is declared so by the model class
   (``init_only_settings``, e.g. CapsNet's ``model.conv1.init_scale``) or in
   :data:`INIT_ONLY_KEYS`;
@@ -40,23 +39,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from capsjax.common import traced_settings
+from capsjax.common import per_run
 from capsjax.runs.runconfig import flatten
-from capsjax.training import memory, train_step
+from capsjax.training import memory, optimizers, train_step
 from capsjax.training.runtime import Runtime
 
 # Never a reason to split: each run is initialised and its batches drawn from its own seed
 # (a seed that changes the data, e.g. by drawing the validation split, is caught with them).
-PER_RUN_KEYS = ("seed",)
-# Read as each run's traced value by every model's step: the schedule's peak
-# (capsjax/training/optimizers.py, traceable_schedule).
-TRACED_KEYS = ("optimizer.learning_rate",)
+SEED_KEYS = ("seed",)
 # Used only to initialise, whatever the model (besides each model's init_only_settings).
 INIT_ONLY_KEYS: tuple[str, ...] = ()
 
 # Why a setting sets runs apart, as the plan prints it.
-UNDECLARED = "neither traced nor initialisation-only"
-NOT_READ = "declared traced, but the train step does not read it as a traced value"
+UNDECLARED = "neither a per-run number nor initialisation-only"
 DATA = "data"  # The pseudo-key of runs whose loaded data differ.
 DATA_DIFFER = "each run's data, loaded from its own config, differ"
 
@@ -67,14 +62,13 @@ class Group:
 
   Attributes:
     indices: positions of the runs in the list given to :func:`plan_groups`.
-    traced_keys: the settings that differ between them and that the step reads as each run's
-      traced value.
+    per_run_keys: the per-run numbers that differ between them.
     init_keys: the settings that differ between them and are declared initialisation-only.
     apart: ``(setting, why)`` of each difference that set these runs apart from others
       (:data:`DATA` when their data differ), for the sweep's plan.
   """
   indices: tuple[int, ...]
-  traced_keys: tuple[str, ...] = ()
+  per_run_keys: tuple[str, ...] = ()
   init_keys: tuple[str, ...] = ()
   apart: tuple[tuple[str, str], ...] = ()
 
@@ -84,19 +78,13 @@ class Group:
     return tuple(key for key, _ in self.apart)
 
 
-def setting(config, key: str):
-  """The value of dotted ``key`` in a ConfigDict (KeyError if it has none)."""
-  node = config
-  for part in key.split("."):
-    node = node[part]
-  return node
-
-
 def declared(runtime: Runtime) -> tuple[tuple[str, ...], tuple[str, ...]]:
-  """``(traced, init_only)``: the key patterns declared for ``runtime``'s model (its class's
-  ``traced_settings`` and ``init_only_settings``) and for every model."""
+  """``(per_run, init_only)``: the keys declared for ``runtime``'s model: the per-run numbers
+  (the optimiser's and the fields of its class's ``per_run_numbers``) and the key patterns
+  of its ``init_only_settings`` and :data:`INIT_ONLY_KEYS`."""
   model = runtime.task.model_class
-  return (TRACED_KEYS + tuple(getattr(model, "traced_settings", ())),
+  return (tuple(optimizers.PER_RUN_KEYS.values())
+          + per_run.config_keys(getattr(model, "per_run_numbers", None)),
           INIT_ONLY_KEYS + tuple(getattr(model, "init_only_settings", ())))
 
 
@@ -107,11 +95,11 @@ def _matches(key: str, patterns: Sequence[str]) -> bool:
 
 
 def kind_of(key: str, runtime: Runtime) -> str | None:
-  """``"traced"``, ``"init"`` or None (undeclared): how ``key`` may differ between runs of
+  """``"per_run"``, ``"init"`` or None (undeclared): how ``key`` may differ between runs of
   ``runtime``'s model."""
-  traced, init_only = declared(runtime)
-  if _matches(key, traced):
-    return "traced"
+  per_run_keys, init_only = declared(runtime)
+  if _matches(key, per_run_keys):
+    return "per_run"
   if _matches(key, init_only):
     return "init"
   return None
@@ -122,7 +110,7 @@ def plan_groups(runtimes: Sequence[Runtime]) -> list[Group]:
   groups that can share one program, by the rules of the module docstring. Groups keep the
   runs' order."""
   flat = [flatten(r.config.to_dict()) for r in runtimes]
-  differing = sorted(k for k in set().union(*flat) if k not in PER_RUN_KEYS
+  differing = sorted(k for k in set().union(*flat) if k not in SEED_KEYS
                      and len({repr(f.get(k)) for f in flat}) > 1)
   kinds = [{k: kind_of(k, r) for k in differing} for r in runtimes]
   undeclared = [k for k in differing if any(kind[k] is None for kind in kinds)]
@@ -139,7 +127,7 @@ def plan_groups(runtimes: Sequence[Runtime]) -> list[Group]:
   for bucket in buckets:
     for sub in _buckets(bucket, lambda i: fingerprints(runtimes[i].splits)):
       data_apart = ((DATA, DATA_DIFFER),) if len(sub) < len(bucket) else ()
-      groups += _check_traced(runtimes, flat, kinds, sub, apart + data_apart)
+      groups.append(_group(kinds, flat, sub, apart + data_apart))
   return groups
 
 
@@ -151,23 +139,12 @@ def _buckets(indices, key: Callable) -> list[list[int]]:
   return list(buckets.values())
 
 
-def _check_traced(runtimes, flat, kinds, indices, apart) -> list[Group]:
-  """``indices`` as one group, or split by the declared traced settings its step does not
-  read as traced values (their values then split it, as undeclared ones do)."""
+def _group(kinds, flat, indices, apart) -> Group:
+  """``indices`` as one group: the per-run numbers and initialisation-only settings in which
+  its runs differ."""
   keys = [k for k in kinds[indices[0]] if len({repr(flat[i].get(k)) for i in indices}) > 1]
-  traced = [k for k in keys if kinds[indices[0]][k] == "traced"]
-  init_only = [k for k in keys if kinds[indices[0]][k] == "init"]
-  unread = [k for k in traced if k not in traced_reads(runtimes[indices[0]], traced)] \
-      if len(indices) > 1 and traced else []
-  if not unread:
-    return [Group(tuple(indices), tuple(traced), tuple(init_only), tuple(apart))]
-  for k in unread:
-    for i in indices:
-      kinds[i][k] = None
-  subs = _buckets(indices, lambda i: tuple(repr(flat[i].get(k)) for k in unread))
-  return [g for sub in subs
-          for g in _check_traced(runtimes, flat, kinds, sub,
-                                 apart + tuple((k, NOT_READ) for k in unread))]
+  return Group(tuple(indices), tuple(k for k in keys if kinds[indices[0]][k] == "per_run"),
+               tuple(k for k in keys if kinds[indices[0]][k] == "init"), tuple(apart))
 
 
 class _Fingerprints:
@@ -197,38 +174,13 @@ def data_fingerprint(splits: dict) -> str:
   return digest.hexdigest()
 
 
-def _abstract_inputs(runtime: Runtime):
-  split = runtime.splits["train"]
-  abstract = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
-  return runtime.abstract_state(), abstract(split.examples), abstract(split.shared)
-
-
-def traced_reads(runtime: Runtime, keys: Sequence[str]) -> set[str]:
-  """The settings of ``keys`` that one train step of ``runtime`` reads as traced values (it
-  is traced with each of them a traced scalar; nothing is computed). Raises what tracing
-  raises."""
-  body = train_step.train_steps(runtime.task, runtime.optimizer.tx, runtime.plan.num_train,
-                                runtime.mesh, runtime.optimizer.transform)
-  found: set[str] = set()
-
-  def one(state, values, examples, shared):
-    recording = traced_settings.Recording(values)
-    out = body(state, examples, shared, 1, recording)
-    found.update(recording.reads)
-    return out
-
-  values = {k: jax.ShapeDtypeStruct((), jnp.float32) for k in keys}
-  state, examples, shared = _abstract_inputs(runtime)
-  jax.eval_shape(one, state, values, examples, shared)
-  return found
-
-
 # --- The vectorised train step ------------------------------------------------------------
 
 class VectorizedStep:
   """``step(states, values, examples, shared, num_steps) -> (states, metrics)``: the train
   step of ``runtime`` mapped over a leading run axis of ``states`` (stacked train states) and
-  ``values`` (``{key: (runs,) float32}``, each run's traced settings); metrics come back
+  ``values`` (the model's ``per_run_numbers`` with ``(runs,)`` fields, or None:
+  :func:`capsjax.common.per_run.stacked`); metrics come back
   ``(runs, num_steps)``. Compiled once per run count and ``num_steps``, its memory checked
   before it first runs (:class:`capsjax.training.memory.OutOfMemory`).
 
@@ -238,11 +190,12 @@ class VectorizedStep:
 
   vectorised = True
 
-  def __init__(self, runtime: Runtime, traced_keys: Sequence[str] = (),
+  def __init__(self, runtime: Runtime, per_run_keys: Sequence[str] = (),
                memory_limit: Callable[[], int | None] | None = None):
     body = train_step.train_steps(runtime.task, runtime.optimizer.tx, runtime.plan.num_train,
-                                  runtime.mesh, runtime.optimizer.transform)
-    self.traced_keys = tuple(traced_keys)
+                                  runtime.mesh)
+    self.per_run_keys = tuple(per_run_keys)
+    self.numbers_class = getattr(runtime.task.model_class, "per_run_numbers", None)
     self.sharding = replicated(runtime)
 
     def step(states, values, examples, shared, num_steps):
@@ -271,9 +224,10 @@ class VectorizedStep:
     """The runs' train states stacked along a leading run axis, replicated."""
     return stack(states, self.sharding)
 
-  def values(self, configs) -> dict[str, jax.Array]:
-    """Each run's traced settings, ``{key: (runs,) float32}``, replicated."""
-    return jax.device_put(run_values(configs, self.traced_keys), self.sharding)
+  def values(self, configs):
+    """Each run's per-run numbers of the model, stacked (:func:`capsjax.common.per_run.
+    stacked`), replicated; the optimiser's are in the runs' states."""
+    return jax.device_put(per_run.stacked(self.numbers_class, configs), self.sharding)
 
   def unstack(self, metrics, runs: int) -> tuple:
     return unstack(metrics, runs)
@@ -308,8 +262,8 @@ class OneRunStep:
     (state,) = states
     return state
 
-  def values(self, configs) -> dict:
-    return {}
+  def values(self, configs) -> None:
+    return None
 
   def unstack(self, metrics, runs: int) -> tuple:
     return (metrics,)
@@ -326,12 +280,6 @@ def stack(trees: Sequence, sharding: NamedSharding):
   ``sharding``."""
   return jax.jit(lambda *ts: jax.tree.map(lambda *xs: jnp.stack(xs), *ts),
                  out_shardings=sharding)(*trees)
-
-
-def run_values(configs, keys: Sequence[str]) -> dict[str, jax.Array]:
-  """``{key: (runs,) float32}``: each config's value of each traced setting."""
-  return {k: jnp.asarray(np.array([float(setting(c, k)) for c in configs], np.float32))
-          for k in keys}
 
 
 @functools.lru_cache(maxsize=None)
