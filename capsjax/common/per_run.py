@@ -31,6 +31,7 @@ import ml_collections
 import numpy as np
 
 from capsjax.common import config_keys as schema
+from capsjax.common.errors import UsageError
 
 
 def declare(section: str):
@@ -57,10 +58,24 @@ def config_keys(numbers_class: type | None) -> tuple[str, ...]:
 
 def of_config(numbers_class: type, section: ml_collections.ConfigDict | None):
   """The numbers of one config's ``section`` (e.g. ``config.loss``; None: the config has
-  none): each field's value there, or its declared default."""
-  return numbers_class(**{
-      f.name: float(schema.optional(section, f"{numbers_class.section}.{f.name}"))
-      for f in dataclasses.fields(numbers_class)})
+  none): each field's value there, or where it is unset the schema's default
+  (:data:`capsjax.common.config_keys.OPTIONAL_KEYS`: capsjax's own numbers) or else the
+  field's (a model of one's own). UsageError for an unset field with neither."""
+  return numbers_class(**{f.name: float(_value(numbers_class, f, section))
+                          for f in dataclasses.fields(numbers_class)})
+
+
+def _value(numbers_class: type, field: dataclasses.Field, section):
+  key = f"{numbers_class.section}.{field.name}"
+  if key in schema.OPTIONAL_KEYS:
+    return schema.optional(section, key)
+  value = None if section is None else section.get(field.name)
+  if value is not None:
+    return value
+  if field.default is dataclasses.MISSING:
+    raise UsageError(f"config.{key} is not set, and {numbers_class.__name__} (the model's "
+                     "per-run numbers) gives it no default; set it in the config.")
+  return field.default
 
 
 def stacked(numbers_class: type | None, configs: Sequence[ml_collections.ConfigDict]):
