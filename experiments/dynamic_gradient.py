@@ -50,8 +50,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from typing import Callable
 
 import jax
@@ -167,7 +165,7 @@ def gradient_programs(votes: jax.Array, cotangent: jax.Array, iterations: int = 
 def measure(batch: int, calls: int, in_caps: int = 1152) -> dict:
   """Both forms at the paper's DigitCaps sizes: equal gradients (float32 rounding), then the
   median seconds of ``calls`` calls each (alternating) and the bytes each program moves."""
-  from capsjax.perf import hlo_traffic
+  from capsjax.perf import hlo_traffic, rates
 
   rng = np.random.default_rng(0)
   votes = jnp.asarray(0.05 * rng.normal(size=(batch, in_caps, 10, 16)), jnp.float32)
@@ -179,19 +177,14 @@ def measure(batch: int, calls: int, in_caps: int = 1152) -> dict:
   if not difference <= 1e-5 * scale:
     raise SystemExit(f"the two gradients differ by {difference:.3g} (scale {scale:.3g}): "
                      "not measured.")
-  seconds = {name: [] for name in programs}
-  for _ in range(calls):
-    for name, fn in programs.items():
-      start = time.perf_counter()
-      jax.block_until_ready(fn(votes))
-      seconds[name].append(time.perf_counter() - start)
+  seconds = rates.median_seconds(programs, (votes,), calls)
   traffic = {name: hlo_traffic.program_traffic(fn.lower(votes).compile().as_text()).total_bytes
              for name, fn in programs.items()}
   return {"measurement": "dynamic_routing_gradient", "backend": jax.default_backend(),
           "device": jax.devices()[0].device_kind, "batch": batch,
           "votes": [batch, in_caps, 10, 16], "iterations": 3, "calls": calls,
           "max_difference": difference, "gradient_scale": scale,
-          **{f"{name}_median_s": statistics.median(s) for name, s in seconds.items()},
+          **{f"{name}_median_s": s for name, s in seconds.items()},
           **{f"{name}_bytes": traffic[name] for name in programs}}
 
 

@@ -10,7 +10,8 @@
 #      with XLA's convolutions (grouped under vmap) and as im2col matmuls (batched);
 #   3. the routers' written-out backward passes against autodiff, batch 128 and 16 (BATCHES):
 #      EM's train step (routing.gradient=analytic), dynamic routing's routing alone
-#      (experiments/dynamic_gradient.py, which checks both agree first);
+#      (experiments/dynamic_gradient.py, which checks both agree first), and EM's routing
+#      alone three ways (experiments/em_loop_forms.py: which loop EM keeps);
 #   4. the roofline and per-layer profile of the paper CapsNet and of EM;
 #   5. (STAGES=bf16) the paper CapsNet's speed with model.compute_dtype=bfloat16 at batch 128
 #      and 16, and, with DATA=/path/to/mnist, the headline row's accuracy in bf16 (3 seeds,
@@ -91,6 +92,13 @@ for stage in ${STAGES:-peer runs gradients profile}; do
         --batches="$(echo ${BATCHES:-128 16} | tr ' ' ,)" >"$out/dynamic_gradient.log" 2>&1
       echo "== dynamic_gradient: exit $?"
       sed -n 's/^{/{"name": "dynamic_gradient", /p' "$out/dynamic_gradient.log" \
+        | tee -a "$out/speed.jsonl" | cut -c1-300
+      # EM's loop once (issue 71 item 6): the reference loop's autodiff, the custom VJP and
+      # autodiff of the custom VJP's forward loop, ConvCaps1's routing alone.
+      timeout -k 30 240 "$python" experiments/em_loop_forms.py \
+        --batches="$(echo ${EM_LOOP_BATCHES:-16 4} | tr ' ' ,)" >"$out/em_loop_forms.log" 2>&1
+      echo "== em_loop_forms: exit $?"
+      sed -n 's/^{/{"name": "em_loop_forms", /p' "$out/em_loop_forms.log" \
         | tee -a "$out/speed.jsonl" | cut -c1-300 ;;
     profile)  # PROFILE_BATCH (or PROFILE_BATCHES) and PROFILE_MODELS choose what is profiled.
       for profile_batch in ${PROFILE_BATCHES:-${PROFILE_BATCH:-128}}; do

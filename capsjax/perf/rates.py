@@ -1,6 +1,8 @@
-"""The timer the benchmark uses, and the device's two bounds measured on it: the rate of a
-dense f32 matmul and the bandwidth of an elementwise pass (docs/benchmarking.md)."""
+"""The timers the benchmark and the experiments use, and the device's two bounds measured on
+them: the rate of a dense f32 matmul and the bandwidth of an elementwise pass
+(docs/benchmarking.md)."""
 
+import statistics
 import time
 
 
@@ -12,6 +14,21 @@ def time_repeated(fn, min_seconds: float, min_repeats: int = 3) -> float:
     fn()
     repeats += 1
   return (time.perf_counter() - start) / repeats
+
+
+def median_seconds(programs: dict, args: tuple, calls: int) -> dict[str, float]:
+  """``{name: median seconds}`` of each jitted program of ``programs`` called on ``args``
+  ``calls`` times, the programs alternating so that a drift of the machine's speed falls on
+  all alike (each already compiled and run once)."""
+  import jax  # Only for the programs that return arrays.
+
+  seconds = {name: [] for name in programs}
+  for _ in range(calls):
+    for name, fn in programs.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      seconds[name].append(time.perf_counter() - start)
+  return {name: statistics.median(s) for name, s in seconds.items()}
 
 
 def matmul_gflop_per_s(n: int, min_seconds: float) -> float:
