@@ -1,3 +1,3 @@
 """capsjax: capsule networks with dynamic routing in JAX/Flax."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

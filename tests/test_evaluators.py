@@ -166,14 +166,10 @@ class Undeclared(evaluators.Evaluator):
 
 def test_a_setting_left_out_or_none_is_its_declared_default():
   """``Evaluator.setting``: the config's value, else the class's declared default (also for
-  None); a key the class does not declare is an error, not a silent None. A researcher's
-  evaluator that declares names only (a tuple) reads them with no default."""
+  None); a key the class does not declare is an error, not a silent None."""
 
   class Declared(evaluators.Evaluator):
     SETTINGS = {"split": "test", "limit": 1000}
-
-  class Named(evaluators.Evaluator):
-    SETTINGS = ("split",)
 
   def built(cls, **settings):
     return cls("x", ml_collections.ConfigDict(settings), None, None, {}, None)
@@ -186,8 +182,6 @@ def test_a_setting_left_out_or_none_is_its_declared_default():
     built(Declared, limit=-1).count("limit")
   with pytest.raises(KeyError, match="does not declare it"):
     built(Declared).setting("seed")
-  assert built(Named, split="validation").setting("split") == "validation"
-  assert built(Named).setting("split") is None
   with pytest.raises(TypeError):  # The removed default argument is not taken as a minimum.
     built(Declared).count("limit", 1000)
 

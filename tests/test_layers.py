@@ -155,25 +155,18 @@ def test_class_capsule_votes_are_w_times_u():
                              rtol=1e-5, atol=1e-6)
 
 
-def test_class_capsules_take_their_router_in_routing_and_the_old_switches_warn():
-  """One way to configure the router (``routing=``); the former keyword switches still route
-  the same, with a DeprecationWarning that names ``routing=``, and never beside it."""
+def test_class_capsules_take_their_router_in_routing():
+  """``routing=`` chooses and configures the router; None is dynamic routing's defaults."""
   settings = dict(routing.get("dynamic").settings, iterations=1, softmax_axis="input",
                   leaky=True)
   new = capsule_layers.ClassCapsules(6, 3, 4, 5, routing={"name": "dynamic", **settings},
                                      rngs=nnx.Rngs(0))
-  with pytest.warns(DeprecationWarning, match="routing="):
-    old = capsule_layers.ClassCapsules(6, 3, 4, 5, routing_iterations=1, softmax_axis="input",
-                                       leaky=True, rngs=nnx.Rngs(0))
-  assert old.routing_settings == new.routing_settings
+  default = capsule_layers.ClassCapsules(6, 3, 4, 5, rngs=nnx.Rngs(0))
+  assert default.routing_settings == routing.get("dynamic").settings
   u = jnp.asarray(np.random.default_rng(0).normal(size=(2, 6, 3)), jnp.float32)
-  np.testing.assert_array_equal(old(u), new(u))
-  assert not np.allclose(new(u), capsule_layers.ClassCapsules(6, 3, 4, 5, rngs=nnx.Rngs(0))(u))
-  with pytest.raises(TypeError, match="routing="):
-    capsule_layers.ClassCapsules(6, 3, 4, 5, routing={"name": "dynamic", **settings},
-                                 leaky=True, rngs=nnx.Rngs(0))
-  with pytest.raises(TypeError, match="routing_iteration"):
-    capsule_layers.ClassCapsules(6, 3, 4, 5, routing_iteration=1, rngs=nnx.Rngs(0))
+  assert not np.allclose(new(u), default(u))
+  with pytest.raises(TypeError, match="routing_iterations"):
+    capsule_layers.ClassCapsules(6, 3, 4, 5, routing_iterations=1, rngs=nnx.Rngs(0))
 
 
 def test_matrix_votes_are_pose_matrices_times_w_and_every_router_takes_them():

@@ -197,16 +197,6 @@ class NumbersNotTaken(_tiny_capsnet()):
     return super().loss(outputs, batch, step=step)
 
 
-class OldTracedSettings(_tiny_capsnet()):
-  traced_settings = ("loss.margin",)  # The protocol before per_run_numbers.
-
-
-def test_a_model_that_declares_the_old_traced_settings_is_warned(bars_32_16):
-  with pytest.warns(DeprecationWarning, match=r"OldTracedSettings\.traced_settings is no "
-                    r"longer read .* per_run_numbers"):
-    tasks.Task.from_config(_tiny(bars_32_16, f"{pathlib.Path(__file__)}:OldTracedSettings"))
-
-
 class ApplyWithoutRng(_tiny_capsnet()):
   def apply(self, batch, *, train):
     return super().apply(batch, train=train)

@@ -41,27 +41,13 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "capsjax.common.config_args": ("parse_arg",),
     "capsjax.common.config_keys": (),
     "capsjax.common.per_run": ("declare", "config_keys", "of_config", "stacked"),
-    # Deprecated on 2026-11-28 (per_run replaces it); kept for a release.
-    "capsjax.common.traced_settings": ("is_traced", "value"),
     "capsjax.runs.runconfig": ("import_config_file", "load"),
     "capsjax.training.vectorize": ("default_min_runs",),
     "capsjax.training.evaluation": ("EvalRunner",),   # What Evaluator.runner is.
 }
 
 # (old module, old name) -> "new.module:Name", kept for a release after the move.
-MOVED: dict[tuple[str, str], str] = {
-    # Moved when vector and matrix capsules became one stack (CHANGELOG.md).
-    ("capsjax.models.layers", "Capsules"): "capsjax.models.capsule_layers:Capsules",
-    ("capsjax.models.layers", "vector_capsules"): "capsjax.models.capsule_layers:vector_capsules",
-    ("capsjax.models.layers", "vector_vote_weights"):
-        "capsjax.models.capsule_layers:vector_vote_weights",
-    ("capsjax.models.layers", "matrix_vote_weights"):
-        "capsjax.models.capsule_layers:matrix_vote_weights",
-    ("capsjax.models.layers", "PrimaryCapsules"): "capsjax.models.capsule_layers:PrimaryCapsules",
-    ("capsjax.models.layers", "ClassCapsules"): "capsjax.models.capsule_layers:ClassCapsules",
-    # Renamed so that "run" names a run (2026-11-28): evaluation's runner, the driver.
-    ("capsjax.training.evaluation", "Runner"): "capsjax.training.evaluation:EvalRunner",
-}
+MOVED: dict[tuple[str, str], str] = {}
 
 
 def resolve(target: str):

@@ -71,8 +71,6 @@ class Evaluator:
     """The setting ``key`` of this evaluation, or its declared default (:attr:`SETTINGS`) where
     the config leaves it out or sets None."""
     declared = self.SETTINGS or {}
-    if not isinstance(declared, dict):  # Names alone (before 2026-11-28): no defaults.
-      declared = dict.fromkeys(declared)
     if key not in declared:
       raise KeyError(f"{type(self).__name__} reads the setting {key!r} but does not declare "
                      "it: add it with its default to its SETTINGS.")

@@ -58,7 +58,6 @@ To add a model: a module with such a class, and one line in :data:`MODELS`
 from __future__ import annotations
 
 import inspect
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -93,15 +92,7 @@ KEYWORDS = {"apply": ("train", "rng"), "loss": ("step",)}
 
 def check_class(model_class: type, name: str) -> None:
   """UsageError naming the model and what it lacks, for a class without the interface (a
-  method missing, or one that does not take the keywords it is called with); a
-  DeprecationWarning for a class that declares ``traced_settings``, which nothing reads now."""
-  if getattr(model_class, "traced_settings", None):
-    warnings.warn(
-        f"config.model.name={name!r}: {model_class.__name__}.traced_settings is no longer read "
-        "(deprecated on 2026-11-28): runs that differ in those keys train apart. Declare the "
-        "numbers as per_run_numbers, a class made by capsjax.common.per_run.declare, and take "
-        "them as loss(..., numbers=None) (docs/extending.md).", DeprecationWarning,
-        stacklevel=2)
+  method missing, or one that does not take the keywords it is called with)."""
   missing = [m for m in ("from_config", "apply", "loss", "metrics")
              if not callable(getattr(model_class, m, None))]
   if missing:

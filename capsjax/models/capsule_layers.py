@@ -25,7 +25,6 @@ a layer can batch-normalise its parents' activation logits and poses (``routing_
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Callable, NamedTuple
 
 import jax
@@ -240,28 +239,6 @@ class GridMatrixVotes(NamedTuple):
     return (self.weight_shape, self)
 
 
-# ClassCapsules' former keyword switches -> dynamic routing's settings (deprecated 2026-11).
-_DEPRECATED_SWITCHES = {"routing_iterations": "iterations", "softmax_axis": "softmax_axis",
-                        "stop_gradient": "stop_gradient", "leaky": "leaky",
-                        "squash_epsilon": "squash_epsilon"}
-
-
-def dynamic_settings_of(switches: dict) -> dict:
-  """ClassCapsules' deprecated keyword switches as dynamic routing's settings, with a
-  DeprecationWarning naming the ``routing=`` spelling; TypeError for any other keyword."""
-  unknown = sorted(set(switches) - set(_DEPRECATED_SWITCHES))
-  if unknown:
-    raise TypeError(f"ClassCapsules got unexpected keyword arguments {unknown}.")
-  settings = {_DEPRECATED_SWITCHES[k]: v for k, v in switches.items()}
-  if settings:
-    warnings.warn(
-        f"ClassCapsules({', '.join(f'{k}=...' for k in switches)}) is deprecated: pass "
-        f"routing={{'name': 'dynamic', **capsjax.routing.get('dynamic').settings, "
-        f"{', '.join(repr(k) + ': ...' for k in settings)}}} (CHANGELOG.md).",
-        DeprecationWarning, stacklevel=3)
-  return settings
-
-
 class ClassCapsules(nnx.Module):
   """Fully connected capsule layer ("DigitCaps"): votes by W_ij, then a router.
 
@@ -276,16 +253,14 @@ class ClassCapsules(nnx.Module):
 
   ``routing``, the one way to choose and configure the router: ``{"name": ..., **settings}``
   with every setting of that router filled in (:func:`capsjax.routing.resolve`); None:
-  dynamic routing with the paper's settings. (The keyword switches ``routing_iterations``,
-  ``softmax_axis``, ``stop_gradient``, ``leaky`` and ``squash_epsilon`` are deprecated
-  spellings of dynamic routing's settings: CHANGELOG.md.)
+  dynamic routing with the paper's settings.
   """
 
   def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, *,
                init_scale: float = 0.1, use_bias: bool = False, bias_init: float = 0.1,
                routing: dict | None = None, initializer: nnx.Initializer | None = None,
                votes: str | tuple[Callable, Callable] = "vector", routing_norms: bool = False,
-               rngs: nnx.Rngs, **deprecated_switches):
+               rngs: nnx.Rngs):
     """``initializer``, if given, draws W (shape ``(in_caps, out_caps, out_dim, in_dim)`` for
     vector votes) instead of the truncated normal of std ``init_scale``. ``routing_norms``:
     batch-normalise the parents' activation logits and poses (for routers that give them,
@@ -295,11 +270,7 @@ class ClassCapsules(nnx.Module):
                        f"(weight_shape, vote_fn), got {votes!r}.")
     weight_shape, self.vote_fn = VOTES[votes] if isinstance(votes, str) else votes
     if routing is None:
-      routing = {"name": "dynamic", **routing_lib.get("dynamic").settings,
-                 **dynamic_settings_of(deprecated_switches)}
-    elif deprecated_switches:
-      raise TypeError(f"ClassCapsules takes its router's settings in routing=, not as "
-                      f"{sorted(deprecated_switches)}.")
+      routing = {"name": "dynamic", **routing_lib.get("dynamic").settings}
     router, self.routing_items = split_routing(routing)
     self.router_name = router.name
     if use_bias and not router.uses_parent_bias:

@@ -14,7 +14,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from capsjax.common.errors import UsageError
-from capsjax.common import public_names
 from capsjax.models import winograd
 
 CONV_IMPLS = ("auto", "native", "polyphase", "im2col", "winograd", "winograd4")
@@ -267,4 +266,3 @@ class Decoder(nnx.Module):
 
 
 # Names that moved to capsjax.models.capsule_layers, served with a DeprecationWarning.
-__getattr__ = public_names.module_getattr(__name__)

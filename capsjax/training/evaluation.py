@@ -30,7 +30,6 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax import datasets
-from capsjax.common import public_names
 from capsjax.training import inflight
 
 
@@ -209,4 +208,3 @@ class EvalRunner:
 
 # ``Runner`` is now :class:`EvalRunner` (it is not a run's or a sweep's runner), served with a
 # DeprecationWarning for a release.
-__getattr__ = public_names.module_getattr(__name__)
