@@ -34,7 +34,6 @@ import time
 import types
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from capsjax.common.errors import UsageError
 from capsjax.runs import cli
@@ -49,8 +48,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
   global FLAGS
   define = dict(flag_values=flag_values)
   FLAGS = types.SimpleNamespace(
-      config=config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True,
-                                             sys_argv=argv, **define),
+      config=cli.define_config_file("config", None, "Config file.", flag_values, argv),
       seconds=flags.DEFINE_float("seconds", 20.0, "Minimum time to measure each rate over.",
                                  **define),
       matmul_size=flags.DEFINE_integer(
@@ -81,7 +79,9 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
   ``layer_profile_table``, their markdown). Everything, the matmul rate included, in
   ``config.matmul_precision``."""
   from capsjax.common import precision
+  from capsjax.training import schema
 
+  config = schema.resolve_config(config)  # Every setting checked before anything runs.
   with precision.scope(config):
     report = _measure(config, min_seconds, matmul_size, profile_depth, copy_mb)
   return {**report, "matmul_precision": precision.of(config)}
@@ -157,7 +157,7 @@ def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
       "trainable_parameters": int(sum(leaf.size for leaf in jax.tree.leaves(state.params))),
       "dataset": runtime.config.dataset,
       # Models without these settings (em_capsnet has no compute_dtype) report None.
-      "conv_impl": config.model.get("conv_impl"),
+      "conv_impl": config.model.get("conv_impl"),          # Models without it: null.
       "compute_dtype": config.model.get("compute_dtype"),
       "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),  # See capsjax/runs/hostmemory.py.
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -214,7 +214,9 @@ def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> 
   ``speedup`` against N=1 (the rate of the same runs one by one), the seconds per dispatch
   and the step's new memory per device; in ``config.matmul_precision``."""
   from capsjax.common import precision
+  from capsjax.training import schema
 
+  config = schema.resolve_config(config)
   with precision.scope(config):
     return _vectorized_rates(config, run_counts, min_seconds)
 

@@ -87,10 +87,9 @@ def runs_of(spec: str) -> list[tuple[int, str]]:
 
 
 def seed_of(workdir: str) -> int:
-  from capsjax.common import config_keys
   from capsjax.runs import runconfig
 
-  return int(config_keys.optional(runconfig.read_raw(workdir), "seed"))
+  return int(runconfig.load(workdir).seed)  # Recorded in effect, as every setting.
 
 
 def load_side(spec: str, evaluation: str, which: str) -> dict:

@@ -32,7 +32,6 @@ import os
 import types
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from capsjax.common.errors import UsageError
 from capsjax.runs import cli
@@ -63,10 +62,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
       max_shift=flags.DEFINE_integer(
           "max_shift", 0, "Also evaluate the test set shifted by every (dx, dy) with |dx|, "
           "|dy| <= this many pixels (zero padding, as the training shifts).", **define),
-      evals=config_flags.DEFINE_config_file(
+      evals=cli.define_config_file(
           "evals", None, "A config file of further evaluations ({name: settings}, e.g. "
           "configs/evals/robustness.py): run them on the run's checkpoint and write "
-          "WORKDIR/extra_evaluations.json.", sys_argv=argv, **define))
+          "WORKDIR/extra_evaluations.json.", flag_values, argv))
   return FLAGS
 
 
@@ -89,9 +88,7 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
   if max_shift < 0:
     raise UsageError(f"--max_shift={max_shift}: use 0 (no shifted test sets) or more pixels.")
   if max_shift:
-    evals = config.get("evals") or {"test": {"type": "split", "split": "test"}}
-    config.evals = {**{k: evals[k] for k in evals},
-                    SHIFTED: {"type": "shifted", "split": "test", "max_shift": max_shift}}
+    config.evals[SHIFTED] = {"type": "shifted", "split": "test", "max_shift": max_shift}
   # Everything evaluated and drawn in the run's matmul precision.
   with precision.scope(config):
     restored = restoring.restore(workdir, Runtime(config), checkpoint)

@@ -12,7 +12,6 @@ cluster, start one process per host with --distributed (or with
 import types
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from capsjax.runs import cli, distributed
 
@@ -25,9 +24,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
   sys.argv) holds the --config.* overrides."""
   global FLAGS
   FLAGS = types.SimpleNamespace(
-      config=config_flags.DEFINE_config_file(
-          "config", None, "Config file, e.g. configs/mnist.py.", lock_config=True,
-          sys_argv=argv, flag_values=flag_values),
+      config=cli.define_config_file("config", None, "Config file, e.g. configs/mnist.py.",
+                                    flag_values, argv),
       workdir=flags.DEFINE_string("workdir", None,
                                   "Directory for checkpoints, metrics, figures.",
                                   flag_values=flag_values))

@@ -47,9 +47,9 @@ import types
 from typing import NamedTuple
 
 from absl import flags, logging
+import ml_collections
 from ml_collections import config_flags
 
-from capsjax.common import config_keys
 from capsjax.common.errors import NonFiniteLossError, UsageError
 from capsjax.runs import cli, preemption, workdirs
 from capsjax.runs.reporting import is_finished
@@ -162,29 +162,36 @@ def point_config(base, point: "Point", command_line: dict):
   overrides = dict(point.overrides)
   spec = overrides.pop(CONFIG_KEY, None)
   if spec is not None:
-    base = load_config_file(spec)
+    from capsjax.training import schema
+
+    base = apply_overrides(load_config_file(spec), command_line)
     try:
-      base = apply_overrides(base, command_line, config_keys.optional(base, "seed"))
+      schema.resolve_config(base)
     except UsageError as e:
       raise UsageError(f"A command-line override does not fit {spec}: {e}") from e
   return apply_overrides(base, overrides, point.seed)
 
 
-def apply_overrides(config, overrides: dict, seed: int):
-  """A copy of ``config`` with the point's dotted-key values and seed."""
+def apply_overrides(config, overrides: dict, seed: int | None = None):
+  """A copy of ``config`` with the point's dotted-key values (a section the config leaves out
+  is made: a key nobody declared is refused when the config is resolved,
+  :func:`capsjax.training.schema.resolve_config`) and ``seed`` (None: the config's)."""
   config = config.copy_and_resolve_references()
-  for key, value in overrides.items():
-    *parents, leaf = key.split(".")
-    node = config
-    try:
+  with config.unlocked():
+    for key, value in overrides.items():
+      *parents, leaf = key.split(".")
+      node = config
       for p in parents:
+        if p not in node or node[p] is None:
+          node[p] = ml_collections.ConfigDict()
         node = node[p]
-      if leaf not in node:
-        raise KeyError(leaf)
+        if not hasattr(node, "unlocked"):
+          raise UsageError(f"Sweep key {key!r}: config.{p} is a setting, not a section.")
+      if leaf in node:
+        del node[leaf]  # The point's value, of whatever type (ConfigDict is type-safe).
       node[leaf] = value
-    except (KeyError, AttributeError) as e:
-      raise UsageError(f"Sweep key {key!r} is not in the config.") from e
-  config.seed = seed
+    if seed is not None:
+      config.seed = seed
   return config
 
 
@@ -351,10 +358,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv: list[str] | 
   global FLAGS
   define = dict(flag_values=flag_values)
   FLAGS = types.SimpleNamespace(
-      config=config_flags.DEFINE_config_file(
+      config=cli.define_config_file(
           "config", _default_config_from_argv(argv if argv is not None else sys.argv),
-          "Base config; defaults to the experiment's BASE_CONFIG.", lock_config=True,
-          sys_argv=argv, **define),
+          "Base config; defaults to the experiment's BASE_CONFIG.", flag_values, argv),
       workdir=flags.DEFINE_string("workdir", None,
                                   "Sweep directory; one sub-workdir per run.", **define),
       index=flags.DEFINE_list(
@@ -397,7 +403,7 @@ def main(argv):
     if f.collect.value:
       collect(points, workdir, **report)
       return
-    from capsjax.training import vectorize
+    from capsjax.training import schema, vectorize
 
     min_runs = 2 if f.vectorize.value else None
     if f.vectorize.value is None:
@@ -405,12 +411,12 @@ def main(argv):
     run = functools.partial(run_points, min_runs=min_runs)
     if f.index.value:
       selected = [points[k] for k in _indices(f.index.value, len(points))]
-      for p in selected:
-        point_config(config, p, command_line)
+      for p in selected:  # Every point's settings checked before any run starts.
+        schema.resolve_config(point_config(config, p, command_line))
       run(config, selected, workdir, command_line, skip_held=False)
       return
-    for p in points:  # Fail on a bad key before any run starts.
-      point_config(config, p, command_line)
+    for p in points:  # Every point's settings checked before any run starts.
+      schema.resolve_config(point_config(config, p, command_line))
     try:
       run(config, points, workdir, command_line)
     except NonFiniteLossError:  # The finished runs' tables all the same.

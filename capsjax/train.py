@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from capsjax.training import driver, memory
+from capsjax.training import driver, memory, schema
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -24,6 +24,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   (:class:`capsjax.common.errors.NonFiniteLossError`, :class:`capsjax.runs.workdirs.WorkdirBusy`,
   :class:`capsjax.training.memory.OutOfMemory`, ...).
   """
+  config = schema.resolve_config(config)  # Every setting checked before anything runs.
   with memory.advice_on_allocation_failure(config):
     (outcome,) = driver.train_and_evaluate_group([config], [workdir], vectorised=False)
   if isinstance(outcome, BaseException):

@@ -28,7 +28,7 @@ import pathlib
 
 import ml_collections
 
-from capsjax.common import config_args, config_keys
+from capsjax.common import config_args
 from capsjax.runs.runconfig import import_config_file
 
 mnist = import_config_file(pathlib.Path(__file__).with_name("mnist.py"))
@@ -57,8 +57,9 @@ def em_model(*, conv1=32, primary=32, caps=(32, 32)) -> ml_collections.ConfigDic
   model.class_capsules = ml_collections.ConfigDict(dict(
       init_scale=0.01,
       coordinate_addition="code"))  # "paper" | "none".
-  model.routing = ml_collections.ConfigDict(config_keys.routing())
-  model.routing.name = "em"         # The class layer: inverse temperature 0.01 / 4, etc.
+  # The class layer's router: EM routing at its defaults, the authors' code's (inverse
+  # temperature 0.01 / 4, ...: capsjax/routing/em.py SETTINGS).
+  model.routing = ml_collections.ConfigDict(dict(name="em"))
   model.conv_impl = "auto"
   return model
 
@@ -70,7 +71,9 @@ def code_training(c: ml_collections.ConfigDict, *, small: bool, smoke: bool) -> 
   if smoke:
     c.model = em_model(conv1=8, primary=4, caps=(4, 4))
     mnist.set_smoke_convolutions(c)
-  c.loss = config_keys.em_loss()
+  # The authors' code's spread loss (its margin schedule, the mean over classes, weight decay
+  # 2e-7): the declared defaults (capsjax/models/em_capsnet.py LOSS_SETTINGS).
+  c.loss = ml_collections.ConfigDict()
   c.optimizer.update(dict(learning_rate=0.01, decay_rate=0.96, decay_steps=20_000))
   if not smoke:
     c.train.batch_size = 64

@@ -19,15 +19,13 @@ def image_config(*, smoke: bool, dataset: str, tfds_name: str,
   """The MNIST config with the data of ``dataset`` (capsjax/datasets/images.py)."""
   c = mnist.make_config(smoke=smoke)
   c.dataset = dataset
+  limits = {k: c.data[k] for k in ("train_limit", "test_limit") if k in c.data}  # Smoke's.
   c.data = ml_collections.ConfigDict(dict(
       source="tfds", name=tfds_name,
       dir=config_dict.placeholder(str),            # tfds's manual dir (offline).
       tfds_data_dir=config_dict.placeholder(str),  # Where tfds keeps prepared data.
-      validation_size=0, validation_split="random", train_limit=c.data.train_limit,
-      test_limit=c.data.test_limit,
-      resize=0, crop=0, flip=False, brightness=0.0, contrast_lower=1.0, contrast_upper=1.0,
+      **limits, crop=0, flip=False, brightness=0.0, contrast_lower=1.0, contrast_upper=1.0,
       standardize=False,
   ))
   c.data.update(augment)
-  c.model.padding = "VALID"
   return c

@@ -30,7 +30,7 @@ Variants (keywords after ':', capsjax/common/config_args.py):
 import ml_collections
 from ml_collections import config_dict
 
-from capsjax.common import config_args, config_keys
+from capsjax.common import config_args
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -51,20 +51,24 @@ def make_config(*, smoke: bool = False, official: bool = False) -> ml_collection
   files built on this one keep it until a measurement of theirs says otherwise);
   :func:`get_config` sets ``official=True`` unless asked for ``text``.
 
-  Each section is built by its own function below with the paper's text's values;
-  :func:`set_official` (the default of :func:`get_config`) changes those the authors' code has
-  otherwise, and :func:`set_smoke` shrinks the model and the run for tests."""
+  Each section is built by its own function below with the paper's text's values; a setting it
+  leaves out takes the default declared beside the code that reads it (the paper's value, or
+  for what the paper leaves open the usual one: ``python -m capsjax.training.schema`` lists
+  them all, docs/config_keys.md). :func:`set_official` (the default of :func:`get_config`)
+  changes those the authors' code has otherwise, and :func:`set_smoke` shrinks the model and
+  the run for tests."""
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.dataset = "mnist"             # A registered dataset builder (capsjax/datasets).
-  # Float32 matmuls and convolutions: "default" is the device's fastest (TF32 on A100/H100
-  # GPUs); "float32" computes them in full float32, as the authors' code ran on 2017's GPUs
-  # (capsjax/common/precision.py); "tensorfloat32", "bfloat16".
-  c.matmul_precision = "default"
   c.data = data_config()
   c.model = model_config()
-  c.loss = loss_config()
-  c.optimizer = optimizer_config()
+  # The margin loss, Eq. 4 (m+ 0.9, m- 0.1, lambda 0.5) summed over the classes, plus 0.0005
+  # x the SUM of squared pixel errors: the declared defaults (capsjax/models/capsule_head.py
+  # LOSS_SETTINGS). The official code weighs the margin loss by 0.05 (:func:`set_official`).
+  c.loss = ml_collections.ConfigDict()
+  # The paper's Adam at 1e-3 decayed 0.96 every 2000 steps: the declared defaults
+  # (capsjax/training/optimizers.py); e.g. --config.optimizer.name=sgd alone switches.
+  c.optimizer = ml_collections.ConfigDict()
   c.train = train_config()
   c.eval, c.evals = eval_configs()
   if official:
@@ -82,18 +86,13 @@ def data_config() -> ml_collections.ConfigDict:
   # tfds: the manual dir with the original archives (offline); idx: the IDX folder.
   data.dir = config_dict.placeholder(str)
   data.tfds_data_dir = config_dict.placeholder(str)  # Where tfds keeps prepared data.
-  data.validation_size = 0      # Held out from train; the paper tuned on 10,000.
-  data.validation_split = "random"  # Drawn with the seed; "first": the official code's.
   data.train_limit = 0          # Use only the first N training examples (0: all).
-  data.test_limit = 0           # Evaluate a fixed random sample of N examples (0: all).
   data.shift_pixels = 2         # Random shifts of up to 2 px with zero padding.
-  data.pad = 0                  # Centre digits on a canvas this many px larger per side.
-  # The order of training examples: "permutation", each epoch a fresh permutation and each
-  # draw a random shift; "stream", the official code's file (each digit's 25 shifts in a row,
-  # the digits in file order, over and over) through a shuffle of stream_window examples
-  # (the code's queue: 5,000 + 3 x 128). Not part of :official (not measured yet).
-  data.order = "permutation"
-  data.stream_window = 5384
+  # Left out, at their defaults: no validation split (the paper tuned on 10,000: --config.
+  # data.validation_size=10000), every test digit (data.test_limit=0), and the order of
+  # training examples, each epoch a fresh permutation and each draw a random shift
+  # (data.order="stream" is the official code's file, each digit's 25 shifts in a row:
+  # capsjax/datasets/stream_order.py; not part of :official, not measured yet).
   return data
 
 
@@ -113,11 +112,10 @@ def model_config() -> ml_collections.ConfigDict:
   # slower here after one epoch, so the text's PrimaryCaps is LeCun.
   model.conv1 = ml_collections.ConfigDict(
       dict(features=256, kernel_size=9, stride=1, init_scale=0.05, bias_init=0.0))
-  # output_scale: the convolution times this before the squash; 1 in the paper, 1/32 in the
-  # official code (its PrimaryCaps couples each output with softmax(0) over the 32 types).
+  # output_scale left out: 1, the paper's; the official code's 1/32 (its PrimaryCaps couples
+  # each output with softmax(0) over the 32 types) is :func:`set_official`'s.
   model.primary = ml_collections.ConfigDict(
-      dict(num_types=32, dim=8, kernel_size=9, stride=2, init_scale=0.0, bias_init=0.0,
-           output_scale=1.0))
+      dict(num_types=32, dim=8, kernel_size=9, stride=2, init_scale=0.0, bias_init=0.0))
   model.class_capsules = ml_collections.ConfigDict(dict(
       dim=16,
       init_scale=0.1,    # W_ij ~ normal(0, 0.1) cut at 2 std (official code; paper silent).
@@ -125,55 +123,20 @@ def model_config() -> ml_collections.ConfigDict:
       # the router forms s_j.
       use_bias=False,
       bias_init=0.1,
-      # Class scores: "auto" = the router's parent activations where it computes them
-      # (self_routing), else the capsule lengths (paper); or "lengths" / "activations".
-      scores="auto",
   ))
-  # The router (capsjax/routing) and its settings. Each setting is unset here and takes the
-  # chosen router's default, which is its paper's (the run's config.json records the values in
-  # effect), so --config.model.routing.name=uniform alone switches router. Dynamic routing's
-  # (paper, Procedure 1):
-  #   iterations=3          r; inverted_dot_product: 2, its first pass uniform.
-  #   softmax_axis="output" over parents j (paper); "input": over children i.
-  #   stop_gradient=False   True: no gradient through the intermediate iterations.
-  #   leaky=False           True: the official code's extra zero logit (leaky routing).
-  #   squash_epsilon=0.0    Eq. 1 exactly; public code often uses 1e-7..1e-9.
-  #   gradient="auto"       how it is differentiated (same gradients): "autodiff" (auto, for
-  #                         now everywhere) or "analytic", the backward pass written out.
-  # Routers: dynamic | uniform | random | self_attention | inverted_dot_product | self_routing.
-  model.routing = ml_collections.ConfigDict(config_keys.routing())
-  model.routing.name = "dynamic"
-  # Decoder init: LeCun, biases 0 (Flax's default); the official code's 0.1 / 0.1 measured
-  # the same after one epoch (experiments/README.md).
-  model.decoder = ml_collections.ConfigDict(
-      dict(enabled=True, hidden=(512, 1024), init_scale=0.0, bias_init=0.0))
+  # The router (capsjax/routing): dynamic routing, Procedure 1. Its settings are left out and
+  # take its defaults, the paper's (3 iterations, the softmax over parents, no stop-gradient,
+  # no leaky logit, Eq. 1's squash exactly: capsjax/routing/dynamic.py SETTINGS), so
+  # --config.model.routing.iterations=1 sets one and --config.model.routing.name=uniform alone
+  # switches router (dynamic | uniform | random | self_attention | inverted_dot_product |
+  # self_routing | em | variational_bayes). The run's config.json records every one in effect.
+  model.routing = ml_collections.ConfigDict(dict(name="dynamic"))
+  # Decoder init left out: LeCun, biases 0 (Flax's default); the official code's 0.1 / 0.1
+  # measured the same after one epoch (experiments/README.md).
+  model.decoder = ml_collections.ConfigDict(dict(enabled=True, hidden=(512, 1024)))
   model.conv_impl = "auto"  # "auto" | "native" | "im2col" | "polyphase" | "winograd[4]".
   model.compute_dtype = "float32"  # "bfloat16": convs and decoder in bf16.
   return model
-
-
-def loss_config() -> ml_collections.ConfigDict:
-  """``config.loss``: the margin loss (Eq. 4: m_plus 0.9, m_minus 0.1, lam 0.5) times
-  ``margin_weight`` (1: summed over the classes; the official code's 0.05, 0.5 x a mean over
-  the 10 classes, weighs reconstruction 20x more against the margin) and the reconstruction
-  term, 0.0005 x the SUM of squared pixel errors: the declared defaults
-  (``python -m capsjax.common.config_keys``)."""
-  return config_keys.defaults_of("loss")
-
-
-def optimizer_config() -> ml_collections.ConfigDict:
-  """``config.optimizer``: the paper's Adam and learning-rate decay."""
-  # capsjax/training/optimizers.py: the paper's Adam, 1e-3 decayed exponentially 0.96 every
-  # 2000 steps.
-  # Each optimiser's and schedule's own settings (b1, b2, eps; momentum, nesterov; decay_rate,
-  # decay_steps or decay_epochs, staircase; ...) are unset here, which takes that one's default
-  # (Adam: TF's b1 0.9, b2 0.999, eps 1e-8; exponential: the paper's 0.96 every 2000 steps),
-  # so that e.g. --config.optimizer.name=sgd or --config.optimizer.schedule=cosine alone works.
-  # The declared defaults (python -m capsjax.common.config_keys): name "adam" (adam | adamw |
-  # sgd | rmsprop), learning_rate 1e-3, schedule "exponential" (exponential | cosine |
-  # constant | piecewise), weight_decay unset (0; adamw: 1e-4), clip_norm 0 (> 0: clip the
-  # gradients to this global norm).
-  return ml_collections.ConfigDict(config_keys.optimizer())
 
 
 def train_config() -> ml_collections.ConfigDict:
@@ -186,24 +149,17 @@ def train_config() -> ml_collections.ConfigDict:
   train.eval_every_steps = 0       # 0: at the end of each epoch.
   train.checkpoint_every_steps = 500
   train.keep_checkpoints = 3       # Latest N; the best by accuracy is kept as well.
-  train.steps_per_dispatch = 1     # >1: lax.scan over this many steps per call.
-  # Stop once the selection set (validation, else test) reaches this accuracy (e.g. 0.99).
-  train.stop_at_accuracy = config_dict.placeholder(float)
-  # Further evaluations (config.evals names) run whenever validation is evaluated, to record
-  # curves (e.g. novel viewpoints for comparisons at matched familiar error); never to choose.
-  train.eval_during = ()
-  # Warn when this fraction of the class capsules is saturated (longer than 0.95) for this
-  # many consecutive steps (steps=0: never); docs/training.md, "Saturated class capsules".
-  train.saturation_warning = config_keys.defaults_of("train.saturation_warning")  # 0.9, 100.
+  # Left out, at their defaults: one step per dispatch (train.steps_per_dispatch), no stop at
+  # an accuracy (train.stop_at_accuracy), no evaluations beside validation's
+  # (train.eval_during), and the warning of saturated class capsules (train.
+  # saturation_warning; docs/training.md, "Saturated class capsules").
   return train
 
 
 def eval_configs() -> tuple[ml_collections.ConfigDict, ml_collections.ConfigDict]:
   """``config.eval`` (batch and figures) and ``config.evals`` (what is evaluated, by name)."""
   e = ml_collections.ConfigDict()
-  e.batch_size = 500
-  e.figures = True           # After training: curves, diagnostics, the model's figures.
-  e.num_figure_examples = 8
+  e.batch_size = 500  # Figures after training (curves, diagnostics, the model's): eval.figures.
 
   # Evaluations (capsjax/evaluators), by name; "test" is the main test set. A held-out
   # validation split (data.validation_size) is evaluated as "validation" as well.
@@ -251,16 +207,15 @@ def set_official(c: ml_collections.ConfigDict) -> None:
   # conv_slim_capsule(num_routing=1, input_dim=1): softmax(0) over the 32 types, then + 0.1.
   c.model.primary.update(dict(init_scale=0.1, bias_init=0.1, output_scale=1.0 / 32))
   # layers.capsule: weights std 0.1, biases (10, 16) at 0.1 added to s_j at every iteration.
-  # use_bias unset: a bias wherever the router forms s_j (dynamic, uniform, random), so that
-  # --config.model.routing.name=em alone still works.
+  # use_bias left out: a bias wherever the router forms s_j (dynamic, uniform, random), so
+  # that --config.model.routing.name=em alone still works.
   c.model.class_capsules.update(dict(init_scale=0.1, bias_init=0.1))
-  del c.model.class_capsules["use_bias"]  # A placeholder, so that the command line can set it.
-  c.model.class_capsules.use_bias = config_dict.placeholder(bool)
+  del c.model.class_capsules["use_bias"]
   # layers.reconstruction: truncated normal 0.1, biases 0.1.
   c.model.decoder.update(dict(init_scale=0.1, bias_init=0.1))
   # model.py: tf.train.AdamOptimizer (epsilon hat) on max(exponential decay, 1e-6): Adam's
   # eps_hat=True and the exponential schedule's end_value=1e-6 where those are chosen, so that
-  # --config.optimizer.name=sgd alone still works (capsjax/training/optimizers.py, OFFICIAL_CODE).
+  # --config.optimizer.name=sgd alone still works (capsjax/training/optimizers.py, official_code).
   c.optimizer.official_code = True
   # mnist_input_record.py with --validate: the first 10,000 training digits validate.
   c.data.validation_split = "first"

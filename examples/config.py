@@ -27,7 +27,7 @@ import pathlib
 import ml_collections
 from ml_collections import config_dict
 
-from capsjax.common import config_args, config_keys
+from capsjax.common import config_args
 from capsjax.runs.runconfig import import_config_file
 
 _HERE = pathlib.Path(__file__).resolve().parent
@@ -55,7 +55,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         num_classes=config_dict.placeholder(int),
         features=32, types=8, dim=8, class_dim=8,
         margin_steps=max(1, args.steps // 2),  # The spread loss's margin: 0.2 -> 0.9.
-        routing=config_keys.routing(),
+        routing=dict(name="dynamic"),
     ))
     del c["loss"]  # CapsNet's margin loss; TinyCapsNet has its own.
 

@@ -5,7 +5,10 @@
 
 The model contract (``capsjax/models/__init__.py``): ``from_config``, ``apply`` returning
 :class:`capsjax.models.Outputs`, ``loss`` (which sees the training step) and ``metrics``.
-Everything else (training, checkpoints, evaluations, ensembles) comes with the run.
+Everything else (training, checkpoints, evaluations, ensembles) comes with the run. The keys
+of ``config.model`` it reads are declared beside the code (``SETTINGS``), so a run refuses a
+misspelt one and checks each value before anything is compiled, and ``router_sections`` says
+that ``config.model.routing`` names a router (its settings are that router's).
 
 The network: one ReLU convolution, primary capsules, class capsules routed by the router of
 ``config.model.routing`` (any registered one, or one's own by import path). The loss is the
@@ -21,8 +24,18 @@ from flax import nnx
 
 from capsjax import routing
 from capsjax.common.errors import UsageError
-from capsjax.models import capsule_layers, layers
-from capsjax.models import Outputs
+from capsjax.common.settings import POSITIVE, Setting
+from capsjax.models import SHAPE_SETTINGS, Outputs, capsule_layers, layers
+
+_SIZE = dict(kind=int, check=POSITIVE)
+SETTINGS = {
+    **SHAPE_SETTINGS,  # model.image_shape and num_classes, filled in from the dataset.
+    "model.features": Setting(meaning="The convolution's channels.", **_SIZE),
+    "model.types": Setting(meaning="Primary capsule types.", **_SIZE),
+    "model.dim": Setting(meaning="Primary capsules' dimension.", **_SIZE),
+    "model.class_dim": Setting(meaning="Class capsules' dimension.", **_SIZE),
+    "model.margin_steps": Setting(meaning="Steps over which the margin grows to 0.9.", **_SIZE),
+}
 
 
 def spread_margin(step, margin_steps: int) -> jax.Array:
@@ -54,20 +67,16 @@ class TinyCapsNet(nnx.Module):
                                                class_dim, routing=routing_settings, rngs=rngs)
     self.margin_steps = margin_steps
 
+  SETTINGS = SETTINGS
+  router_sections = ("model.routing",)
+
   @classmethod
   def from_config(cls, config, *, rngs: nnx.Rngs) -> "TinyCapsNet":
     m = config.model
-    if not m.margin_steps >= 1:
-      raise UsageError(f"config.model.margin_steps must be >= 1, got {m.margin_steps!r}.")
     router, settings = routing.resolve(m.routing)
     return cls(tuple(m.image_shape), m.num_classes, features=m.features, types=m.types,
                dim=m.dim, class_dim=m.class_dim, margin_steps=m.margin_steps,
                routing_settings={"name": router.name, **settings}, rngs=rngs)
-
-  @staticmethod
-  def resolve_config(model_config) -> None:
-    """Records the router's settings in effect in the run's config.json."""
-    routing.fill(model_config.routing)
 
   def apply(self, batch: dict, *, train: bool, rng=None) -> Outputs:
     features = jax.nn.relu(self.conv(batch["images"]))

@@ -106,7 +106,7 @@ def measure(batch: int, calls: int, children: int = 288, out_caps: int = 32,
   reference's scale, or SystemExit: not measured), then the median seconds of ``calls`` calls
   each (alternating) and each program's temporary bytes."""
   x = problem(batch, children, out_caps, positions, dim)
-  settings = dict(em.SETTINGS)
+  settings = dict(em.ROUTER.defaults)
   normalise = lambda log_p: jax.nn.softmax(log_p, axis=2)  # Over each child's parents.
   programs = gradient_programs(x, routings(settings, normalise))
   args = (x["votes"], x["activations"], x["beta_u"], x["beta_a"])

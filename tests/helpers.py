@@ -198,11 +198,12 @@ def write_idx_dataset(directory, num_train=512, num_test=128, gz=True, seed=0):
 def parse_config_flags(*args, config="configs/mnist.py"):
   """The config as ``python -m capsjax.main --config=CONFIG ARGS`` parses it (in process)."""
   from absl import flags
-  from ml_collections import config_flags
+
+  from capsjax.runs import cli
 
   argv = ["prog", f"--config={REPO / config}", *args]
   values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
+  cli.define_config_file("config", None, "", values, argv)
   values(argv)
   return values.config
 
@@ -312,16 +313,12 @@ def free_port() -> int:
 
 
 def resolved(config):
-  """A copy of ``config`` with ``model.image_shape`` and ``num_classes`` filled in from its
-  dataset, as a run does (configs leave them unset); the router's settings stay unset, so a
-  test may still switch router."""
-  import copy
+  """``config`` resolved as a run resolves it (every default filled in, ``model.image_shape``
+  and ``num_classes`` from its dataset: :func:`capsjax.training.schema.resolve_config`). To
+  switch router afterwards, replace the section: ``c.model.routing = {"name": "uniform"}``."""
+  from capsjax.training import schema
 
-  from capsjax.training import tasks
-
-  config = copy.deepcopy(config)
-  tasks.fill_model_shapes(config)
-  return config
+  return schema.resolve_config(config)
 
 
 def abstract_model(config):

@@ -154,8 +154,8 @@ def test_checks_catch_a_rising_curve_and_a_weak_iterative_attack():
 @pytest.mark.parametrize("settings,message", [
     ({"attacks": ("fgsm", "cw")}, "attacks="),
     ({"epsilons": (-0.1,)}, "epsilons="),
-    ({"steps": 0}, "config.evals.adversarial.steps must be an integer >= 1, got 0"),
-    ({"limit": -5}, "config.evals.adversarial.limit must be an integer >= 0, got -5"),
+    ({"steps": 0}, "config.evals.adversarial.steps=0 is out of range: it must be >= 1"),
+    ({"limit": -5}, "config.evals.adversarial.limit=-5 is out of range: it must be >= 0"),
     ({"loss": "hinge"}, "loss='hinge'"),
     ({"loss": "model", "targeted": True}, "targeted attack needs loss='cross_entropy'"),
     ({"split": "nope"}, "split='nope'"),

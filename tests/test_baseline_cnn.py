@@ -10,6 +10,7 @@ import affnist
 import mnist_baseline
 from capsjax import models
 from capsjax.common.errors import UsageError
+from capsjax.training import schema
 from capsjax.models.baseline_cnn import BaselineCNN
 from helpers import abstract_model
 
@@ -101,15 +102,25 @@ def test_dropout_only_in_training():
 
 @pytest.mark.parametrize("key,value,match", [
     ("pool", (2, 2), "pooling size .* for each of the 1 convolutions"),
-    ("dropout_rate", 1.0, "dropout_rate must be in"),
-    ("hidden", (), "hidden must be a non-empty tuple"),
-    ("conv_impl", "fft", "conv_impl must be one of"),
-    ("padding", "FULL", "padding must be one of"),
-    ("loss", "hinge", "loss must be one of"),
+    ("hidden", (), "conv_features and hidden must not be empty"),
 ])
-def test_bad_config_names_the_key(key, value, match):
+def test_settings_that_do_not_fit_together_are_refused_naming_the_key(key, value, match):
   with pytest.raises(UsageError, match=match):
     models.create(tiny_config(**{key: value}), rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("dropout_rate", 1.0, r"dropout_rate=1\.0 is out of range: it must be in \[0, 1\)"),
+    ("conv_impl", "fft", r"conv_impl='fft' is out of range: it must be one of"),
+    ("padding", "FULL", r"padding='FULL' is out of range: it must be one of"),
+    ("loss", "hinge", r"loss='hinge' is out of range: it must be one of"),
+    ("hidden", (0,), r"hidden=\(0,\) is out of range: it must be each >= 1"),
+])
+def test_a_value_out_of_range_is_refused_naming_the_key(key, value, match):
+  config = mnist_baseline.get_config("smoke")
+  config.model[key] = value
+  with pytest.raises(UsageError, match=rf"config\.model\.{match}"):
+    schema.resolve_config(config)
 
 
 def test_unknown_model_name():

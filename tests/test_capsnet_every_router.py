@@ -22,9 +22,9 @@ NAMES = ROUTER_NAMES
 
 
 def smoke_config(router="dynamic"):
-  config = resolved(mnist.get_config("smoke"))
+  config = mnist.get_config("smoke")
   config.model.routing.name = router
-  return config.model
+  return resolved(config).model
 
 
 def _batch(n=4):
@@ -116,16 +116,20 @@ def test_self_routing_scores_by_parent_activations_unless_told_lengths():
 
 @pytest.mark.parametrize("router,key,value,match", [
     ("dynamic", "class_capsules.scores", "activations", "computes no parent activations"),
-    ("dynamic", "class_capsules.scores", "probabilities", "scores must be one of"),
+    ("dynamic", "class_capsules.scores", "probabilities", "scores='probabilities' is out of "
+                                                         "range: it must be one of"),
     ("self_attention", "class_capsules.use_bias", True, "does not form"),
     ("uniform", "routing.iterations", 2, "iterations=2 is not a setting of router 'uniform'"),
 ])
 def test_settings_the_router_cannot_use_are_refused(router, key, value, match):
-  c = smoke_config(router)
+  """Refused when the config is resolved (a value out of its declared range) or when the model
+  is built (a value this router cannot use), naming the key."""
+  config = mnist.get_config("smoke")
+  config.model.routing.name = router
   section, name = key.split(".")
-  c[section][name] = value
+  config.model[section][name] = value
   with pytest.raises(UsageError, match=match):
-    capsnet.CapsNet(c, rngs=nnx.Rngs(0))
+    capsnet.CapsNet(resolved(config).model, rngs=nnx.Rngs(0))
 
 
 DATA = pathlib.Path(__file__).with_name("data")

@@ -18,11 +18,13 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
      f"capsjax's configs are in {REPO / 'configs'}", "/"),
     (("--config=configs/mnist.py:bogus",), "configs/mnist.py: unknown variant keyword 'bogus'", REPO),
     (("--config=configs/mnist.py", "--config.train.num_step=3"),
-     "--config does not have: 'train.num_step'. Did you mean --config.train.num_steps", REPO),
+     "config.train.num_step is not a setting of config.train; did you mean "
+     "config.train.num_steps?", REPO),
     (("--config=configs/mnist.py", "--config.num_steps=3"),  # Another section.
-     "does not have: 'num_steps'. Did you mean --config.train.num_steps?", REPO),
+     "config.num_steps is not a setting of a config; did you mean config.train.num_steps?",
+     REPO),
     (("--config=configs/mnist.py:smoke", "--config.data.test_limit=-5"),
-     "config.data.test_limit must be an integer >= 0, got -5.", REPO),
+     "config.data.test_limit=-5 is out of range: it must be >= 0", REPO),
 ])
 def test_bad_config_flags(tmp_path, args, message, cwd, capsys, monkeypatch):
   monkeypatch.chdir(cwd)

@@ -8,7 +8,7 @@ import affnist
 import mnist
 from capsjax import datasets
 from capsjax.common.errors import UsageError
-from capsjax.training import tasks
+from capsjax.training import schema
 from helpers import write_idx_dataset
 
 
@@ -79,10 +79,11 @@ def test_expanded_placement_in_the_jitted_step_matches_numpy(bars_64_16):
 def test_bad_padding_settings(bars_64_16):
   c = expanded_config(bars_64_16)
   c.data.shift_pixels = 7
-  with pytest.raises(UsageError, match="shift_pixels=7 is larger than config.data.pad=6"):
+  with pytest.raises(UsageError, match=r"config\.data\.pad=6, config\.data\.shift_pixels=7: "
+                                       r"they must satisfy shift_pixels <= pad"):
     datasets.get(c)
   c = expanded_config(bars_64_16)
   c.model.image_shape = (44, 44, 1)
   with pytest.raises(UsageError, match=r"image_shape=\(44, 44, 1\) but the dataset 'mnist' "
                                        r"makes images of shape \(40, 40, 1\)"):
-    tasks.fill_model_shapes(c)
+    schema.resolve_config(c)

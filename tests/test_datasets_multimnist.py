@@ -126,7 +126,7 @@ def test_shift_by_matches_the_host_shift():
 def test_bad_settings(bars_200_40):
   with pytest.raises(UsageError, match="shift_pixels=5 must lie in"):
     datasets.get(config(bars_200_40, shift_pixels=5))
-  with pytest.raises(UsageError, match="pairs_per_digit must be >= 1"):
+  with pytest.raises(UsageError, match=r"pairs_per_digit=0 is out of range: it must be > 0"):
     datasets.get(config(bars_200_40, pairs_per_digit=0))
 
 

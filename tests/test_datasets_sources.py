@@ -104,7 +104,7 @@ def test_image_shape_mismatch_names_config_key(tmp_path):
 
 
 def test_unknown_source(tmp_path):
-  with pytest.raises(UsageError, match="source must be 'tfds' or 'idx'"):
+  with pytest.raises(UsageError, match=r"source='csv' is out of range: it must be one of \('tfds', 'idx'\)"):
     sources.load(data_config(tmp_path, source="csv"), (28, 28, 1), 10)
 
 

@@ -17,7 +17,7 @@ from capsjax.routing import em
 from capsjax.perf import hlo_traffic
 from capsjax.common.errors import UsageError
 
-CODE = dict(em.SETTINGS)
+CODE = dict(em.ROUTER.defaults)
 
 
 def softmax_over_parents(log_p):
@@ -217,7 +217,7 @@ def test_the_setting_is_checked_and_diagnostics_still_come():
 
 def test_auto_is_the_analytic_form_on_a_cpu_only(monkeypatch):
   assert em.resolved_gradient("auto") == "analytic"     # The tests run on the CPU.
-  assert em.SETTINGS["gradient"] == "auto"
+  assert em.ROUTER.defaults["gradient"] == "auto"
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert em.resolved_gradient("auto") == "autodiff"
   assert em.resolved_gradient("analytic") == "analytic"

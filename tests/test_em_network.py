@@ -272,7 +272,7 @@ def em_route64(votes, acts, beta_u, beta_a, **settings):
                       activations=jnp.asarray(acts, jnp.float64),
                       params={"beta_u": jnp.asarray(beta_u, jnp.float64),
                               "beta_a": jnp.asarray(beta_a, jnp.float64)},
-                      settings=dict(em.SETTINGS, **settings), diagnostics=True)
+                      settings=dict(em.ROUTER.defaults, **settings), diagnostics=True)
     return jax.tree.map(np.asarray, result)
 
 
@@ -283,7 +283,7 @@ def test_em_with_every_child_inactive_gives_the_documented_parents():
   rng = np.random.default_rng(0)
   beta_u, beta_a = np.array([0.5, 2.0, -1.0]), np.array([1e-4, -2e-4, 0.0])
   result = em_route64(rng.normal(size=(2, 7, 3, 16)), np.zeros((2, 7)), beta_u, beta_a)
-  s, d = em.SETTINGS, 16
+  s, d = em.ROUTER.defaults, 16
   lam = s["inverse_temperature"] * (1 - s["temperature_growth"] ** s["iterations"])
   cost = s["mass_epsilon"] * (-d * math.log(s["min_variance"])
                               - beta_u * d * (math.log(2 * math.pi) + 1))
@@ -304,11 +304,11 @@ def test_em_with_identical_votes_puts_the_variance_at_its_floor():
   rng = np.random.default_rng(1)
   vote = np.broadcast_to(rng.normal(size=(1, 1, 1, 16)), (1, 1, 3, 16))  # Parents alike.
   votes, acts = np.broadcast_to(vote, (1, 6, 3, 16)), np.full((1, 6), 0.5)
-  w, eps, floor = 1.0, em.SETTINGS["mass_epsilon"], em.SETTINGS["min_variance"]
-  for damping in (0.0, em.SETTINGS["mean_damping"]):
+  w, eps, floor = 1.0, em.ROUTER.defaults["mass_epsilon"], em.ROUTER.defaults["min_variance"]
+  for damping in (0.0, em.ROUTER.defaults["mean_damping"]):
     result = em_route64(votes, acts, np.zeros(3), np.zeros(3), mean_damping=damping)
     mean = np.zeros_like(vote[:, 0])
-    for t in range(em.SETTINGS["iterations"]):
+    for t in range(em.ROUTER.defaults["iterations"]):
       mean = (1 - damping) * vote[:, 0] * w / (w + eps) + damping * mean
       variance = floor + w * (vote[:, 0] - mean) ** 2 / (w + eps)
       np.testing.assert_allclose(result.diagnostics["log_sigma"][:, t],
@@ -323,7 +323,7 @@ def test_vb_with_every_child_inactive_keeps_the_prior():
   logit beta_a - (exp(E ln pi) H + beta_u), with E ln pi = digamma(alpha0) - digamma(K alpha0)
   and H the prior's expected entropy, the same for every parent."""
   rng = np.random.default_rng(2)
-  s = dict(vb.SETTINGS)
+  s = dict(vb.ROUTER.defaults)
   beta_u, beta_a = rng.normal(size=3), rng.normal(size=3)
   with jax.enable_x64(True):
     result = vb.vb_routing(jnp.asarray(rng.normal(size=(2, 5, 3, 1, 16))),

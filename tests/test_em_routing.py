@@ -16,7 +16,7 @@ from capsjax.models import receptive_fields as fields
 from capsjax.routing import em
 from capsjax.common.errors import UsageError
 
-CODE = dict(em.SETTINGS)
+CODE = dict(em.ROUTER.defaults)
 CONV = dict(CODE, inverse_temperature=0.01, mass_epsilon=1e-7, beta_u_init=0.5, beta_a_init=0.5)
 
 
@@ -311,10 +311,11 @@ def test_diagnostics_per_iteration_by_hand_at_the_start():
 
 def test_the_router_is_registered_and_refuses_bad_settings():
   router, settings = routing.resolve({"name": "em"})
-  assert router.yields_activations and settings == em.SETTINGS
-  with pytest.raises(UsageError, match="min_variance must be a number > 0"):
+  assert router.yields_activations and settings == em.ROUTER.defaults
+  with pytest.raises(UsageError, match=r"min_variance=0\.0 is out of range: it must be > 0"):
     routing.resolve({"name": "em", "min_variance": 0.0})
-  with pytest.raises(UsageError, match="mean_damping must be in"):
+  with pytest.raises(UsageError, match=r"mean_damping=1\.0 is out of range: it must be in "
+                                       r"\[0, 1\)"):
     routing.resolve({"name": "em", "mean_damping": 1.0})
   specs = router.parameters(8, 16, 5, 16, settings)
   np.testing.assert_array_equal(specs["beta_u"].create(jax.random.key(0)), np.full(5, 2.0))

@@ -88,11 +88,14 @@ def test_members_that_differ_are_refused(members, tmp_path):
   config = json.loads((other / "config.json").read_text())
   config["model"]["num_classes"] = 12
   (other / "config.json").write_text(json.dumps(config))
-  with pytest.raises(UsageError, match=r"member .*other has model.num_classes=12, but .* has 10"):
+  with pytest.raises(UsageError, match=r"member .*other: config.model.num_classes=12 but the "
+                                       r"dataset .mnist. has 10"):
     ensemble.evaluate_ensemble([str(members / "seed=0"), str(other)])
   config["model"]["num_classes"], config["dataset"] = 10, "multimnist"
   (other / "config.json").write_text(json.dumps(config))
-  with pytest.raises(UsageError, match="has dataset='multimnist', but"):
+  # Refused on reading it: MNIST's settings are no MultiMNIST settings.
+  with pytest.raises(UsageError, match="member .*other: config.data.erase_size is not a "
+                                       "setting of dataset 'multimnist'"):
     ensemble.evaluate_ensemble([str(members / "seed=0"), str(other)])
   with pytest.raises(UsageError, match="at least two run directories"):
     ensemble.evaluate_ensemble([str(members / "seed=0")])

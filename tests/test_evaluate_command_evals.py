@@ -99,7 +99,7 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
   result = evaluate("--evals=configs/evals/robustness.py:adversarial",
                     "--evals.adversarial.limit=-5")
   assert result.returncode == 2 and "Traceback" not in result.stderr
-  assert "config.evals.adversarial.limit must be an integer >= 0, got -5" in result.stderr
+  assert "evals.adversarial.limit=-5 is out of range: it must be >= 0" in result.stderr
   figure = trained / "adversarial_accuracy_vs_epsilon.png"
   drawn = _digest(figure)
   (trained / "extra_evaluations.json").write_text('{"adversarial": ')

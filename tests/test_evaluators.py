@@ -149,7 +149,7 @@ def test_a_misspelled_evaluator_setting_is_refused_not_defaulted():
                     ("reconstruction_detection", "percentil"), ("transforms", "rotation")):
     settings = {"mine": ml_collections.ConfigDict({"type": kind, key: 1})}
     with pytest.raises(UsageError, match=rf"config.evals.mine.{key} is not a setting of "
-                                         rf"evaluator type '{kind}'; it has \["):
+                                         rf"evaluator type '{kind}'; did you mean "):
       evaluators.check_types(settings)
   evaluators.check_types({"mine": ml_collections.ConfigDict(
       {"type": "adversarial", "epsilons": (0.1,), "limit": 10})})
@@ -186,9 +186,12 @@ def test_a_setting_left_out_or_none_is_its_declared_default():
     built(Declared).count("limit", 1000)
 
 
-def test_every_built_in_evaluator_declares_the_schemas_settings():
-  """Each registered evaluator reads its defaults from config_keys.EVALUATOR_SETTINGS."""
-  from capsjax.common import config_keys
+def test_every_built_in_evaluator_declares_its_settings_beside_its_code():
+  """Each registered evaluator class declares every setting it reads, as a Setting."""
+  from capsjax.common.settings import Setting
 
   for name in evaluators.types():
-    assert evaluators.EVALUATORS.get(name).SETTINGS is config_keys.EVALUATOR_SETTINGS[name], name
+    table = evaluators.EVALUATORS.get(name).SETTINGS
+    assert table is not None and all(isinstance(s, Setting) for s in table.values()), name
+
+

@@ -157,12 +157,12 @@ def test_class_capsule_votes_are_w_times_u():
 
 def test_class_capsules_take_their_router_in_routing():
   """``routing=`` chooses and configures the router; None is dynamic routing's defaults."""
-  settings = dict(routing.get("dynamic").settings, iterations=1, softmax_axis="input",
+  settings = dict(routing.get("dynamic").defaults, iterations=1, softmax_axis="input",
                   leaky=True)
   new = capsule_layers.ClassCapsules(6, 3, 4, 5, routing={"name": "dynamic", **settings},
                                      rngs=nnx.Rngs(0))
   default = capsule_layers.ClassCapsules(6, 3, 4, 5, rngs=nnx.Rngs(0))
-  assert default.routing_settings == routing.get("dynamic").settings
+  assert default.routing_settings == routing.get("dynamic").defaults
   u = jnp.asarray(np.random.default_rng(0).normal(size=(2, 6, 3)), jnp.float32)
   assert not np.allclose(new(u), default(u))
   with pytest.raises(TypeError, match="routing_iterations"):

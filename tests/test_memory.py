@@ -11,7 +11,7 @@ import mnist
 from capsjax import train
 from capsjax.training import config_history
 from capsjax.training import memory
-from helpers import checkpoint_steps, read_summary, write_idx_dataset
+from helpers import checkpoint_steps, read_summary, resolved, write_idx_dataset
 
 
 def _digest(path):
@@ -55,7 +55,7 @@ def test_out_of_memory_is_refused_before_the_step_and_the_history_kept(tmp_path,
 
 
 def test_a_kept_config_is_never_overwritten(tmp_path):
-  config = mnist.get_config("smoke")
+  config = resolved(mnist.get_config("smoke"))
   (tmp_path / "config.json").write_text(config.to_json_best_effort())
   for seed in (1, 2):  # Two resumes at step 10 with other settings each time.
     config.seed = seed
@@ -79,7 +79,7 @@ def test_an_allocation_failure_while_running_is_the_same_clear_error():
     def lower(self, *args):
       return type("Lowered", (), {"compile": lambda self: Compiled()})()
 
-  config = mnist.get_config("smoke")
+  config = resolved(mnist.get_config("smoke"))
   step = memory.CompiledSteps(Jitted(), config)
   with pytest.raises(memory.OutOfMemory, match=r"ran out of device memory \(RESOURCE_EXHAUSTED"
                      r".*Lower --config.train.batch_size=16 \(e.g. to 8\)"):
@@ -88,7 +88,7 @@ def test_an_allocation_failure_while_running_is_the_same_clear_error():
 
 
 def test_the_advice_scales_the_batch_to_the_free_memory():
-  config = mnist.get_config()
+  config = resolved(mnist.get_config())
   config.train.batch_size = 4096
   # configs/em_mnist.py's step at batch 4096 on the 2-core machine: 471.58 GiB for 22.54 free.
   assert "(e.g. to 128)" in memory.advice(config, need=int(471.58 * 2**30),

@@ -88,7 +88,7 @@ def test_migrations_run_in_order_from_the_files_version():
   assert v0["dataset"] == "mnist" and v0["model"]["class_capsules"]["use_bias"] is False
   current = json.loads(mnist.get_config("smoke").to_json_best_effort())
   assert migrations.migrate(migrations.versioned(current)) == current
-  with pytest.raises(UsageError, match="schema_version=99, newer than this capsjax's 2"):
+  with pytest.raises(UsageError, match="schema_version=99, newer than this capsjax's 3"):
     migrations.migrate({migrations.VERSION_KEY: 99})
 
 

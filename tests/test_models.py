@@ -44,13 +44,14 @@ def test_paper_primary_capsule_grid():
 
 
 def test_config_without_decoder_init_keys_builds_the_default_decoder():
-  # config.json of workdirs written before model.decoder.init_scale/bias_init existed: the
-  # paper's text was the default then (LeCun, biases 0).
-  text = resolved(mnist.get_config("text,smoke")).model
-  old = text.to_dict()
-  del old["decoder"]["init_scale"], old["decoder"]["bias_init"]
-  restored = capsnet.CapsNet(ml_collections.ConfigDict(old), rngs=nnx.Rngs(0))
-  current = capsnet.CapsNet(text, rngs=nnx.Rngs(0))
+  # A config that leaves model.decoder.init_scale/bias_init out (the text's, and config.json of
+  # workdirs written before the keys existed) gets the declared defaults: LeCun, biases 0.
+  config = mnist.get_config("text,smoke")
+  assert "init_scale" not in config.model.decoder
+  left_out = resolved(config).model
+  config.model.decoder.update(dict(init_scale=0.0, bias_init=0.0))
+  restored = capsnet.CapsNet(left_out, rngs=nnx.Rngs(0))
+  current = capsnet.CapsNet(resolved(config).model, rngs=nnx.Rngs(0))
   for a, b in zip(jax.tree.leaves(nnx.state(restored.decoder)),
                   jax.tree.leaves(nnx.state(current.decoder))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -174,14 +175,14 @@ def test_bfloat16_compute_is_close_to_float32():
 
 
 @pytest.mark.parametrize("key,value,match", [
-    ("iterations", 0, "iterations must be an integer >= 1"),
-    ("iterations", -2, "iterations must be an integer >= 1"),
-    ("softmax_axis", "children", "softmax_axis must be one of"),
+    ("iterations", 0, r"iterations=0 is out of range: it must be >= 1"),
+    ("iterations", -2, r"iterations=-2 is out of range: it must be >= 1"),
+    ("softmax_axis", "children", r"softmax_axis='children' is out of range: it must be one of"),
 ])
 def test_bad_routing_config(key, value, match):
   c = smoke_config()
   c.routing[key] = value
-  with pytest.raises(ValueError, match=match):
+  with pytest.raises(ValueError, match=rf"config\.model\.routing\.{match}"):
     capsnet.CapsNet(c, rngs=nnx.Rngs(0))
 
 
@@ -264,8 +265,7 @@ def test_padding_shapes_and_sizes_of_the_image_configs(name, padding, grid, coun
 
 def test_a_batch_without_reconstruction_targets_is_refused_not_reconstructed_from_its_images():
   """The head never falls back to ``batch["images"]`` (which an attack may have moved)."""
-  config = mnist.get_config("smoke")
-  config.model.image_shape, config.model.num_classes = (28, 28, 1), 10
+  config = resolved(mnist.get_config("smoke"))
   model = capsnet.CapsNet.from_config(config, rngs=nnx.Rngs(0))
   images = jnp.full((2, 28, 28, 1), 0.5)
   batch = {"images": images, "labels": jnp.arange(2)}

@@ -10,6 +10,7 @@ W_ij ~ normal(0, 0.1) (the default before) the class capsules then saturate and 
 top-2 accuracy stays at chance (1/45); with the config's default it learns.
 """
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -36,7 +37,7 @@ def small_multimnist(data_dir, init_scale=None):
     c.model.class_capsules.init_scale = init_scale
   c.optimizer.learning_rate = 4e-3
   c.train.batch_size, c.train.num_steps, c.train.log_every_steps = 32, 50, 10
-  c.train.saturation_warning.steps = 20
+  c.train.saturation_warning = ml_collections.ConfigDict(dict(steps=20))  # Left out: made.
   c.eval.batch_size = 128
   learning_run(c)
   return c

@@ -23,7 +23,7 @@ def test_a_models_own_numbers_read_the_config_else_their_defaults():
   got = per_run.of_config(Numbers, ml_collections.ConfigDict({"scale": 2.0}))
   assert got == Numbers(scale=2.0, my_weight=0.25)
   assert jax.tree.leaves(got) == [2.0, 0.25]
-  with pytest.raises(UsageError, match=r"config\.loss\.scale is not set, and Numbers"):
+  with pytest.raises(UsageError, match=r"config\.loss\.scale is not set; every config sets it \(Numbers\.scale\)"):
     per_run.of_config(Numbers, ml_collections.ConfigDict({"my_weight": 1.0}))
 
 

@@ -93,11 +93,23 @@ def defined_flags(target: str) -> frozenset[str]:
 
 
 def config_has_key(config, dotted: str) -> bool:
+  """Whether ``dotted`` is a key of ``config`` or one a config of its dataset and model may set
+  (declared beside the code that reads it: the file may leave it out at its default)."""
+  from capsjax import sweep
+  from capsjax.common.errors import UsageError
+  from capsjax.training import schema
+
   node = config
   for part in dotted.split("."):
     if not hasattr(node, "keys") or part not in node.keys():
-      return False
+      break
     node = node[part]
+  else:
+    return True
+  try:
+    schema.resolve_config(sweep.apply_overrides(config, {dotted: None}))
+  except UsageError as e:
+    return "is not a setting" not in str(e)
   return True
 
 

@@ -72,7 +72,7 @@ def test_dynamic_through_the_interface_is_dynamic_routing_exactly():
   bias = jnp.full((OUT_CAPS, OUT_DIM), 0.2)
   for overrides in ({}, {"iterations": 1, "leaky": True}, {"softmax_axis": "input"}):
     got = _route("dynamic", votes, _inputs()[1], params={"bias": bias}, overrides=overrides)
-    r = {**routing.get("dynamic").settings, **overrides}
+    r = {**routing.get("dynamic").defaults, **overrides}
     want = routing.dynamic_routing(jnp.asarray(votes), r["iterations"],
                                    softmax_axis=r["softmax_axis"], leaky=r["leaky"], bias=bias)
     np.testing.assert_array_equal(np.asarray(got.capsules), np.asarray(want))
@@ -338,28 +338,30 @@ def test_resolve_fills_the_chosen_routers_defaults():
   assert routing.resolve({"name": "dynamic"})[1] == {
       "iterations": 3, "softmax_axis": "output", "stop_gradient": False, "leaky": False,
       "squash_epsilon": 0.0}
-  keys = routing.config_keys()
-  config = ml_collections.ConfigDict(keys)
-  config.name = "inverted_dot_product"
+  config = ml_collections.ConfigDict({"name": "inverted_dot_product"})
   router, settings = routing.fill(config)
   assert router.name == "inverted_dot_product" and settings["iterations"] == 2
-  assert config.iterations == 2 and config.softmax_axis is None
+  assert config.iterations == 2 and "softmax_axis" not in config
   assert routing.resolve({"iterations": 5})[0].name == "dynamic"  # Configs before `name`.
+  # Another router's setting, unset (a config.json of an earlier version holds them all).
+  assert routing.resolve({"name": "uniform", "iterations": None})[1] == {"squash_epsilon": 0.0}
 
 
 def test_resolve_refuses_misspelled_and_foreign_settings_naming_them():
-  with pytest.raises(UsageError, match=r"routing.iteratons is not a routing setting.*'dynamic' "
-                                       r"has \['iterations', 'leaky'"):
+  with pytest.raises(UsageError, match=r"routing\.iteratons is not a setting of router "
+                                       r"'dynamic'; did you mean config\.model\.routing\."
+                                       r"iterations\? \(its settings: iterations, leaky"):
     routing.resolve({"name": "dynamic", "iteratons": 2})
-  with pytest.raises(UsageError, match=r"routing.iterations=3 is not a setting of router "
-                                       r"'uniform'.*'uniform' has \['squash_epsilon'\]"):
+  with pytest.raises(UsageError, match=r"routing\.iterations=3 is not a setting of router "
+                                       r"'uniform' \(it is router 'dynamic'"):
     routing.resolve({"name": "uniform", "iterations": 3})
   with pytest.raises(UsageError, match=r"routing.name='stochastic_routing' is not a registered "
                                        r"router"):
     routing.resolve({"name": "stochastic_routing"})
-  with pytest.raises(UsageError, match="iterations must be an integer >= 1"):
+  with pytest.raises(UsageError, match=r"iterations=0 is out of range: it must be >= 1"):
     routing.resolve({"name": "inverted_dot_product", "iterations": 0})
-  with pytest.raises(UsageError, match="agreement_scale must be one of"):
+  with pytest.raises(UsageError, match=r"agreement_scale='both' is out of range: it must be "
+                                       r"one of"):
     routing.resolve({"name": "inverted_dot_product", "agreement_scale": "both"})
 
 
@@ -367,7 +369,7 @@ def test_resolve_refuses_misspelled_and_foreign_settings_naming_them():
 def test_the_router_switches_from_the_command_line_alone(name):
   config = parse_config_flags(f"--config.model.routing.name={name}")
   router, settings = routing.resolve(config.model.routing)
-  assert router.name == name and settings == routing.get(name).settings
+  assert router.name == name and settings == routing.get(name).defaults
 
 
 def test_todays_routing_flags_keep_their_meaning():

@@ -67,7 +67,8 @@ def test_mnist_copies_are_the_codes_shifted_images(tmp_path):
 
 
 @pytest.mark.parametrize("config_file,flags,message", [
-    ("configs/mnist.py:smoke", ["--config.data.order=queue"], "config.data.order='queue'"),
+    ("configs/mnist.py:smoke", ["--config.data.order=queue"],
+     "config.data.order='queue' is out of range: it must be one of"),
     ("configs/mnist.py:smoke", ["--config.data.order=stream", "--config.data.stream_window=8"],
      "config.data.stream_window=8 is smaller than a batch"),
     ("configs/multimnist.py:smoke", ["--config.data.order=stream"], "'multimnist' has none"),

@@ -11,6 +11,7 @@ import pytest
 import mnist
 from capsjax import sweep
 from capsjax.common.errors import UsageError
+from capsjax.training import schema
 from helpers import REPO, run_in_process, sweep_in_process, write_idx_dataset
 
 
@@ -40,9 +41,11 @@ def test_apply_overrides_sets_values_and_rejects_unknown_keys():
   base = mnist.get_config("smoke")
   config = sweep.apply_overrides(base, {"model.routing.iterations": 5}, seed=7)
   assert config.model.routing.iterations == 5 and config.seed == 7
-  assert base.model.routing.iterations is None  # The base is not modified (unset: default).
-  with pytest.raises(UsageError, match="model.routing.iteratons"):
-    sweep.apply_overrides(base, {"model.routing.iteratons": 5}, seed=0)
+  assert "iterations" not in base.model.routing  # The base is not modified (left out: default).
+  wrong = sweep.apply_overrides(base, {"model.routing.iteratons": 5}, seed=0)
+  with pytest.raises(UsageError, match=r"config\.model\.routing\.iteratons is not a setting of "
+                                       r"router 'dynamic'; did you mean "):
+    schema.resolve_config(wrong)
 
 
 def test_two_by_two_sweep_runs_resumes_and_collects(tmp_path, capsys):
@@ -94,7 +97,7 @@ def test_bad_sweep_inputs(tmp_path, capsys):
       "--config.data.source=idx", f"--config.data.dir={data_dir}", *extra)
   experiment = write_experiment(tmp_path / "bad.py", '{"grid": {"model.nope": [1]}}')
   result = sweep_in_process(experiment)
-  assert result.returncode == 2 and "'model.nope' is not in the config" in result.stderr
+  assert result.returncode == 2 and "config.model.nope is not a setting of model 'capsnet'" in result.stderr
   good = write_experiment(tmp_path / "good.py", '{"grid": {"seed": [1]}}')
   result = sweep_in_process(good, "--index=5")
   assert result.returncode == 2 and "out of range" in result.stderr

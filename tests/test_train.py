@@ -155,7 +155,8 @@ def test_sigkill_mid_training_resumes_and_finishes(idx_dir, tmp_path):
     (("--config.data.source=tfds", "--config.data.name=no_such_dataset"), None,
      "Unknown tensorflow-datasets name"),
     (("--config.train.batch_size=18",), "ok", "batch_size=18 is not divisible by the 4 devices"),
-    (("--config.model.routing.iterations=-1",), "ok", "iterations must be an integer >= 1"),
+    (("--config.model.routing.iterations=-1",), "ok",
+     "iterations=-1 is out of range: it must be >= 1"),
 ])
 def test_bad_inputs_give_clear_errors(idx_dir, tmp_path, overrides, data, message, capsys):
   if data == "corrupt":

@@ -133,7 +133,7 @@ def test_the_sweeps_and_the_familiar_and_novel_averages(bars_64_24, tmp_path):
 @pytest.mark.parametrize("settings,message", [
     ({"familiar_degrees": 95.0}, "familiar_degrees=95"),
     ({"rotations": (0.0, 10.0)}, "within and beyond"),
-    ({"scales": (0.0, 1.0)}, "scales must be > 0"),
+    ({"scales": (0.0, 1.0)}, r"scales=\(0\.0, 1\.0\) is out of range: it must be each > 0"),
     ({"split": "nope"}, "split='nope'"),
 ])
 def test_bad_settings_are_usage_errors(bars_64_24, settings, message):

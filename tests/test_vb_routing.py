@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from scipy.special import digamma, logsumexp
 
+from capsjax import routing
 from capsjax.common.errors import UsageError
 from capsjax.routing import variational_bayes as vb
 
-CODE = dict(vb.SETTINGS)
+CODE = dict(vb.ROUTER.defaults)
 
 
 def np_vb(votes, acts, beta_u, beta_a, s):
@@ -256,5 +257,5 @@ def test_diagnostics_per_iteration():
                                        ("prior_nu_offset", -1.0), ("iterations", 0),
                                        ("mass_epsilon", -1e-7)])
 def test_bad_settings_are_named(key, value):
-  with pytest.raises(UsageError, match=key):
-    vb.check(dict(CODE, **{key: value}))
+  with pytest.raises(UsageError, match=rf"config\.model\.routing\.{key}=.* is out of range"):
+    routing.resolve({"name": "variational_bayes", key: value})

@@ -30,14 +30,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from capsjax.common import config_keys as schema
-from capsjax.common.errors import UsageError
+from capsjax.common import settings
 
 
 def declare(section: str):
   """Class decorator: ``cls`` as a frozen dataclass of per-run numbers, each field the config
-  key ``<section>.<field>`` (its default :func:`capsjax.common.config_keys.optional`'s),
-  registered as a JAX pytree whose leaves are the fields."""
+  key ``<section>.<field>`` (a field's default is the key's; one without a default is a key
+  every config sets), registered as a JAX pytree whose leaves are the fields."""
 
   def wrap(cls):
     cls = dataclasses.dataclass(frozen=True)(cls)
@@ -58,24 +57,15 @@ def config_keys(numbers_class: type | None) -> tuple[str, ...]:
 
 def of_config(numbers_class: type, section: ml_collections.ConfigDict | None):
   """The numbers of one config's ``section`` (e.g. ``config.loss``; None: the config has
-  none): each field's value there, or where it is unset the schema's default
-  (:data:`capsjax.common.config_keys.OPTIONAL_KEYS`: capsjax's own numbers) or else the
-  field's (a model of one's own). UsageError for an unset field with neither."""
-  return numbers_class(**{f.name: float(_value(numbers_class, f, section))
-                          for f in dataclasses.fields(numbers_class)})
-
-
-def _value(numbers_class: type, field: dataclasses.Field, section):
-  key = f"{numbers_class.section}.{field.name}"
-  if key in schema.OPTIONAL_KEYS:
-    return schema.optional(section, key)
-  value = None if section is None else section.get(field.name)
-  if value is not None:
-    return value
-  if field.default is dataclasses.MISSING:
-    raise UsageError(f"config.{key} is not set, and {numbers_class.__name__} (the model's "
-                     "per-run numbers) gives it no default; set it in the config.")
-  return field.default
+  none): each field's value there, or where it is unset the field's default. UsageError
+  (:func:`capsjax.common.settings.read`) for an unset field without one, or a value that is
+  not a number."""
+  table = {f.name: settings.Setting(settings.REQUIRED if f.default is dataclasses.MISSING
+                                    else f.default, f"{numbers_class.__name__}.{f.name}",
+                                    kind=float)
+           for f in dataclasses.fields(numbers_class)}
+  values = settings.read(section, table, f"config.{numbers_class.section}")
+  return numbers_class(**{name: float(value) for name, value in values.items()})
 
 
 def stacked(numbers_class: type | None, configs: Sequence[ml_collections.ConfigDict]):

@@ -19,26 +19,28 @@ import contextlib
 import jax
 import ml_collections
 
-from capsjax.common import config_keys
-from capsjax.common.errors import UsageError
+from capsjax.common import settings
 
 # capsjax's names for JAX's ``jax_default_matmul_precision`` values: "default" leaves JAX's
 # own default (the device's fastest); the others are JAX's names, from the most precise.
 PRECISIONS = ("default", "float32", "tensorfloat32", "bfloat16")
 
 
+SETTINGS = {"matmul_precision": settings.Setting(
+    "default", "Float32 matmuls and convolutions: JAX's default (TF32 on recent GPUs), "
+    "\"float32\" (as the authors' code ran), \"tensorfloat32\", \"bfloat16\".",
+    check=settings.one_of(*PRECISIONS))}
+
+
 def of(config: ml_collections.ConfigDict) -> str:
-  """The run's ``matmul_precision`` ("default" where the config has none)."""
-  return config_keys.optional(config, "matmul_precision")
+  """The run's ``matmul_precision`` (its default where the config has none; UsageError naming
+  a value that is not one of :data:`PRECISIONS`)."""
+  return settings.read(config, SETTINGS, "config")["matmul_precision"]
 
 
 def check(config: ml_collections.ConfigDict) -> None:
   """UsageError naming ``config.matmul_precision`` when it is not one of :data:`PRECISIONS`."""
-  value = of(config)
-  if value not in PRECISIONS:
-    raise UsageError(f"config.matmul_precision must be one of {PRECISIONS}, got {value!r} "
-                     "(\"float32\": full float32, as the authors' code ran; \"default\": the "
-                     "device's fastest, TF32 on recent NVIDIA GPUs).")
+  of(config)
 
 
 def scope(config: ml_collections.ConfigDict) -> contextlib.AbstractContextManager:

@@ -39,7 +39,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "capsjax.evaluators": ("EVALUATORS", "Evaluator", "SkipEvaluation", "types"),
     "capsjax.common.errors": ("UsageError",),
     "capsjax.common.config_args": ("parse_arg",),
-    "capsjax.common.config_keys": (),
+    "capsjax.common.settings": ("Setting", "REQUIRED", "Rule"),
     "capsjax.common.per_run": ("declare", "config_keys", "of_config", "stacked"),
     "capsjax.runs.runconfig": ("import_config_file", "load"),
     "capsjax.training.vectorize": ("default_min_runs",),

@@ -10,6 +10,12 @@ synthetic data) or to turn evaluation examples into a batch
 reconstruct is the builder's :meth:`Builder.reconstruction_targets` (the clean images by
 default).
 
+A builder declares the ``config.data`` keys it reads as ``SETTINGS`` (``{"data.key":
+Setting(...)}``, :mod:`capsjax.common.settings`; those of the files it reads:
+``capsjax.datasets.sources.SETTINGS``) and the rules between them as ``RULES``; a run refuses
+any other key of ``config.data`` and checks every value before anything is compiled. A builder
+without ``SETTINGS`` gets ``config.data`` unchecked.
+
 To add a dataset: write a module with a Builder subclass, add one line to
 :data:`DATASETS` (``"name": "module:Class"``), and write a config file that sets
 ``config.dataset = "name"``. The train loop does not change.
@@ -17,6 +23,7 @@ To add a dataset: write a module with a Builder subclass, add one line to
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import ClassVar
 
@@ -24,6 +31,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from capsjax.common import settings
 from capsjax.common.registry import Registry
 
 
@@ -105,6 +113,8 @@ class Builder:
   """
   name: ClassVar[str] = ""
   info: DatasetInfo
+  SETTINGS: ClassVar[dict | None] = None   # ``config.data``'s keys it reads, declared.
+  RULES: ClassVar[tuple] = ()
 
   def __init__(self, config: ml_collections.ConfigDict):
     """``config`` is the whole run config (``config.data`` and ``config.model``)."""
@@ -115,9 +125,9 @@ class Builder:
     from and how the images are padded (the settings ``config.data.source``, ``dir`` and
     ``pad`` mean this for every builder that has them)."""
     d, text = self.config.data, self.name
-    if d.get("source") == "idx":
+    if "source" in d and d.source == "idx":
       text += f" (IDX files in {d.dir})"
-    if d.get("pad"):
+    if "pad" in d and d.pad:
       text += f" (padded by {d.pad} px)"
     return text
 
@@ -201,8 +211,15 @@ def names() -> tuple[str, ...]:
 
 
 def get(config: ml_collections.ConfigDict) -> Builder:
-  """The builder ``config.dataset`` names (default :data:`capsjax.common.defaults.DATASET`),
-  constructed from ``config``."""
-  from capsjax.common import defaults
-
-  return DATASETS.get(config.get("dataset") or defaults.DATASET)(config)
+  """The builder ``config.dataset`` names, constructed from ``config`` with ``config.data``'s
+  settings that the builder declares in effect (their defaults filled in, each value checked:
+  :func:`capsjax.common.settings.read`; a run's config is resolved whole before:
+  :func:`capsjax.training.schema.resolve_config`)."""
+  cls = DATASETS.get(config.dataset)
+  if cls.SETTINGS is None:
+    return cls(config)
+  table = {key.split(".", 1)[1]: s for key, s in cls.SETTINGS.items() if key.startswith("data.")}
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    config.data.update(settings.read(config.data, table, "config.data"))
+  return cls(config)

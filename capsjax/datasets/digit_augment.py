@@ -37,30 +37,43 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from capsjax.common import config_keys
+from capsjax.common import settings as settings_lib
+from capsjax.common.settings import Setting, between, one_of
 
 AMOUNT_STD = 0.33      # The reference's normal(0, .33) for every random amount.
 AMOUNT_MAX = 0.9999    # ... clipped below 1, so no shift reaches past a margin.
 
-_DEFAULT = config_keys.OPTIONAL_KEYS
+# ``config.data`` of the digit datasets: every step off by default (zero or False); the
+# reference's: 30 degrees, half the images, normal amounts, margin shifts, squeezing and a
+# 4x4 erasure (configs/efficient_capsnet.py).
+SETTINGS = {
+    "rotation_degrees": Setting(0.0, "Random rotations up to this angle in training (the "
+                                "reference: 30).", check=between(0, 180, open_high=True)),
+    "rotation_probability": Setting(0.5, "The share of images rotated (the reference: 1/2).",
+                                    check=between(0, 1)),
+    "rotation_distribution": Setting("normal", "The reference's 30 x normal(0, .33) clipped; "
+                                     "\"uniform\": any angle up to the limit.",
+                                     check=one_of("normal", "uniform")),
+    "margin_shift": Setting(False, "Shifts within each digit's own empty margins."),
+    "squeeze": Setting(False, "Width shrunk by 1..7 px (Lanczos-3)."),
+    "erase_size": Setting(0, "One square patch of this side set to zero (0: none; the "
+                          "reference: 4).", check=between(0, 8)),
+}
 
 
 class Settings(NamedTuple):
-  """``config.data`` values (their defaults: ``config_keys.DECLARED["data.*"]``); zero or
-  False switches a step off. The reference: 30 degrees, half the images, normal amounts;
-  margin shifts, squeezing and a 4x4 erasure on."""
-  rotation_degrees: float = _DEFAULT["data.rotation_degrees"]
-  rotation_probability: float = _DEFAULT["data.rotation_probability"]
-  rotation_distribution: str = _DEFAULT["data.rotation_distribution"]
-  margin_shift: bool = _DEFAULT["data.margin_shift"]
-  squeeze: bool = _DEFAULT["data.squeeze"]
-  erase_size: int = _DEFAULT["data.erase_size"]
+  """The values of :data:`SETTINGS` in a run; zero or False switches a step off."""
+  rotation_degrees: float = SETTINGS["rotation_degrees"].default
+  rotation_probability: float = SETTINGS["rotation_probability"].default
+  rotation_distribution: str = SETTINGS["rotation_distribution"].default
+  margin_shift: bool = SETTINGS["margin_shift"].default
+  squeeze: bool = SETTINGS["squeeze"].default
+  erase_size: int = SETTINGS["erase_size"].default
 
   @classmethod
   def from_config(cls, data) -> "Settings":
-    """From ``config.data``; a key it lacks takes its declared default (off)."""
-    return cls(**{k: type(v)(config_keys.optional(data, f"data.{k}"))
-                  for k, v in cls._field_defaults.items()})
+    """From ``config.data`` (its values checked; one it lacks is its default: off)."""
+    return cls(**settings_lib.read(data, SETTINGS, "config.data"))
 
   @property
   def active(self) -> bool:
@@ -208,20 +221,5 @@ def augment(key: jax.Array, images: jax.Array, settings: Settings) -> jax.Array:
   return jax.vmap(one)(keys, images)
 
 
-def validate(settings: Settings) -> str | None:
-  """A message naming the bad ``config.data`` value, or None."""
-  if not 0 <= settings.rotation_degrees < 180:
-    return f"config.data.rotation_degrees must be in [0, 180), got {settings.rotation_degrees}."
-  if not 0 <= settings.rotation_probability <= 1:
-    return ("config.data.rotation_probability must be in [0, 1], got "
-            f"{settings.rotation_probability}.")
-  if settings.rotation_distribution not in ("normal", "uniform"):
-    return ("config.data.rotation_distribution must be 'normal' (Efficient-CapsNet's) or "
-            f"'uniform', got {settings.rotation_distribution!r}.")
-  if not 0 <= settings.erase_size <= 8:
-    return f"config.data.erase_size must be in 0..8 (the reference: 4), got {settings.erase_size}."
-  return None
-
-
 __all__ = ["Settings", "augment", "erase", "margins", "random_erase", "random_margin_shift",
-           "random_rotation", "random_squeeze", "rotate", "squeeze", "validate"]
+           "random_rotation", "random_squeeze", "rotate", "squeeze"]

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax import datasets
-from capsjax.common import config_keys
+from capsjax.common.settings import NON_NEGATIVE, Setting, one_of
 from capsjax.common.errors import UsageError
 from capsjax.datasets import sources
 
@@ -111,6 +111,23 @@ def block_mean(images: np.ndarray, size: int) -> np.ndarray:
 class TFDSImages(datasets.Builder):
   """Base of the natural-image builders; subclasses name the tfds features and the order of
   the training distortions."""
+  SETTINGS: ClassVar[dict] = {
+      **sources.SETTINGS,
+      "data.resize": Setting(0, "Resize to this many px square first (0: as stored).",
+                             check=NON_NEGATIVE),
+      "data.crop": Setting(kind=int, meaning="Random N x N crops in training, the centre one "
+                           "in evaluation (0: none).", check=NON_NEGATIVE),
+      "data.flip": Setting(kind=bool, meaning="Random left-right flips in training."),
+      "data.brightness": Setting(kind=float, meaning="Adds a delta uniform in +-this (pixels "
+                                 "0..255; 0: none).", check=NON_NEGATIVE),
+      "data.contrast_lower": Setting(kind=float, meaning="Each channel scaled about its mean by "
+                                     "a factor uniform in [lower, upper] ...",
+                                     check=NON_NEGATIVE),
+      "data.contrast_upper": Setting(kind=float, meaning="... (1, 1: none).",
+                                     check=NON_NEGATIVE),
+      "data.standardize": Setting(kind=bool, meaning="tf.image.per_image_standardization "
+                                  "(train and evaluation)."),
+  }
   IMAGE_KEYS: ClassVar[tuple[str, ...]] = ("image",)
   LABEL_KEY: ClassVar[str] = "label"
   STORED_SHAPE: ClassVar[tuple[int, int, int]] = (32, 32, 3)
@@ -124,11 +141,11 @@ class TFDSImages(datasets.Builder):
       raise UsageError(f"config.dataset={self.name!r} reads tensorflow-datasets only; set "
                        f"config.data.source='tfds' (got {d.source!r}).")
     h, w, c = self.STORED_SHAPE
-    self.resize = int(config_keys.optional(d, "data.resize"))
+    self.resize = int(d.resize)
     if self.resize:
       h = w = self.resize
     self.stored_shape = (h, w, c)
-    self.crop = int(d.crop or 0)
+    self.crop = int(d.crop)
     if not 0 <= self.crop <= min(h, w):
       raise UsageError(f"config.data.crop={self.crop} must lie in [0, {min(h, w)}] for "
                        f"{h}x{w} images (0: no crop).")
@@ -243,14 +260,15 @@ class SmallNORB(TFDSImages):
   STORED_SHAPE = (96, 96, 2)
   NUM_CLASSES = 5
   TRAIN_OPS = ("brightness", "contrast", "crop")
+  SETTINGS = {**TFDSImages.SETTINGS,
+              "data.viewpoint_split": Setting("", "Train and test on these viewpoints: "
+                                              "\"azimuth\" | \"elevation\" (\"\": all).",
+                                              check=one_of("", *FAMILIAR_VIEWPOINTS))}
 
   def __init__(self, config):
     super().__init__(config)
-    self.viewpoint_split = config_keys.optional(config.data, "data.viewpoint_split")
-    if self.viewpoint_split and self.viewpoint_split not in FAMILIAR_VIEWPOINTS:
-      raise UsageError(f"config.data.viewpoint_split={self.viewpoint_split!r}: use 'azimuth', "
-                       "'elevation' or '' (the standard split).")
-    evals = config.get("evals") or {}
+    self.viewpoint_split = config.data.viewpoint_split
+    evals = config.evals
     if self.viewpoint_split and not any(
         (evals[name].get("split") if hasattr(evals[name], "get") else None) == NOVEL_SPLIT
         for name in evals):

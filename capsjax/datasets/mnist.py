@@ -24,9 +24,20 @@ import jax
 import jax.numpy as jnp
 
 from capsjax import datasets
-from capsjax.common import config_keys
-from capsjax.common.errors import UsageError
+from capsjax.common import settings as settings_lib
+from capsjax.common.settings import NON_NEGATIVE, Rule, Setting
 from capsjax.datasets import augment, digit_augment, sources
+
+# The shifts of the digit datasets (MNIST's and MultiMNIST's ``config.data``).
+SHIFT_SETTINGS = {
+    "data.shift_pixels": Setting(kind=int, meaning="Training shifts of up to N px in x and y, "
+                                 "zero filled (the paper's 2).", check=NON_NEGATIVE),
+    "data.pad": Setting(0, "Digits centred on a canvas this many px larger per side.",
+                        check=NON_NEGATIVE),
+}
+SHIFT_RULES = (Rule(("data.pad", "data.shift_pixels"), lambda pad, shift: not pad or shift <= pad,
+                    "shift_pixels <= pad where pad > 0 (else shifts push digits off the "
+                    "canvas)"),)
 
 
 class MNIST(datasets.Builder):
@@ -34,30 +45,25 @@ class MNIST(datasets.Builder):
   ``28 + 2 * data.pad`` px square."""
   FILE_SHAPE = (28, 28, 1)
   NUM_CLASSES = 10
+  SETTINGS = {**sources.SETTINGS, **SHIFT_SETTINGS,
+              **settings_lib.prefixed("data", digit_augment.SETTINGS)}
+  RULES = SHIFT_RULES
 
   def __init__(self, config):
     super().__init__(config)
     d = config.data
-    pad, shift = int(config_keys.optional(d, "data.pad")), int(d.shift_pixels)
-    if pad < 0 or shift < 0:
-      raise UsageError(f"config.data.pad={pad} and config.data.shift_pixels={shift} must be "
-                       ">= 0.")
-    if pad and shift > pad:
-      raise UsageError(f"config.data.shift_pixels={shift} is larger than config.data.pad={pad}: "
-                       "shifts would push digits off the canvas. Use shift_pixels <= pad.")
-    self.pad, self.shift = pad, shift
+    self.pad, self.shift = int(d.pad), int(d.shift_pixels)
+    settings_lib.check_rules(SHIFT_RULES, {"data.pad": self.pad,
+                                           "data.shift_pixels": self.shift})
     self.digit_augment = digit_augment.Settings.from_config(d)
-    problem = digit_augment.validate(self.digit_augment)
-    if problem:
-      raise UsageError(problem)
     h, w, c = self.FILE_SHAPE
-    self.info = datasets.DatasetInfo((h + 2 * pad, w + 2 * pad, c), self.NUM_CLASSES)
+    self.info = datasets.DatasetInfo((h + 2 * self.pad, w + 2 * self.pad, c), self.NUM_CLASSES)
 
   def describe(self) -> str:
     """As every builder, named by ``config.data.name`` (this builder reads MNIST and
     Fashion-MNIST)."""
     text = super().describe()
-    name = self.config.data.get("name")
+    name = self.config.data.name
     return name + text[len(self.name):] if name else text
 
   def load(self) -> dict[str, datasets.Split]:

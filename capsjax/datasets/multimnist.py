@@ -29,7 +29,9 @@ import numpy as np
 
 from capsjax import datasets
 from capsjax.common.errors import UsageError
+from capsjax.common.settings import POSITIVE, Setting
 from capsjax.datasets import augment, sources
+from capsjax.datasets.mnist import SHIFT_SETTINGS
 
 DIGIT_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
@@ -66,17 +68,22 @@ def merge(first, second):
 
 class MultiMNIST(datasets.Builder):
   """Two overlapping digits per image; see the module docstring."""
+  SETTINGS = {
+      **sources.SETTINGS, **SHIFT_SETTINGS,
+      "data.pairs_per_digit": Setting(kind=int, meaning="Fixed test pairs per test digit "
+                                      "(paper: 1,000).", check=POSITIVE),
+      "data.pair_seed": Setting(kind=int, meaning="Draws the fixed test (and validation) "
+                                "pairs."),
+  }
 
   def __init__(self, config):
     super().__init__(config)
     d = config.data
     self.pad, self.shift = int(d.pad), int(d.shift_pixels)
     self.pairs_per_digit, self.pair_seed = int(d.pairs_per_digit), int(d.pair_seed)
-    if self.shift < 0 or self.shift > self.pad:
+    if self.shift > self.pad:
       raise UsageError(f"config.data.shift_pixels={self.shift} must lie in [0, config.data.pad="
                        f"{self.pad}] so that shifted digits stay on the canvas.")
-    if self.pairs_per_digit < 1:
-      raise UsageError(f"config.data.pairs_per_digit must be >= 1, got {self.pairs_per_digit}.")
     side = DIGIT_SHAPE[0] + 2 * self.pad
     self.info = datasets.DatasetInfo((side, side, 1), NUM_CLASSES, labels_per_example=2)
 

@@ -19,14 +19,16 @@ import gzip
 import logging
 import os
 import socket
+import types
 import urllib.parse
 
 import ml_collections
 import numpy as np
 
-from capsjax.common import config_keys
+from capsjax.common import settings
 from capsjax.common.errors import UsageError
-from capsjax.datasets import Split, known_files
+from capsjax.common.settings import NON_NEGATIVE, Setting, one_of
+from capsjax.datasets import Split, known_files, stream_order
 from capsjax.runs.reporting import log
 
 IDX_FILES = {
@@ -36,6 +38,26 @@ IDX_FILES = {
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 _IDX_UBYTE = 0x08
+
+# ``config.data`` of every dataset read through :func:`load`.
+SETTINGS = {
+    "data.source": Setting(kind=str, meaning="\"tfds\": a tensorflow-datasets name; \"idx\": "
+                           "IDX files.", check=one_of("tfds", "idx")),
+    "data.name": Setting(kind=str, meaning="The tfds name (ignored by \"idx\")."),
+    "data.dir": Setting(None, "tfds: the manual dir of the original archives (offline); idx: "
+                        "the IDX folder.", kind=str | None, neutral=True),
+    "data.tfds_data_dir": Setting(None, "Where tfds keeps prepared data.", kind=str | None,
+                                  neutral=True),
+    "data.train_limit": Setting(0, "Train on the first N training examples only (0: all).",
+                                check=NON_NEGATIVE),
+    "data.test_limit": Setting(0, "Evaluate a fixed random sample of N examples (0: all).",
+                               check=NON_NEGATIVE),
+    "data.validation_size": Setting(0, "Examples held out of train for validation (0: none).",
+                                    check=NON_NEGATIVE),
+    "data.validation_split": Setting("random", "Drawn with the seed; \"first\": the first "
+                                     "validation_size (the official code's).",
+                                     check=one_of("random", "first")),
+}
 
 
 def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed: int = 0,
@@ -67,12 +89,13 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
     UsageError: with the path or config key at fault and what to do.
   """
   check_file_order(config)
+  config = values(config)
   if partition and config.source != "tfds":
     raise UsageError("A split by viewpoint reads tensorflow-datasets' features; set "
                      "config.data.source='tfds'.")
   if config.source == "idx":
     arrays = _load_idx(config.dir)
-    warning = known_files.mismatch_warning(config.get("name"), arrays["train"][0][..., 0],
+    warning = known_files.mismatch_warning(config.name, arrays["train"][0][..., 0],
                                            config.dir)
     if warning:
       log(warning)
@@ -111,31 +134,36 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
   if n_val < 0 or n_val >= len(train):
     raise UsageError(f"config.data.validation_size={n_val} must be in [0, "
                      f"{len(train)}) for {len(train)} training examples.")
-  where_from = config_keys.optional(config, "data.validation_split")
-  if where_from == "first":  # The official code's --validate: the first 10,000 of train.
+  if config.validation_split == "first":  # The official code's --validate: the first 10,000.
     order = np.arange(len(train))
-  elif where_from == "random":
+  else:  # "random", drawn with the seed.
     order = np.random.default_rng(seed).permutation(len(train))
-  else:
-    raise UsageError(f"config.data.validation_split must be 'random' (drawn with the seed) or "
-                     f"'first' (the first validation_size training examples), got "
-                     f"{where_from!r}.")
   return {"train": train.take(np.sort(order[n_val:])),
           "validation": train.take(np.sort(order[:n_val])), **splits}
+
+
+def values(config) -> types.SimpleNamespace:
+  """The settings of :data:`SETTINGS` in ``config`` (``config.data``, resolved or as a config
+  file writes it: a researcher's dataset without ``SETTINGS`` hands it over as given), each
+  checked and its default filled in (:func:`capsjax.common.settings.read`)."""
+  table = {key.split(".", 1)[1]: setting for key, setting in SETTINGS.items()}
+  return types.SimpleNamespace(**settings.read(config, table, "config.data"))
 
 
 def check_file_order(config: ml_collections.ConfigDict) -> None:
   """Refuses the settings that assume the original files' order of examples when the data come
   from tensorflow-datasets, whose writer orders examples by a hash of their key:
   ``data.validation_split="first"`` with a validation split, and ``data.order="stream"``."""
+  order = settings.read(config, {"order": stream_order.SETTINGS["data.order"]},
+                        "config.data")["order"]
+  config = values(config)
   if config.source != "tfds":
     return
-  if (int(config.validation_size) and
-      config_keys.optional(config, "data.validation_split") == "first"):
+  if int(config.validation_size) and config.validation_split == "first":
     setting = (f"config.data.validation_split='first' (with validation_size="
                f"{int(config.validation_size)}) holds out the first training examples of the "
                "original files, as the official code's --validate")
-  elif config_keys.optional(config, "data.order") == "stream":
+  elif order == "stream":
     setting = ("config.data.order='stream' reads the training examples in the original "
                "files' order, as the official code")
   else:

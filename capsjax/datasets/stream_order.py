@@ -24,10 +24,20 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
+from capsjax.common.settings import Setting, at_least, one_of
 
 ORDERS = ("permutation", "stream")
+
+# ``config.data``'s order of the training examples, for every dataset (the train step reads it:
+# capsjax/training/data_order.py).
+SETTINGS = {
+    "data.order": Setting("permutation", "\"permutation\": each epoch a fresh one; \"stream\": "
+                          "the official code's stream of shifted copies (MNIST; "
+                          "capsjax/datasets/stream_order.py).", check=one_of(*ORDERS)),
+    "data.stream_window": Setting(5384, "\"stream\"'s shuffle window: the code's queue "
+                                  "(5,000 + 3 x 128).", check=at_least(1)),
+}
 
 
 def batch_positions(key: jax.Array, step: jax.Array, batch_size: int,
@@ -55,20 +65,15 @@ def examples_and_copies(positions: jax.Array, num_examples: int,
 
 
 def check(config: ml_collections.ConfigDict, copies: int, dataset_name: str) -> None:
-  """Raises UsageError naming the key when ``config.data.order`` cannot run: an unknown order,
+  """Raises UsageError naming the key when ``config.data.order`` (resolved) cannot run:
   ``"stream"`` on a dataset without one (``copies == 0``), or a window smaller than a batch."""
-  order = config_keys.optional(config.data, "data.order")
-  if order not in ORDERS:
-    raise UsageError(f"config.data.order={order!r}: the orders are 'permutation' (each epoch "
-                     "a fresh permutation, random shifts) and 'stream' (the official code's "
-                     "stream of shifted copies, MNIST only).")
-  if order != "stream":
+  if config.data.order != "stream":
     return
   if copies == 0:
     raise UsageError(f"config.data.order='stream' is the official code's stream of shifted "
                      f"MNIST digits; the dataset {dataset_name!r} has none. Use "
                      "config.data.order=permutation.")
-  window = int(config_keys.optional(config.data, "data.stream_window"))
+  window = int(config.data.stream_window)
   if window < config.train.batch_size:
     raise UsageError(f"config.data.stream_window={window} is smaller than a batch "
                      f"(config.train.batch_size={config.train.batch_size}): use a window of at "

@@ -16,6 +16,10 @@ differentiates ``self.runner.task.forward`` with respect to the images). The run
 writes them to metrics.jsonl, TensorBoard and ``summary.json["evaluations"]``
 under the evaluation's name. ``config.data.test_limit`` limits every set.
 
+Each evaluator class declares its settings as ``SETTINGS`` (``{key: Setting}``: default,
+meaning, range; :mod:`capsjax.common.settings`), beside its code; a key it does not declare is
+refused, naming the nearest one, and :meth:`Evaluator.setting` reads the value in effect.
+
 To add an evaluation: a subclass of :class:`Evaluator` in a module, one line in
 :data:`EVALUATORS` (``"type": "module:Class"``), and list it in a config; or, without touching
 capsjax, name it by import path in ``type`` (``examples/input_gradients.py`` is a runnable
@@ -29,7 +33,8 @@ from typing import Any, Callable, ClassVar
 import ml_collections
 
 from capsjax import datasets
-from capsjax.common import checks, config_keys
+from capsjax.common import checks
+from capsjax.common import settings as settings_lib
 from capsjax.common.errors import UsageError
 from capsjax.common.registry import Registry
 from capsjax.runs import predictions
@@ -38,8 +43,7 @@ from capsjax.runs import predictions
 def limit(split: datasets.Split, config) -> datasets.Split:
   """``split`` cut to ``config.data.test_limit`` examples (0: all), a fair sample of it:
   :meth:`capsjax.datasets.Split.sample`."""
-  limit = config_keys.optional(config.data, "data.test_limit")
-  return split.sample(checks.count(limit, "config.data.test_limit"))
+  return split.sample(int(config.data.test_limit))
 
 
 class SkipEvaluation(Exception):
@@ -50,9 +54,9 @@ class Evaluator:
   """Base class: one named evaluation. Subclasses build their sets in ``__init__``
   (through ``self.runner.eval_set``) and implement :meth:`run`."""
   type_name: ClassVar[str] = ""
-  # The settings it reads besides ``type`` (``config.evals.NAME.*``) with their defaults
-  # (built-in evaluators: ``config_keys.EVALUATOR_SETTINGS[type]``); any other is refused, so
-  # that a misspelled one never runs its default. None: not declared (not checked).
+  # The settings it reads besides ``type`` (``config.evals.NAME.*``), declared: ``{key:
+  # Setting}`` (or ``{key: default}``); any other is refused, so that a misspelled one never
+  # runs its default. None: not declared (nothing checked, nothing filled in).
   SETTINGS: ClassVar[dict[str, Any] | None] = None
 
   def __init__(self, name: str, settings: ml_collections.ConfigDict, config, builder,
@@ -62,20 +66,19 @@ class Evaluator:
     :class:`capsjax.training.evaluation.EvalRunner`."""
     self.name, self.settings, self.config = name, settings, config
     self.builder, self.splits, self.runner = builder, splits, runner
+    self._values = resolved_settings(type(self), name, settings)
 
   def limited(self, split: datasets.Split) -> datasets.Split:
     """``split`` limited as :func:`limit` does."""
     return limit(split, self.config)
 
   def setting(self, key: str) -> Any:
-    """The setting ``key`` of this evaluation, or its declared default (:attr:`SETTINGS`) where
-    the config leaves it out or sets None."""
-    declared = self.SETTINGS or {}
-    if key not in declared:
+    """The setting ``key`` of this evaluation in effect: the config's, or its declared default
+    (:attr:`SETTINGS`) where the config leaves it out or sets None."""
+    if self.SETTINGS is not None and key not in self.SETTINGS:
       raise KeyError(f"{type(self).__name__} reads the setting {key!r} but does not declare "
                      "it: add it with its default to its SETTINGS.")
-    value = self.settings.get(key)
-    return declared[key] if value is None else value
+    return self._values.get(key)
 
   def count(self, key: str, *, minimum: int = 0) -> int:
     """The setting ``key`` as an integer >= ``minimum`` (e.g. ``limit``), or UsageError
@@ -134,10 +137,20 @@ def check_types(settings: dict, where: str = "config.evals") -> None:
     if not (isinstance(cls, type) and issubclass(cls, Evaluator)):
       raise UsageError(f"{where}.{name}.type={kind!r} is not a subclass of "
                        f"capsjax.evaluators.Evaluator.")
-    if cls.SETTINGS is not None:
-      if unknown := sorted(set(s) - set(cls.SETTINGS) - {"type"}):
-        raise UsageError(f"{where}.{name}.{unknown[0]} is not a setting of evaluator type "
-                         f"{kind!r}; it has {sorted(cls.SETTINGS)}.")
+    resolved_settings(cls, name, s, where)
+
+
+def resolved_settings(cls: type, name: str, settings, where: str = "config.evals",
+                      allow_unusual: bool = False) -> dict[str, Any]:
+  """The settings of evaluation ``name`` of evaluator class ``cls`` in effect
+  (:func:`capsjax.common.settings.resolve` against its ``SETTINGS``; a class that declares
+  none gets them as given). UsageError naming a key it does not declare or a bad value."""
+  given = {k: settings[k] for k in settings if k != "type"}
+  if cls.SETTINGS is None:
+    return given
+  return settings_lib.resolve(given, cls.SETTINGS, f"{where}.{name}",
+                              owner=f"evaluator type {settings.get('type')!r}",
+                              allow_unusual=allow_unusual)
 
 
 def validate(config) -> None:

@@ -66,19 +66,41 @@ import jax.numpy as jnp
 from absl import logging
 
 from capsjax import evaluators
-from capsjax.common import checks, config_keys, figures
+from capsjax.common import checks, figures
+from capsjax.common.settings import NON_NEGATIVE, Setting, at_least, each, one_of
 from capsjax.common.errors import UsageError
 from capsjax.evaluators import attacks, foolbox_attacks
 
 ATTACKS = ("fgsm", "pgd", "bim", "vote_fgsm", "vote_pgd")
 LOSSES = ("cross_entropy", "model")
-DEFAULT_EPSILONS = config_keys.EVALUATOR_SETTINGS["adversarial"]["epsilons"]
+DEFAULT_EPSILONS = (0.0, 0.05, 0.1, 0.2, 0.3)
+
+# ``config.evals.NAME`` of an attack (also the detection evaluator's).
+ATTACK_SETTINGS = {
+    "attacks": Setting(("fgsm", "pgd"), f"capsjax's {ATTACKS}, or \"foolbox:Name\".",
+                       kind=tuple | str),
+    "epsilons": Setting(DEFAULT_EPSILONS, "L-infinity budgets in the images' units.",
+                        check=each(NON_NEGATIVE)),
+    "steps": Setting(10, "PGD/BIM iterations.", check=at_least(1)),
+    "step_size": Setting(None, "Unset: pgd 2.5 epsilon / steps, bim epsilon / steps.",
+                         kind=float | None, check=NON_NEGATIVE),
+    "random_start": Setting(True, "PGD's uniform start in the ball."),
+    "targeted": Setting(False, "Towards (y + 1) mod K."),
+    "loss": Setting("cross_entropy", "The loss attacked: cross_entropy, or \"model\": the "
+                    "model's own.", check=one_of(*LOSSES)),
+    "value_range": Setting((0.0, 1.0), "The images' valid pixel values."),
+    "seed": Setting(0, "Draws PGD's starts and the sample."),
+    "split": Setting("test", "The split attacked."),
+    "limit": Setting(1000, "Examples attacked (0: all).", check=NON_NEGATIVE),
+    "foolbox_kwargs": Setting(None, "{\"Name\": {...}}: a foolbox attack's arguments.",
+                              kind=dict | None),
+}
 
 
 class AdversarialEvaluator(evaluators.Evaluator):
   """FGSM/PGD/BIM accuracy and attack success per epsilon, with gradient-masking checks."""
   type_name = "adversarial"
-  SETTINGS = config_keys.EVALUATOR_SETTINGS["adversarial"]
+  SETTINGS = ATTACK_SETTINGS
 
   def __init__(self, *args):
     super().__init__(*args)

@@ -8,7 +8,8 @@ import os
 import numpy as np
 
 from capsjax import datasets, evaluators
-from capsjax.common import checks, config_keys, figures
+from capsjax.common import figures
+from capsjax.common.settings import POSITIVE, Setting, at_least
 from capsjax.common.errors import UsageError
 from capsjax.datasets import affine, affnist
 
@@ -25,7 +26,7 @@ class _ExamplesFigure:
   figure_title = ""
 
   def draw(self, model, workdir, writer, step):
-    examples = int(config_keys.optional(self.config.eval, "eval.num_figure_examples"))
+    examples = int(self.config.eval.num_figure_examples)
     n = min(examples * 2, self.set.size)
     if n == 0:
       return
@@ -45,17 +46,21 @@ class AffineMNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
   affine transforms (:mod:`capsjax.datasets.affine`), drawn with ``seed``; the ranges are
   ``rotation_degrees``, ``shear``, ``scale_min``/``scale_max``. ``config.data.test_limit``
   limits the number of transformed images."""
-  SETTINGS = config_keys.EVALUATOR_SETTINGS["affine_mnist"]
+  SETTINGS = {
+      "transforms_per_digit": Setting(1, "Random transforms of each test digit.",
+                                      check=at_least(1)),
+      "rotation_degrees": Setting(20.0, "Rotations uniform in +-this."),
+      "shear": Setting(0.2, "Shears uniform in +-this."),
+      "scale_min": Setting(0.8, "Scales uniform in [scale_min, scale_max] ...", check=POSITIVE),
+      "scale_max": Setting(1.2, "... (affNIST's 0.8, 1.2).", check=POSITIVE),
+      "seed": Setting(0, "Draws the transforms."),
+  }
 
   def __init__(self, *args):
     super().__init__(*args)
     s, test = self.setting, self.splits["test"]
-    per_digit = self.count("transforms_per_digit", minimum=1)
-    if per_digit < 1:
-      raise UsageError(f"config.evals.{self.name}.transforms_per_digit must be >= 1, "
-                       f"got {per_digit}.")
-    limit = checks.count(config_keys.optional(self.config.data, "data.test_limit"),
-                         "config.data.test_limit")
+    per_digit = int(s("transforms_per_digit"))
+    limit = int(self.config.data.test_limit)
     digits = test.sample(-(-limit // per_digit) if limit else 0)
     ranges = affine.AffineRanges(float(s("rotation_degrees")), float(s("shear")),
                                  (float(s("scale_min")), float(s("scale_max"))))
@@ -75,7 +80,7 @@ class AffineMNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
 class AffNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
   """The real affNIST test set from ``path`` (``test.mat`` or the folder of test batches);
   skipped, with a message, while ``path`` is unset."""
-  SETTINGS = config_keys.EVALUATOR_SETTINGS["affnist"]
+  SETTINGS = {"path": Setting("", "test.mat or the folder of test batches (\"\": skipped).")}
 
   figure_title = "affNIST test set; (label, prediction)"
 

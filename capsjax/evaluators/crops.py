@@ -20,18 +20,23 @@ import jax
 import numpy as np
 
 from capsjax import evaluators
-from capsjax.common import config_keys
+from capsjax.common.settings import NON_NEGATIVE, Setting
 from capsjax.common.errors import UsageError
 from capsjax.models import metrics
 from capsjax.runs import reporting
 
-CODE_OFFSETS = config_keys.CODE_OFFSETS
+# The code's 13 crops of smallNORB's test images: the centre, then 4 diagonal moves of 1, 2, 3 px.
+CODE_OFFSETS = ((0, 0),) + tuple((k * dy, k * dx) for k in (1, 2, 3)
+                                 for dy, dx in ((1, 1), (1, -1), (-1, 1), (-1, -1)))
 
 
 class CropAverageEvaluator(evaluators.Evaluator):
   """Accuracy of class scores averaged over crops of each image."""
   type_name = "crop_average"
-  SETTINGS = config_keys.EVALUATOR_SETTINGS["crop_average"]
+  SETTINGS = {"offsets": Setting(CODE_OFFSETS, "(dy, dx) of each crop from the centre one "
+                                "(the code's 13)."),
+              "split": Setting("test", "The split evaluated."),
+              "limit": Setting(0, "Examples (0: all).", check=NON_NEGATIVE)}
 
   def __init__(self, *args):
     super().__init__(*args)

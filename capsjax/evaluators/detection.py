@@ -44,7 +44,8 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax.common import config_keys, figures
+from capsjax.common import figures
+from capsjax.common.settings import NON_NEGATIVE, Setting, between
 from capsjax.common.errors import UsageError
 from capsjax.evaluators.adversarial import AdversarialEvaluator
 
@@ -58,7 +59,12 @@ def reconstruction_distance(images, reconstructions):
 class ReconstructionDetectionEvaluator(AdversarialEvaluator):
   """The false-positive and detection rates of a threshold on the reconstruction distance."""
   type_name = "reconstruction_detection"
-  SETTINGS = config_keys.EVALUATOR_SETTINGS["reconstruction_detection"]
+  SETTINGS = {**AdversarialEvaluator.SETTINGS,
+              "percentile": Setting(95.0, "The threshold's percentile of the validation "
+                                    "distances.", check=between(0, 100, open_low=True,
+                                                                open_high=True)),
+              "validation_limit": Setting(0, "Validation examples the threshold is taken on "
+                                          "(0: all).", check=NON_NEGATIVE)}
 
   def __init__(self, *args):
     super().__init__(*args)
@@ -80,8 +86,6 @@ class ReconstructionDetectionEvaluator(AdversarialEvaluator):
       raise UsageError(f"{where}.split='validation': the threshold is taken there; attack "
                        "the test split.")
     self.percentile = float(self.setting("percentile"))
-    if not 0 < self.percentile < 100:
-      raise UsageError(f"{where}.percentile={self.percentile!r}: give a number in (0, 100).")
     sample = validation.sample(self.count("validation_limit"))
     self.validation_set = self.runner.eval_set(sample)
     self.distances: dict[str, np.ndarray] = {}

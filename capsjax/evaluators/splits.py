@@ -8,10 +8,14 @@ import jax
 import numpy as np
 
 from capsjax import datasets, evaluators
-from capsjax.common import config_keys
+from capsjax.common.settings import NON_NEGATIVE, Setting
 from capsjax.common.errors import UsageError
 from capsjax.datasets import augment
 from capsjax.runs import predictions, reporting
+
+
+SPLIT = Setting("test", "The split evaluated: test, or validation where the run holds one "
+                "out.")
 
 
 def _split(evaluator: evaluators.Evaluator) -> datasets.Split:
@@ -36,7 +40,7 @@ def _shifted(split: datasets.Split, images: np.ndarray) -> datasets.Split:
 class SplitEvaluator(evaluators.Evaluator):
   """A split of the dataset (``split``: ``test`` or ``validation``) as it is; the runs keep
   its predictions per example (:mod:`capsjax.runs.predictions`)."""
-  SETTINGS = config_keys.EVALUATOR_SETTINGS["split"]
+  SETTINGS = {"split": SPLIT}
 
   def __init__(self, *args):
     super().__init__(*args)
@@ -56,7 +60,9 @@ class ShiftGridEvaluator(evaluators.Evaluator):
   """The split moved by every (dx, dy) with ``|dx|, |dy| <= max_shift`` px (zero fill, as
   the training shifts): ``accuracy`` is the mean over the shifts, ``accuracy_by_shift``
   maps ``"dx,dy"`` to each one's accuracy."""
-  SETTINGS = config_keys.EVALUATOR_SETTINGS["shifted"]
+  SETTINGS = {"split": SPLIT,
+              "max_shift": Setting(2, "Every shift up to this many px.",
+                                   check=NON_NEGATIVE)}
 
   def __init__(self, *args):
     super().__init__(*args)
@@ -101,13 +107,16 @@ class RandomlyShiftedEvaluator(evaluators.Evaluator):
   On expanded MNIST (``data.pad`` = ``shift_pixels`` = 6) this is the test set with every
   digit at a random position of the 40x40 canvas, like the training images.
   """
-  SETTINGS = config_keys.EVALUATOR_SETTINGS["randomly_shifted"]
+  SETTINGS = {"split": SPLIT,
+              "max_shift": Setting(None, "Shifts up to this many px; unset: the run's "
+                                   "data.shift_pixels.", kind=int | None, check=NON_NEGATIVE),
+              "seed": Setting(0, "Draws the shifts.")}
 
   def __init__(self, *args):
     super().__init__(*args)
     split = _split(self)
     images = _images_of(self, split)
-    max_shift = self.setting("max_shift")  # Declared None: the run's own shifts.
+    max_shift = self.setting("max_shift")  # Unset: the run's own shifts (declared so).
     max_shift = int(self.config.data.shift_pixels if max_shift is None else max_shift)
     rng = np.random.default_rng(int(self.setting("seed")))
     self.shifts = rng.integers(-max_shift, max_shift + 1, size=(len(split), 2))

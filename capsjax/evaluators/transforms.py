@@ -38,7 +38,8 @@ import jax
 import numpy as np
 
 from capsjax import datasets, evaluators
-from capsjax.common import config_keys, figures
+from capsjax.common import figures
+from capsjax.common.settings import NON_NEGATIVE, POSITIVE, Setting, between, each
 from capsjax.common.errors import UsageError
 from capsjax.datasets import affine
 from capsjax.runs import reporting
@@ -67,20 +68,28 @@ def transform(images: np.ndarray, kind: str, value: float) -> np.ndarray:
 class TransformsEvaluator(evaluators.Evaluator):
   """Accuracy per rotation, scale, shear and translation; familiar against novel rotations."""
   type_name = "transforms"
-  SETTINGS = config_keys.EVALUATOR_SETTINGS["transforms"]
+  SETTINGS = {
+      "rotations": Setting(tuple(float(d) for d in range(-90, 91, 15)), "Angles in degrees."),
+      "scales": Setting(tuple(round(0.6 + 0.1 * k, 1) for k in range(9)), "Scale factors.",
+                        check=each(POSITIVE)),
+      "shears": Setting(tuple(round(-0.4 + 0.1 * k, 1) for k in range(9)), "Shears."),
+      "translations": Setting(tuple(float(t) for t in range(-6, 7, 2)), "Shifts in px."),
+      "familiar_degrees": Setting(None, "Rotations up to this are familiar; unset: the run's "
+                                  "data.rotation_degrees, or 30 if it trains none.",
+                                  kind=float | None, check=between(0, 90, open_high=True)),
+      "split": Setting("test", "The split evaluated."),
+      "limit": Setting(1000, "Examples (0: all).", check=NON_NEGATIVE),
+  }
 
   def __init__(self, *args):
     super().__init__(*args)
     get, where = self.setting, f"config.evals.{self.name}"
     self.sweeps = {kind: tuple(float(v) for v in get(kind)) for kind in KINDS}
-    familiar = get("familiar_degrees")  # Declared None: the trained rotations, or 30.
+    familiar = get("familiar_degrees")  # Unset: the trained rotations, or 30 (declared so).
     if familiar is None:
-      familiar = float(config_keys.optional(self.config.data, "data.rotation_degrees")) or 30.0
+      data = self.config.data
+      familiar = float(data.rotation_degrees if "rotation_degrees" in data else 0) or 30.0
     self.familiar = float(familiar)
-    if not 0 <= self.familiar < 90:
-      raise UsageError(f"{where}.familiar_degrees={self.familiar}: give an angle in [0, 90).")
-    if any(s <= 0 for s in self.sweeps["scales"]):
-      raise UsageError(f"{where}.scales={self.sweeps['scales']}: scales must be > 0.")
     rotations = self.sweeps["rotations"]
     if not (any(abs(a) <= self.familiar for a in rotations)
             and any(self.familiar < abs(a) <= 90 for a in rotations)):

@@ -21,6 +21,14 @@ first four), checked when a run starts (:func:`check_class`, :func:`check_forwar
 
 Optional, declared by the model and checked at the start of a run:
 
+  ``Model.SETTINGS``, ``Model.RULES`` and ``Model.router_sections``
+      the config keys it reads (``{"model.conv1.features": Setting(...), "loss.m_plus": ...}``,
+      full dotted keys: :mod:`capsjax.common.settings`), the rules between them, and the
+      sections that name a router (``("model.routing",)``, each resolved against the chosen
+      router's own settings). A run refuses a key of ``config.model`` (and ``config.loss``)
+      the model does not declare, fills in the defaults and checks every value before anything
+      is compiled; a model without ``SETTINGS`` gets its keys unchecked, as given;
+
   ``model.capabilities() -> frozenset``
       of :data:`CAPABILITIES`: ``reconstruction`` (``model.decode(class_capsules, class_ids)``
       and ``outputs.reconstructions``), ``routing_diagnostics`` (``outputs.diagnostics`` at
@@ -29,8 +37,9 @@ Optional, declared by the model and checked at the start of a run:
       layer's votes combined without routing, what the vote attack differentiates:
       :meth:`capsjax.models.capsule_head.CapsuleHead.vote_scores`); none if absent;
   ``Model.resolve_config(model_config)``
-      fills in the model's own defaults (e.g. its router's settings) in the run's resolved
-      copy of ``config.model``, so that ``config.json`` records them;
+      fills in what the model derives from its settings in the run's resolved copy of
+      ``config.model`` (CapsNet: the class capsules' bias where left unset), so that
+      ``config.json`` records it;
   ``model.monitors(config, chance) -> [watch]``
       watches over the per-step train metrics, each with ``update(steps, metrics) -> str |
       None`` (a warning to print), e.g. :class:`capsjax.models.saturation_watch.SaturationWatch`;
@@ -38,10 +47,11 @@ Optional, declared by the model and checked at the start of a run:
       the model's own figures of a test batch after training (``model`` is a jitted
       :class:`capsjax.training.run_figures.JittedModel` with ``apply``, ``decode``,
       ``capabilities``);
-  ``Model.init_only_settings`` and ``Model.per_run_numbers``
+  ``Model.per_run_numbers`` (and ``Setting(init_only=True)``)
       what a vectorised sweep's runs may differ in and still share one program
-      (:mod:`capsjax.training.vectorize`): dotted config keys (``*`` matches one part) used
-      only to draw the initial parameters, and a dataclass of the numbers its loss reads
+      (:mod:`capsjax.training.vectorize`): the settings declared initialisation-only (read
+      only to draw the initial parameters; a model without ``SETTINGS`` may list their keys
+      as ``init_only_settings``, ``*`` matching one part), and a dataclass of the numbers its loss reads
       (:mod:`capsjax.common.per_run`): a model that declares one takes ``loss(...,
       numbers=None)``, one run's instance in a vectorised step (None elsewhere: the config's).
       Runs that differ in any undeclared setting train apart.
@@ -64,10 +74,18 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from capsjax.common import defaults
 from capsjax.common.errors import UsageError
 from capsjax.common.registry import Registry
+from capsjax.common.settings import POSITIVE, Setting
 from capsjax.models.outputs import SCORE_KINDS, Outputs
+
+# The data's shape, which every model reads: unset, the dataset's (filled in when a run's config
+# is resolved); set, it must be the dataset's.
+SHAPE_SETTINGS = {
+    "model.image_shape": Setting(None, "(H, W, C); unset: the dataset's.", kind=tuple | None),
+    "model.num_classes": Setting(None, "Unset: the dataset's.", kind=int | None,
+                                 check=POSITIVE),
+}
 
 # What a model may declare in ``capabilities()``.
 CAPABILITIES = ("reconstruction", "routing_diagnostics", "saturation", "votes")
@@ -82,8 +100,13 @@ MODELS = Registry("model", "config.model.name", {
 
 
 def get(config: ml_collections.ConfigDict) -> type[nnx.Module]:
-  """The model class ``config.model.name`` names (default :data:`capsjax.common.defaults.MODEL`)."""
-  return MODELS.get(config.model.get("name") or defaults.MODEL)
+  """The model class ``config.model.name`` names (``config`` resolved)."""
+  return get_class(config.model.name)
+
+
+def get_class(name: str) -> type[nnx.Module]:
+  """The model class registered as ``name``, or a researcher's named by import path."""
+  return MODELS.get(name)
 
 
 # The keywords each method of the interface is called with.

@@ -20,40 +20,55 @@ import ml_collections
 import optax
 from flax import nnx
 
-from capsjax.common import checks
 from capsjax.common.errors import UsageError
-from capsjax.models import layers, losses, metrics
+from capsjax.common.settings import NON_NEGATIVE, POSITIVE, Setting, at_least, between, each
+from capsjax.common.settings import one_of
+from capsjax.models import SHAPE_SETTINGS, layers, losses, metrics
 from capsjax.models.outputs import Outputs
-
-
-def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Raises UsageError naming the ``config.model`` key that cannot work."""
-  layers.check_compute_settings(config)
-  for key in ("conv_features", "hidden"):
-    values = tuple(config[key])
-    if not values or any(not isinstance(v, int) or v < 1 for v in values):
-      raise UsageError(f"config.model.{key} must be a non-empty tuple of integers >= 1, "
-                       f"got {values!r}.")
-  pool = tuple(config.pool)
-  if len(pool) != len(tuple(config.conv_features)) or any(
-      not isinstance(p, int) or p < 0 for p in pool):
-    raise UsageError(f"config.model.pool must give a max-pooling size (0 or 1: none) for each "
-                     f"of the {len(tuple(config.conv_features))} convolutions, got {pool!r}.")
-  if not 0.0 <= config.dropout_rate < 1.0:
-    raise UsageError(f"config.model.dropout_rate must be in [0, 1), got {config.dropout_rate!r}.")
-  checks.count(config.kernel_size, "config.model.kernel_size", minimum=1)
-  if config.padding not in layers.PADDINGS:
-    raise UsageError(f"config.model.padding must be one of {layers.PADDINGS}, got "
-                     f"{config.padding!r}.")
-  if config.loss not in LOSSES:
-    raise UsageError(f"config.model.loss must be one of {LOSSES}, got {config.loss!r}.")
-
 
 # "cross_entropy": the paper's softmax cross-entropy. "margin": the official code's baseline
 # (its default loss_type): the margin loss of Eq. 4 on the raw logits, 0.5 x a mean over the
 # classes (0.05 x Eq. 4's sum), as the code's layers._margin_loss and evaluate reduce it.
 LOSSES = ("cross_entropy", "margin")
 MARGIN_SCALE = 0.05
+
+# ``config.model`` of the baseline CNN (configs/mnist_baseline.py has the paper's text's).
+SETTINGS = {
+    **SHAPE_SETTINGS,
+    "model.conv_features": Setting(kind=tuple, meaning="Channels of each convolution, ReLU.",
+                                   check=each(at_least(1))),
+    "model.kernel_size": Setting(kind=int, meaning="The convolutions' kernel side.",
+                                 check=POSITIVE),
+    "model.pool": Setting(kind=tuple, meaning="Max pooling after each convolution (0 or 1: "
+                          "none).", check=each(NON_NEGATIVE)),
+    "model.hidden": Setting(kind=tuple, meaning="Fully connected widths, ReLU.",
+                            check=each(at_least(1))),
+    "model.dropout_rate": Setting(kind=float, meaning="Before the softmax layer (the paper "
+                                  "gives none).", check=between(0, 1, open_high=True)),
+    "model.padding": Setting(kind=str, meaning="The convolutions' padding (the official "
+                             "code's: VALID).", check=one_of(*layers.PADDINGS)),
+    "model.init_scale": Setting(kind=float, meaning=layers.INIT_SCALE, check=NON_NEGATIVE,
+                                init_only=True),
+    "model.dense_init_scale": Setting(None, "The dense layers'; unset: init_scale.",
+                                      kind=float | None, check=NON_NEGATIVE, init_only=True),
+    "model.bias_init": Setting(kind=float, meaning="Every bias's initial value (the official "
+                               "code's 0.1).", init_only=True),
+    "model.loss": Setting(kind=str, meaning="\"cross_entropy\"; \"margin\": the official "
+                          "code's, on the logits.", check=one_of(*LOSSES)),
+    "model.conv_impl": layers.CONV_IMPL,
+    "model.compute_dtype": layers.COMPUTE_DTYPE,
+}
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Raises UsageError naming the ``config.model`` key that cannot work with the others."""
+  if not tuple(config.conv_features) or not tuple(config.hidden):
+    raise UsageError(f"config.model.conv_features and hidden must not be empty, got "
+                     f"{tuple(config.conv_features)!r} and {tuple(config.hidden)!r}.")
+  pool = tuple(config.pool)
+  if len(pool) != len(tuple(config.conv_features)):
+    raise UsageError(f"config.model.pool must give a max-pooling size (0 or 1: none) for each "
+                     f"of the {len(tuple(config.conv_features))} convolutions, got {pool!r}.")
 
 
 class BaselineCNN(nnx.Module):
@@ -92,8 +107,7 @@ class BaselineCNN(nnx.Module):
     self.dropout = nnx.Dropout(config.dropout_rate)
     self.loss_kind = config.loss
 
-  # Used only to draw the initial parameters (a vectorised sweep's runs may differ in it).
-  init_only_settings = ("model.init_scale", "model.dense_init_scale", "model.bias_init")
+  SETTINGS = SETTINGS
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> "BaselineCNN":

@@ -21,8 +21,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from capsjax import routing
-from capsjax.common import config_keys, per_run
+from capsjax.common import per_run
 from capsjax.common.errors import UsageError
+from capsjax.common.settings import NON_NEGATIVE, Rule, Setting, between, one_of, usually
 from capsjax.models import losses, metrics
 from capsjax.models.capsule_layers import Capsules, ClassCapsules
 from capsjax.models.layers import Decoder
@@ -39,26 +40,48 @@ class LossSettings:
   its 0.5 x a mean over the 10 classes).
 
   The capsule models' per-run numbers (:mod:`capsjax.common.per_run`): a pytree whose fields
-  a vectorised sweep's runs may differ in, each run's handed to :meth:`CapsuleHead.loss`."""
-  m_plus: float = config_keys.OPTIONAL_KEYS["loss.m_plus"]
-  m_minus: float = config_keys.OPTIONAL_KEYS["loss.m_minus"]
-  lam: float = config_keys.OPTIONAL_KEYS["loss.lam"]
-  reconstruction_weight: float = config_keys.OPTIONAL_KEYS["loss.reconstruction_weight"]
-  margin_weight: float = config_keys.OPTIONAL_KEYS["loss.margin_weight"]
+  a vectorised sweep's runs may differ in, each run's handed to :meth:`CapsuleHead.loss`. Its
+  fields' settings (default, meaning, range) are :data:`LOSS_SETTINGS`."""
+  m_plus: float = 0.9
+  m_minus: float = 0.1
+  lam: float = 0.5
+  reconstruction_weight: float = 0.0005
+  margin_weight: float = 1.0
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict | None) -> "LossSettings":
-    """From ``config.loss`` (None: no loss section); a setting it lacks takes its declared
-    default (``config_keys.DECLARED``)."""
+    """From ``config.loss`` (None: no loss section: the defaults)."""
     return per_run.of_config(cls, config)
+
+
+# ``config.loss`` of the capsule models: Eq. 4 and the reconstruction term (Sec. 4.1).
+LOSS_SETTINGS = {
+    "loss.m_plus": Setting(LossSettings.m_plus, "Eq. 4's m+ (a present class's length "
+                           "above it costs nothing).", check=between(0, 1)),
+    "loss.m_minus": Setting(LossSettings.m_minus, "Eq. 4's m- (below m+).",
+                            check=between(0, 1)),
+    "loss.lam": Setting(LossSettings.lam, "Eq. 4's lambda, the absent classes' weight.",
+                        check=usually(NON_NEGATIVE)),
+    "loss.reconstruction_weight": Setting(LossSettings.reconstruction_weight, "Times the SUM "
+                                          "of squared pixel errors.",
+                                          check=usually(NON_NEGATIVE)),
+    "loss.margin_weight": Setting(LossSettings.margin_weight, "Times Eq. 4 summed over the "
+                                  "classes (the official code's: 0.05).",
+                                  check=usually(NON_NEGATIVE)),
+}
+LOSS_RULES = (Rule(("loss.m_plus", "loss.m_minus"), lambda plus, minus: plus > minus,
+                   "m+ > m- (Eq. 4: a present class is pushed above m+, an absent one below "
+                   "m-)", unusual=True),)
+
+
+SCORES_SETTING = Setting("auto", "Class scores: the router's own (\"auto\": its parents' "
+                         "activations where it computes them, else the lengths); or "
+                         "\"lengths\", \"activations\".", check=one_of(*SCORES))
 
 
 def check_scores(config: ml_collections.ConfigDict, router: routing.Router) -> None:
   """Raises UsageError for a ``config.class_capsules.scores`` the router cannot give."""
-  scores = config_keys.optional(config.class_capsules, "model.class_capsules.scores")
-  if scores not in SCORES:
-    raise UsageError(f"config.model.class_capsules.scores must be one of {SCORES}, "
-                     f"got {scores!r}.")
+  scores = config.class_capsules.scores
   if scores == "activations" and not router.yields_activations:
     raise UsageError(f"config.model.class_capsules.scores='activations' but router "
                      f"{router.name!r} computes no parent activations; use 'lengths' or 'auto'.")
@@ -89,7 +112,7 @@ class CapsuleHead:
   def from_config(cls, config: ml_collections.ConfigDict, router: routing.Router,
                   loss: LossSettings | None = None) -> "CapsuleHead":
     """``config`` is ``config.model``; ``router`` the class capsules' router."""
-    scores = config_keys.optional(config.class_capsules, "model.class_capsules.scores")
+    scores = config.class_capsules.scores
     by_activations = router.yields_activations and scores != "lengths"
     return cls(config.num_classes, by_activations, router.squashes and not by_activations,
                loss or LossSettings())
@@ -230,8 +253,6 @@ class CapsuleHead:
     saturation, naming ``saturation_settings`` (the model's keys that control it)."""
     if not self.measures_saturation:
       return []
-    settings = config.train.get("saturation_warning")  # None: the declared defaults.
-    return [SaturationWatch(
-        fraction=config_keys.optional(settings, "train.saturation_warning.fraction"),
-        steps=config_keys.optional(settings, "train.saturation_warning.steps"),
+    warning = config.train.saturation_warning
+    return [SaturationWatch(fraction=warning.fraction, steps=warning.steps,
                             settings=saturation_settings, chance=chance)]

@@ -270,7 +270,7 @@ class ClassCapsules(nnx.Module):
                        f"(weight_shape, vote_fn), got {votes!r}.")
     weight_shape, self.vote_fn = VOTES[votes] if isinstance(votes, str) else votes
     if routing is None:
-      routing = {"name": "dynamic", **routing_lib.get("dynamic").settings}
+      routing = {"name": "dynamic", **routing_lib.get("dynamic").defaults}
     router, self.routing_items = split_routing(routing)
     self.router_name = router.name
     if use_bias and not router.uses_parent_bias:

@@ -103,12 +103,6 @@ class CapsuleModel(nnx.Module):
     return self.head.monitors(config, chance, self.saturation_settings)
 
   @staticmethod
-  def resolve_config(config: ml_collections.ConfigDict) -> None:
-    """Writes the router's settings in effect into ``config.routing`` (``config`` is the run's
-    resolved copy of ``config.model``: :func:`capsjax.training.tasks.resolve_config`)."""
-    routing.fill(config.routing)
-
-  @staticmethod
   def draw_figures(model, batch: dict, workdir: str, writer, step: int) -> None:
     """Reconstructions and paper Fig. 4 of a test batch, or with two labels per image Fig. 5
     (``model`` is a :class:`capsjax.training.run_figures.JittedModel`)."""

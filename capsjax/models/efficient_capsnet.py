@@ -42,11 +42,40 @@ from flax import nnx
 
 from capsjax import routing
 from capsjax.common.errors import UsageError
-from capsjax.models import capsule_layers, layers
-from capsjax.models import capsule_head, capsule_model
+from capsjax.common.settings import POSITIVE, Setting, at_least, between, each, one_of
+from capsjax.models import SHAPE_SETTINGS, capsule_head, capsule_layers, capsule_model, layers
 from capsjax.models.capsule_head import LossSettings, check_scores
 
 POSITIONS = ("after_relu", "before_relu")
+
+_SIZES = dict(kind=tuple, check=each(at_least(1)))
+# ``config.model`` of Efficient-CapsNet (configs/efficient_capsnet.py has the reference's).
+SETTINGS = {
+    **SHAPE_SETTINGS,
+    "model.convs.features": Setting(meaning="Channels of each convolution.", **_SIZES),
+    "model.convs.kernel_sizes": Setting(meaning="Their kernel sides.", **_SIZES),
+    "model.convs.strides": Setting(meaning="Their strides.", **_SIZES),
+    "model.batch_norm.momentum": Setting(kind=float, meaning="Keras' BatchNormalization "
+                                         "momentum (0.99).", check=between(0, 1, open_high=True)),
+    "model.batch_norm.epsilon": Setting(kind=float, meaning="Its epsilon (Keras: 1e-3).",
+                                        check=POSITIVE),
+    "model.batch_norm.position": Setting(kind=str, meaning="\"after_relu\" (the reference) | "
+                                         "\"before_relu\".", check=one_of(*POSITIONS)),
+    "model.primary.kernel_size": Setting(kind=int, meaning="The depthwise primary capsules' "
+                                         "kernel.", check=POSITIVE),
+    "model.primary.dim": Setting(kind=int, meaning="Primary capsules' dimension.",
+                                 check=POSITIVE),
+    "model.class_capsules.dim": Setting(kind=int, meaning="Class capsules' dimension.",
+                                        check=POSITIVE),
+    "model.class_capsules.init": Setting(kind=str | float, meaning="\"he_normal\" (the "
+                                         "reference), or a truncated normal's std > 0.",
+                                         init_only=True),
+    "model.class_capsules.scores": capsule_head.SCORES_SETTING,
+    **layers.decoder_settings(init=False),
+    "model.conv_impl": layers.CONV_IMPL,
+    "model.compute_dtype": layers.COMPUTE_DTYPE,
+    **capsule_head.LOSS_SETTINGS,
+}
 
 
 def he_normal() -> nnx.Initializer:
@@ -77,7 +106,6 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   """Raises UsageError naming the ``config.model`` key that cannot work. Reads ``config``
   (``config.model``) only."""
   router, _ = routing.resolve(config.routing)
-  layers.check_compute_settings(config)
   convs = config.convs
   lengths = {len(tuple(convs[k])) for k in ("features", "kernel_sizes", "strides")}
   if len(lengths) != 1 or not tuple(convs.features):
@@ -85,16 +113,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                      f"one equal length >= 1, got {tuple(convs.features)}, "
                      f"{tuple(convs.kernel_sizes)}, {tuple(convs.strides)}.")
   for key in ("features", "kernel_sizes", "strides"):
-    if any(not isinstance(v, int) or v < 1 for v in convs[key]):
+    if any(not isinstance(v, int) for v in convs[key]):
       raise UsageError(f"config.model.convs.{key} must hold integers >= 1, "
                        f"got {tuple(convs[key])}.")
-  bn = config.batch_norm
-  if not 0.0 <= bn.momentum < 1.0 or not bn.epsilon > 0:
-    raise UsageError(f"config.model.batch_norm.momentum must be in [0, 1) and epsilon > 0, got "
-                     f"{bn.momentum!r} and {bn.epsilon!r} (Keras: 0.99 and 1e-3).")
-  if bn.position not in POSITIONS:
-    raise UsageError(f"config.model.batch_norm.position must be one of {POSITIONS}, "
-                     f"got {bn.position!r}.")
   grid = backbone_grid(config)
   if min(grid) < config.primary.kernel_size:
     raise UsageError(f"config.model.image_shape {tuple(config.image_shape)} leaves a "
@@ -178,6 +199,9 @@ class EfficientCapsNet(capsule_model.CapsuleModel):
     return cls(config.model, rngs=rngs, loss=LossSettings.from_config(config.get("loss")))
 
   validate_config = staticmethod(validate_config)
+  SETTINGS = SETTINGS
+  RULES = capsule_head.LOSS_RULES
+  router_sections = ("model.routing",)
 
   saturation_settings = ("model.class_capsules.init", "optimizer.learning_rate")
 

@@ -51,11 +51,65 @@ import ml_collections
 from flax import nnx
 
 from capsjax import routing
-from capsjax.common import config_keys
+from capsjax.common import settings as settings_lib
 from capsjax.common.errors import UsageError
-from capsjax.models import capsule_layers, conv_capsules, layers, losses, metrics
+from capsjax.common.settings import NON_NEGATIVE, POSITIVE, Setting, at_least, each, one_of
+from capsjax.models import SHAPE_SETTINGS, capsule_layers, conv_capsules, layers, losses, metrics
 from capsjax.models import receptive_fields as fields
 from capsjax.models.outputs import Outputs
+
+_SIZES = dict(kind=tuple, check=each(at_least(1)))
+_STD = dict(kind=float, check=NON_NEGATIVE, init_only=True)
+# ``config.loss`` of matrix capsules: the authors' code's spread loss (its margin schedule,
+# mean over classes, weight decay 2e-7); configs set only what differs (VB: cross-entropy).
+LOSS_SETTINGS = {
+    "kind": Setting("spread", "\"spread\" (EM paper); \"cross_entropy\" over the activations "
+                    "(the VB authors' code).", check=one_of("spread", "cross_entropy")),
+    "margin_schedule": Setting("code", "The spread loss's margin: \"code\" | \"linear\" (the "
+                               "paper's text).", check=one_of(*losses.MARGIN_SCHEDULES)),
+    "margin_steps": Setting(400_000, "\"linear\": steps from 0.2 to 0.9.", check=POSITIVE),
+    "reduction": Setting("mean", "\"mean\" over classes (code) | \"sum\" (Eq. 3).",
+                         check=one_of("mean", "sum")),
+    "weight_decay": Setting(2e-7, "Times the weights' l2 loss (the code's "
+                            "utils.weight_variable).", check=NON_NEGATIVE),
+}
+# ``config.model`` of em_capsnet (configs/em_mnist.py has the authors' code's).
+SETTINGS = {
+    **SHAPE_SETTINGS,
+    "model.pose_size": Setting(kind=int, meaning="Poses are N x N matrices (4).",
+                               check=POSITIVE),
+    **layers.conv_settings("model.conv1", "conv1"),
+    "model.primary.types": Setting(kind=int, meaning="Primary capsule types (the paper's B).",
+                                   check=POSITIVE),
+    "model.primary.pose_init": Setting(meaning="The poses' kernel std.", **_STD),
+    "model.primary.activation_init": Setting(meaning="The activations' kernel std.", **_STD),
+    "model.primary.activation_offset": Setting(kind=float, meaning="Added to the activations' "
+                                               "logits."),
+    "model.primary.layout": Setting(kind=str, meaning="\"code\"; \"split\": poses and logits "
+                                    "from their own kernels.",
+                                    check=one_of(*capsule_layers.PRIMARY_LAYOUTS)),
+    "model.conv_caps.types": Setting(meaning="Types of each convolutional capsule layer.",
+                                     **_SIZES),
+    "model.conv_caps.kernel_sizes": Setting(meaning="Their kernel sides.", **_SIZES),
+    "model.conv_caps.strides": Setting(meaning="Their strides.", **_SIZES),
+    "model.conv_caps.init_scale": Setting(meaning="Their transforms' std (code: 0.3).", **_STD),
+    "model.conv_caps.normalisation": Setting(kind=str, meaning="E-step over \"code\" | "
+                                             "\"child\" (the paper) | \"patch\".",
+                                             check=one_of(*fields.NORMALISATIONS)),
+    "model.conv_caps.inverse_temperature": Setting(kind=float, meaning="Their lambda (code: "
+                                                   "0.01).", check=POSITIVE),
+    "model.conv_caps.mass_epsilon": Setting(kind=float, meaning="Added to sum_i R_ij a_i there.",
+                                            check=POSITIVE),
+    "model.conv_caps.beta_u_init": Setting(kind=float, meaning="Their beta_u's initial value."),
+    "model.conv_caps.beta_a_init": Setting(kind=float, meaning="Their beta_a's initial value."),
+    "model.class_capsules.init_scale": Setting(meaning="The class layer's transforms' std.",
+                                               **_STD),
+    "model.class_capsules.coordinate_addition": Setting(
+        kind=str, meaning="\"code\" | \"paper\" | \"none\".",
+        check=one_of(*fields.COORDINATE_ADDITIONS)),
+    "model.conv_impl": layers.CONV_IMPL,
+    **settings_lib.prefixed("loss", LOSS_SETTINGS),
+}
 
 
 def conv_routing_settings(config: ml_collections.ConfigDict, class_settings: dict,
@@ -85,17 +139,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise UsageError(f"config.model.conv_caps.types, kernel_sizes and strides must have one "
                      f"length, got {tuple(caps.types)}, {tuple(caps.kernel_sizes)}, "
                      f"{tuple(caps.strides)}.")
-  if caps.normalisation not in fields.NORMALISATIONS:
-    raise UsageError(f"config.model.conv_caps.normalisation must be one of "
-                     f"{fields.NORMALISATIONS}, got {caps.normalisation!r}.")
   router.check(conv_routing_settings(config, settings, router))
-  if config.class_capsules.coordinate_addition not in fields.COORDINATE_ADDITIONS:
-    raise UsageError(f"config.model.class_capsules.coordinate_addition must be one of "
-                     f"{fields.COORDINATE_ADDITIONS}, "
-                     f"got {config.class_capsules.coordinate_addition!r}.")
-  if config.primary.layout not in capsule_layers.PRIMARY_LAYOUTS:
-    raise UsageError(f"config.model.primary.layout must be one of "
-                     f"{capsule_layers.PRIMARY_LAYOUTS}, got {config.primary.layout!r}.")
   if config.image_shape[0] != config.image_shape[1]:
     raise UsageError(f"config.model.image_shape {tuple(config.image_shape)}: em_capsnet takes "
                      "square images (the code's receptive-field grouping assumes it).")
@@ -145,25 +189,16 @@ class EMCapsNet(nnx.Module):
         init_scale=config.class_capsules.init_scale,
         routing={"name": router.name, **class_settings}, votes=grid_votes.pair,
         routing_norms=norms, rngs=rngs)
-    loss = loss or default_loss()
-    check_loss(loss)
-    self.loss_items = tuple(sorted(loss.items()))  # Hashable, static.
+    self.loss_items = tuple(sorted(resolved_loss(loss).items()))  # Hashable, static.
 
-  # Used only to draw the initial parameters (a vectorised sweep's runs may differ in them).
-  init_only_settings = ("model.conv1.init_scale", "model.conv1.bias_init",
-                        "model.primary.pose_init", "model.primary.activation_init",
-                        "model.conv_caps.init_scale", "model.class_capsules.init_scale")
+  SETTINGS = SETTINGS
+  router_sections = ("model.routing",)
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> "EMCapsNet":
     return cls(config.model, rngs=rngs, loss=config.get("loss"))
 
   validate_config = staticmethod(validate_config)
-
-  @staticmethod
-  def resolve_config(config: ml_collections.ConfigDict) -> None:
-    """Writes the class router's settings in effect into ``config.routing``."""
-    routing.fill(config.routing)
 
   def capsules(self, images: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
                diagnostics: bool = False):
@@ -244,22 +279,12 @@ class EMCapsNet(nnx.Module):
 
 
 def default_loss() -> ml_collections.ConfigDict:
-  """``config.loss`` of em_capsnet (:func:`capsjax.common.config_keys.em_loss`, where config
-  files read it without importing JAX)."""
-  return config_keys.em_loss()
+  """``config.loss`` of em_capsnet with every setting at its default (:data:`LOSS_SETTINGS`)."""
+  return ml_collections.ConfigDict(resolved_loss(None))
 
 
-def check_loss(loss: ml_collections.ConfigDict) -> None:
-  """UsageError naming the ``config.loss`` key that cannot work."""
-  if loss.kind not in ("spread", "cross_entropy"):
-    raise UsageError(f"config.loss.kind must be 'spread' (EM paper) or 'cross_entropy' (the "
-                     f"VB authors' code), got {loss.kind!r}.")
-  if loss.margin_schedule not in losses.MARGIN_SCHEDULES:
-    raise UsageError(f"config.loss.margin_schedule must be one of {losses.MARGIN_SCHEDULES}, "
-                     f"got {loss.margin_schedule!r}.")
-  if loss.reduction not in ("mean", "sum"):
-    raise UsageError(f"config.loss.reduction must be 'mean' (code) or 'sum' (Eq. 3), "
-                     f"got {loss.reduction!r}.")
-  if not loss.weight_decay >= 0 or not loss.margin_steps > 0:
-    raise UsageError(f"config.loss.weight_decay must be >= 0 and margin_steps > 0, got "
-                     f"{loss.weight_decay!r} and {loss.margin_steps!r}.")
+def resolved_loss(loss) -> dict:
+  """``config.loss`` (None: none) with its defaults filled in; UsageError naming a key that
+  cannot work (:func:`capsjax.common.settings.resolve`)."""
+  given = {} if loss is None else {k: loss[k] for k in loss}
+  return settings_lib.resolve(given, LOSS_SETTINGS, "config.loss", owner="em_capsnet's loss")

@@ -14,11 +14,49 @@ import jax.numpy as jnp
 from flax import nnx
 
 from capsjax.common.errors import UsageError
+from capsjax.common.settings import NON_NEGATIVE, POSITIVE, Setting, at_least, each, one_of
 from capsjax.models import winograd
 
 CONV_IMPLS = ("auto", "native", "polyphase", "im2col", "winograd", "winograd4")
 PADDINGS = ("VALID", "SAME")
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+# The settings of these layers that models compose into their own (``model.*``).
+CONV_IMPL = Setting(kind=str, meaning="How convolutions are computed: \"auto\" (native on "
+                    "accelerators, the fastest rewrite on a CPU) | \"native\" | \"im2col\" | "
+                    "\"polyphase\" | \"winograd[4]\" (the same numbers).",
+                    check=one_of(*CONV_IMPLS), neutral=True)
+COMPUTE_DTYPE = Setting(kind=str, meaning="\"bfloat16\": convolutions and decoder in bf16.",
+                        check=one_of(*COMPUTE_DTYPES))
+PADDING = Setting("VALID", "The convolutions' padding (CIFAR-10's code: SAME).",
+                  check=one_of(*PADDINGS))
+INIT_SCALE = ">0: normal(0, s) cut at 2 std; 0: LeCun normal."
+
+
+def conv_settings(prefix: str, what: str) -> dict[str, Setting]:
+  """A convolution's settings under ``prefix`` (``"model.conv1"``), every config's."""
+  return {f"{prefix}.features": Setting(kind=int, meaning=f"{what}: channels.", check=POSITIVE),
+          f"{prefix}.kernel_size": Setting(kind=int, meaning="Square kernel side.",
+                                           check=POSITIVE),
+          f"{prefix}.stride": Setting(kind=int, meaning="Stride.", check=POSITIVE),
+          f"{prefix}.init_scale": Setting(kind=float, meaning=INIT_SCALE, check=NON_NEGATIVE,
+                                          init_only=True),
+          f"{prefix}.bias_init": Setting(kind=float, meaning="The biases' initial value.",
+                                         init_only=True)}
+
+
+def decoder_settings(init: bool = True) -> dict[str, Setting]:
+  """``model.decoder``'s settings; ``init``: its initialisation too (CapsNet's)."""
+  table = {"model.decoder.enabled": Setting(kind=bool, meaning="Reconstruct the image from the "
+                                            "true class's capsule."),
+           "model.decoder.hidden": Setting(kind=tuple, meaning="The hidden widths (paper: 512, "
+                                           "1024).", check=each(at_least(1)))}
+  if init:
+    table["model.decoder.init_scale"] = Setting(0.0, "0: LeCun normal; the official code's: "
+                                                "0.1.", check=NON_NEGATIVE, init_only=True)
+    table["model.decoder.bias_init"] = Setting(0.0, "The biases' initial value.",
+                                               init_only=True)
+  return table
 
 
 def check_compute_settings(config) -> None:

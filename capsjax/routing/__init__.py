@@ -43,13 +43,12 @@ reference code and the paper differ):
 ``variational_bayes``             Ribeiro et al. 2020, a variational Gaussian mixture.
 ================================  =========================================================
 
-Settings: ``config.model.routing`` holds ``name`` and every router's settings
-(:func:`config_keys`), unset (None) in the config files so that each takes the chosen
-router's default (the paper's value), as ``config.optimizer`` does; the run fills them in, so
-``config.json`` shows what ran. A setting that is misspelled, or set for a router that does
-not have it, is refused naming it and the router's settings. So
-``--config.model.routing.name=uniform`` alone switches router, and
-``--config.model.routing.iterations=1`` keeps its meaning.
+Settings: each router declares its own (``SETTINGS``, beside its code: default, meaning,
+range); ``config.model.routing`` holds ``name`` and the settings the config sets, and
+:func:`resolve` fills in the chosen router's defaults (``config.json`` records every one in
+effect). A setting that is misspelled, or set for a router that does not have it, is
+refused naming it and the router's settings, so ``--config.model.routing.name=uniform`` alone
+switches router, and ``--config.model.routing.iterations=1`` keeps its meaning.
 
 To add a router: a module with ``ROUTER = Router(...)`` (:class:`Router`) and one line in
 :data:`ROUTERS`; or, without touching capsjax, name it by import path in the config
@@ -62,9 +61,8 @@ import dataclasses
 from typing import Any
 
 import ml_collections
-from ml_collections import config_dict
 
-from capsjax.common import config_keys as schema
+from capsjax.common import settings as settings_lib
 from capsjax.common.errors import UsageError
 from capsjax.common.registry import Registry
 from capsjax.routing.core import (ConvLayer, ParamSpec, Router, RoutingResult, capsule_votes,
@@ -85,7 +83,7 @@ ROUTERS = Registry("router", "config.model.routing.name", {
     "em": "capsjax.routing.em:ROUTER",
     "variational_bayes": "capsjax.routing.variational_bayes:ROUTER",
 })
-DEFAULT = schema.DEFAULT_ROUTER   # The paper's; declared in the schema.
+DEFAULT = "dynamic"   # The paper's.
 
 
 def get(name: str) -> Router:
@@ -100,7 +98,7 @@ def get(name: str) -> Router:
 
 
 def all_settings() -> dict[str, list[str]]:
-  """Every setting any router has -> the routers that have it."""
+  """Every setting any registered router has -> the routers that have it."""
   table: dict[str, list[str]] = {}
   for name in ROUTERS.names():
     for key in get(name).settings:
@@ -108,42 +106,23 @@ def all_settings() -> dict[str, list[str]]:
   return table
 
 
-def config_keys() -> dict[str, Any]:
-  """What ``config.model.routing`` holds in a config file: ``name`` and every router's
-  settings, unset (the chosen router's default). Unset keys are placeholders typed by their
-  defaults, so that the command line can set them."""
-  keys: dict[str, Any] = {"name": DEFAULT}
-  for key, routers in all_settings().items():
-    keys[key] = config_dict.placeholder(type(get(routers[0]).settings[key]))
-  return keys
-
-
-def resolve(config) -> tuple[Router, dict[str, Any]]:
+def resolve(config, *, allow_unusual: bool = False) -> tuple[Router, dict[str, Any]]:
   """The router of ``config`` (``config.model.routing``, a ConfigDict or dict) and its
-  settings with the defaults filled in.
+  settings with the defaults filled in (:func:`capsjax.common.settings.resolve`).
 
   Raises UsageError naming the key for an unknown router, a misspelled setting, a setting the
-  chosen router does not have (set, i.e. not None), and values the router cannot use. An
-  unset ``name`` is the default router (dynamic routing); old runs' config.json files are
-  brought to this form by :mod:`capsjax.runs.migrations`.
+  chosen router does not have (set, i.e. not None: another router's unset one is let be), and
+  values out of a setting's range or that the router cannot use with the others. An unset
+  ``name`` is the default router (dynamic routing).
   """
   given = {k: config[k] for k in config}
   name = given.pop("name", None) or DEFAULT
   router = get(name)
-  known = all_settings()
-  for key in router.settings:  # A researcher's own router (by import path) brings its own.
-    known.setdefault(key, [name])
-  own = sorted(router.settings) or "none"
-  for key, value in given.items():
-    if key not in known:
-      raise UsageError(f"config.model.routing.{key} is not a routing setting; router {name!r} "
-                       f"has {own} (every router's: {sorted(known)}).")
-    if value is not None and key not in router.settings:
-      raise UsageError(f"config.model.routing.{key}={value!r} is not a setting of router "
-                       f"{name!r} (it is {', '.join(known[key])}'s); {name!r} has {own}. Leave "
-                       f"it unset.")
-  settings = {key: given[key] if given.get(key) is not None else default
-              for key, default in router.settings.items()}
+  elsewhere = {key: f"router {', '.join(map(repr, owners))}"
+               for key, owners in all_settings().items() if key not in router.settings}
+  settings = settings_lib.resolve(given, router.settings, "config.model.routing",
+                                  owner=f"router {name!r}", elsewhere=elsewhere,
+                                  allow_unusual=allow_unusual)
   router.check(settings)
   return router, settings
 
@@ -163,7 +142,7 @@ def fill(config: ml_collections.ConfigDict) -> tuple[Router, dict[str, Any]]:
 
 __all__ = [
     "DEFAULT", "ROUTERS", "SOFTMAX_AXES", "ConvLayer", "ParamSpec", "Router", "RoutingResult",
-    "RoutingTrace", "all_settings", "capsule_votes", "config_keys", "coupled_parents",
+    "RoutingTrace", "all_settings", "capsule_votes", "coupled_parents",
     "coupling_coefficients", "coupling_statistics", "dynamic_routing", "exp_squash", "fill",
     "get", "matrix_votes", "resolve", "routing_diagnostics", "routing_diagnostics_per_example",
     "safe_norm", "squash",

@@ -12,6 +12,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from capsjax.common.settings import NON_NEGATIVE, Setting, at_least, declared
+
 
 def safe_norm(x: jax.Array, axis: int = -1, epsilon: float = 0.0,
               keepdims: bool = False) -> jax.Array:
@@ -169,6 +171,16 @@ def coupled_parents(votes: jax.Array, coupling: jax.Array, *, bias: jax.Array | 
   return RoutingResult(capsules, None, {k: v[:, None] for k, v in measured.items()})
 
 
+def iterations_setting(default: int, meaning: str) -> Setting:
+  """A router's ``iterations``: an integer >= 1."""
+  return Setting(default, meaning, check=at_least(1))
+
+
+# Eq. 1's epsilon, of every router that squashes (and of CapsNet's primary capsules).
+SQUASH_EPSILON = Setting(0.0, "Eq. 1's epsilon: 0 is Eq. 1 exactly; public code often uses "
+                         "1e-7..1e-9.", check=NON_NEGATIVE)
+
+
 GRADIENTS = ("auto", "analytic", "autodiff")
 
 
@@ -277,13 +289,15 @@ class Router:
 
   Attributes:
     name: its registered name (``config.model.routing.name``).
-    settings: each setting it reads and its default (the paper's value); what
+    settings: each setting it reads, declared (``{key: capsjax.common.settings.Setting}``:
+      default, meaning, range; a plain value is taken as the default): what
       ``config.model.routing`` may set for it.
     route: ``route(votes, *, inputs, activations, params, rng, settings, train,
       diagnostics) -> RoutingResult``; see :mod:`capsjax.routing`.
     parameters: ``parameters(in_caps, in_dim, out_caps, out_dim, settings) ->
       {name: ParamSpec}``, the learned parameters it needs (most need none).
-    check: ``check(settings)`` raises UsageError naming a setting whose value cannot work.
+    check: ``check(settings)`` raises UsageError naming a setting whose value cannot work
+      with the others (each setting's own range is its declaration's).
     uses_parent_bias: whether a bias on the parents' s_j (``model.class_capsules.use_bias``)
       means anything to it.
     yields_activations: whether it computes the parents' activations (else their lengths
@@ -322,3 +336,13 @@ class Router:
   activation_logits: bool = False
   parent_batch_norms: bool = False
   conv_layer_settings: tuple[str, ...] = ()
+
+  @property
+  def declared(self) -> dict[str, Setting]:
+    """:attr:`settings` as declarations."""
+    return declared(self.settings)
+
+  @property
+  def defaults(self) -> dict[str, Any]:
+    """Each setting's default: the router with its paper's (or authors' code's) values."""
+    return {key: s.default for key, s in self.declared.items()}

@@ -22,11 +22,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from capsjax.common import config_keys
-from capsjax.common.errors import UsageError
+from capsjax.common.settings import Setting, one_of
 from capsjax.routing import dynamic_arithmetic
-from capsjax.routing.core import (Router, RoutingResult, check_iterations, coupling_statistics,
-                                  safe_norm)
+from capsjax.routing.core import (SQUASH_EPSILON, Router, RoutingResult, coupling_statistics,
+                                  iterations_setting, safe_norm)
 
 SOFTMAX_AXES = ("output", "input")
 
@@ -207,18 +206,18 @@ def routing_diagnostics(trace: RoutingTrace, softmax_axis: str = "output",
           for k, v in per_example.items()}
 
 
-SETTINGS = config_keys.ROUTER_SETTINGS["dynamic"]  # Defaults and why: there.
-
-
-def check(settings: dict) -> None:
-  """UsageError naming the setting for values Procedure 1 cannot run with."""
-  check_iterations(settings["iterations"])
-  if settings["softmax_axis"] not in SOFTMAX_AXES:
-    raise UsageError(f"config.model.routing.softmax_axis must be one of {SOFTMAX_AXES}, "
-                     f"got {settings['softmax_axis']!r}.")
-  if not settings["squash_epsilon"] >= 0:
-    raise UsageError(f"config.model.routing.squash_epsilon must be >= 0, "
-                     f"got {settings['squash_epsilon']!r}.")
+# ``config.model.routing`` of dynamic routing: the paper's values (Procedure 1).
+SETTINGS = {
+    "iterations": iterations_setting(3, "r, the routing iterations (paper: 3 for MNIST)."),
+    "softmax_axis": Setting("output", "The coupling's softmax over parents j (\"output\", "
+                            "the paper's) or children i (\"input\").",
+                            check=one_of(*SOFTMAX_AXES)),
+    "stop_gradient": Setting(False, "True: no gradient through the intermediate iterations "
+                             "(the paper has none)."),
+    "leaky": Setting(False, "The official code's extra zero logit (leaky routing); the "
+                     "paper: none."),
+    "squash_epsilon": SQUASH_EPSILON,
+}
 
 
 def route(votes, *, inputs=None, activations=None, params=None, rng=None, settings,
@@ -242,5 +241,5 @@ def route(votes, *, inputs=None, activations=None, params=None, rng=None, settin
                        routing_diagnostics_per_example(trace, s["softmax_axis"]))
 
 
-ROUTER = Router(name="dynamic", settings=SETTINGS, route=route, check=check,
+ROUTER = Router(name="dynamic", settings=SETTINGS, route=route,
                 uses_parent_bias=True)

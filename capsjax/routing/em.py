@@ -66,13 +66,31 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from capsjax.common import config_keys
-from capsjax.common.errors import UsageError
+from capsjax.common.settings import POSITIVE, Setting, between, one_of
 from capsjax.routing import core, em_arithmetic, em_gradient
-from capsjax.routing.core import (ConvLayer, ParamSpec, Router, RoutingResult,
-                                  check_gradient, check_iterations)
+from capsjax.routing.core import (ConvLayer, ParamSpec, Router, RoutingResult, check_iterations,
+                                  iterations_setting)
 
-SETTINGS = config_keys.ROUTER_SETTINGS["em"]  # Defaults and why: there.
+_FRACTION = between(0, 1, open_high=True)
+# ``config.model.routing`` of EM routing: the authors' code's values for the class layer
+# (google-research/google-research, capsule_em; the module docstring gives each difference).
+SETTINGS = {
+    "iterations": iterations_setting(3, "The code's routing_iteration."),
+    "stop_gradient": Setting(False, "The authors: \"We do not use stop gradient\"."),
+    "inverse_temperature": Setting(0.0025, "lambda: the code's final_beta 0.01, / 4 (the class "
+                                   "layer).", check=POSITIVE),
+    "temperature_growth": Setting(0.95, "lambda_t = lambda (1 - growth^(t+1)).",
+                                  check=_FRACTION),
+    "mean_damping": Setting(0.1, "mu = 0.9 new + 0.1 previous (the code).", check=_FRACTION),
+    "min_variance": Setting(0.0005, "The code's min_var.", check=POSITIVE),
+    "mass_epsilon": Setting(1e-5, "Added to sum_i R_ij a_i (the class layer: 1e-5).",
+                            check=POSITIVE),
+    "activation_bias_scale": Setting(5000.0, "logit = lambda (cost - 5000 beta_a) (the code)."),
+    "beta_u_init": Setting(2.0, "The class layer's sigma_biases."),
+    "beta_a_init": Setting(1.0, "The class layer's activation_biases."),
+    "gradient": Setting("auto", "\"analytic\" | \"autodiff\" (module docstring).",
+                        check=one_of(*core.GRADIENTS)),
+}
 
 # The backends where the written-out backward pass was measured faster than autodiff, so that
 # "auto" picks it (docs/performance.md); GPUs are measured by experiments/gpu_speed.sh.
@@ -224,19 +242,6 @@ def em_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
   return EMResult(parents.mean, jax.nn.sigmoid(parents.logit), found)
 
 
-def check(settings: dict) -> None:
-  """UsageError naming the setting whose value EM routing cannot use."""
-  check_iterations(settings["iterations"])
-  for key in ("inverse_temperature", "min_variance", "mass_epsilon"):
-    if not (isinstance(settings[key], (int, float)) and settings[key] > 0):
-      raise UsageError(f"config.model.routing.{key} must be a number > 0, "
-                       f"got {settings[key]!r}.")
-  check_gradient(settings["gradient"])
-  for key in ("temperature_growth", "mean_damping"):
-    if not (isinstance(settings[key], (int, float)) and 0 <= settings[key] < 1):
-      raise UsageError(f"config.model.routing.{key} must be in [0, 1), got {settings[key]!r}.")
-
-
 def parameters(in_caps: int, in_dim: int, out_caps: int, out_dim: int, settings: dict) -> dict:
   """beta_u and beta_a, one per parent capsule (the code's sigma_biases, activation_biases),
   from ``settings["beta_u_init"]`` and ``["beta_a_init"]`` (also VB routing's)."""
@@ -283,6 +288,6 @@ def route_layer(votes, *, activations, params, settings, layer: ConvLayer,
 
 
 ROUTER = Router(name="em", settings=SETTINGS, route=route, as_run=as_run, parameters=parameters,
-                check=check, yields_activations=True, squashes=False, route_layer=route_layer,
+                yields_activations=True, squashes=False, route_layer=route_layer,
                 conv_layer_settings=("inverse_temperature", "mass_epsilon", "beta_u_init",
                                      "beta_a_init"))

@@ -44,23 +44,18 @@ import math
 import jax
 import jax.numpy as jnp
 
-from capsjax.common import config_keys
-from capsjax.common.errors import UsageError
-from capsjax.routing.core import (ParamSpec, Router, RoutingResult, check_iterations,
-                                  coupling_statistics, per_iteration, safe_norm)
+from capsjax.common.settings import POSITIVE, Setting, one_of
+from capsjax.routing.core import (ParamSpec, Router, RoutingResult, coupling_statistics,
+                                  iterations_setting, per_iteration, safe_norm)
 
 AGREEMENT_SCALES = ("code", "paper")
-SETTINGS = config_keys.ROUTER_SETTINGS["inverted_dot_product"]  # Defaults and why: there.
-
-
-def check(settings: dict) -> None:
-  check_iterations(settings["iterations"])
-  if settings["agreement_scale"] not in AGREEMENT_SCALES:
-    raise UsageError(f"config.model.routing.agreement_scale must be one of "
-                     f"{AGREEMENT_SCALES}, got {settings['agreement_scale']!r}.")
-  if not settings["layer_norm_epsilon"] > 0:
-    raise UsageError(f"config.model.routing.layer_norm_epsilon must be > 0, "
-                     f"got {settings['layer_norm_epsilon']!r}.")
+SETTINGS = {
+    "iterations": iterations_setting(2, "Passes, the uniform first included: the reference's "
+                                     "num_routing=1."),
+    "agreement_scale": Setting("code", "\"code\": a_ij / sqrt(out_dim); \"paper\": unscaled "
+                               "(Eq. 2).", check=one_of(*AGREEMENT_SCALES)),
+    "layer_norm_epsilon": Setting(1e-5, "torch's nn.LayerNorm default.", check=POSITIVE),
+}
 
 
 def _readout_init(key, shape):
@@ -131,4 +126,4 @@ def route(votes, *, inputs=None, activations=None, params, rng=None, settings,
 
 
 ROUTER = Router(name="inverted_dot_product", settings=SETTINGS, route=route,
-                parameters=parameters, check=check, yields_activations=True, squashes=False)
+                parameters=parameters, yields_activations=True, squashes=False)

@@ -19,20 +19,15 @@ from __future__ import annotations
 
 import jax
 
-from capsjax.common import config_keys
-from capsjax.common.errors import UsageError
-from capsjax.routing.core import Router, RoutingResult, coupled_parents
+from capsjax.common.settings import NON_NEGATIVE, Setting
+from capsjax.routing.core import SQUASH_EPSILON, Router, RoutingResult, coupled_parents
 
-SETTINGS = config_keys.ROUTER_SETTINGS["random"]  # Defaults and why: there.
-
-
-def check(settings: dict) -> None:
-  for key in ("logit_scale", "squash_epsilon"):
-    if not settings[key] >= 0:
-      raise UsageError(f"config.model.routing.{key} must be >= 0, got {settings[key]!r}.")
-  if not isinstance(settings["eval_seed"], int):
-    raise UsageError(f"config.model.routing.eval_seed must be an integer, "
-                     f"got {settings['eval_seed']!r}.")
+SETTINGS = {
+    "logit_scale": Setting(1.0, "The std of the Gaussian logits (0: uniform coupling; the "
+                           "text gives none: ours).", check=NON_NEGATIVE),
+    "eval_seed": Setting(0, "The fixed key of the evaluation coupling."),
+    "squash_epsilon": SQUASH_EPSILON,
+}
 
 
 def route(votes, *, inputs=None, activations=None, params=None, rng=None, settings,
@@ -58,5 +53,5 @@ def route(votes, *, inputs=None, activations=None, params=None, rng=None, settin
                          squash_epsilon=settings["squash_epsilon"], diagnostics=diagnostics)
 
 
-ROUTER = Router(name="random", settings=SETTINGS, route=route, check=check,
+ROUTER = Router(name="random", settings=SETTINGS, route=route,
                 uses_parent_bias=True)

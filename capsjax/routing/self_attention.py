@@ -26,11 +26,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from capsjax.common import config_keys
 from capsjax.routing.core import (ParamSpec, Router, RoutingResult, coupling_statistics,
                                   exp_squash, safe_norm)
 
-SETTINGS = config_keys.ROUTER_SETTINGS["self_attention"]  # Defaults and why: there.
+SETTINGS: dict = {}  # One pass, nothing to set.
 
 
 def parameters(in_caps: int, in_dim: int, out_caps: int, out_dim: int, settings: dict) -> dict:

@@ -28,10 +28,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from capsjax.common import config_keys
 from capsjax.routing.core import ParamSpec, Router, RoutingResult, coupling_statistics
 
-SETTINGS = config_keys.ROUTER_SETTINGS["self_routing"]  # Defaults and why: there.
+SETTINGS: dict = {}  # One pass, nothing to set.
 _FLOOR = 1e-12
 
 

@@ -15,17 +15,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from capsjax.common import config_keys
-from capsjax.common.errors import UsageError
-from capsjax.routing.core import Router, RoutingResult, coupled_parents
+from capsjax.routing.core import SQUASH_EPSILON, Router, RoutingResult, coupled_parents
 
-SETTINGS = config_keys.ROUTER_SETTINGS["uniform"]  # Defaults and why: there.
-
-
-def check(settings: dict) -> None:
-  if not settings["squash_epsilon"] >= 0:
-    raise UsageError(f"config.model.routing.squash_epsilon must be >= 0, "
-                     f"got {settings['squash_epsilon']!r}.")
+SETTINGS = {"squash_epsilon": SQUASH_EPSILON}
 
 
 def route(votes, *, inputs=None, activations=None, params=None, rng=None, settings,
@@ -46,5 +38,5 @@ def route(votes, *, inputs=None, activations=None, params=None, rng=None, settin
                          squash_epsilon=settings["squash_epsilon"], diagnostics=diagnostics)
 
 
-ROUTER = Router(name="uniform", settings=SETTINGS, route=route, check=check,
+ROUTER = Router(name="uniform", settings=SETTINGS, route=route,
                 uses_parent_bias=True)

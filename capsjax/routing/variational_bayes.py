@@ -71,15 +71,36 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import digamma
 
-from capsjax.common import config_keys
-from capsjax.common.errors import UsageError
-from capsjax.routing.core import ConvLayer, Router, RoutingResult, check_iterations
+from capsjax.common.settings import POSITIVE, Setting, above, one_of
+from capsjax.routing.core import (ConvLayer, Router, RoutingResult, check_iterations,
+                                  iterations_setting)
 from capsjax.routing.em import parameters
 
 ASSIGNMENTS = ("code", "first_commits", "textbook")
 CONV_NORMALISATIONS = ("child", "patch")
 
-SETTINGS = config_keys.ROUTER_SETTINGS["variational_bayes"]  # Defaults and why: there.
+# ``config.model.routing`` of VB routing: the authors' code's values (HEAD of
+# fabio-deep/Variational-Capsule-Routing; the module docstring gives each difference).
+SETTINGS = {
+    "iterations": iterations_setting(3, "The code's routing_iter (its default)."),
+    "stop_gradient": Setting(False, "True: no gradient through the intermediate iterations "
+                             "(the code has none)."),
+    "assignments": Setting("code", "HEAD's; \"first_commits\" | \"textbook\" (module "
+                           "docstring).", check=one_of(*ASSIGNMENTS)),
+    "normaliser_floor": Setting(1e-11, "The code's clamp of sum_j p_ij (HEAD; 9908079: 1e-8).",
+                                check=POSITIVE),
+    "conv_normalisation": Setting("child", "Over every parent of a child (HEAD) | \"patch\" "
+                                  "(the first commits).", check=one_of(*CONV_NORMALISATIONS)),
+    "prior_alpha": Setting(1.0, "Dirichlet alpha0.", check=POSITIVE),
+    "prior_kappa": Setting(1.0, "Gaussian precision scaling kappa0.", check=POSITIVE),
+    "prior_nu_offset": Setting(1.0, "Wishart degrees of freedom nu0 = D + this (the Wishart "
+                               "needs nu0 > D - 1).", check=above(-1)),
+    "prior_psi": Setting(1.0, "Wishart scale Psi0 = prior_psi x identity.", check=POSITIVE),
+    "mass_epsilon": Setting(1e-7, "Added to R_j where the code divides by it (not in the "
+                            "code).", check=POSITIVE),
+    "beta_u_init": Setting(0.0, "beta_u's initial value."),
+    "beta_a_init": Setting(0.0, "beta_a's initial value."),
+}
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -173,8 +194,8 @@ def vb_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
   ``activations`` a_i broadcastable to ``(batch, children, out_caps, positions)``;
   ``beta_u``, ``beta_a`` ``(out_caps,)``; ``child_sum``: a convolutional layer's sum of
   ``p_ij`` over every parent of each child (:func:`assignments_from`)."""
-  check(settings)
   iterations = settings["iterations"]
+  check_iterations(iterations)
   batch, children, out_caps, positions, _ = votes.shape
   assignments = jnp.full((batch, children, out_caps, positions), 1.0 / out_caps, votes.dtype)
   measured = jnp.zeros((3, iterations, batch), votes.dtype)
@@ -221,25 +242,6 @@ def vb_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
   return VBResult(q.mean, activation_logits(q, beta_u, beta_a), found)
 
 
-def check(settings: dict) -> None:
-  """UsageError naming the setting that variational Bayes routing cannot use."""
-  check_iterations(settings["iterations"])
-  if settings["assignments"] not in ASSIGNMENTS:
-    raise UsageError(f"config.model.routing.assignments must be one of {ASSIGNMENTS}, "
-                     f"got {settings['assignments']!r}.")
-  if settings["conv_normalisation"] not in CONV_NORMALISATIONS:
-    raise UsageError(f"config.model.routing.conv_normalisation must be one of "
-                     f"{CONV_NORMALISATIONS}, got {settings['conv_normalisation']!r}.")
-  for key in ("prior_alpha", "prior_kappa", "prior_psi", "mass_epsilon", "normaliser_floor"):
-    if not (isinstance(settings[key], (int, float)) and settings[key] > 0):
-      raise UsageError(f"config.model.routing.{key} must be a number > 0, "
-                       f"got {settings[key]!r}.")
-  if not (isinstance(settings["prior_nu_offset"], (int, float))
-          and settings["prior_nu_offset"] > -1):
-    raise UsageError("config.model.routing.prior_nu_offset must be > -1 (the Wishart needs "
-                     f"nu0 > D - 1), got {settings['prior_nu_offset']!r}.")
-
-
 def route(votes, *, inputs=None, activations, params, rng=None, settings, train=False,
           diagnostics=False) -> RoutingResult:
   """The router interface (:mod:`capsjax.routing`): fully connected VB routing.
@@ -279,5 +281,5 @@ def route_layer(votes, *, activations, params, settings, layer: ConvLayer,
 
 # beta_u and beta_a per parent, as EM routing's (here initialised to 0, the VB code's).
 ROUTER = Router(name="variational_bayes", settings=SETTINGS, route=route, parameters=parameters,
-                check=check, yields_activations=True, squashes=False, route_layer=route_layer,
+                yields_activations=True, squashes=False, route_layer=route_layer,
                 activation_logits=True, parent_batch_norms=True)

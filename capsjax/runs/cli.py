@@ -16,6 +16,7 @@ import sys
 from typing import Callable
 
 from absl import app, flags
+from ml_collections import config_flags
 
 from capsjax.common.errors import NonFiniteLossError, UsageError
 from capsjax.common import files
@@ -131,6 +132,17 @@ def missing_override(argv: list[str]) -> tuple[str, str, str] | None:
               if matches else "")
       return family, key, hint
   return None
+
+
+def define_config_file(name: str, default: str | None, help_string: str,
+                       flag_values: flags.FlagValues, argv: list[str] | None):
+  """A config-file flag (``--NAME=FILE[:variant]``) whose ``--NAME.KEY=VALUE`` overrides may
+  set any key, also one the file leaves out (a router's setting it keeps at its default): the
+  config is resolved before anything runs, which refuses a key nobody declared, naming the
+  nearest one (:func:`capsjax.training.schema.resolve_config`)."""
+  return config_flags.DEFINE_config_file(name, default, help_string, lock_config=False,
+                                         accept_new_attributes=True, sys_argv=argv,
+                                         flag_values=flag_values)
 
 
 def flag_of(holder) -> flags.Flag:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 from typing import Callable, NamedTuple
 
-from capsjax.common import config_keys, defaults
 from capsjax.common.errors import UsageError
 
 
@@ -28,34 +27,29 @@ class Migration(NamedTuple):
   apply: Callable[[dict], None]   # Edits a config.json's dict in place.
 
 
-def _optional(*keys: str) -> dict:
-  return {key: config_keys.OPTIONAL_KEYS[key] for key in keys}
-
-
 # Keys added from the first workdirs (2026-11-21) to 2026-11-28, with the value that
 # reproduces the runs written before them: for every run, and (the second table) for runs of
-# the model and dataset that had the key, which were the only ones when it was added. Where a
-# key is optional in every config, that value is the one leaving it out means
-# (``config_keys.OPTIONAL_KEYS``). Settings that registries own (a router's, an optimiser's)
-# are not listed: they are compared resolved
-# (:func:`capsjax.training.config_history.comparable`).
-ADDED_KEYS = {"dataset": defaults.DATASET, "model.name": defaults.MODEL,
+# the model and dataset that had the key, which were the only ones when it was added. Settings
+# that registries own (a router's, an optimiser's) are not listed: their defaults, which
+# resolving the config fills in, are what those runs ran.
+ADDED_KEYS = {"dataset": "mnist", "model.name": "capsnet",
               "train.stop_at_accuracy": None, "optimizer.name": "adam",
               "optimizer.schedule": "exponential", "matmul_precision": "default"}
-_ORDER = ("data.order", "data.stream_window")
+_ORDER = {"data.order": "permutation", "data.stream_window": 5384}
+_RANDOM = {"data.validation_split": "random"}
 ADDED_KEYS_OF = {
-    ("model.name", "capsnet"): {**_optional("model.primary.output_scale",
-                                            "model.class_capsules.scores"),
+    ("model.name", "capsnet"): {"model.primary.output_scale": 1.0,
+                                "model.class_capsules.scores": "auto",
                                 "model.routing.name": "dynamic", "loss.margin_weight": 1.0,
                                 "model.class_capsules.use_bias": False},
     ("model.name", "efficient_capsnet"): {"loss.margin_weight": 1.0},
     ("model.name", "baseline_cnn"): {"model.padding": "SAME", "model.bias_init": 0.0,
                                      "model.dense_init_scale": None,
                                      "model.loss": "cross_entropy"},
-    ("dataset", "mnist"): {"data.pad": 0, **_optional("data.validation_split", *_ORDER)},
-    ("dataset", "smallnorb"): _optional("data.viewpoint_split", "data.validation_split"),
-    ("dataset", "multimnist"): _optional("data.validation_split", *_ORDER),
-    **{("dataset", name): _optional("data.validation_split") for name in ("cifar10", "svhn")},
+    ("dataset", "mnist"): {"data.pad": 0, **_RANDOM, **_ORDER},
+    ("dataset", "smallnorb"): {"data.viewpoint_split": "", **_RANDOM},
+    ("dataset", "multimnist"): {**_RANDOM, **_ORDER},
+    **{("dataset", name): _RANDOM for name in ("cifar10", "svhn")},
 }
 
 
@@ -89,11 +83,25 @@ def _unset_dynamic_gradient(raw: dict) -> None:
       section["gradient"] = None
 
 
+# The config sections a model that is not a capsule model never read, though the configs built
+# on configs/mnist.py carried them (the margin loss's settings).
+_UNREAD = {"baseline_cnn": ("loss",)}
+
+
+def _drop_unread_sections(raw: dict) -> None:
+  """Version 3: settings are declared beside the code that reads them, and a key no code
+  reads is refused; the sections a model never read (:data:`_UNREAD`) leave its config.json."""
+  for section in _UNREAD.get(raw.get("model", {}).get("name"), ()):
+    raw.pop(section, None)
+
+
 MIGRATIONS = (
     Migration(1, "2026-11-21 to 2026-11-28: keys added before config.json had a version",
               _add_keys),
     Migration(2, "2026-11-28: dynamic routing's gradient setting removed",
               _unset_dynamic_gradient),
+    Migration(3, "2026-11-29: settings declared beside their code; unread sections dropped",
+              _drop_unread_sections),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 VERSION_KEY = "schema_version"

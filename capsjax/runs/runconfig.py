@@ -59,14 +59,9 @@ def load(workdir: str) -> ml_collections.ConfigDict:
 
 
 def from_raw(raw: dict) -> ml_collections.ConfigDict:
-  """A ConfigDict from a saved config.json's dict (see :func:`load`)."""
-  return ml_collections.ConfigDict(tuples(with_added_keys(raw)))
-
-
-def with_added_keys(raw: dict) -> dict:
-  """A copy of a config.json's dict in this version's form: every migration since the
-  version it records applied (:func:`capsjax.runs.migrations.migrate`)."""
-  return migrations.migrate(raw)
+  """A ConfigDict from a saved config.json's dict in this version's form (every migration
+  since the version it records applied: :func:`capsjax.runs.migrations.migrate`)."""
+  return ml_collections.ConfigDict(tuples(migrations.migrate(raw)))
 
 
 def tuples(tree):

@@ -2,8 +2,9 @@
 (announced at the start, recorded once a step has run with them, the earlier file kept), and
 the refusal of a workdir whose checkpoints hold another model.
 
-Router and optimiser settings are compared resolved (:func:`comparable`): an unset setting
-and its default are the same setting, and an unset setting of another router is none.
+Configs are compared resolved (:func:`comparable`): an unset setting and its default are the
+same setting. Settings declared ``neutral`` (how often a run logs or checkpoints, where its
+files are) may change on a resume without a word.
 """
 
 from __future__ import annotations
@@ -19,28 +20,18 @@ from capsjax.common import files
 from capsjax.common.errors import UsageError
 from capsjax.runs import migrations, runconfig
 from capsjax.runs.runconfig import flatten
-from capsjax.training import optimizers, tasks, train_step
-
-# Settings a resumed run may change without changing what it computes: its length, how often
-# it logs, evaluates and checkpoints, where the data files live, how convolutions are computed
-# and how routing is differentiated.
-RESUME_NEUTRAL_KEYS = ("train.num_steps", "train.num_epochs", "train.log_every_steps",
-                       "train.eval_every_steps", "train.checkpoint_every_steps",
-                       "train.keep_checkpoints", "train.steps_per_dispatch", "data.dir",
-                       "data.tfds_data_dir", "model.conv_impl", "eval", "evals",
-                       "train.stop_at_accuracy", "train.saturation_warning",
-                       "train.eval_during", "model.routing.gradient")
+from capsjax.training import optimizers, schema, tasks, train_step
 
 def config_changes(before: dict, after: dict) -> list[str]:
-  """``"key: old -> new"`` for each setting (dotted key) that differs between two resolved
-  configs as JSON dicts, leaving out :data:`RESUME_NEUTRAL_KEYS` and the keys under them, and
-  keys added since ``before`` was written whose value reproduces it. Optimiser and router
-  settings are compared resolved (:func:`comparable`)."""
-  # Keys added since ``before`` was written take the value that reproduces it.
-  before, after = flatten(comparable(runconfig.with_added_keys(before))), flatten(comparable(after))
+  """``"key: old -> new"`` for each setting (dotted key) that differs between two configs as
+  JSON dicts (``before`` of any earlier version: migrated first), both resolved
+  (:func:`comparable`), leaving out the settings declared ``neutral`` and the keys under them."""
+  before, after = comparable(migrations.migrate(before)), comparable(after)
+  neutral = schema.neutral_keys(after)
+  before, after = flatten(before), flatten(after)
   changes = []
   for key in sorted(before.keys() | after.keys()):
-    if any(key == k or key.startswith(k + ".") for k in RESUME_NEUTRAL_KEYS):
+    if any(key == k or key.startswith(k + ".") for k in neutral):
       continue
     old, new = before.get(key, "(unset)"), after.get(key, "(unset)")
     if old != new:
@@ -49,22 +40,32 @@ def config_changes(before: dict, after: dict) -> list[str]:
 
 
 def comparable(raw: dict) -> dict:
-  """A config as JSON with its optimiser and router settings resolved (defaults filled in),
-  so that an unset setting and its default are the same setting."""
+  """A config as JSON, resolved (every default filled in:
+  :func:`capsjax.training.schema.resolve_config`), so that an unset setting and its default
+  are the same setting; as written where this version cannot resolve it."""
   raw = json.loads(json.dumps(raw))
+  try:
+    config = schema.resolve_config(ml_collections.ConfigDict(runconfig.tuples(raw)))
+  except Exception:  # Not whole, or another version's: its registries' sections resolved alone.
+    return _sections_resolved(raw)
+  return json.loads(config.to_json_best_effort())
+
+
+def _sections_resolved(raw: dict) -> dict:
+  """``raw`` with its optimiser and router sections resolved where they can be, the rest as
+  written (a config this version cannot resolve whole)."""
   if isinstance(raw.get("optimizer"), dict):
     try:
-      raw["optimizer"] = optimizers.resolve(ml_collections.ConfigDict(raw["optimizer"]))
+      raw["optimizer"] = optimizers.resolve(raw["optimizer"])
     except UsageError:
-      pass  # Compared as written.
+      pass
   section = raw.get("model", {}).get("routing")
   if isinstance(section, dict):
     try:
       router, settings = routing.resolve(section)
+      raw["model"]["routing"] = {"name": router.name, **settings}
     except UsageError:
-      return raw
-    # Other routers' settings, unset, are no setting of this run (new routers add them).
-    raw["model"]["routing"] = {"name": router.name, **settings}
+      pass
   return raw
 
 

@@ -26,8 +26,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from capsjax.common import config_keys
 from capsjax.datasets import augment, stream_order
+
+SETTINGS = stream_order.SETTINGS  # ``data.order`` and its window, declared there.
 
 
 class TrainOrder:
@@ -42,10 +43,10 @@ class TrainOrder:
     self.steps_per_epoch = num_train // self.batch_size
     sharding = NamedSharding(mesh, P("data"))
     self.shard = lambda x: jax.lax.with_sharding_constraint(x, sharding)
-    self.stream = config_keys.optional(task.config.data, "data.order") == "stream"
+    self.stream = task.config.data.order == "stream"
     if self.stream:  # The official code's order (capsjax/datasets/stream_order.py).
       self.copies = task.dataset.stream_copies()
-      self.window = int(config_keys.optional(task.config.data, "data.stream_window"))
+      self.window = int(task.config.data.stream_window)
 
   @staticmethod
   def keys(rng: jax.Array) -> jax.Array:

@@ -33,7 +33,7 @@ from capsjax.common.errors import NonFiniteLossError
 from capsjax.runs import preemption, workdirs
 from capsjax.runs.reporting import log
 from capsjax.training import run as run_lib
-from capsjax.training import inflight, memory, vectorize
+from capsjax.training import inflight, memory, schema, vectorize
 from capsjax.training.runtime import Runtime
 
 
@@ -53,6 +53,7 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
   :class:`capsjax.runs.workdirs.WorkdirBusy` when another process holds its workdir). A stop
   signal saves every run and raises :class:`capsjax.runs.preemption.Preempted`.
   """
+  configs = [schema.resolve_config(c) for c in configs]  # Checked before anything runs.
   vectorised = len(configs) > 1 if vectorised is None else vectorised
   if not vectorised and len(configs) != 1:
     raise ValueError(f"Only one run trains unvectorised; got {len(configs)}.")

@@ -30,7 +30,11 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax import datasets
+from capsjax.common.settings import Setting, at_least
 from capsjax.training import inflight
+
+SETTINGS = {"eval.batch_size": Setting(kind=int, meaning="Examples per evaluation batch.",
+                                       check=at_least(1), neutral=True)}
 
 
 def replicated_array(x: np.ndarray, sharding: NamedSharding) -> jax.Array:

@@ -17,7 +17,6 @@ from typing import Callable
 
 import jax
 
-from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 
 
@@ -131,7 +130,8 @@ def format_bytes(n: float) -> str:
 
 
 def advice(config, need: int | None = None, free: int | None = None) -> str:
-  """What to change for a train step that does not fit, with a batch size that would: the
+  """What to change for a train step that does not fit (``config`` resolved), with a batch
+  size that would: the
   largest power of two at most ``batch x free / need`` where the need is known (a step's
   memory grows about in proportion to its batch), else half the batch."""
   batch = config.train.batch_size
@@ -142,7 +142,7 @@ def advice(config, need: int | None = None, free: int | None = None) -> str:
            if config.model.get("compute_dtype") == "float32" else "")
   dispatch = (f"lower --config.train.steps_per_dispatch={config.train.steps_per_dispatch} "
               "(its steps' metrics are kept), "
-              if config_keys.optional(config.train, "train.steps_per_dispatch") > 1 else "")
+              if config.train.steps_per_dispatch > 1 else "")
   return (f"Lower --config.train.batch_size={batch} (e.g. to {smaller}), "
           f"{dispatch}{dtype}or run on more devices (the batch is split over them).")
 

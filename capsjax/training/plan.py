@@ -6,8 +6,27 @@ import dataclasses
 
 import ml_collections
 
-from capsjax.common import checks, config_keys
 from capsjax.common.errors import UsageError
+from capsjax.common.settings import NON_NEGATIVE, Setting, at_least
+
+_COUNT = dict(kind=int, check=at_least(1))
+# ``config.train``'s length and cadence: what the plan reads. How often a run logs, evaluates
+# and checkpoints may change when it resumes (``neutral``); its length too.
+SETTINGS = {
+    "train.batch_size": Setting(meaning="Examples per step, over all devices.", **_COUNT),
+    "train.num_steps": Setting(None, "Total steps; unset: num_epochs decides.",
+                               kind=int | None, check=NON_NEGATIVE, neutral=True),
+    "train.num_epochs": Setting(kind=int, meaning="Epochs of the training split (when "
+                                "num_steps is unset).", check=NON_NEGATIVE, neutral=True),
+    "train.log_every_steps": Setting(meaning="Train metrics logged every N steps.",
+                                     neutral=True, **_COUNT),
+    "train.eval_every_steps": Setting(kind=int, meaning="Evaluate every N steps (0: at each "
+                                      "epoch's end).", check=NON_NEGATIVE, neutral=True),
+    "train.checkpoint_every_steps": Setting(meaning="Checkpoint every N steps.", neutral=True,
+                                            **_COUNT),
+    "train.steps_per_dispatch": Setting(1, ">1: lax.scan over this many steps per call (fewer "
+                                        "dispatches of small steps).", neutral=True, **_COUNT),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,28 +86,10 @@ class Plan:
 
 
 def validate_train_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
-  """Raises UsageError, naming the key, for ``config.train`` and ``config.eval`` settings that
-  cannot run on ``num_devices`` devices."""
+  """Raises UsageError, naming the key, for batch sizes that cannot be split over
+  ``num_devices`` devices (each setting's own range is checked when the config is resolved:
+  :func:`capsjax.training.schema.resolve_config`)."""
   t = config.train
-  for key in ("batch_size", "log_every_steps", "checkpoint_every_steps", "keep_checkpoints",
-              "steps_per_dispatch"):
-    checks.count(t[key], f"config.train.{key}", minimum=1)
-  if t.num_steps is not None and t.num_steps < 0:
-    raise UsageError(f"config.train.num_steps must be >= 0, got {t.num_steps}.")
-  if t.num_steps is None and t.num_epochs < 0:
-    raise UsageError(f"config.train.num_epochs must be >= 0, got {t.num_epochs}.")
-  if t.eval_every_steps < 0:
-    raise UsageError(f"config.train.eval_every_steps must be >= 0, got {t.eval_every_steps}.")
-  for key in ("train_limit", "test_limit", "validation_size"):
-    if key in (config.get("data") or {}):
-      checks.count(config.data[key], f"config.data.{key}")
-  checks.count(config.eval.batch_size, "config.eval.batch_size", minimum=1)
-  checks.count(config_keys.optional(config.eval, "eval.num_figure_examples"),
-               "config.eval.num_figure_examples")
-  target = t.get("stop_at_accuracy")
-  if target is not None and not 0.0 < target <= 1.0:
-    raise UsageError(f"config.train.stop_at_accuracy must be in (0, 1] (a fraction, e.g. "
-                     f"0.99), got {target!r}.")
   for key, value in (("config.train.batch_size", t.batch_size),
                      ("config.eval.batch_size", config.eval.batch_size)):
     if value % num_devices:

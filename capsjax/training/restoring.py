@@ -23,6 +23,7 @@ import ml_collections
 
 from capsjax.common import files
 from capsjax.runs import checkpointing, runconfig
+from capsjax.training import schema
 from capsjax.training.runtime import Runtime, check_no_test_selection
 
 SELECTED_ON = ("final", "validation", "test", "step N")
@@ -40,13 +41,15 @@ class Restored:
 
 def load_config(workdir: str, checkpoint: str = "latest",
                 data_dir: str | None = None) -> ml_collections.ConfigDict:
-  """The run's ``config.json`` as a config, with ``data.dir`` replaced by ``data_dir`` when
-  given; UsageError for ``--checkpoint=best`` of a run without a validation split (a best
-  checkpoint would be chosen on the test set)."""
+  """The run's ``config.json`` as a resolved config (:func:`capsjax.training.schema.
+  resolve_config`), with ``data.dir`` replaced by ``data_dir`` when given; UsageError for
+  ``--checkpoint=best`` of a run without a validation split (a best checkpoint would be chosen
+  on the test set)."""
   config = runconfig.load(workdir)
-  check_no_test_selection(config, checkpoint)
   if data_dir:
     config.data.dir = data_dir
+  config = schema.resolve_config(config)
+  check_no_test_selection(config, checkpoint)
   return config
 
 

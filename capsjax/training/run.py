@@ -22,14 +22,27 @@ from typing import Callable
 import jax
 import numpy as np
 
-from capsjax.common import checks, config_keys, files
+from capsjax.common import checks, files
 from capsjax.common.errors import UsageError
+from capsjax.common.settings import Setting, at_least, between
 from capsjax.runs import (checkpointing, comparison, hardware, predictions, preemption,
                           reporting)
 from capsjax.runs.reporting import log
 from capsjax.training import config_history, run_figures
 from capsjax.training.runtime import Runtime
 from capsjax.training.train_log import TrainLog
+
+
+# ``config.train``'s records a run keeps and how it stops; a resumed run may change them.
+SETTINGS = {
+    "train.keep_checkpoints": Setting(kind=int, meaning="The latest N kept; the best by "
+                                      "accuracy as well.", check=at_least(1), neutral=True),
+    "train.stop_at_accuracy": Setting(None, "Stop once the selection set (validation, else "
+                                      "test) reaches it.", kind=float | None,
+                                      check=between(0, 1, open_low=True), neutral=True),
+    "train.eval_during": Setting((), "config.evals names also run whenever validation is "
+                                 "(curves; never to choose).", kind=tuple | str, neutral=True),
+}
 
 
 class Run:
@@ -67,7 +80,7 @@ class Run:
       self.evals = runtime.evaluations()
       # Recorded beside it (e.g. novel viewpoints, for comparisons at matched familiar error);
       # never used to choose anything.
-      self.recorded = [n for n in checks.names(config.train.get("eval_during"))
+      self.recorded = [n for n in checks.names(config.train.eval_during)
                        if n != self.watched]
       if unknown := [n for n in self.recorded if n not in self.evals]:
         raise UsageError(f"config.train.eval_during names {unknown}, which config.evals "
@@ -77,7 +90,7 @@ class Run:
         log(hardware.describe())
         if warning := hardware.cpu_fallback_warning(jax.default_backend()):
           log(warning)
-      if config.train.get("stop_at_accuracy") is not None and not self.validation:
+      if config.train.stop_at_accuracy is not None and not self.validation:
         log("Warning: config.train.stop_at_accuracy watches the test accuracy, since this "
             "run holds out no validation split: the stopping step is then chosen on the test "
             "set (summary.json says selected_on: test). Hold one out with "
@@ -188,7 +201,7 @@ class Run:
       summary["comparison_only"] = comparison.comparison_errors(
           reporting.read_metrics(self.workdir))
       files.write_json(os.path.join(self.workdir, "summary.json"), summary)
-    if jax.process_index() == 0 and config_keys.optional(runtime.config.eval, "eval.figures"):
+    if jax.process_index() == 0 and runtime.config.eval.figures:
       run_figures.draw_figures(self.workdir, runtime.task, state.variables,
                                runtime.splits["test"], self.evals,
                                runtime.config.eval.num_figure_examples, self.progress.writer,
@@ -228,7 +241,7 @@ def stopped(stop: preemption.StopRequest, runs: list[tuple[Run, object]]) -> Non
 def target_reached(config, accuracy: float | None, what: str) -> bool:
   """Whether ``accuracy`` (``what`` names it) meets ``config.train.stop_at_accuracy``; says so
   when it does."""
-  target = config.train.get("stop_at_accuracy")
+  target = config.train.stop_at_accuracy
   reached = target is not None and accuracy is not None and accuracy >= target
   if reached:
     log(f"Reached config.train.stop_at_accuracy={target}: {what} is "
@@ -291,7 +304,7 @@ def write_predictions(path: str, runtime: Runtime, found: dict, **meta) -> None:
   made on (:mod:`capsjax.runs.predictions`)."""
   if found:
     predictions.write(path, found, dataset=runtime.task.dataset.describe(),
-                      source=runtime.config.data.get("source"), **meta)
+                      source=runtime.config.data.get("source"), **meta)  # Its own: none.
 
 
 def _truncate_metrics(workdir: str, step: int) -> None:

@@ -22,7 +22,6 @@ import ml_collections
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax import datasets, evaluators
-from capsjax.common import config_keys
 from capsjax.common.errors import UsageError
 from capsjax.runs import reporting
 from capsjax.training import optimizers, plan, train_step
@@ -125,7 +124,7 @@ class Runtime:
 def check_no_test_selection(config, which: str) -> None:
   """Refuses ``--checkpoint=best`` for a run without a validation split: its "best" would be
   chosen on the test set."""
-  if which == "best" and not int(config_keys.optional(config.data, "data.validation_size")):
+  if which == "best" and not int(config.data.validation_size):
     raise UsageError(
         "--checkpoint=best: this run held out no validation split (config.data."
         "validation_size=0), so a best checkpoint would be chosen on the test set. Use "

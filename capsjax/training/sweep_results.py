@@ -90,7 +90,7 @@ def collect(points: list, workdir: str, tables: dict | None = None,
   other row is compared with, seed by seed on the same test examples
   (:func:`paired_table`).
   """
-  from capsjax.runs import runconfig
+  from capsjax.runs import migrations, runconfig
   from capsjax.training import config_history
 
   keys = list(dict.fromkeys(k for p in points for k in p.overrides))
@@ -103,7 +103,7 @@ def collect(points: list, workdir: str, tables: dict | None = None,
     with open(path) as f:
       summary = json.load(f)
     run_config = runconfig.read_raw(os.path.join(workdir, point.name))
-    run_config = (config_history.comparable(runconfig.with_added_keys(run_config))
+    run_config = (config_history.comparable(migrations.migrate(run_config))
                   if run_config is not None else None)
     row = {"run": point.name, "seed": point.seed}
     for k in keys:

@@ -1,8 +1,9 @@
 """A task is what a run trains: a dataset builder and a model, both picked by the config, and
 the one forward function every caller uses.
 
-``Task.from_config(config)`` resolves the config (a copy with every default the dataset and
-the model's settings fill in: :func:`resolve_config`; the caller's config is never written),
+``Task.from_config(config)`` resolves the config (a copy with every default filled in and
+every value checked: :func:`capsjax.training.schema.resolve_config`; the caller's config is
+never written),
 looks the dataset and the model up in their registries (``config.dataset``,
 ``config.model.name``, a registered name or an import path), builds the model's graph once
 (which validates its settings) and checks the model's contract (:mod:`capsjax.models`) before
@@ -13,7 +14,6 @@ experiments call :meth:`Task.forward` and nothing else (the vote attack also cal
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 from typing import Any, NamedTuple
@@ -23,11 +23,11 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from capsjax import datasets, evaluators, models
-from capsjax.common import config_keys, precision
+from capsjax import datasets, models
 from capsjax.common.errors import UsageError
 from capsjax.datasets import stream_order
 from capsjax.models import metrics
+from capsjax.training import schema
 
 
 class Forward(NamedTuple):
@@ -67,15 +67,13 @@ class Task:
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> "Task":
-    """The task of ``config``; raises UsageError naming the key of a setting that cannot run.
-
-    ``config.model.image_shape`` and ``num_classes`` left unset (None) are filled in from
-    the dataset; set, they must agree with it."""
-    config, dataset = resolve_config(config)
-    precision.check(config)
+    """The task of ``config``, resolved (:func:`capsjax.training.schema.resolve_config`: every
+    default filled in, ``config.model.image_shape`` and ``num_classes`` from the dataset);
+    raises UsageError naming the key of a setting that cannot run."""
+    config = schema.resolve_config(config)
+    dataset = datasets.get(config)
     stream_order.check(config, dataset.stream_copies(), config.dataset)
     task = cls(config, dataset, models.get(config))
-    evaluators.validate(config)
     models.check_class(task.model_class, config.model.name)
     task.graphdef  # Builds the model's shapes once: its settings are validated here.
     return task
@@ -190,42 +188,3 @@ class Task:
             abstract, examples, split.shared)
       models.check_forward(result, self.config.model.name, self.capabilities,
                            self.dataset.info.num_classes, train, vote_scores=votes)
-
-
-def resolve_config(config: ml_collections.ConfigDict
-                   ) -> tuple[ml_collections.ConfigDict, datasets.Builder]:
-  """A copy of ``config`` with every default filled in, and its dataset builder: the model's
-  ``image_shape`` and ``num_classes`` from the dataset (:func:`fill_model_shapes`), and the
-  model's own settings (e.g. the router's) by the model class's ``resolve_config`` where it
-  has one. ``config`` itself is not written."""
-  config = copy.deepcopy(config)
-  with config.unlocked():
-    config.dataset = config_keys.optional(config, "dataset")
-    config.model.name = config_keys.optional(config.model, "model.name")
-    dataset = fill_model_shapes(config)
-    hook = getattr(models.get(config), "resolve_config", None)
-    if hook is not None:
-      hook(config.model)
-  return config, dataset
-
-
-def fill_model_shapes(config: ml_collections.ConfigDict) -> datasets.Builder:
-  """Sets ``config.model.image_shape`` and ``num_classes`` from the dataset builder of
-  ``config`` where they are None; returns the builder. A value the config sets must equal the
-  dataset's (UsageError naming the key and the right value)."""
-  dataset = datasets.get(config)
-  info = dataset.info
-  name = config_keys.optional(config, "dataset")
-  if config.model.get("image_shape") is None:
-    config.model.image_shape = tuple(info.image_shape)
-  elif tuple(config.model.image_shape) != tuple(info.image_shape):
-    raise UsageError(f"config.model.image_shape={tuple(config.model.image_shape)} but the "
-                     f"dataset {name!r} makes images of shape {tuple(info.image_shape)} (with "
-                     f"these config.data settings); leave config.model.image_shape unset (it "
-                     f"follows the data) or set it to '{tuple(info.image_shape)}'.")
-  if config.model.get("num_classes") is None:
-    config.model.num_classes = int(info.num_classes)
-  elif config.model.num_classes != info.num_classes:
-    raise UsageError(f"config.model.num_classes={config.model.num_classes} but the dataset "
-                     f"{name!r} has {info.num_classes} classes; leave it unset.")
-  return dataset

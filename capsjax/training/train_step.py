@@ -25,8 +25,11 @@ import optax
 from flax import struct
 from jax.sharding import NamedSharding
 
+from capsjax.common.settings import Setting
 from capsjax.training import data_order
 from capsjax.training.tasks import Task
+
+SETTINGS = {"seed": Setting(0, "The run's seed: initialisation, data order, augmentation.")}
 
 
 @struct.dataclass

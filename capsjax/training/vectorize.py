@@ -15,9 +15,10 @@ declared rules; nothing is guessed from the program:
   (:data:`capsjax.training.optimizers.PER_RUN_KEYS`, the peak learning rate: each run's
   state holds its own) and the fields of the model class's ``per_run_numbers`` (the capsule
   head's loss weights and margins: the step maps over one instance per run);
-* a setting used only to build the initial parameters is declared so by the model class
-  (``init_only_settings``, e.g. CapsNet's ``model.conv1.init_scale``) or in
-  :data:`INIT_ONLY_KEYS`;
+* a setting used only to build the initial parameters is declared so beside its code
+  (``Setting(init_only=True)`` in the model class's ``SETTINGS``, e.g. CapsNet's
+  ``model.conv1.init_scale``; a model without ``SETTINGS`` may list the keys as
+  ``init_only_settings``) or in :data:`INIT_ONLY_KEYS`;
 * any other difference, of any type (a float read while loading data or inside the step, a
   routing setting, a string, another model), splits the group, and the plan names it;
 * runs whose data differ (each run loads its own, from its own config: a dataset's setting,
@@ -39,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from capsjax.common import per_run
+from capsjax.common import per_run, settings
 from capsjax.runs.runconfig import flatten
 from capsjax.training import memory, optimizers, train_step
 from capsjax.training.runtime import Runtime
@@ -80,12 +81,14 @@ class Group:
 
 def declared(runtime: Runtime) -> tuple[tuple[str, ...], tuple[str, ...]]:
   """``(per_run, init_only)``: the keys declared for ``runtime``'s model: the per-run numbers
-  (the optimiser's and the fields of its class's ``per_run_numbers``) and the key patterns
-  of its ``init_only_settings`` and :data:`INIT_ONLY_KEYS`."""
+  (the optimiser's and the fields of its class's ``per_run_numbers``) and the keys (or
+  patterns) of its initialisation-only settings and :data:`INIT_ONLY_KEYS`."""
   model = runtime.task.model_class
+  table = getattr(model, "SETTINGS", None) or {}
+  init_only = tuple(key for key, s in settings.declared(table).items() if s.init_only)
   return (tuple(optimizers.PER_RUN_KEYS.values())
           + per_run.config_keys(getattr(model, "per_run_numbers", None)),
-          INIT_ONLY_KEYS + tuple(getattr(model, "init_only_settings", ())))
+          INIT_ONLY_KEYS + init_only + tuple(getattr(model, "init_only_settings", ())))
 
 
 def _matches(key: str, patterns: Sequence[str]) -> bool:

@@ -12,6 +12,7 @@ import numpy as np
 from flax import nnx
 
 from capsjax import datasets
+from capsjax.common.settings import Setting
 from capsjax.datasets import mnist
 from capsjax.models import Outputs
 
@@ -20,6 +21,9 @@ class FlippedMNIST(mnist.MNIST):
   """MNIST whose first ``data.flip_fraction`` of training digits are mirrored left-right, and
   whose test digits are turned upside down when ``data.flip_test`` is 1 (the issue's case:
   floats read only while loading data; the second only for an evaluation set)."""
+  SETTINGS = {**mnist.MNIST.SETTINGS,
+              "data.flip_fraction": Setting(0.0, "The share of training digits mirrored."),
+              "data.flip_test": Setting(0.0, "1: the test digits upside down.")}
 
   def load(self) -> dict[str, datasets.Split]:
     splits = super().load()

@@ -1,0 +1,260 @@
+"""Every setting a config may hold, gathered from the code that declares it, and the one pass
+that resolves a config before anything runs.
+
+Each key is declared once, beside the code that reads it (:mod:`capsjax.common.settings`):
+
+* the run's own: :data:`TOP` here (which dataset and model, ``allow_unusual``), ``seed``
+  (``capsjax/training/train_step.py``), ``config.train`` (``plan.py``, ``run.py``; the
+  saturation warning's: ``capsjax/models/saturation_watch.py``),
+  ``config.eval`` (``evaluation.py``, ``run_figures.py``), ``data.order`` (``data_order.py``)
+  and ``matmul_precision`` (``capsjax/common/precision.py``);
+* the dataset builder's ``SETTINGS`` (``config.data``) and the model class's (``config.model``
+  and the model's ``config.loss``), each with its ``RULES``;
+* the router's, for each section the model routes with (``config.model.routing``);
+* the optimiser's and schedule's (``config.optimizer``: ``optimizers.py``) and each
+  evaluation's (``config.evals.NAME``: its evaluator class's).
+
+:func:`resolve_config` is what every command does to its config before it builds anything:
+a copy with every default filled in, each value checked against its declaration, a key that
+nobody declared refused naming the nearest declared one, each problem as one line naming the
+key (exit 2, before anything is compiled). ``config.json`` records the result: every setting
+in effect. A dataset or model named by import path that declares no ``SETTINGS`` gets its
+section (``config.data``; ``config.model`` and ``config.loss``) as given.
+
+``python -m capsjax.training.schema`` prints every table as Markdown (docs/config_keys.md).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import ml_collections
+
+from capsjax import datasets, evaluators, models, routing
+from capsjax.common import precision
+from capsjax.common import settings as settings_lib
+from capsjax.common.errors import UsageError
+from capsjax.common.settings import Setting
+from capsjax.models import saturation_watch
+from capsjax.training import optimizers
+
+TOP = {
+    "dataset": Setting("mnist", "The dataset builder (capsjax.datasets), by name or import "
+                       "path.", kind=str),
+    "model.name": Setting("capsnet", "The model (capsjax.models), by name or import path.",
+                          kind=str),
+    "allow_unusual": Setting(False, "Run values that are legal but almost surely a mistake (a "
+                             "negative loss weight, m+ <= m-), which are refused otherwise."),
+}
+# The sections resolved as a whole against a table that one of their keys chooses.
+OPTIMIZER, EVALS = "optimizer", "evals"
+
+
+def run_settings() -> dict[str, Setting]:
+  """The run's own settings, whatever its dataset and model (each module's ``SETTINGS``)."""
+  from capsjax.training import data_order, evaluation, plan, run, run_figures, train_step
+
+  return {**TOP, **train_step.SETTINGS, **precision.SETTINGS, **plan.SETTINGS, **run.SETTINGS,
+          **saturation_watch.SETTINGS, **evaluation.SETTINGS, **run_figures.SETTINGS,
+          **data_order.SETTINGS}
+
+
+def _section(tree: dict, path: str, pop: bool = False):
+  """The node at dotted ``path`` of a nested dict (None if absent); ``pop`` removes it."""
+  *parents, leaf = path.split(".")
+  node = tree
+  for part in parents:
+    node = node.get(part)
+    if not isinstance(node, dict):
+      return None
+  return node.pop(leaf, None) if pop else node.get(leaf)
+
+
+def unflatten(flat: dict[str, Any]) -> dict:
+  """``{"a.b": 1}`` -> ``{"a": {"b": 1}}``."""
+  tree: dict = {}
+  for key, value in flat.items():
+    *parents, leaf = key.split(".")
+    node = tree
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  return tree
+
+
+def _owner(key: str, dataset: str, model: str) -> str:
+  first = key.split(".", 1)[0]
+  if first == "data":
+    return f"dataset {dataset!r} (or the run's data order)"
+  if first in ("model", "loss"):
+    return f"model {model!r}"
+  return f"config.{first}" if first in ("train", "eval") else "a config"
+
+
+def declared(dataset_class: type, model_class: type) -> tuple[dict[str, Setting], tuple]:
+  """``(settings, rules)`` of a run of this dataset builder and model class: the run's own and
+  their ``SETTINGS`` (full dotted keys) and ``RULES``."""
+  table = run_settings()
+  table.update(settings_lib.declared(getattr(dataset_class, "SETTINGS", None) or {}))
+  table.update(settings_lib.declared(getattr(model_class, "SETTINGS", None) or {}))
+  rules = (*getattr(dataset_class, "RULES", ()), *getattr(model_class, "RULES", ()))
+  return table, rules
+
+
+def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A resolved copy of ``config`` (``config`` itself is not written): every setting in effect,
+  the model's ``image_shape`` and ``num_classes`` from the dataset, and what the model derives
+  (its ``resolve_config``). Raises UsageError, one line naming the key, for a key nobody
+  declared, a required key left unset, a value of the wrong type, out of range or against a
+  rule, and settings the dataset, model, router, optimiser or an evaluation cannot use
+  together. Resolving a resolved config gives it back."""
+  raw = copy.deepcopy(config.to_dict() if hasattr(config, "to_dict") else dict(config))
+  top = {key: settings_lib.check_value(f"config.{key}", TOP[key],
+                                       _section(raw, key)) for key in TOP}
+  allow_unusual = top["allow_unusual"]
+  dataset_class = datasets.DATASETS.get(top["dataset"])
+  model_class = models.get_class(top["model.name"])
+  router_sections = tuple(getattr(model_class, "router_sections", ()))
+  routed = {path: _section(raw, path, pop=True) for path in router_sections}
+  optimizer = raw.pop(OPTIMIZER, None) or {}
+  evals = raw.pop(EVALS, None)
+
+  table, rules = declared(dataset_class, model_class)
+  unchecked = tuple(prefix for prefix, cls in (("data.", dataset_class),
+                                               ("model.", model_class), ("loss.", model_class))
+                    if getattr(cls, "SETTINGS", None) is None)
+  flat = settings_lib.flatten(raw)
+  given = {}
+  for key, value in flat.items():
+    if key in table:
+      continue
+    if key.startswith(unchecked):
+      given[key] = value
+      continue
+    close = settings_lib.nearest(key, table)
+    hint = f"; did you mean config.{close}?" if close else ""
+    raise UsageError(f"config.{key} is not a setting of "
+                     f"{_owner(key, top['dataset'], top['model.name'])}{hint}")
+  values = {key: settings_lib.check_value(f"config.{key}", setting, flat.get(key),
+                                          allow_unusual)
+            for key, setting in table.items()}
+  values.update(top)
+  settings_lib.check_rules(rules, values, allow_unusual)
+
+  resolved = unflatten({**values, **given})
+  resolved[OPTIMIZER] = optimizers.resolve(optimizer, allow_unusual=allow_unusual)
+  for path, section in routed.items():
+    router, settings = routing.resolve(section or {}, allow_unusual=allow_unusual)
+    node = _section(resolved, path.rsplit(".", 1)[0]) if "." in path else resolved
+    node[path.rsplit(".", 1)[-1]] = {"name": router.name, **router.as_run(settings)}
+  resolved[EVALS] = resolved_evals(evals, allow_unusual)
+  out = ml_collections.ConfigDict(resolved)
+  fill_model_shapes(out)
+  hook = getattr(model_class, "resolve_config", None)
+  if hook is not None:
+    hook(out.model)
+  return out
+
+
+def resolved_evals(evals, allow_unusual: bool = False) -> dict:
+  """``config.evals`` (None: the test split alone) with each evaluation's settings in effect."""
+  if evals is None:
+    evals = {"test": {"type": "split", "split": "test"}}
+  evaluators.check_types(evals)
+  out = {}
+  for name, section in evals.items():
+    cls = evaluators.EVALUATORS.get(section["type"])
+    out[name] = {"type": section["type"],
+                 **evaluators.resolved_settings(cls, name, section,
+                                                allow_unusual=allow_unusual)}
+  if "test" not in out:
+    raise UsageError("config.evals needs an evaluation named 'test' (the main test set, "
+                     "e.g. dict(type='split', split='test')).")
+  return out
+
+
+def fill_model_shapes(config: ml_collections.ConfigDict) -> datasets.Builder:
+  """Sets ``config.model.image_shape`` and ``num_classes`` from the dataset builder of
+  ``config`` where they are None; returns the builder. A value the config sets must equal the
+  dataset's (UsageError naming the key and the right value)."""
+  dataset = datasets.get(config)
+  info = dataset.info
+  if config.model.get("image_shape") is None:  # A model of one's own may leave both out.
+    config.model.image_shape = tuple(info.image_shape)
+  elif tuple(config.model.image_shape) != tuple(info.image_shape):
+    raise UsageError(f"config.model.image_shape={tuple(config.model.image_shape)} but the "
+                     f"dataset {config.dataset!r} makes images of shape "
+                     f"{tuple(info.image_shape)} (with these config.data settings); leave "
+                     "config.model.image_shape unset (it follows the data) or set it to "
+                     f"'{tuple(info.image_shape)}'.")
+  if config.model.get("num_classes") is None:
+    config.model.num_classes = int(info.num_classes)
+  elif config.model.num_classes != info.num_classes:
+    raise UsageError(f"config.model.num_classes={config.model.num_classes} but the dataset "
+                     f"{config.dataset!r} has {info.num_classes} classes; leave it unset.")
+  return dataset
+
+
+def neutral_keys(config) -> tuple[str, ...]:
+  """The keys of ``config``'s settings that a resumed run may change without changing what it
+  computes (declared ``neutral``), and the sections of them (``evals``)."""
+  raw = config.to_dict() if hasattr(config, "to_dict") else config
+  dataset_class = datasets.DATASETS.get(_section(raw, "dataset") or TOP["dataset"].default)
+  model_class = models.get_class(_section(raw, "model.name") or TOP["model.name"].default)
+  table, _ = declared(dataset_class, model_class)
+  return (*sorted(k for k, s in table.items() if s.neutral), EVALS)
+
+
+# --- The listing -------------------------------------------------------------------------
+
+_HEADER = ["| key | default | type, range | meaning |", "|---|---|---|---|"]
+
+
+def listing() -> str:
+  """Every declared setting, by the code that declares it, as Markdown: the run's own, each
+  registered dataset's and model's, the optimisers' and schedules', each router's and each
+  evaluator's. docs/config_keys.md is its output (a test keeps it so)."""
+  lines = ["# Every config key capsjax reads", "",
+           "Generated by `python -m capsjax.training.schema` from the declarations beside the "
+           "code that reads each key", "(`capsjax/common/settings.py` says how; "
+           "tests/test_schema.py checks that this file is its output). A key", "left out, or "
+           "set to None, takes its default; `required`: every config sets it. Values out of "
+           "range", "are refused before anything runs, naming the key; those marked `else "
+           "allow_unusual` run with", "`--config.allow_unusual=True`.", ""]
+
+  def section(title: str, table: dict, prefix: str = "", note: str = "") -> None:
+    lines.extend([title, ""] + ([note, ""] if note else []))
+    if table:
+      lines.extend(_HEADER + settings_lib.markdown_rows(table, prefix))
+    else:
+      lines.append("No settings.")
+    lines.append("")
+
+  section("## Every run", run_settings())
+  lines.extend(["## `config.data`: each dataset's (`config.dataset`)", ""])
+  for name in datasets.DATASETS.names():
+    section(f"### `{name}`", datasets.DATASETS.get(name).SETTINGS or {})
+  lines.extend(["## `config.model`, `config.loss`: each model's (`config.model.name`)", ""])
+  for name in models.MODELS.names():
+    cls = models.MODELS.get(name)
+    routed = ", ".join(f"`{p}`" for p in getattr(cls, "router_sections", ()))
+    section(f"### `{name}`", cls.SETTINGS or {},
+            note=f"Routes with the router of {routed} (below)." if routed else "")
+  lines.extend(["## `config.optimizer`", ""])
+  section("### Every optimiser's", optimizers.COMMON, "optimizer.")
+  for name, table in optimizers.OPTIMIZERS.items():
+    section(f"### `optimizer.name = \"{name}\"`", table, "optimizer.")
+  for name, table in optimizers.SCHEDULES.items():
+    section(f"### `optimizer.schedule = \"{name}\"`", table, "optimizer.")
+  lines.extend(["## `config.model.routing`: each router's (`name`)", ""])
+  for name in routing.ROUTERS.names():
+    section(f"### `{name}`", routing.get(name).settings, "model.routing.")
+  lines.extend(["## `config.evals.NAME`: each evaluator's (`type`)", ""])
+  for name in evaluators.types():
+    section(f"### `{name}`", evaluators.EVALUATORS.get(name).SETTINGS or {}, "evals.NAME.")
+  return "\n".join(lines).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":
+  print(listing(), end="")
