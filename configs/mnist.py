@@ -138,8 +138,6 @@ def model_config() -> ml_collections.ConfigDict:
   #   stop_gradient=False   True: no gradient through the intermediate iterations.
   #   leaky=False           True: the official code's extra zero logit (leaky routing).
   #   squash_epsilon=0.0    Eq. 1 exactly; public code often uses 1e-7..1e-9.
-  #   gradient="auto"       how it is differentiated (same gradients): "autodiff" (auto, for
-  #                         now everywhere) or "analytic", the backward pass written out.
   # Routers: dynamic | uniform | random | self_attention | inverted_dot_product | self_routing.
   model.routing = ml_collections.ConfigDict(config_keys.routing())
   model.routing.name = "dynamic"

@@ -58,7 +58,6 @@ ROUTER_SETTINGS: dict[str, dict[str, Any]] = {
         "activation_bias_scale": 5000.0,  # logit = lambda (cost - 5000 beta_a) (code).
         "beta_u_init": 2.0,               # The class layer's sigma_biases.
         "beta_a_init": 1.0,               # The class layer's activation_biases.
-        "gradient": "auto",               # "analytic" | "autodiff" (module docstring).
     },
     "variational_bayes": {
         "iterations": 3,             # The code's routing_iter (its default).

@@ -82,11 +82,24 @@ def _add_keys(raw: dict) -> None:
 def _unset_dynamic_gradient(raw: dict) -> None:
   """Version 2: dynamic routing's ``model.routing.gradient`` (``"autodiff"``, or
   ``"analytic"``, its written-out backward pass, equal to autodiff's gradient to rounding;
-  now experiments/dynamic_gradient.py) unset. EM's is kept."""
+  now experiments/dynamic_gradient.py) unset. EM's was kept (until version 3)."""
   section = raw.get("model", {}).get("routing")
   if isinstance(section, dict) and (section.get("name") or "dynamic") == "dynamic":
     if section.get("gradient") is not None:
       section["gradient"] = None
+
+
+def _drop_routing_gradient(raw: dict) -> None:
+  """Version 3: ``model.routing.gradient`` removed, the last router's (EM's: ``"analytic"``, its
+  written-out backward pass, or ``"autodiff"`` of its reference loop, ``"auto"`` resolved to
+  one of them; both equal to rounding to the one loop EM runs since, differentiated by JAX;
+  now experiments/em_loop_forms.py). Every built-in router's file recorded the key, unset but
+  for EM: it goes where it is unset or the router is EM. A router named by import path that
+  declares a ``gradient`` of its own keeps its value."""
+  section = raw.get("model", {}).get("routing")
+  if isinstance(section, dict) and "gradient" in section:
+    if section["gradient"] is None or section.get("name") == "em":
+      del section["gradient"]
 
 
 MIGRATIONS = (
@@ -94,6 +107,8 @@ MIGRATIONS = (
               _add_keys),
     Migration(2, "2026-11-28: dynamic routing's gradient setting removed",
               _unset_dynamic_gradient),
+    Migration(3, "2026-11-29: EM routing's gradient setting removed (one loop, autodiff)",
+              _drop_routing_gradient),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 VERSION_KEY = "schema_version"

@@ -22,14 +22,14 @@ from capsjax.runs.runconfig import flatten
 from capsjax.training import optimizers, tasks, train_step
 
 # Settings a resumed run may change without changing what it computes: its length, how often
-# it logs, evaluates and checkpoints, where the data files live, how convolutions are computed
-# and how routing is differentiated.
+# it logs, evaluates and checkpoints, where the data files live and how convolutions are
+# computed.
 RESUME_NEUTRAL_KEYS = ("train.num_steps", "train.num_epochs", "train.log_every_steps",
                        "train.eval_every_steps", "train.checkpoint_every_steps",
                        "train.keep_checkpoints", "train.steps_per_dispatch", "data.dir",
                        "data.tfds_data_dir", "model.conv_impl", "eval", "evals",
                        "train.stop_at_accuracy", "train.saturation_warning",
-                       "train.eval_during", "model.routing.gradient")
+                       "train.eval_during")
 
 def config_changes(before: dict, after: dict) -> list[str]:
   """``"key: old -> new"`` for each setting (dotted key) that differs between two resolved
