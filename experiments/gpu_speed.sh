@@ -8,10 +8,10 @@
 #      mode at each batch;
 #   2. vectorised runs: train images/s of 1, 2, 4 and 8 paper-CapsNet runs in one program,
 #      with XLA's convolutions (grouped under vmap) and as im2col matmuls (batched);
-#   3. the routers' written-out backward passes against autodiff, batch 128 and 16 (BATCHES):
-#      EM's train step (routing.gradient=analytic), dynamic routing's routing alone
+#   3. the routers' gradients, batch 128 and 16 (BATCHES): EM's train step, dynamic routing's
+#      written-out backward pass against autodiff, the routing alone
 #      (experiments/dynamic_gradient.py, which checks both agree first), and EM's routing
-#      alone three ways (experiments/em_loop_forms.py: which loop EM keeps);
+#      alone, its loop against the two forms it replaced (experiments/em_loop_forms.py);
 #   4. the roofline and per-layer profile of the paper CapsNet and of EM;
 #   5. (STAGES=bf16) the paper CapsNet's speed with model.compute_dtype=bfloat16 at batch 128
 #      and 16, and, with DATA=/path/to/mnist, the headline row's accuracy in bf16 (3 seeds,
@@ -81,10 +81,7 @@ for stage in ${STAGES:-peer runs gradients profile}; do
         --config.train.batch_size="${RUNS_BATCH:-128}" --config.model.conv_impl=im2col ;;
     gradients)
       for batch in ${BATCHES:-128 16}; do
-        for gradient in autodiff analytic; do
-          bench "em_b${batch}_${gradient}" --config=configs/em_mnist.py \
-            --config.train.batch_size="$batch" --config.model.routing.gradient="$gradient"
-        done
+        bench "em_b${batch}" --config=configs/em_mnist.py --config.train.batch_size="$batch"
       done
       # Dynamic routing's written-out backward pass is an experiment, not a setting: its
       # JSON lines (routing alone, both forms) go to the same file.
@@ -93,8 +90,8 @@ for stage in ${STAGES:-peer runs gradients profile}; do
       echo "== dynamic_gradient: exit $?"
       sed -n 's/^{/{"name": "dynamic_gradient", /p' "$out/dynamic_gradient.log" \
         | tee -a "$out/speed.jsonl" | cut -c1-300
-      # EM's loop once (issue 71 item 6): the reference loop's autodiff, the custom VJP and
-      # autodiff of the custom VJP's forward loop, ConvCaps1's routing alone.
+      # EM's loop once (issue 78 item 7): the router's loop, differentiated by JAX, against the
+      # custom VJP and the child-major reference loop it replaced, ConvCaps1's routing alone.
       timeout -k 30 240 "$python" experiments/em_loop_forms.py \
         --batches="$(echo ${EM_LOOP_BATCHES:-16 4} | tr ' ' ,)" >"$out/em_loop_forms.log" 2>&1
       echo "== em_loop_forms: exit $?"

@@ -44,8 +44,9 @@ def check_directional_derivatives(f, args, grads, *, argnums=(0,), directions: i
   ``(f(x + e d) - f(x - e d)) / 2e`` (at e and e/2, extrapolated: Richardson) against
   ``<grad, d>`` along unit directions ``d``: the whole gradient's, ``directions - 1`` random
   ones, and with ``per_leaf`` one within each array (its gradient's, or a random one where
-  that is zero); each within ``rtol`` of the larger, plus float32's noise in the difference
-  of two values of ``f``. A gradient that drops a path (a stray stop-gradient zeroes a layer's
+  that is zero); each within ``rtol`` of the larger, plus the rounding noise (of ``f``'s
+  dtype: float32's, or float64's under ``jax.enable_x64``) in the difference of two values
+  of ``f``. A gradient that drops a path (a stray stop-gradient zeroes a layer's
   gradient: its own direction shows it), is scaled or has the wrong sign fails; being finite
   and non-zero is not enough."""
   grads = grads if isinstance(grads, tuple) else (grads,)
@@ -53,7 +54,9 @@ def check_directional_derivatives(f, args, grads, *, argnums=(0,), directions: i
   size = np.sqrt(sum(float(np.sum(g ** 2)) for tree in grads for g in as64(tree)))
   assert size > 0, "the gradient is zero"
   rng = np.random.default_rng(seed)
-  value = abs(float(f(*args)))
+  value = f(*args)
+  eps = float(np.finfo(np.asarray(value).dtype).eps)
+  value = abs(float(value))
   unit = lambda trees: [jax.tree.map(lambda u: u / np.sqrt(sum(
       float(np.sum(v ** 2)) for t in trees for v in as64(t))), t) for t in trees]
   zeros = [jax.tree.map(lambda x: np.zeros(np.shape(x)), args[i]) for i in argnums]
@@ -92,7 +95,7 @@ def check_directional_derivatives(f, args, grads, *, argnums=(0,), directions: i
                - (moved(1.0) - moved(-1.0)) / (2 * step)) / 3  # Richardson.
     analytic = sum(float(np.sum(g * u)) for g_tree, u_tree in zip(grads, d)
                    for g, u in zip(as64(g_tree), as64(u_tree)))
-    noise = 3 * 64 * np.finfo(np.float32).eps * max(value, 1e-3) / half
+    noise = 3 * 64 * eps * max(value, 1e-3) / half
     assert abs(numeric - analytic) <= rtol * max(abs(numeric), abs(analytic)) + noise, (
         f"along {name}: finite differences {numeric:.6g}, gradient {analytic:.6g}")
 

@@ -36,7 +36,8 @@ def test_a_tiny_capsnet_learns_three_shapes(tmp_path):
 # 65% after 80, above 90% after 160). EM routing classifies at 3e-3 within 40 steps but its
 # loss falls slowly (0.63 -> 0.49); at 1e-2 80 steps depend on the seed (seeds 0-3: 100, 98,
 # 65, 100% by autodiff; a rounding change in the gradient took seed 0 to 89.6%), 120 steps
-# reached 100% at all four with either of its gradients. Variational Bayes routing as its
+# reached 100% at all four with either of its gradients of then (the custom VJP, autodiff of
+# the child-major loop; since 2026-11-29 one loop, seed 0 passing). Variational Bayes routing as its
 # authors' code at HEAD (the clamped normaliser) needs small votes: with the class transforms
 # at the config's normal(0, 0.1) the children's p_ij underflow below the clamp's floor, every
 # coupling stays uniform (entropy log 10) and 120 steps at 1e-2 reach 35%; at 0.01, 88% after

@@ -1,7 +1,7 @@
 """One migration chain for every earlier form of config.json (capsjax/runs/migrations.py):
 real files written by earlier versions (tests/data/config_forms/DATE_COMMIT.json, each the
-config.json of a 2-step smoke run of configs/mnist.py:smoke by that commit) load, resume and
-are rewritten in this version's form."""
+config.json of a 2-step smoke run of configs/mnist.py:smoke by that commit; em/DATE_COMMIT.json
+of configs/em_mnist.py:smoke) load, resume and are rewritten in this version's form."""
 
 import json
 import pathlib
@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+import em_mnist
 import mnist
 from capsjax import train
 from capsjax.common import registry
@@ -21,6 +22,7 @@ from capsjax.training.runtime import Runtime
 from helpers import write_idx_dataset
 
 FORMS = sorted((pathlib.Path(__file__).parent / "data" / "config_forms").glob("*.json"))
+EM_FORMS = sorted((pathlib.Path(__file__).parent / "data" / "config_forms" / "em").glob("*.json"))
 
 
 def smoke(idx_dir, num_steps):
@@ -59,7 +61,7 @@ def test_each_earlier_form_loads_and_resumes_as_the_same_run(form, idx_dir, two_
   (workdir / "config.json").write_text(json.dumps(old))
   loaded = runconfig.load(str(workdir))
   assert loaded.model.name == "capsnet" and loaded.model.routing.name == "dynamic"
-  assert loaded.model.routing.get("gradient") is None          # Migration 2.
+  assert "gradient" not in loaded.model.routing                # Migrations 2 and 3.
   now = json.loads(Runtime(smoke(idx_dir, 3)).config.to_json_best_effort())  # Resolved.
   assert config_history.config_changes(old, now) == []
   capsys.readouterr()
@@ -73,22 +75,69 @@ def test_each_earlier_form_loads_and_resumes_as_the_same_run(form, idx_dir, two_
                                          if k != migrations.VERSION_KEY}
 
 
+def test_an_em_run_that_recorded_its_gradient_setting_resumes_as_the_same_run(idx_dir,
+                                                                            tmp_path, capsys):
+  """EM's ``model.routing.gradient`` (removed in version 3; tests/data/config_forms/em/, a
+  run that recorded ``"analytic"``, what ``"auto"`` ran on a CPU): the file loads without the
+  key, today's command finds no setting changed, resumes from step 2 and rewrites the file."""
+  [form] = EM_FORMS
+  old = json.loads(form.read_text())
+  assert old[migrations.VERSION_KEY] == 2 and old["model"]["routing"]["gradient"] == "analytic"
+  old["data"]["dir"] = str(idx_dir)
+
+  def command(num_steps):
+    config = em_mnist.get_config("smoke")
+    config.data.source, config.data.dir = "idx", str(idx_dir)
+    config.train.num_steps = num_steps
+    return config
+
+  workdir = tmp_path / "run"
+  train.train_and_evaluate(command(2), str(workdir))
+  (workdir / "config.json").write_text(json.dumps(old))
+  loaded = runconfig.load(str(workdir))
+  assert loaded.model.routing.name == "em" and "gradient" not in loaded.model.routing
+  now = json.loads(Runtime(command(3)).config.to_json_best_effort())
+  assert config_history.config_changes(old, now) == []
+  capsys.readouterr()
+  summary = train.train_and_evaluate(command(3), str(workdir))
+  out = capsys.readouterr().out
+  assert "Resuming from the checkpoint at step 2" in out and "differ" not in out
+  assert summary["step"] == 3
+  written = json.loads((workdir / "config.json").read_text())
+  assert written[migrations.VERSION_KEY] == migrations.SCHEMA_VERSION
+  assert "gradient" not in written["model"]["routing"]
+
+
 def test_migrations_run_in_order_from_the_files_version():
   """Version 1's added keys are not applied to a file of version 1 (it has them or means
-  their absence); version 2's unsetting is; a file of this version round-trips; a newer one
-  is refused, naming the version."""
+  their absence); version 2's unsetting and version 3's removal are; a file of this version
+  round-trips; a newer one is refused, naming the version."""
   assert [m.version for m in migrations.MIGRATIONS] == list(
       range(1, migrations.SCHEMA_VERSION + 1))
   raw = {"model": {"name": "capsnet", "routing": {"name": "dynamic", "gradient": "analytic"},
                    "class_capsules": {}}, "data": {}}
   v1 = migrations.migrate({**raw, migrations.VERSION_KEY: 1})
-  assert v1["model"]["routing"]["gradient"] is None
+  assert "gradient" not in v1["model"]["routing"]
   assert "dataset" not in v1 and "use_bias" not in v1["model"]["class_capsules"]
   v0 = migrations.migrate(raw)
   assert v0["dataset"] == "mnist" and v0["model"]["class_capsules"]["use_bias"] is False
   current = json.loads(mnist.get_config("smoke").to_json_best_effort())
   assert migrations.migrate(migrations.versioned(current)) == current
-  with pytest.raises(UsageError, match="schema_version=99, newer than this capsjax's 3"):
+  # Version 3: EM's gradient, whatever it was, and every other router's unset one, go; a
+  # router by import path keeps a gradient setting of its own.
+  for name, gradient, kept in (("em", "autodiff", False), ("em", "auto", False),
+                               ("variational_bayes", None, False), (None, None, False),
+                               ("my_package.routers:ROUTER", "exact", True)):
+    section = {"name": name, "gradient": gradient, "iterations": 3}
+    v2 = migrations.migrate({"model": {"routing": section}, migrations.VERSION_KEY: 2})
+    assert v2["model"]["routing"] == (section if kept else
+                                      {"name": name, "iterations": 3}), (name, gradient)
+  # Version 4: a model that never read the margin loss's section loses it.
+  v3 = migrations.migrate({"model": {"name": "baseline_cnn"}, "loss": {"m_plus": 0.9},
+                           migrations.VERSION_KEY: 3})
+  assert "loss" not in v3 and migrations.migrate(
+      {"model": {"name": "capsnet"}, "loss": {}, migrations.VERSION_KEY: 3})["loss"] == {}
+  with pytest.raises(UsageError, match="schema_version=99, newer than this capsjax's 4"):
     migrations.migrate({migrations.VERSION_KEY: 99})
 
 

@@ -86,10 +86,10 @@ def test_load_fills_keys_of_later_versions_and_restores_tuples(tmp_path):
       mnist.get_config("smoke").optimizer)  # The same Adam, only written out.
 
 
-def test_dynamic_routings_removed_gradient_setting_is_unset_on_load(tmp_path):
+def test_the_removed_gradient_setting_is_dropped_on_load(tmp_path):
   """Runs written before 2026-11-28 recorded dynamic routing's ``model.routing.gradient``
   (``"autodiff"``, resolved from ``"auto"``, or ``"analytic"``, the written-out backward pass
-  now in experiments/): they load with it unset and resolve; EM's is kept."""
+  now in experiments/), before 2026-11-29 EM's: they load without it and resolve."""
   from capsjax import routing
 
   for name, gradient in ((None, "analytic"), ("dynamic", "autodiff")):
@@ -99,14 +99,14 @@ def test_dynamic_routings_removed_gradient_setting_is_unset_on_load(tmp_path):
       del old["model"]["routing"]["name"]          # Before routers had names.
     (tmp_path / "config.json").write_text(json.dumps(old))
     loaded = runconfig.load(str(tmp_path))
-    assert loaded.model.routing.gradient is None
+    assert "gradient" not in loaded.model.routing
     router, settings = routing.resolve(loaded.model.routing)
     assert router.name == "dynamic" and "gradient" not in settings
     assert config_history.config_changes(old, json.loads(
         mnist.get_config("smoke").to_json_best_effort())) == []
   em = json.loads(mnist.get_config("smoke").to_json_best_effort())
   em["model"]["routing"].update(name="em", gradient="analytic")
-  assert migrations.migrate(em)["model"]["routing"]["gradient"] == "analytic"
+  assert "gradient" not in migrations.migrate(em)["model"]["routing"]
 
 
 def test_load_and_import_name_missing_files(tmp_path):

@@ -128,11 +128,9 @@ def resolve(config, *, allow_unusual: bool = False) -> tuple[Router, dict[str, A
 
 
 def fill(config: ml_collections.ConfigDict) -> tuple[Router, dict[str, Any]]:
-  """:func:`resolve`, and writes the settings in effect into ``config`` (``name`` too) as they
-  run on this backend (the router's ``as_run``: ``gradient="auto"`` becomes the form that
-  runs here), so that the run's ``config.json`` records them."""
+  """:func:`resolve`, and writes the settings in effect into ``config`` (``name`` too), so that
+  the run's ``config.json`` records them."""
   router, settings = resolve(config)
-  settings = router.as_run(settings)
   with config.unlocked():
     config.name = router.name
     for key, value in settings.items():

@@ -181,27 +181,6 @@ SQUASH_EPSILON = Setting(0.0, "Eq. 1's epsilon: 0 is Eq. 1 exactly; public code 
                          "1e-7..1e-9.", check=NON_NEGATIVE)
 
 
-GRADIENTS = ("auto", "analytic", "autodiff")
-
-
-def resolved_gradient(gradient: str, analytic_on: tuple[str, ...]) -> str:
-  """A router's ``gradient`` setting as the form that runs: ``"auto"`` is ``"analytic"``
-  (the router's written-out backward pass) where JAX's default backend is in ``analytic_on``,
-  the backends where it was measured faster, else ``"autodiff"``."""
-  if gradient != "auto":
-    return gradient
-  return "analytic" if jax.default_backend() in analytic_on else "autodiff"
-
-
-def check_gradient(value) -> None:
-  """UsageError unless ``config.model.routing.gradient`` is one of :data:`GRADIENTS`."""
-  from capsjax.common.errors import UsageError
-
-  if value not in GRADIENTS:
-    raise UsageError(f"config.model.routing.gradient must be one of {GRADIENTS}, "
-                     f"got {value!r}.")
-
-
 def check_iterations(value) -> None:
   """UsageError unless ``config.model.routing.iterations`` is an integer >= 1."""
   from capsjax.common import checks
@@ -304,9 +283,6 @@ class Router:
       are the class scores).
     squashes: whether the parents' lengths are squashed into [0, 1) (then their saturation is
       measured and watched).
-    as_run: ``as_run(settings) -> settings`` as they run on this backend (e.g. ``gradient``'s
-      ``"auto"`` resolved), applied once when a run's config is resolved so that its
-      ``config.json`` records what ran.
     route_layer: for routers that route a convolutional layer as a whole (a child shared by
       the receptive fields it is in: EM, VB), ``route_layer(votes, *, activations, params,
       settings, layer, diagnostics) -> RoutingResult``: ``votes`` ``(batch, children,
@@ -331,7 +307,6 @@ class Router:
   uses_parent_bias: bool = False
   yields_activations: bool = False
   squashes: bool = True
-  as_run: Callable[[dict], dict] = lambda settings: settings
   route_layer: Callable[..., RoutingResult] | None = None
   activation_logits: bool = False
   parent_batch_norms: bool = False

@@ -40,19 +40,31 @@ default and each difference a setting:
 The code's ``leaky`` flag for this layer calls a ``leaky_routing`` that the released code does
 not define; it is not offered.
 
-How it is differentiated (``gradient``, not a modelling choice: both give the same gradients to
-float rounding): ``"analytic"`` runs the iterations with the backward pass written out
-(:mod:`capsjax.routing.em_gradient`: a few products with the votes per iteration; on a CPU
-faster, with less step memory: docs/performance.md);
-``"autodiff"`` differentiates the loop below, the reference the tests compare it with;
-``"auto"`` (default) is ``"analytic"`` on a CPU and ``"autodiff"`` elsewhere, until the
-analytic form is measured faster on GPUs too (``experiments/gpu_speed.sh``).
+How it runs (one loop, differentiated by JAX; docs/performance.md has the measurements): the
+votes are made parent-major, ``(batch, out_caps, positions, children, D)``, and shifted by
+their mean over the children, so that every sum over the children and over the pose is a
+batched product with the votes or their squares, which XLA runs as a dot forward and, its
+transpose, backward (XLA:CPU runs the same sums as strided reductions several times slower,
+materialising the broadcast products it reduces)::
+
+    S2 = sum_i w V^2 - 2 mu S1 + mu^2 m0                # S1 = sum_i w V, m0 = sum_i w
+    sum_h (V - mu)^2 / (2 var)                           # the E-step's distance, as
+       = V^2 . 1/(2 var) - V . mu/var + sum_h mu^2 / (2 var)
+
+with V and mu about the shift (routing is translation-equivariant but for the mass epsilon,
+which the mean sees in true coordinates, so the shift is a constant: no gradient); about the
+shift these subtract numbers of the spread's size, not the poses'. The autodiff of this loop
+keeps the votes and their squares and, per iteration, arrays of 1/D of them: no votes-sized
+array per iteration. Until 2026-11-29 a child-major loop with sums as reductions (autodiff,
+``gradient="autodiff"``) and a custom VJP of this layout (``"analytic"``, the default on CPUs)
+were two settings; both are now ``experiments/em_loop_forms.py``, which checks them against
+this loop and times all three.
 
 Numerical safety: the E-step is a log-likelihood, normalised with a softmax, so no density is
 exponentiated alone; the variance floor keeps ``log var`` finite for a parent with one child
 or identical votes; with all children inactive the mass is ``mass_epsilon`` and the mean 0.
-Nothing is clamped beyond the code's floor and epsilons: votes whose squares overflow float32
-(above ~1e19) give Inf.
+Nothing is clamped beyond the code's floor and epsilons: votes whose spread's squares overflow
+float32 (above ~1e19) give Inf.
 
 Shapes: the routing runs on votes ``(batch, children, out_caps, positions, D)``: for the class
 layer ``positions`` = 1; for a convolutional layer the children are a parent's receptive field
@@ -66,8 +78,8 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from capsjax.common.settings import POSITIVE, Setting, between, one_of
-from capsjax.routing import core, em_arithmetic, em_gradient
+from capsjax.common.settings import POSITIVE, Setting, between
+from capsjax.routing import em_arithmetic
 from capsjax.routing.core import (ConvLayer, ParamSpec, Router, RoutingResult, check_iterations,
                                   iterations_setting)
 
@@ -88,18 +100,12 @@ SETTINGS = {
     "activation_bias_scale": Setting(5000.0, "logit = lambda (cost - 5000 beta_a) (the code)."),
     "beta_u_init": Setting(2.0, "The class layer's sigma_biases."),
     "beta_a_init": Setting(1.0, "The class layer's activation_biases."),
-    "gradient": Setting("auto", "\"analytic\" | \"autodiff\" (module docstring).",
-                        check=one_of(*core.GRADIENTS)),
 }
-
-# The backends where the written-out backward pass was measured faster than autodiff, so that
-# "auto" picks it (docs/performance.md); GPUs are measured by experiments/gpu_speed.sh.
-ANALYTIC_ON: tuple[str, ...] = ("cpu",)
 
 
 class MStep(NamedTuple):
-  """The parents after an M-step: their ``mean`` ``(batch, out_caps, positions, D)`` and
-  :class:`capsjax.routing.em_arithmetic.Fit`'s fields."""
+  """The parents after an M-step, parent-sized ``(batch, out_caps, positions[, D])``: their
+  ``mean`` and :class:`capsjax.routing.em_arithmetic.Fit`'s fields."""
   mean: jax.Array
   variance: jax.Array
   logit: jax.Array
@@ -122,60 +128,97 @@ class EMResult(NamedTuple):
   diagnostics: dict
 
 
-def m_step(votes: jax.Array, weights: jax.Array, previous_mean: jax.Array, beta_u: jax.Array,
+def parent_major(x: jax.Array) -> jax.Array:
+  """``(batch, children, out_caps, positions, ...)`` -> ``(batch, out_caps, positions,
+  children, ...)``: the layout in which a sum over the children is a batched product."""
+  return jnp.moveaxis(x, 1, 3)
+
+
+def child_major(x: jax.Array) -> jax.Array:
+  """The inverse of :func:`parent_major` (the layout of the votes and of ``normalise``)."""
+  return jnp.moveaxis(x, 3, 1)
+
+
+def over_children(weights: jax.Array, votes: jax.Array) -> jax.Array:
+  """``sum_n weights[..., n] votes[..., n, :]``: ``(b, o, p, n)``, ``(b, o, p, n, D)`` ->
+  ``(b, o, p, D)``."""
+  return jnp.einsum("bopn,bopnd->bopd", weights, votes)
+
+
+def against_parents(votes: jax.Array, parents: jax.Array) -> jax.Array:
+  """``sum_h votes[..., n, h] parents[..., h]``: ``(b, o, p, n, D)``, ``(b, o, p, D)`` ->
+  ``(b, o, p, n)``."""
+  return jnp.einsum("bopnd,bopd->bopn", votes, parents)
+
+
+class Votes(NamedTuple):
+  """The votes as the loop reads them: parent-major ``(batch, out_caps, positions, children,
+  D)``, about ``shift`` (their mean over the children, ``(batch, out_caps, positions, D)``, a
+  constant), and their squares."""
+  votes: jax.Array
+  squares: jax.Array
+  shift: jax.Array
+
+  @classmethod
+  def of(cls, votes: jax.Array) -> "Votes":
+    """From the layer's votes ``(batch, children, out_caps, positions, D)``."""
+    shift = jax.lax.stop_gradient(jnp.mean(votes, axis=1))
+    shifted = parent_major(votes) - shift[..., None, :]
+    return cls(shifted, jnp.square(shifted), shift)
+
+
+def m_step(votes: Votes, weights: jax.Array, previous_mean: jax.Array, beta_u: jax.Array,
            beta_a: jax.Array, inverse_temperature, settings: dict) -> MStep:
   """The M-step: each parent's Gaussian and activation from its weighted votes (the formulas
-  in :mod:`capsjax.routing.em_arithmetic`).
+  in :mod:`capsjax.routing.em_arithmetic`), ``mean`` in true coordinates.
 
   Args:
-    votes: ``(batch, children, out_caps, positions, D)``.
-    weights: ``R_ij a_i``, ``(batch, children, out_caps, positions)``.
+    votes: :class:`Votes`.
+    weights: ``R_ij a_i``, parent-major ``(batch, out_caps, positions, children)``.
     previous_mean: ``(batch, out_caps, positions, D)``, the last iteration's mean (zeros).
     beta_u, beta_a: ``(out_caps,)``.
     inverse_temperature: lambda_t, a scalar.
     settings: ``mean_damping``, ``min_variance``, ``mass_epsilon``, ``activation_bias_scale``.
   """
-  m0 = jnp.sum(weights, axis=1)                                             # (b, o, p)
-  # Sums over the children as reductions of elementwise products, which XLA fuses into one
-  # pass over the votes (a dot would materialise (votes - mean)^2).
-  w = weights[..., None]
-  mean = em_arithmetic.damped_mean(jnp.sum(w * votes, axis=1), m0, previous_mean, settings)
-  s2 = jnp.sum(w * jnp.square(votes - mean[:, None]), axis=1)
+  m0 = jnp.sum(weights, axis=-1)                                            # (b, o, p)
+  s1 = over_children(weights, votes.votes)                                 # about the shift
+  mean = em_arithmetic.damped_mean(s1 + votes.shift * m0[..., None], m0, previous_mean,
+                                   settings)
+  centre = mean - votes.shift
+  # sum w (V - mu)^2 = sum w V^2 - 2 mu sum w V + mu^2 sum w (clamped: rounding can make the
+  # difference of a near-zero spread negative).
+  s2 = jnp.maximum(over_children(weights, votes.squares) - 2.0 * centre * s1
+                   + jnp.square(centre) * m0[..., None], 0.0)
   return MStep(mean, *em_arithmetic.fit(s2, m0, beta_u, beta_a, inverse_temperature,
                                         settings))
 
 
-def log_likelihood(votes: jax.Array, parents: MStep) -> jax.Array:
+def log_likelihood(votes: Votes, parents: MStep) -> jax.Array:
   """The E-step's unnormalised log assignment ``log a_j + log N(V_ij; mu_j, var_j)``,
-  ``(batch, children, out_caps, positions)``."""
-  return parents.log_normaliser[:, None] - em_arithmetic.scaled_distance(
-      votes, parents.mean[:, None], parents.variance[:, None])
+  parent-major ``(batch, out_caps, positions, children)``: ``sum_h (V_h - mu_h)^2 / (2
+  var_h)`` (:func:`capsjax.routing.em_arithmetic.scaled_distance`) as products of the votes
+  and their squares with parent-sized vectors."""
+  inverse_two_var = 0.5 / parents.variance
+  centre = parents.mean - votes.shift
+  distance = (against_parents(votes.squares, inverse_two_var)
+              - against_parents(votes.votes, 2.0 * centre * inverse_two_var)
+              + jnp.sum(jnp.square(centre) * inverse_two_var, axis=-1)[..., None])
+  return parents.log_normaliser[..., None] - distance
 
 
 def assignment_entropy(assignments: jax.Array, num_children: int) -> jax.Array:
   """``-sum R log R`` over every (child slot, parent) per example, divided by the number of
-  children: the mean entropy of a child's assignments, ``(batch,)``."""
+  children: the mean entropy of a child's assignments, ``(batch,)`` (either layout)."""
   r = assignments
   terms = jnp.where(r > 0, r * jnp.log(jnp.where(r > 0, r, 1.0)), 0.0)
   return -jnp.sum(terms.reshape(r.shape[0], -1), axis=1) / num_children
-
-
-def resolved_gradient(gradient: str) -> str:
-  """The form ``gradient`` runs as: ``"auto"`` is ``"analytic"`` on :data:`ANALYTIC_ON`."""
-  return core.resolved_gradient(gradient, ANALYTIC_ON)
-
-
-def as_run(settings: dict) -> dict:
-  """``settings`` with ``gradient`` as it runs on this backend (resolved once, recorded in
-  the run's config.json)."""
-  return {**settings, "gradient": resolved_gradient(settings["gradient"])}
 
 
 def em_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta_a: jax.Array,
                *, settings: dict, normalise: Callable[[jax.Array], jax.Array],
                initial: jax.Array | float | None = None, num_children: int | None = None,
                diagnostics: bool = False) -> EMResult:
-  """EM routing of ``votes`` (the module docstring has the equations).
+  """EM routing of ``votes`` (the module docstring has the equations and the layout).
 
   Args:
     votes: ``(batch, children, out_caps, positions, D)``.
@@ -186,59 +229,49 @@ def em_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
     normalise: ``log p (batch, children, out_caps, positions) -> R``, the E-step's
       normalisation over each child's parents.
     initial: the first assignments R (default ``1 / out_caps``, the code's ``softmax`` of
-      zeros over output types).
+      zeros over output types), in ``normalise``'s layout.
     num_children: the children that the assignments cover, for ``coupling_entropy``
       (default ``children``).
     diagnostics: also return the per-iteration diagnostics.
   """
   iterations = settings["iterations"]
   check_iterations(iterations)
-  if resolved_gradient(settings["gradient"]) == "analytic" and not diagnostics:
-    poses, parent_activations = em_gradient.em_routing_analytic(
-        votes, activations, beta_u, beta_a, settings=settings, normalise=normalise,
-        initial=initial)
-    return EMResult(poses, parent_activations, {})
   batch, children, out_caps, positions, d = votes.shape
   lambdas = em_arithmetic.schedule(settings, votes.dtype)
-  assignments = jnp.broadcast_to(1.0 / out_caps if initial is None else initial,
-                                 (batch, children, out_caps, positions)).astype(votes.dtype)
-  mean = jnp.zeros((batch, out_caps, positions, d), votes.dtype)
-  measured = jnp.zeros((4, iterations, batch), votes.dtype)
+  assignments = parent_major(jnp.broadcast_to(
+      1.0 / out_caps if initial is None else initial,
+      (batch, children, out_caps, positions)).astype(votes.dtype))
+  activations = parent_major(jnp.broadcast_to(
+      activations, activations.shape[:1] + votes.shape[1:2] + activations.shape[2:]))
+  votes = Votes.of(votes)
+  mean = jnp.zeros(votes.shift.shape, votes.votes.dtype)
+  rows = []
 
-  def measure(measured, t, assignments, parents):
-    if not diagnostics:
-      return measured
+  def measure(assignments, parents):
     # Measurements, not objectives: no gradient (the std's is NaN where all parents agree).
     assignments, parents = jax.lax.stop_gradient((assignments, parents))
     a = jax.nn.sigmoid(parents.logit).reshape(batch, -1)
-    row = jnp.stack([jnp.mean(a, axis=1), jnp.std(a, axis=1),
-                     assignment_entropy(assignments, num_children or children),
-                     0.5 * jnp.mean(jnp.log(parents.variance).reshape(batch, -1), axis=1)])
-    return measured.at[:, t].set(row)
+    rows.append(jnp.stack([jnp.mean(a, axis=1), jnp.std(a, axis=1),
+                           assignment_entropy(assignments, num_children or children),
+                           0.5 * jnp.mean(jnp.log(parents.variance).reshape(batch, -1),
+                                          axis=1)]))
 
-  def iteration(t, carry):
-    assignments, mean, measured = carry
+  # Unrolled: the iterations are few, and autodiff keeps of each only arrays of 1/D of the
+  # votes (the votes and their squares are shared).
+  for t in range(iterations):
     parents = m_step(votes, assignments * activations, mean, beta_u, beta_a, lambdas[t],
                      settings)
-    measured = measure(measured, t, assignments, parents)
-    assignments = normalise(log_likelihood(votes, parents))
-    if settings["stop_gradient"]:
-      assignments = jax.lax.stop_gradient(assignments)
-    return assignments, parents.mean, measured
-
-  # The backward pass recomputes each iteration from its carry (assignments and means, a
-  # 1/D of the votes) instead of storing several votes-sized temporaries per iteration: the
-  # MNIST network's train step at batch 16 needs 2.0 GB instead of 4.5, and runs faster.
-  iteration = jax.checkpoint(iteration, policy=jax.checkpoint_policies.nothing_saveable)
-  assignments, mean, measured = jax.lax.fori_loop(0, iterations - 1, iteration,
-                                                  (assignments, mean, measured))
-  parents = m_step(votes, assignments * activations, mean, beta_u, beta_a,
-                   lambdas[iterations - 1], settings)
+    if diagnostics:
+      measure(assignments, parents)
+    if t < iterations - 1:   # The last E-step is not needed.
+      assignments = parent_major(normalise(child_major(log_likelihood(votes, parents))))
+      if settings["stop_gradient"]:
+        assignments = jax.lax.stop_gradient(assignments)
+      mean = parents.mean
   found = {}
   if diagnostics:
-    measured = measure(measured, iterations - 1, assignments, parents)
     names = ("activation_mean", "activation_spread", "coupling_entropy", "log_sigma")
-    found = {name: measured[k].T for k, name in enumerate(names)}
+    found = {name: jnp.stack([row[k] for row in rows], axis=1) for k, name in enumerate(names)}
   return EMResult(parents.mean, jax.nn.sigmoid(parents.logit), found)
 
 
@@ -287,7 +320,7 @@ def route_layer(votes, *, activations, params, settings, layer: ConvLayer,
   return RoutingResult(result.poses, result.activations, result.diagnostics)
 
 
-ROUTER = Router(name="em", settings=SETTINGS, route=route, as_run=as_run, parameters=parameters,
+ROUTER = Router(name="em", settings=SETTINGS, route=route, parameters=parameters,
                 yields_activations=True, squashes=False, route_layer=route_layer,
                 conv_layer_settings=("inverse_temperature", "mass_epsilon", "beta_u_init",
                                      "beta_a_init"))

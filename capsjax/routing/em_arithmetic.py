@@ -1,9 +1,10 @@
 """EM routing's arithmetic, written once: the inverse-temperature schedule, the M-step's
-formulas for each parent and the E-step's distance of a vote from a parent. The reference
-(:func:`capsjax.routing.em.em_routing`, differentiated by JAX) and the written-out backward pass
-(:mod:`capsjax.routing.em_gradient`, whose custom VJP runs these forward and differentiates
-:func:`damped_mean` and :func:`fit` by JAX) both call them; only the sums over the children,
-whose layout and passes over the votes differ, are each module's own.
+formulas for each parent and the E-step's distance of a vote from a parent. The router's loop
+(:func:`capsjax.routing.em.em_routing`) calls them, and so do the two forms it replaced, kept in
+``experiments/em_loop_forms.py`` to be measured against it (a custom VJP that runs these forward
+and differentiates :func:`damped_mean` and :func:`fit` by JAX, and the child-major reference
+loop); only the sums over the children, whose layout and passes over the votes differ, are each
+form's own.
 
 Names as in :mod:`capsjax.routing.em`: ``w = R a`` the weights of the children's votes V,
 ``m0 = sum_i w``, ``S1 = sum_i w V``, ``S2 = sum_i w (V - mu)^2`` (sums over the children), each

@@ -76,11 +76,24 @@ def _add_keys(raw: dict) -> None:
 def _unset_dynamic_gradient(raw: dict) -> None:
   """Version 2: dynamic routing's ``model.routing.gradient`` (``"autodiff"``, or
   ``"analytic"``, its written-out backward pass, equal to autodiff's gradient to rounding;
-  now experiments/dynamic_gradient.py) unset. EM's is kept."""
+  now experiments/dynamic_gradient.py) unset. EM's was kept (until version 3)."""
   section = raw.get("model", {}).get("routing")
   if isinstance(section, dict) and (section.get("name") or "dynamic") == "dynamic":
     if section.get("gradient") is not None:
       section["gradient"] = None
+
+
+def _drop_routing_gradient(raw: dict) -> None:
+  """Version 3: ``model.routing.gradient`` removed, the last router's (EM's: ``"analytic"``, its
+  written-out backward pass, or ``"autodiff"`` of its reference loop, ``"auto"`` resolved to
+  one of them; both equal to rounding to the one loop EM runs since, differentiated by JAX;
+  now experiments/em_loop_forms.py). Every built-in router's file recorded the key, unset but
+  for EM: it goes where it is unset or the router is EM. A router named by import path that
+  declares a ``gradient`` of its own keeps its value."""
+  section = raw.get("model", {}).get("routing")
+  if isinstance(section, dict) and "gradient" in section:
+    if section["gradient"] is None or section.get("name") == "em":
+      del section["gradient"]
 
 
 # The config sections a model that is not a capsule model never read, though the configs built
@@ -89,7 +102,7 @@ _UNREAD = {"baseline_cnn": ("loss",)}
 
 
 def _drop_unread_sections(raw: dict) -> None:
-  """Version 3: settings are declared beside the code that reads them, and a key no code
+  """Version 4: settings are declared beside the code that reads them, and a key no code
   reads is refused; the sections a model never read (:data:`_UNREAD`) leave its config.json."""
   for section in _UNREAD.get(raw.get("model", {}).get("name"), ()):
     raw.pop(section, None)
@@ -100,7 +113,9 @@ MIGRATIONS = (
               _add_keys),
     Migration(2, "2026-11-28: dynamic routing's gradient setting removed",
               _unset_dynamic_gradient),
-    Migration(3, "2026-11-29: settings declared beside their code; unread sections dropped",
+    Migration(3, "2026-11-29: EM routing's gradient setting removed (one loop, autodiff)",
+              _drop_routing_gradient),
+    Migration(4, "2026-11-29: settings declared beside their code; unread sections dropped",
               _drop_unread_sections),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version

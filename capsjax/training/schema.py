@@ -147,7 +147,7 @@ def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
   for path, section in routed.items():
     router, settings = routing.resolve(section or {}, allow_unusual=allow_unusual)
     node = _section(resolved, path.rsplit(".", 1)[0]) if "." in path else resolved
-    node[path.rsplit(".", 1)[-1]] = {"name": router.name, **router.as_run(settings)}
+    node[path.rsplit(".", 1)[-1]] = {"name": router.name, **settings}
   resolved[EVALS] = resolved_evals(evals, allow_unusual)
   out = ml_collections.ConfigDict(resolved)
   fill_model_shapes(out)
