@@ -218,9 +218,10 @@ SMOKE = str(REPO / "configs" / "mnist.py") + ":smoke"
 
 
 def run_main(workdir, *overrides, devices=4, extra_flags=(), timeout=300, data_dir=None,
-             wait=True, config=SMOKE, figures=False):
+             wait=True, config=SMOKE, figures=False, stderr=subprocess.STDOUT):
   """``python -m capsjax.main`` on the smoke config (or ``config``); no figures unless
-  ``figures`` (the tests that check them ask)."""
+  ``figures`` (the tests that check them ask). Not waited for (``wait=False``), its stderr
+  goes with its stdout unless ``stderr`` says otherwise (``subprocess.PIPE``)."""
   env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), TF_CPP_MIN_LOG_LEVEL="3")
   cmd = [sys.executable, "-m", "capsjax.main", f"--config={config}", f"--workdir={workdir}",
          "--config.data.source=idx", *extra_flags]
@@ -230,8 +231,8 @@ def run_main(workdir, *overrides, devices=4, extra_flags=(), timeout=300, data_d
     cmd.append(f"--config.data.dir={data_dir}")
   cmd += list(overrides)
   if not wait:
-    return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=stderr,
+                            text=True)
   return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 

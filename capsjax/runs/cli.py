@@ -194,7 +194,9 @@ def invoke(command, argv: list[str]) -> int:
 def clear_errors():
   """Ends the command with one line on stderr, no traceback, for what the user can act on:
   a :class:`UsageError` or a full disk (exit 2), a non-finite loss (exit 1), a stop by a
-  signal after saving (exit 128 + the signal's number, as if the signal had ended it)."""
+  signal after saving (exit 128 + the signal's number, as if the signal had ended it), a
+  process of a multi-process run lost (exit 75: :mod:`capsjax.runs.lost_peer`)."""
+  from capsjax.runs import lost_peer
   from capsjax.runs.preemption import Preempted
 
   try:
@@ -209,6 +211,7 @@ def clear_errors():
     print(str(e), file=sys.stderr, flush=True)
     sys.exit(e.exit_status)
   except Exception as e:
+    lost_peer.exit_if_lost(e)  # Another process of the run is gone: one line, exit 75.
     if not files.is_disk_full(e):
       raise
     print(f"error: {files.disk_full(e)}", file=sys.stderr)

@@ -4,11 +4,23 @@ One process per host; every process runs the same command. On TPU pods, SLURM
 and Kubernetes, ``--distributed`` lets JAX discover the job by itself;
 elsewhere pass ``--coordinator_address=HOST:PORT --num_processes=N
 --process_id=I``. ``--cpu_collectives=gloo`` joins CPU processes (tests).
+
+A process lost to the job (a host preempted or crashed) ends every other one with one line and
+exit status 75 (:mod:`capsjax.runs.lost_peer`); ``--heartbeat_timeout_seconds`` (default
+:data:`HEARTBEAT_TIMEOUT_SECONDS`) is how long a process may go unheard before the others stop.
 """
 
 import types
 
 from absl import flags
+
+# How long a process may go unheard by JAX's distributed service before the others stop (JAX's
+# default: 100 s). It bounds the wait where no collective fails on the lost process: a survivor
+# waiting in a checkpoint's barrier, a host gone without closing its connections, a collective
+# that waits rather than fails. Measured with two CPU processes (2026-11-29): the survivor's
+# line came 72-80 s after a kill -9 with 100 s, 4 s after with 5 s. Heartbeats come from a
+# thread of the runtime's own, so a busy host (compiling, loading data) still sends them.
+HEARTBEAT_TIMEOUT_SECONDS = 30
 
 # The flags of :func:`define_flags`, once a command defined them.
 FLAGS: types.SimpleNamespace | None = None
@@ -31,7 +43,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> types.SimpleNam
                                       **define),
       cpu_collectives=flags.DEFINE_string(
           "cpu_collectives", None, "CPU collectives for multi-process CPU jobs, e.g. 'gloo'.",
-          **define))
+          **define),
+      heartbeat_timeout=flags.DEFINE_integer(
+          "heartbeat_timeout_seconds", HEARTBEAT_TIMEOUT_SECONDS,
+          "Seconds a process may go unheard by JAX's distributed service (a crashed or hung "
+          "host) before the others stop with one line; JAX's own default is 100. A collective "
+          "that fails on a lost process stops them at once.", lower_bound=1, **define))
   return FLAGS
 
 
@@ -42,9 +59,20 @@ def initialize_from_flags() -> None:
   f = FLAGS
   if f.cpu_collectives.value:
     jax.config.update("jax_cpu_collectives_implementation", f.cpu_collectives.value)
+  timeout = {"heartbeat_timeout_seconds": f.heartbeat_timeout.value}
   if f.coordinator.value or f.num_processes.value:
-    jax.distributed.initialize(coordinator_address=f.coordinator.value,
-                               num_processes=f.num_processes.value,
-                               process_id=f.process_id.value)
+    initialize(coordinator_address=f.coordinator.value, num_processes=f.num_processes.value,
+               process_id=f.process_id.value, **timeout)
   elif f.distributed.value:
-    jax.distributed.initialize()
+    initialize(**timeout)
+
+
+def initialize(**kwargs) -> None:
+  """``jax.distributed.initialize(**kwargs)``, with a lost process reported in one line
+  (:func:`capsjax.runs.lost_peer.watching`)."""
+  import jax
+
+  from capsjax.runs import lost_peer
+
+  with lost_peer.watching():
+    jax.distributed.initialize(**kwargs)

@@ -17,6 +17,8 @@ batched matrix products sum in another order).
 * A group whose step needs more memory than the device has free is split in halves until
   each part fits, and says so; a single run that does not fit is refused with advice.
 * SIGTERM or SIGINT saves every run at the step reached.
+* A process of a multi-process run that loses another ends with one line
+  (:mod:`capsjax.runs.lost_peer`); the last complete checkpoint resumes.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import ml_collections
 
 from capsjax.common import precision
 from capsjax.common.errors import NonFiniteLossError
-from capsjax.runs import preemption, workdirs
+from capsjax.runs import lost_peer, preemption, workdirs
 from capsjax.runs.reporting import log
 from capsjax.training import run as run_lib
 from capsjax.training import inflight, memory, schema, vectorize
@@ -98,7 +100,9 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
                      functools.partial(vectorize.OneRunStep, template, memory_limit))
         _train(template, [runs[i] for i in members], new_steps, per_run_keys, stop, outcomes,
                members)
-    except BaseException:
+    except BaseException as e:
+      # A lost process ends this one here, in one line: finishing a checkpoint would wait for it.
+      lost_peer.exit_if_lost(e)
       for run in runs.values():
         run.close()  # Checkpoints still being written are finished: nothing saved is lost.
       raise

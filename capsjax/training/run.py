@@ -25,8 +25,8 @@ import numpy as np
 from capsjax.common import checks, files
 from capsjax.common.errors import UsageError
 from capsjax.common.settings import Setting, at_least, between
-from capsjax.runs import (checkpointing, comparison, hardware, predictions, preemption,
-                          reporting)
+from capsjax.runs import (checkpointing, comparison, hardware, lost_peer, predictions,
+                          preemption, reporting)
 from capsjax.runs.reporting import log
 from capsjax.training import config_history, run_figures
 from capsjax.training.runtime import Runtime
@@ -67,6 +67,7 @@ class Run:
     self.ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                            keep=config.train.keep_checkpoints,
                                            keep_best=self.validation)
+    lost_peer.watch_checkpoints(self.ckpt.directory)  # Named if a process is lost.
     self.watched = "validation" if self.validation else "test"  # Evaluated during training.
     self.results: dict = {}
     self.predictions: dict = {}  # Of the evaluations in results, where they keep them.
@@ -97,7 +98,8 @@ class Run:
             "--config.data.validation_size=10000.")
       self.progress = TrainLog(workdir, self.plan, runtime.optimizer.schedule, self.ckpt,
                                runtime.task.monitors(), label=label)
-    except BaseException:
+    except BaseException as e:
+      lost_peer.exit_if_lost(e)  # Before close(), which would wait for the lost process.
       self.close()
       raise
 
@@ -221,6 +223,7 @@ class Run:
     if self.progress is not None:
       self.progress.close()
     self.ckpt.close()
+    lost_peer.forget_checkpoints(self.ckpt.directory)
 
 
 def stopped(stop: preemption.StopRequest, runs: list[tuple[Run, object]]) -> None:
