@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from capsjax import routing
+from capsjax.common import platform
 from capsjax.models import capsule_layers, layers
 
 
@@ -65,12 +66,12 @@ def test_conv_matches_numpy_cross_correlation():
     ("tpu", 9, 2, 1, 0),
     ("cpu", 9, 2, 0, 1),   # im2col: one matmul.
     ("cpu", 3, 1, 0, 1)])
-def test_auto_conv_impl_by_backend_and_shape(monkeypatch, backend, kernel, stride,
-                                              convolutions, dots):
-  """What "auto" builds, read off the program: the rule of conv2d's docstring per backend."""
-  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+def test_auto_conv_impl_by_backend_and_shape(backend, kernel, stride, convolutions, dots):
+  """What "auto" builds, read off the program: the rule of conv2d's docstring per backend
+  (the one programs are built for: capsjax.common.platform)."""
   x, w = jnp.zeros((1, 20, 20, 2)), jnp.zeros((kernel, kernel, 2, 3))
-  eqns = jax.make_jaxpr(lambda x, w: layers.conv2d(x, w, stride, "auto"))(x, w).eqns
+  with platform.building_for(backend):
+    eqns = jax.make_jaxpr(lambda x, w: layers.conv2d(x, w, stride, "auto"))(x, w).eqns
   names = [e.primitive.name for e in eqns]
   assert (names.count("conv_general_dilated"), names.count("dot_general")) == (convolutions,
                                                                                   dots)

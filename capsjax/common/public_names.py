@@ -41,6 +41,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "capsjax.common.config_args": ("parse_arg",),
     "capsjax.common.settings": ("Setting", "REQUIRED", "Rule"),
     "capsjax.common.per_run": ("declare", "config_keys", "of_config", "stacked"),
+    "capsjax.common.platform": ("building_for", "target"),  # Exporting a GPU's or TPU's program.
     "capsjax.runs.runconfig": ("import_config_file", "load"),
     "capsjax.training.vectorize": ("default_min_runs",),
     "capsjax.training.evaluation": ("EvalRunner",),   # What Evaluator.runner is.

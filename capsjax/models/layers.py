@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from capsjax.common import platform
 from capsjax.common.errors import UsageError
 from capsjax.common.settings import NON_NEGATIVE, POSITIVE, Setting, at_least, each, one_of
 from capsjax.models import winograd
@@ -104,7 +105,8 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto",
       1.7-1.9x faster with its 9x9 stride-2 PrimaryCapsules written as polyphase, and
       Efficient-CapsNet's 0.86x as fast with its 3x3 stride-2 convolution so (an H200,
       docs/performance.md); kernels between those two sizes were not measured. Native on
-      TPUs (not measured).
+      TPUs (not measured). The backend is the one programs are built for
+      (:func:`capsjax.common.platform.target`).
   """
   if impl not in CONV_IMPLS:
     raise ValueError(f"conv impl must be one of {CONV_IMPLS}, got {impl!r}.")
@@ -114,7 +116,7 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto",
     x = jnp.pad(x, ((0, 0), same_padding(x.shape[1], kernel.shape[0], stride),
                     same_padding(x.shape[2], kernel.shape[1], stride), (0, 0)))
   if impl == "auto":
-    impl = _auto_conv_impl(jax.default_backend(), kernel.shape[:2], stride)
+    impl = _auto_conv_impl(platform.target(), kernel.shape[:2], stride)
   if impl in ("winograd", "winograd4") and kernel.shape[:2] == (3, 3) and stride == 1:
     return winograd.conv2d_winograd(x, kernel, tile=4 if impl == "winograd4" else 2)
   if impl in ("im2col", "winograd", "winograd4"):
@@ -152,7 +154,8 @@ def depthwise_conv2d(x: jax.Array, kernel: jax.Array, impl: str = "auto") -> jax
       XLA:CPU for 9x9 kernels on 9x9 to 20x20 inputs at batch 16 and 128 (a 20x20 input at
       batch 128: 826 ms against 5,869 ms).
     * ``"auto"``: window_sum where the kernel covers the input, else shifted on CPU and native
-      elsewhere (not measured on accelerators).
+      elsewhere (not measured on accelerators; the backend is
+      :func:`capsjax.common.platform.target`'s).
   Every impl is the same function (float32 rounding apart; tests/test_layers.py).
   """
   if impl not in DEPTHWISE_IMPLS:
@@ -161,7 +164,7 @@ def depthwise_conv2d(x: jax.Array, kernel: jax.Array, impl: str = "auto") -> jax
   covers = (kh, kw) == tuple(x.shape[1:3])
   if impl == "auto":
     impl = ("window_sum" if covers else
-            "shifted" if jax.default_backend() == "cpu" else "native")
+            "shifted" if platform.target() == "cpu" else "native")
   if impl == "window_sum":
     if not covers:
       raise ValueError(f"depthwise conv impl 'window_sum' needs a kernel the size of the input, "

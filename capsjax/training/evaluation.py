@@ -30,6 +30,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax import datasets
+from capsjax.common import platform
 from capsjax.common.settings import Setting, at_least
 from capsjax.training import inflight
 
@@ -121,8 +122,10 @@ class EvalRunner:
         jax.lax.dynamic_slice_in_dim(a, start, self.batch_size), sharding)
 
   def _step(self, kind: str, fn: Callable, make_batch: Callable) -> Callable:
-    if (kind, fn, make_batch) in self._steps:
-      return self._steps[kind, fn, make_batch]
+    # One jitted function per platform built for: JAX's trace cache does not tell them apart.
+    key = (kind, fn, make_batch, platform.target())
+    if key in self._steps:
+      return self._steps[key]
 
     # Per-example values come back replicated: every process can read them (multi-host).
     @functools.partial(jax.jit, out_shardings=self.replicated if kind == "collect" else None)
@@ -137,8 +140,18 @@ class EvalRunner:
               for k, v in values.items()}
       return {"count": jnp.sum(weights), **sums}
 
-    self._steps[kind, fn, make_batch] = step
+    self._steps[key] = step
     return step
+
+  def evaluation_step(self, make_batch: Callable | None = None) -> Callable:
+    """The jitted program :meth:`evaluate_examples` runs on each batch of a set:
+    ``step(variables, examples, shared, weights, start)`` -> the per-example values of the
+    batch of ``eval_set.batch_size`` examples at ``start`` (the arguments are an
+    :class:`EvalSet`'s ``examples``, ``shared`` and ``weights``). ``make_batch``: the set's;
+    None, the dataset's ``eval_batch``. For looking at the program (``jax.export``,
+    tests/test_accelerator_programs.py), not for running it."""
+    return self._step("collect", self._evaluation_and_scores,
+                      make_batch or self.task.dataset.eval_batch)
 
   def mean(self, fn: Callable, variables, eval_set: EvalSet,
            progress: str | None = None) -> dict:

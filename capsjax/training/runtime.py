@@ -22,6 +22,7 @@ import ml_collections
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax import datasets, evaluators
+from capsjax.common import platform
 from capsjax.common.errors import UsageError
 from capsjax.runs import reporting
 from capsjax.training import optimizers, plan, train_step
@@ -32,6 +33,7 @@ from capsjax.training.tasks import Task
 # Initialisation runs once per run, so its program's compile time is all it costs: on a CPU,
 # LLVM at -O1 compiles the threefry loops of the initialisers about 3x faster than the default
 # (smoke models: 0.7-1.0 s against 1.9-3.7 s) and gives the same bits (tests/test_runtime.py).
+# By the backend programs are built for (capsjax.common.platform.target).
 INIT_COMPILER_OPTIONS = {"cpu": {"xla_backend_optimization_level": 1}}
 
 
@@ -76,7 +78,7 @@ class Runtime:
     """Parameters and optimiser state from ``config.seed``, replicated on the mesh."""
     tx = self.optimizer.tx
     return jax.jit(lambda: train_step.init_state(self.task, tx), out_shardings=self.replicated,
-                   compiler_options=INIT_COMPILER_OPTIONS.get(jax.default_backend()))()
+                   compiler_options=INIT_COMPILER_OPTIONS.get(platform.target()))()
 
   def abstract_state(self) -> train_step.TrainState:
     return train_step.abstract_state(self.task, self.optimizer.tx, self.replicated)

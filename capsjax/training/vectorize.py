@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from capsjax.common import per_run, settings
+from capsjax.common import per_run, platform, settings
 from capsjax.runs.runconfig import flatten
 from capsjax.training import memory, optimizers, train_step
 from capsjax.training.runtime import Runtime
@@ -308,5 +308,6 @@ def replicated(runtime: Runtime) -> NamedSharding:
 def default_min_runs(backend: str | None = None) -> int | None:
   """The smallest group ``capsjax.sweep`` vectorises when ``--vectorize`` is not given; None:
   none. On a CPU one run already keeps it busy; on a GPU, groups of 4 or more ran faster than
-  their runs one by one (measured: docs/performance.md, "Several runs in one program")."""
-  return None if (backend or jax.default_backend()) == "cpu" else 4
+  their runs one by one (measured: docs/performance.md, "Several runs in one program").
+  ``backend``: None, the one programs are built for (:func:`capsjax.common.platform.target`)."""
+  return None if (backend or platform.target()) == "cpu" else 4
