@@ -153,5 +153,5 @@ def test_diagnostics_come_from_the_same_loop_and_the_old_setting_is_refused():
   np.testing.assert_allclose(plain.poses, result.poses, rtol=1e-6, atol=1e-7)
   # EM's gradient setting (until 2026-11-29; old workdirs drop it: capsjax/runs/migrations.py).
   assert "gradient" not in em.SETTINGS
-  with pytest.raises(UsageError, match="routing.gradient is not a routing setting"):
+  with pytest.raises(UsageError, match="routing.gradient is not a setting of router 'em'"):
     routing.resolve({"name": "em", "gradient": "analytic"})
