@@ -15,7 +15,7 @@ Prints and writes to ``--output`` (default: ``compare_A_vs_B`` beside A):
 ``comparison.md`` (each side's error on all shared examples and on the two halves of the
 source's order, MNIST's test[:5000] and test[5000:]; per seed pair the examples only A gets
 wrong, only B, both, and McNemar's exact p; the sign-flip test combined over seed pairs:
-:mod:`capsjax.runs.paired`), ``comparison.json`` (the same numbers) and
+:mod:`capsjax.stats.paired`), ``comparison.json`` (the same numbers) and
 ``disagreements.png`` (the examples of the first seed pair that only one side gets wrong, with
 the label and both predictions).
 """
@@ -113,7 +113,7 @@ def draw(path: str, a, b) -> None:
   import numpy as np
 
   from capsjax.common import figures
-  from capsjax.runs import paired
+  from capsjax.stats import paired
 
   rows_a, rows_b = paired.aligned(a, b)
   wrong_a, wrong_b = ~a.correct[rows_a], ~b.correct[rows_b]
@@ -149,7 +149,7 @@ def compare_sides(spec_a: str, spec_b: str, evaluation: str = "test", which: str
   """Compares the two sides, prints the tables and writes them; returns comparison.json's
   data."""
   from capsjax.common import files
-  from capsjax.runs import paired
+  from capsjax.stats import paired
 
   side_a, side_b = (load_side(s, evaluation, which) for s in (spec_a, spec_b))
   seeds = sorted(set(side_a) & set(side_b))

@@ -25,11 +25,11 @@ measured (:func:`capsjax.training.vectorize.default_min_runs`); ``--novectorize`
 those points); ``--collect`` (also done after a full run) writes ``results.csv``,
 ``results.md`` and plots. An experiment may also define ``TABLES``
 (``{title: ["EVALUATION/KEY", ...]}``: further tables of results.md) and
-``MATCHED`` (a comparison at matched familiar error: :mod:`capsjax.runs.matched`) and
+``MATCHED`` (a comparison at matched familiar error: :mod:`capsjax.stats.matched`) and
 ``REFERENCES`` (``{column title: function(setting) -> text}``: published numbers beside each
 row of results.md; ``setting`` maps each swept key to the row's value as the table shows it)
 and ``PAIRED_REFERENCE`` (a point's settings, ``{dotted.key: value}``: results.md then compares
-every other row with it on the same test examples, seed by seed: :mod:`capsjax.runs.paired`).
+every other row with it on the same test examples, seed by seed: :mod:`capsjax.stats.paired`).
 ``EXPERIMENT.py:variant`` calls ``get_sweep(variant)``.
 """
 

@@ -1,4 +1,4 @@
-"""capsjax/runs/paired.py: the paired tests against hand-computed cases, scipy's binomial test
+"""capsjax/stats/paired.py: the paired tests against hand-computed cases, scipy's binomial test
 and brute-force enumeration; counts on hand-built predictions; the halves add up."""
 
 import itertools
@@ -8,7 +8,7 @@ import pytest
 import scipy.stats
 
 from capsjax.common.errors import UsageError
-from capsjax.runs import paired
+from capsjax.stats import paired
 from capsjax.runs.predictions import Predictions
 
 

@@ -11,7 +11,7 @@ The familiar rotations are those within +-``familiar_degrees`` (default
 the novel ones lie beyond it, up to 90 degrees: ``familiar_rotation_accuracy`` and
 ``novel_rotation_accuracy`` average the accuracies of the grid's angles in each range. As with
 smallNORB's novel viewpoints, compare models at matched familiar accuracy
-(:mod:`capsjax.runs.matched`), not at matched training steps.
+(:mod:`capsjax.stats.matched`), not at matched training steps.
 
 Settings (``config.evals.NAME``), defaults in brackets:
   ``rotations``     degrees, counter-clockwise [-90, -75, ..., 90]

@@ -25,9 +25,10 @@ import numpy as np
 from capsjax.common import checks, files
 from capsjax.common.errors import UsageError
 from capsjax.common.settings import Setting, at_least, between
-from capsjax.runs import (checkpointing, comparison, hardware, lost_peer, predictions,
-                          preemption, reporting)
+from capsjax.runs import (checkpointing, hardware, lost_peer, predictions, preemption,
+                          reporting)
 from capsjax.runs.reporting import log
+from capsjax.stats import chosen
 from capsjax.training import config_history, run_figures
 from capsjax.training.runtime import Runtime
 from capsjax.training.train_log import TrainLog
@@ -199,8 +200,8 @@ class Run:
     if jax.process_index() == 0:  # Predictions and the summary first: figures can be redrawn.
       write_predictions(os.path.join(self.workdir, predictions.RUN_FILE), runtime,
                         self.predictions, step=step, selected_on=summary["selected_on"])
-      # Chosen on test or validation during training: never the result (runs/comparison.py).
-      summary["comparison_only"] = comparison.comparison_errors(
+      # Chosen on test or validation during training: never the result (stats/chosen.py).
+      summary["comparison_only"] = chosen.comparison_errors(
           reporting.read_metrics(self.workdir))
       files.write_json(os.path.join(self.workdir, "summary.json"), summary)
     if jax.process_index() == 0 and runtime.config.eval.figures:

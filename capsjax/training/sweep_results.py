@@ -20,7 +20,7 @@ from capsjax.runs.reporting import chance_text, is_finished
 
 RESULT_COLUMNS = ("test_accuracy", "test_error", "test_loss", "step", "selected_on",
                   "train_images_per_second", "num_params")
-# Errors chosen during training, beside the result for comparison only (runs/comparison.py).
+# Errors chosen during training, beside the result for comparison only (stats/chosen.py).
 COMPARISON_COLUMNS = {
     "min_test_error": "min test error over evaluations (%; chosen on test: comparison only)",
     "validation_chosen_test_error": "test error at best validation (%; comparison only)",
@@ -83,7 +83,7 @@ def collect(points: list, workdir: str, tables: dict | None = None,
   ``tables`` (an experiment's ``TABLES``): ``{title: ["EVALUATION/KEY", ...]}``, each a further
   table in results.md, one column per metric (percent, mean ± std over seeds); ``matched``
   (an experiment's ``MATCHED``): ``{"familiar", "novel", "target_errors"}``, the comparison at
-  matched familiar error of :mod:`capsjax.runs.matched`; ``references`` (an experiment's
+  matched familiar error of :mod:`capsjax.stats.matched`; ``references`` (an experiment's
   ``REFERENCES``): ``{column title: function(setting) -> text}``, published numbers in
   columns beside the test error (``setting``: the row's ``{key: value as shown}``);
   ``paired_reference`` (an experiment's ``PAIRED_REFERENCE``): the settings of the row every
@@ -134,7 +134,7 @@ def collect(points: list, workdir: str, tables: dict | None = None,
     if paired_reference:
       f.write("\n" + paired_table(rows, keys, workdir, paired_reference))
     if matched:
-      from capsjax.runs import matched as matched_lib
+      from capsjax.stats import matched as matched_lib
 
       finished = {row["run"]: os.path.join(workdir, row["run"]) for row in rows}
       f.write("\n" + matched_lib.matched_table(finished, **matched))
@@ -150,10 +150,11 @@ def collect(points: list, workdir: str, tables: dict | None = None,
 def paired_table(rows: list[dict], keys: list[str], workdir: str, reference: dict) -> str:
   """Each setting against the reference row, on the same test examples: the runs of one seed
   paired, the examples only the setting gets wrong and only the reference, McNemar's exact p
-  per seed pair and the sign-flip test over examples combined (:mod:`capsjax.runs.paired`).
+  per seed pair and the sign-flip test over examples combined (:mod:`capsjax.stats.paired`).
   A setting whose runs kept no predictions (before 2026-11-28) says so."""
   from capsjax.common.errors import UsageError
-  from capsjax.runs import paired, predictions
+  from capsjax.runs import predictions
+  from capsjax.stats import paired
 
   shown = {k: config_label(v) if k == CONFIG_KEY else format_value(v)
            for k, v in reference.items()}
@@ -177,7 +178,7 @@ def paired_table(rows: list[dict], keys: list[str], workdir: str, reference: dic
   lines = [f"Paired against {title} (the reference), on the same test examples, the runs of "
            "each seed paired: the examples only this row gets wrong and only the reference "
            "(summed over seed pairs), McNemar's exact p per seed pair, and the sign-flip test "
-           "over examples combined (capsjax/runs/paired.py):", "",
+           "over examples combined (capsjax/stats/paired.py):", "",
            "| " + " | ".join([*keys, "seed pairs", "only this wrong", "only reference wrong",
                                "p per seed pair", "combined p", ""]) + " |",
            "|" + "---|" * (len(keys) + 6)]
@@ -265,7 +266,7 @@ def markdown_table(groups: list[dict], keys: list[str], references: dict | None 
   numbers were chosen (``selected_on``: ``final``, ``validation`` or ``test`` when a run
   stopped on test accuracy); other evaluations' accuracies (and at-least-one rates) as
   extra columns; last, where runs logged them, the comparison-only errors chosen during
-  training (:mod:`capsjax.runs.comparison`), headed as such."""
+  training (:mod:`capsjax.stats.chosen`), headed as such."""
   extra = list(dict.fromkeys(c for g in groups for c in g.get("extra", {})))
   compared = [c for c in COMPARISON_COLUMNS
               if any(g.get(c, (float("nan"),))[0] == g.get(c, (float("nan"),))[0]

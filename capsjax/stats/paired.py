@@ -252,7 +252,7 @@ def markdown(result: Comparison, name_a: str, name_b: str) -> str:
                  f"{c.both} | {format_p(c.p_value)} | {format_p(first.p_value)} | "
                  f"{format_p(second.p_value)} |")
   lines += ["", f"Combined over the seed pairs (the exact sign-flip test on each example's "
-                f"summed difference; capsjax/runs/paired.py says why): {result.verdict()}.", ""]
+                f"summed difference; capsjax/stats/paired.py says why): {result.verdict()}.", ""]
   for side, name in ((0, "A"), (1, "B")):
     first, second, p = halves_test(result.halves, side)
     lines.append(f"{name}'s errors in the halves, over its seeds: {first} and {second} "
