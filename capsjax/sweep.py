@@ -29,7 +29,8 @@ those points); ``--collect`` (also done after a full run) writes ``results.csv``
 ``REFERENCES`` (``{column title: function(setting) -> text}``: published numbers beside each
 row of results.md; ``setting`` maps each swept key to the row's value as the table shows it)
 and ``PAIRED_REFERENCE`` (a point's settings, ``{dotted.key: value}``: results.md then compares
-every other row with it on the same test examples, seed by seed: :mod:`capsjax.stats.paired`).
+every other row with it on the same test examples, seed by seed, with a verdict about these
+trained models and one about the setup: :mod:`capsjax.stats.paired`).
 ``EXPERIMENT.py:variant`` calls ``get_sweep(variant)``.
 """
 

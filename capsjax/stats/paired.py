@@ -1,8 +1,11 @@
-"""Paired comparison of two setups on the same examples: which examples only one of them gets
-wrong, and whether that could be chance.
+"""Paired comparison of two setups on the same examples, and its two verdicts: about *these
+trained models* (the test digits as the units, the trained runs fixed) and about *the setup*
+(the training runs as the units: :mod:`capsjax.stats.seed_pairs`). A difference of setups is
+separated only by the second.
 
 Three seeds with a spread of 0.04 points cannot separate two MNIST setups 0.04 points apart
-(4 digits of 10,000); the same 10,000 digits scored by both can. For one pair of runs
+(4 digits of 10,000); the same 10,000 digits scored by both tell whether the trained models
+differ, not whether the setups do. For one pair of runs
 (setup A's and B's of one seed) **McNemar's exact test** (McNemar 1947, Psychometrika 12:153;
 recommended for comparing two classifiers on one test set by Dietterich 1998, Neural
 Computation 10:1895): of the ``n = only_a + only_b`` examples exactly one of the two gets
@@ -18,7 +21,13 @@ are the sampled units and every seed pair scores the same ones, so a hard digit 
 discordant in several seed pairs at once. Pooling the discordant counts of all seed pairs into
 one McNemar test (the stratified or Mantel-Haenszel form) would count such a digit once per
 seed as if independent and overstate the evidence; flipping the sign of a digit's whole sum
-keeps that dependence. With one seed pair the two tests are the same.
+keeps that dependence. With one seed pair the two tests are the same. Both tests hold the
+trained models fixed: they are the verdict about these trained models.
+
+Runs are paired by seed where a side holds several; two runs named directly form one pair
+whatever their seeds. Each pair is compared on the examples both of its runs evaluated (by id,
+their inputs checked equal); a pair that shares none is refused, a half of the source's order
+that holds none of the shared examples says so.
 
 Host-side NumPy and ``math`` only.
 """
@@ -32,8 +41,9 @@ import numpy as np
 
 from capsjax.common.errors import UsageError
 from capsjax.runs.predictions import Predictions
+from capsjax.stats import seed_pairs, spread
 
-SIGNIFICANCE = 0.05  # Where a table says "not separated".
+SIGNIFICANCE = seed_pairs.SIGNIFICANCE  # Where a verdict says "not separated".
 
 
 def fair_binomial(n: int) -> np.ndarray:
@@ -50,6 +60,8 @@ def binomial_two_sided(k: int, n: int, p: float) -> float:
   probability of every count no more likely than ``k`` (as ``scipy.stats.binomtest``)."""
   if n == 0:
     return 1.0
+  if p <= 0 or p >= 1:  # Certain: only one count is possible.
+    return 1.0 if k == (n if p >= 1 else 0) else 0.0
   counts = np.arange(n + 1)
   log = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
                   for i in counts])
@@ -123,8 +135,9 @@ def aligned(a: Predictions, b: Predictions, what: str = "the two runs") -> tuple
   data, another order of tensorflow-datasets' files, other padding) or none is shared."""
   common, rows_a, rows_b = np.intersect1d(a.id, b.id, assume_unique=True, return_indices=True)
   if not len(common):
-    raise UsageError(f"{what} evaluated no example in common (no id is in both): they ran "
-                     "on different data.")
+    raise UsageError(f"{what} evaluated no example in common (no id is in both): other "
+                     "data, or other samples of it (data.test_limit scores a random sample; "
+                     "--config.data.test_limit=0 scores the whole test set).")
   differ = np.flatnonzero((a.digest[rows_a] != b.digest[rows_b])
                           | np.any((a.label[rows_a] != b.label[rows_b]).reshape(len(common), -1),
                                    axis=1))
@@ -142,51 +155,96 @@ class Comparison:
   """Setups A and B compared on the examples each seed pair shares.
 
   Attributes:
-    seeds: the seeds paired (A's seed k with B's seed k).
+    seeds: the seed pairs' labels: the seed where both runs have it, ``"0/1"`` (A's/B's).
     counts: :class:`PairCounts` per seed pair, on all shared examples.
     halves: ``{"first", "second"}`` -> PairCounts per seed pair on the examples whose id is
       below / from half of the source split (MNIST: test[:5000], the cleaner half by LeCun's
-      description, and test[5000:]).
+      description, and test[5000:]); a half may hold none.
     half_size: that boundary.
     combined_p: the sign-flip test over examples on the summed differences (all seed pairs).
-    examples: the examples each seed pair shares (the first pair's count where they differ).
+    own: per seed pair, the examples A's run and B's run each evaluated.
+    setup: the verdict about the setup (:class:`capsjax.stats.seed_pairs.SetupTest`).
   """
   seeds: list
   counts: list[PairCounts]
   halves: dict[str, list[PairCounts]]
   half_size: int
   combined_p: float
-  examples: int
+  own: list[tuple[int, int]]
+  setup: seed_pairs.SetupTest
 
-  def verdict(self, a: str = "A", b: str = "B") -> str:
-    """Which setup is lower where the combined test separates them; "not separated"."""
+  @property
+  def examples(self) -> list[int]:
+    """The examples each seed pair shares."""
+    return [c.total for c in self.counts]
+
+  def models_verdict(self) -> str:
+    """The verdict about these trained models: the sign-flip test over digits combined."""
     errors_a = sum(c.errors[0] for c in self.counts)
     errors_b = sum(c.errors[1] for c in self.counts)
-    if self.combined_p >= SIGNIFICANCE or errors_a == errors_b:
-      return f"not separated ({p_text(self.combined_p)})"
-    lower = a if errors_a < errors_b else b
-    return f"{lower} lower ({p_text(self.combined_p)})"
+    return verdict(self.combined_p, errors_a - errors_b)
+
+  def setup_verdict(self) -> str:
+    """The verdict about the setup: the exact sign-flip test over seed pairs, with the
+    smallest p its number of pairs allows where that keeps it from separating."""
+    text = verdict(self.setup.p, self.setup.mean)
+    floor = self.setup.floor
+    if floor >= SIGNIFICANCE:
+      pairs = len(self.seeds)
+      text = (text[:-1] + f"; {pairs} seed pair{'s' * (pairs != 1)} cannot go below "
+              f"{p_text(floor)}: {seed_pairs.fewest_pairs()} are the fewest that can "
+              f"separate at {SIGNIFICANCE})")
+    return text
+
+
+def verdict(p: float, difference: float) -> str:
+  """The one wording of a verdict, A against B (``difference``: A's errors minus B's):
+  ``A lower (p = 0.011)``, ``B lower (...)``, ``not separated (p = 0.5)``."""
+  if p >= SIGNIFICANCE or difference == 0:
+    return f"not separated ({p_text(p)})"
+  return f"{'A' if difference < 0 else 'B'} lower ({p_text(p)})"
+
+
+def pair_label(seed_a, seed_b):
+  """A seed pair's label: the seed both runs have, or ``"0/1"`` for A's seed 0 and B's 1."""
+  return seed_a if seed_a == seed_b else f"{seed_a}/{seed_b}"
 
 
 def compare(pairs: list[tuple[object, Predictions, Predictions]]) -> Comparison:
-  """:class:`Comparison` of ``[(seed, A's predictions, B's predictions)]``."""
+  """:class:`Comparison` of ``[(pair label, A's predictions, B's predictions)]``."""
   if not pairs:
     raise UsageError("No pair of runs to compare: the two sides share no seed.")
-  counts, halves, summed = [], {"first": [], "second": []}, {}
+  counts, halves, summed, own = [], {"first": [], "second": []}, {}, []
   half_size = pairs[0][1].source_size // 2
-  for seed, a, b in pairs:
-    rows_a, rows_b = aligned(a, b, f"the runs of seed {seed}")
+  rows = []  # Per pair: its shared ids, where A's run is wrong and where B's is.
+  digests = {}
+  for label, a, b in pairs:
+    rows_a, rows_b = aligned(a, b, f"the runs of seed pair {label} (A's {len(a)} examples, "
+                                   f"B's {len(b)})")
     wrong_a, wrong_b = ~a.correct[rows_a], ~b.correct[rows_b]
-    counts.append(PairCounts.of(wrong_a, wrong_b))
     ids = a.id[rows_a]
+    for i, digest in zip(ids.tolist(), a.digest[rows_a].tolist()):
+      if digests.setdefault(i, digest) != digest:
+        raise UsageError(f"The seed pairs do not hold the same examples: id {i} holds other "
+                         f"inputs in seed pair {label} than in an earlier pair. Compare runs "
+                         "of the same data.")
+    counts.append(PairCounts.of(wrong_a, wrong_b))
     first = ids < half_size
     halves["first"].append(PairCounts.of(wrong_a[first], wrong_b[first]))
     halves["second"].append(PairCounts.of(wrong_a[~first], wrong_b[~first]))
     for i, d in zip(ids.tolist(), (wrong_a.astype(int) - wrong_b.astype(int)).tolist()):
       summed[i] = summed.get(i, 0) + d
-  return Comparison([seed for seed, _, _ in pairs], counts, halves, half_size,
-                    sign_flip_exact(np.array(list(summed.values()), np.int64)),
-                    counts[0].total)
+    own.append((len(a), len(b)))
+    rows.append((ids, wrong_a, wrong_b))
+  union = np.unique(np.concatenate([ids for ids, _, _ in rows]))
+  shape = (len(rows), len(union))
+  wrong_a, wrong_b, evaluated = (np.zeros(shape, bool) for _ in range(3))
+  for k, (ids, a_wrong, b_wrong) in enumerate(rows):
+    columns = np.searchsorted(union, ids)
+    wrong_a[k, columns], wrong_b[k, columns], evaluated[k, columns] = a_wrong, b_wrong, True
+  return Comparison([label for label, _, _ in pairs], counts, halves, half_size,
+                    sign_flip_exact(np.array(list(summed.values()), np.int64)), own,
+                    seed_pairs.SetupTest.of(wrong_a, wrong_b, evaluated))
 
 
 def format_p(p: float) -> str:
@@ -212,63 +270,127 @@ def halves_test(counts: dict[str, list[PairCounts]], side: int) -> tuple[int, in
   return first, second, binomial_two_sided(first, first + second, share)
 
 
-def percent(wrong: int, total: int) -> str:
-  return f"{100 * wrong / total:.2f}" if total else "-"
+def points(fraction: float) -> str:
+  """An error difference in percentage points, signed: ``-0.24``."""
+  return f"{100 * fraction:+.2f}"
 
 
-def mean_std(values: list[float]) -> str:
-  """``0.37 ± 0.04`` (sample std over seeds), the value alone for one."""
-  if len(values) == 1:
-    return f"{values[0]:.2f}"
-  mean = sum(values) / len(values)
-  std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-  return f"{mean:.2f} ± {std:.2f}"
+def interval_text(test: seed_pairs.SetupTest) -> str:
+  """``-0.24 [-0.55, +0.07]``: the mean difference (points) and its 95% interval."""
+  return f"{points(test.mean)} [{points(test.low)}, {points(test.high)}]"
 
 
-def markdown(result: Comparison, name_a: str, name_b: str) -> str:
+def needed_text(test: seed_pairs.SetupTest) -> str:
+  """The seed pairs the difference needs, with what it was computed from."""
+  pairs = len(test.differences)
+  if test.needed is None:
+    return test.needed_why
+  rough = f"; from {pairs} seed pairs' spread, a rough estimate" if pairs <= 3 else ""
+  return f"about {test.needed} ({test.needed_why}{rough})"
+
+
+def count_text(values) -> str:
+  """``10,000``, or ``120-128`` where seed pairs differ."""
+  low, high = min(values), max(values)
+  return f"{low:,}" if low == high else f"{low:,}-{high:,}"
+
+
+def errors_text(counts: list[PairCounts], side: int) -> str:
+  """A side's error (%) over the seed pairs' shared examples, mean ± std over the pairs that
+  hold any; "no shared example" where none does."""
+  values = [100 * c.errors[side] / c.total for c in counts if c.total]
+  if not values:
+    return "no shared example"
+  mean, std = spread.mean_std(values)
+  return spread.mean_pm(mean, std, scale=1.0)
+
+
+def markdown(result: Comparison, evaluation: str = "test") -> str:
   """The comparison as text: each side's error (%) on all shared examples and on each half,
-  the discordant counts and McNemar's p per seed pair, the combined test and its verdict."""
-  def errors(counts: list[PairCounts], side: int) -> str:
-    return mean_std([100 * c.errors[side] / c.total for c in counts if c.total])
-
+  per seed pair the discordant counts and McNemar's p, and the two verdicts with the seed
+  pairs the difference needs (what the sides are: :mod:`capsjax.stats.sides`)."""
   h = result.half_size
+  first, second = result.halves["first"], result.halves["second"]
   lines = [
-      f"A: {name_a}", f"B: {name_b}", "",
-      f"Test error (%), {len(result.seeds)} seed pair(s), mean ± std over seeds; the halves "
-      f"by id in the source's order (MNIST's files: [:{h}] and [{h}:]):", "",
-      "| examples | A | B |", "|---|---|---|",
-      f"| all ({result.examples}) | {errors(result.counts, 0)} | {errors(result.counts, 1)} |",
-      f"| ids < {h} ({result.halves['first'][0].total}) | {errors(result.halves['first'], 0)} "
-      f"| {errors(result.halves['first'], 1)} |",
-      f"| ids >= {h} ({result.halves['second'][0].total}) | "
-      f"{errors(result.halves['second'], 0)} | {errors(result.halves['second'], 1)} |", "",
-      "Per seed pair: the examples only A gets wrong, only B, both; McNemar's exact p "
-      "(all examples, and each half):", "",
-      "| seed | A wrong | B wrong | only A | only B | both | p | p, ids < half | p, ids >= half |",
-      "|---|---|---|---|---|---|---|---|---|"]
-  for k, (seed, c) in enumerate(zip(result.seeds, result.counts)):
-    first, second = result.halves["first"][k], result.halves["second"][k]
-    lines.append(f"| {seed} | {c.errors[0]} | {c.errors[1]} | {c.only_a} | {c.only_b} | "
-                 f"{c.both} | {format_p(c.p_value)} | {format_p(first.p_value)} | "
-                 f"{format_p(second.p_value)} |")
-  lines += ["", f"Combined over the seed pairs (the exact sign-flip test on each example's "
-                f"summed difference; capsjax/stats/paired.py says why): {result.verdict()}.", ""]
-  for side, name in ((0, "A"), (1, "B")):
-    first, second, p = halves_test(result.halves, side)
-    lines.append(f"{name}'s errors in the halves, over its seeds: {first} and {second} "
-                 f"(exact binomial test that an error is as likely in either half: "
-                 f"{p_text(p)}).")
+      f"Error (%) on the {evaluation} examples each seed pair shares, {len(result.seeds)} seed "
+      f"pair(s), mean ± std over the pairs; the halves by id in the source's order (MNIST's "
+      f"files: [:{h}] and [{h}:]):", "",
+      "| examples (per seed pair) | A | B |", "|---|---|---|",
+      f"| all shared ({count_text(result.examples)}) | {errors_text(result.counts, 0)} | "
+      f"{errors_text(result.counts, 1)} |",
+      f"| ids < {h} ({count_text([c.total for c in first])}) | {errors_text(first, 0)} | "
+      f"{errors_text(first, 1)} |",
+      f"| ids >= {h} ({count_text([c.total for c in second])}) | {errors_text(second, 0)} | "
+      f"{errors_text(second, 1)} |", "",
+      "Per seed pair (the seed, or A's/B's): the examples both runs evaluated, each run's "
+      "errors on them, the examples only A gets wrong, only B, both; McNemar's exact p (all "
+      "shared examples, and each half; - where a half holds none):", "",
+      "| seed pair | examples shared | A wrong | B wrong | only A wrong | only B wrong | both "
+      "wrong | McNemar p | McNemar p, ids < half | McNemar p, ids >= half |",
+      "|---|---|---|---|---|---|---|---|---|---|"]
+  for k, (label, c) in enumerate(zip(result.seeds, result.counts)):
+    p_first = format_p(first[k].p_value) if first[k].total else "-"
+    p_second = format_p(second[k].p_value) if second[k].total else "-"
+    lines.append(f"| {label} | {c.total:,} | {c.errors[0]} | {c.errors[1]} | {c.only_a} | "
+                 f"{c.only_b} | {c.both} | {format_p(c.p_value)} | {p_first} | {p_second} |")
   lines.append("")
+  for side, name in ((0, "A"), (1, "B")):
+    n_first, n_second, p = halves_test(result.halves, side)
+    test = (f"exact binomial test that an error is as likely in either half: {p_text(p)}"
+            if all(c.total for c in first + second) else
+            "no test: a half holds none of the shared examples")
+    lines.append(f"{name}'s errors in the halves, over its seeds: {n_first} and {n_second} "
+                 f"({test}).")
+  setup = result.setup
+  per_pair = ", ".join(points(d) for d in setup.differences)
+  lines += [
+      "", "The verdicts (capsjax/stats/paired.py and capsjax/stats/seed_pairs.py say why):", "",
+      f"- **These trained models** (the {evaluation} digits as the units, the trained runs "
+      f"fixed: McNemar's exact test per seed pair above, combined over seed pairs by the exact "
+      f"sign-flip test over digits): {result.models_verdict()}.",
+      f"- **The setup** (the training runs as the units): A - B = {points(setup.mean)} points "
+      f"(per seed pair: {per_pair}), 95% interval [{points(setup.low)}, {points(setup.high)}] "
+      f"(two-level bootstrap over seed pairs and digits); the exact sign-flip test over the "
+      f"{len(setup.differences)} seed pair(s): {result.setup_verdict()}.",
+      f"- Seed pairs the setup test needs to separate a difference of this size at this "
+      f"spread (80% of the time at p < 0.05): {needed_text(setup)}.", "",
+      "A difference of setups is separated only by the setup's verdict.", ""]
   return "\n".join(lines)
+
+
+ROW_HEADER = ("seed pairs", "examples shared per seed pair (A's own, B's own)", "only A wrong",
+              "only B wrong", "McNemar p per seed pair",
+              "these trained models: sign-flip over digits",
+              "A - B error (points) [95% interval]", "the setup: sign-flip over seed pairs",
+              "seed pairs needed")
+
+
+def row(result: Comparison) -> list[str]:
+  """A sweep's paired table's cells (:data:`ROW_HEADER`) for one comparison."""
+  own_a = count_text([a for a, _ in result.own])
+  own_b = count_text([b for _, b in result.own])
+  return [str(len(result.seeds)), f"{count_text(result.examples)} ({own_a}, {own_b})",
+          str(sum(c.only_a for c in result.counts)), str(sum(c.only_b for c in result.counts)),
+          ", ".join(format_p(c.p_value) for c in result.counts), result.models_verdict(),
+          interval_text(result.setup), result.setup_verdict(), needed_text(result.setup)]
 
 
 def as_json(result: Comparison) -> dict:
   """The comparison as JSON-able data."""
-  counts = lambda cs: [dataclasses.asdict(c) | {"p": c.p_value} for c in cs]
-  return {"seeds": result.seeds, "examples": result.examples, "half_size": result.half_size,
+  counts = lambda cs: [dataclasses.asdict(c) | {"examples": c.total, "p": c.p_value}
+                       for c in cs]
+  setup = result.setup
+  return {"seeds": result.seeds, "examples": result.examples,
+          "own_examples": [list(o) for o in result.own], "half_size": result.half_size,
           "pairs": counts(result.counts),
           "halves": {name: counts(cs) for name, cs in result.halves.items()},
-          "combined_p": result.combined_p, "verdict": result.verdict(),
+          "these_trained_models": {"combined_p": result.combined_p,
+                                   "verdict": result.models_verdict()},
+          "the_setup": {"differences": setup.differences, "mean": setup.mean,
+                        "interval_95": [setup.low, setup.high], "p": setup.p,
+                        "smallest_p": setup.floor, "verdict": result.setup_verdict(),
+                        "seed_pairs_needed": setup.needed,
+                        "seed_pairs_needed_why": setup.needed_why},
           "errors_by_half": {side: dict(zip(("first", "second", "p"),
                                             halves_test(result.halves, k)))
                              for k, side in enumerate("ab")}}
