@@ -152,7 +152,7 @@ NOT_CONFIG = {
     "computations": "an HLO text's tables", "op.called": "an HLO text's tables",
     "by_op": "an HLO text's tables", "sizes": "an HLO text's tables",
     "layers": "a profile's tables", "{'(': 1, ')': -1}": "a parser's table",
-    "m": "a sweep's summary rows", "_UNREAD": "a migration's table of models",
+    "m": "a sweep's summary rows", "_building": "a ContextVar (the platform being built for)", "_UNREAD": "a migration's table of models",
     "section": "an old config.json's routing section in a migration (no name: dynamic, then)",
 }
 
