@@ -137,7 +137,7 @@ NOT_CONFIG = {
     "os.environ": "environment variables", "environ": "environment variables",
     "aliases": "a table of names", "TRANSFORM_AXES": "a table of labels",
     "DIAGNOSTIC_LABELS": "a table of labels", "self.entries": "a registry's table",
-    "splits": "a dataset's splits", "runtime.splits": "a dataset's splits",
+    "splits": "a dataset's splits", "setup.splits": "a dataset's splits",
     "split.examples": "a split's arrays", "metrics": "logged metrics",
     "record": "a metrics record", "means": "logged means", "summed": "counts",
     "stats": "device memory statistics", "info": "a lock file's contents",
