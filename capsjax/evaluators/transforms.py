@@ -103,17 +103,17 @@ class TransformsEvaluator(evaluators.Evaluator):
       raise UsageError(f"{where}: type 'transforms' moves uint8 images; this dataset's "
                        "examples hold none.")
     self.num_examples = len(sample)
-    self.sets = {(kind, value): self.runner.eval_set(datasets.Split(
+    self.sets = {(kind, value): self.batched.eval_set(datasets.Split(
         {**sample.examples, "images": transform(sample.examples["images"], kind, value)},
         sample.shared)) for kind, values in self.sweeps.items() for value in values}
-    self.chance = self.runner.task.chance_levels()["accuracy"]
+    self.chance = self.batched.task.chance_levels()["accuracy"]
 
   def run(self, variables) -> dict:
     result = {}
     started = time.perf_counter()
     every = 1 if reporting.is_terminal(sys.stderr) else -(-len(self.sets) // 4)
     for n, ((kind, value), eval_set) in enumerate(self.sets.items(), 1):
-      result[f"{kind[:-1]}_{value:g}_accuracy"] = self.runner.evaluate(
+      result[f"{kind[:-1]}_{value:g}_accuracy"] = self.batched.evaluate(
           variables, eval_set)["accuracy"]
       if jax.process_index() == 0 and (n % every == 0 or n == len(self.sets)):
         reporting.count_progress(f"{self.name}: transformed set", n, len(self.sets))
