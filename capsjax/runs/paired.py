@@ -145,8 +145,9 @@ class Comparison:
     seeds: the seeds paired (A's seed k with B's seed k).
     counts: :class:`PairCounts` per seed pair, on all shared examples.
     halves: ``{"first", "second"}`` -> PairCounts per seed pair on the examples whose id is
-      below / from half of the source split (MNIST: test[:5000], the cleaner half by LeCun's
-      description, and test[5000:]).
+      below / from half of the source split (MNIST: test[:5000], which LeCun's page calls the
+      cleaner half but on which CapsNet and the CNN measured here err more,
+      docs/results/test_halves_cpu.md; and test[5000:]).
     half_size: that boundary.
     combined_p: the sign-flip test over examples on the summed differences (all seed pairs).
     examples: the examples each seed pair shares (the first pair's count where they differ).
