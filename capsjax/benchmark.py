@@ -94,10 +94,10 @@ def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
 
   devices = jax.devices()
   batch, num_steps = config.train.batch_size, config.train.steps_per_dispatch
-  runtime, split, state = _random_data_runtime(config)
-  examples, shared = runtime.on_devices(split)
-  train_step = runtime.make_train_step()
-  compiled, compile_seconds = _compile(runtime, train_step, state, examples, shared,
+  setup, split, state = _random_data_setup(config)
+  examples, shared = setup.on_devices(split)
+  train_step = setup.make_train_step()
+  compiled, compile_seconds = _compile(setup, train_step, state, examples, shared,
                                        num_steps, profile_depth)
   cost = costs.step_costs(train_step, compiled, state, examples, shared, batch, num_steps,
                           len(devices))
@@ -111,7 +111,7 @@ def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
   train_rate = batch * num_steps / train_seconds
   profiled = (_profile(train_once, compiled, cost["traffic"], profile_depth, num_steps,
                        train_seconds) if profile_depth else {})
-  eval_rate = _eval_rate(runtime, lambda: holder[0].variables, config.eval.batch_size,
+  eval_rate = _eval_rate(setup, lambda: holder[0].variables, config.eval.batch_size,
                          min_seconds / 2)
   n = matmul_size or (2048 if devices[0].platform == "cpu" else 8192)
   matmul_rate = rates.matmul_gflop_per_s(n, min_seconds / 2)
@@ -151,11 +151,11 @@ def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
       "device_peak_bytes": (devices[0].memory_stats() or {}).get("peak_bytes_in_use"),
       "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
       "device": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
-      "model": runtime.config.model.name,
+      "model": setup.config.model.name,
       # The same field as the PyTorch peers' lines (experiments/torch_capsnet.py): one check
       # that both sides built the same network.
       "trainable_parameters": int(sum(leaf.size for leaf in jax.tree.leaves(state.params))),
-      "dataset": runtime.config.dataset,
+      "dataset": setup.config.dataset,
       # Models without these settings (em_capsnet has no compute_dtype) report None.
       "conv_impl": config.model.get("conv_impl"),          # Models without it: null.
       "compute_dtype": config.model.get("compute_dtype"),
@@ -165,7 +165,7 @@ def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
   }
 
 
-def _compile(runtime, train_step, state, examples, shared, num_steps: int,
+def _compile(setup, train_step, state, examples, shared, num_steps: int,
              profile_depth: int):
   """The train step compiled for ``num_steps`` steps per dispatch, and the seconds it took;
   with a profile, its ops labelled by the model's layers (named scopes only label ops: the
@@ -175,7 +175,7 @@ def _compile(runtime, train_step, state, examples, shared, num_steps: int,
   from capsjax.perf import layer_profile
 
   start = time.perf_counter()
-  scopes = (layer_profile.module_scopes(runtime.task.model_class, runtime.task.abstract_model)
+  scopes = (layer_profile.module_scopes(setup.task.model_class, setup.task.abstract_model)
             if profile_depth else contextlib.nullcontext())
   with scopes:
     compiled = train_step.lower(state, examples, shared, num_steps).compile()
@@ -196,21 +196,21 @@ def _profile(train_once, compiled, traffic, depth: int, num_steps: int,
           "layer_profile_table": layer_profile.format_table(rows, train_seconds / num_steps)}
 
 
-def _eval_rate(runtime, variables, eval_batch: int, min_seconds: float) -> float:
+def _eval_rate(setup, variables, eval_batch: int, min_seconds: float) -> float:
   """Eval images/s of one evaluation batch of the test split (``variables()``: the current
   parameters)."""
   from capsjax.perf import rates
 
-  eval_set = runtime.runner.eval_set(runtime.splits["test"].first(eval_batch),
-                                     runtime.task.dataset.eval_batch)
-  seconds = rates.time_repeated(lambda: runtime.runner.evaluate(variables(), eval_set),
+  eval_set = setup.batched.eval_set(setup.splits["test"].first(eval_batch),
+                                     setup.task.dataset.eval_batch)
+  seconds = rates.time_repeated(lambda: setup.batched.evaluate(variables(), eval_set),
                                 min_seconds)
   return eval_batch / seconds
 
 
 def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> list[dict]:
   """Per N of ``run_counts``: train images/s summed over N runs advanced by one vectorised
-  step (:class:`capsjax.training.vectorize.VectorizedStep`; N=1: the ordinary jitted step),
+  step (:class:`capsjax.training.train_step.Step`, vectorised; N=1: the ordinary jitted step),
   ``speedup`` against N=1 (the rate of the same runs one by one), the seconds per dispatch
   and the step's new memory per device; in ``config.matmul_precision``."""
   from capsjax.common import precision
@@ -225,21 +225,21 @@ def _vectorized_rates(config, run_counts: list[int], min_seconds: float) -> list
   import jax
 
   from capsjax.perf import rates
-  from capsjax.training import memory, vectorize
+  from capsjax.training import memory, train_step
 
   batch, num_steps = config.train.batch_size, config.train.steps_per_dispatch
-  runtime, split, state = _random_data_runtime(config)
-  examples, shared = runtime.on_devices(split)
+  setup, split, state = _random_data_setup(config)
+  examples, shared = setup.on_devices(split)
   rows = []
   for runs in run_counts:
     if runs == 1:
-      step = runtime.make_train_step()
+      step = setup.make_train_step()
       compiled = step.lower(state, examples, shared, num_steps).compile()
       holder = [jax.tree.map(lambda x: x.copy(), state)]
       call = lambda: compiled(holder[0], examples, shared)
     else:
-      vstep = vectorize.VectorizedStep(runtime)
-      holder = [vectorize.stack([state] * runs, vectorize.replicated(runtime))]
+      vstep = train_step.Step(setup, vectorised=True)
+      holder = [vstep.stack([state] * runs)]
       compiled = vstep.prepare(holder[0], None, examples, shared, num_steps)
       call = lambda: compiled(holder[0], None, examples, shared)
 
@@ -257,17 +257,17 @@ def _vectorized_rates(config, run_counts: list[int], min_seconds: float) -> list
   return rows
 
 
-def _random_data_runtime(config):
-  """``(runtime, split, state)``: the config's runtime loaded with random data of its train
+def _random_data_setup(config):
+  """``(setup, split, state)``: the config's setup loaded with random data of its train
   split's shapes (at least 4 batches, 1,024 examples and an evaluation batch) as both train
   and test, and fresh parameters."""
-  from capsjax.training.runtime import Runtime
+  from capsjax.training.setup import Setup
   from capsjax.training.tasks import Task
 
   dataset = Task.from_config(config).dataset
   split = random_split(dataset, max(4 * config.train.batch_size, 1024, config.eval.batch_size))
-  runtime = Runtime(config, splits={"train": split, "test": dataset.eval_split_like(split)})
-  return runtime, split, runtime.fresh_state()
+  setup = Setup(config, splits={"train": split, "test": dataset.eval_split_like(split)})
+  return setup, split, setup.fresh_state()
 
 
 def random_split(builder, num_examples: int):

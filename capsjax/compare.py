@@ -1,4 +1,4 @@
-"""Compares two setups on the same test examples: paired, seed by seed.
+"""Compares two setups on the same test examples: paired, seed by seed, with two verdicts.
 
   python -m capsjax.compare /tmp/runA /tmp/runB                  # two runs
   python -m capsjax.compare /tmp/sweep:iterations=1 /tmp/sweep:iterations=3  # sweep points
@@ -6,22 +6,31 @@
 
 A side is a run's workdir, a sweep directory whose finished runs share one setting (their seeds),
 or ``SWEEP_DIR:SETTING``: the runs of the sweep whose point name holds every ``key=value`` of
-SETTING (``iterations=1``, or the point's whole name without its seed). Runs of the two sides
-are paired by seed (A's seed 0 with B's seed 0, ...); seeds on one side only are listed and
-left out. Each run's ``predictions.npz`` (written at its end; ``--predictions=evaluate``: the
-``evaluation_predictions.npz`` of ``capsjax.evaluate``) says which examples it got wrong.
+SETTING (``iterations=1``, or the point's whole name without its seed). Two runs named directly
+are one pair whatever their seeds; where a side holds several runs, the runs of the two sides
+are paired by seed (A's seed 0 with B's seed 0, ...) and seeds on one side only are listed and
+left out. Each pair is compared on the examples both runs evaluated, and says how many; a pair
+that shares none is refused. Each run's ``predictions.npz`` (written at its end;
+``--predictions=evaluate``: the ``evaluation_predictions.npz`` of ``capsjax.evaluate``) says
+which examples it got wrong.
 
-Prints and writes to ``--output`` (default: ``compare_A_vs_B`` beside A):
-``comparison.md`` (each side's error on all shared examples and on the two halves of the
-source's order, MNIST's test[:5000] and test[5000:]; per seed pair the examples only A gets
-wrong, only B, both, and McNemar's exact p; the sign-flip test combined over seed pairs:
-:mod:`capsjax.runs.paired`), ``comparison.json`` (the same numbers) and
-``disagreements.png`` (the examples of the first seed pair that only one side gets wrong, with
-the label and both predictions).
+Prints and writes to ``--output`` (default: ``compare_A_vs_B`` beside A): ``comparison.md``
+(what was compared: each side's model, data, budget, examples and accuracy beside chance, the
+settings that differ, warnings where the sides differ in more than the setting compared, share
+fewer examples than they evaluated or one is near chance: :mod:`capsjax.stats.sides`; each
+side's error on all shared examples and on the two halves of the source's order, MNIST's
+test[:5000] and test[5000:]; per seed pair the examples only A gets wrong, only B, both, and
+McNemar's exact p; the two verdicts: about these trained models, the sign-flip test over digits
+combined over seed pairs (:mod:`capsjax.stats.paired`), and about the setup, the training runs
+as the units, with the seed pairs the difference needs (:mod:`capsjax.stats.seed_pairs`)),
+``comparison.json`` (the same numbers) and ``disagreements.png`` (the examples of the first
+seed pair that only one side gets wrong, with the label and both predictions, titled with the
+pair and the sides).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import types
 
@@ -92,35 +101,63 @@ def seed_of(workdir: str) -> int:
   return int(runconfig.load(workdir).seed)  # Recorded in effect, as every setting.
 
 
-def load_side(spec: str, evaluation: str, which: str) -> dict:
-  """``{seed: Predictions}`` of one side's runs."""
+def load_side(spec: str, evaluation: str, which: str) -> list[tuple[int, str, object]]:
+  """``[(seed, workdir, Predictions)]`` of one side's runs, by seed."""
   from capsjax.runs import predictions
 
   name = predictions.RUN_FILE if which == "run" else predictions.EVALUATE_FILE
-  found = {}
+  found = []
   for seed, workdir in runs_of(spec):
     by_evaluation, _ = predictions.read(os.path.join(workdir, name))
     if evaluation not in by_evaluation:
       raise UsageError(f"{os.path.join(workdir, name)} holds the predictions of "
                        f"{sorted(by_evaluation)}, not {evaluation!r} (--evaluation).")
-    found[seed] = by_evaluation[evaluation]
+    found.append((seed, workdir, by_evaluation[evaluation]))
   return found
 
 
-def draw(path: str, a, b) -> None:
-  """disagreements.png: the examples only A gets wrong, then only B (``a``, ``b``: the first
-  seed pair's Predictions), from the images of misclassified examples each run kept."""
+def pair_runs(side_a: list, side_b: list) -> tuple[list, list]:
+  """``([(label, A's run, B's run)], unpaired seeds)``: two runs are one pair whatever their
+  seeds; otherwise the runs of one seed are paired."""
+  from capsjax.stats import paired
+
+  if len(side_a) == 1 and len(side_b) == 1:
+    return [(paired.pair_label(side_a[0][0], side_b[0][0]), side_a[0], side_b[0])], []
+  by_a, by_b = ({run[0]: run for run in side} for side in (side_a, side_b))
+  seeds = sorted(set(by_a) & set(by_b))
+  if not seeds:
+    raise UsageError(f"The sides share no seed: A has {sorted(by_a)}, B {sorted(by_b)}; where "
+                     "a side holds several runs they are paired by seed (two runs named "
+                     "directly are compared whatever their seeds).")
+  return ([(paired.pair_label(s, s), by_a[s], by_b[s]) for s in seeds],
+          sorted(set(by_a) ^ set(by_b)))
+
+
+def compared_settings(runs: list) -> set[str] | None:
+  """The settings the point names of the runs compared hold (``iterations`` of
+  ``iterations=1,seed=0``), which the sides are meant to differ in; None where no run is a
+  sweep's point."""
+  names = {part.partition("=")[0] for _, workdir, _ in runs
+           for part in os.path.basename(os.path.normpath(workdir)).split(",")
+           if "=" in part and not part.startswith("seed=")}
+  return names or None
+
+
+def draw(path: str, a, b, title: str) -> None:
+  """disagreements.png: the examples only A gets wrong, then only B (``a``, ``b``: one seed
+  pair's Predictions), from the images of misclassified examples each run kept, under
+  ``title`` (the pair and which side is A)."""
   import numpy as np
 
   from capsjax.common import figures
-  from capsjax.runs import paired
+  from capsjax.stats import paired
 
   rows_a, rows_b = paired.aligned(a, b)
   wrong_a, wrong_b = ~a.correct[rows_a], ~b.correct[rows_b]
   ids = a.id[rows_a]
   panels = []
-  for title, only, source in (("only A wrong", wrong_a & ~wrong_b, a),
-                              ("only B wrong", wrong_b & ~wrong_a, b)):
+  for caption, only, source in (("only A wrong", wrong_a & ~wrong_b, a),
+                                ("only B wrong", wrong_b & ~wrong_a, b)):
     chosen = np.flatnonzero(only)[np.argsort(ids[only], kind="stable")][:FIGURE_EXAMPLES]
     kept = ({int(i): k for k, i in enumerate(source.wrong_ids)}
             if source.wrong_images.ndim == 4 else {})  # MultiMNIST's pairs keep no images.
@@ -132,9 +169,9 @@ def draw(path: str, a, b) -> None:
     captions = [f"#{int(ids[k])} {label_text(a.label[rows_a[k]])}: "
                 f"A {label_text(a.predicted[rows_a[k]])}, B {label_text(b.predicted[rows_b[k]])}"
                 for k in chosen]
-    panels.append((f"{title} ({int(only.sum())}; id: label: A's and B's predictions)",
+    panels.append((f"{caption} ({int(only.sum())}; id: label: A's and B's predictions)",
                    images, captions))
-  figures.save_disagreements(path, panels)
+  figures.save_disagreements(path, panels, title=title)
 
 
 def label_text(value) -> str:
@@ -149,29 +186,40 @@ def compare_sides(spec_a: str, spec_b: str, evaluation: str = "test", which: str
   """Compares the two sides, prints the tables and writes them; returns comparison.json's
   data."""
   from capsjax.common import files
-  from capsjax.runs import paired
+  from capsjax.stats import paired, sides
+  from capsjax.training import sweep_results
 
   side_a, side_b = (load_side(s, evaluation, which) for s in (spec_a, spec_b))
-  seeds = sorted(set(side_a) & set(side_b))
-  if not seeds:
-    raise UsageError(f"The sides share no seed: A has {sorted(side_a)}, B {sorted(side_b)}; "
-                     "runs are paired by seed.")
-  result = paired.compare([(s, side_a[s], side_b[s]) for s in seeds])
-  text = paired.markdown(result, spec_a, spec_b)
-  unpaired = sorted(set(side_a) ^ set(side_b))
+  pairs, unpaired = pair_runs(side_a, side_b)
+  result = paired.compare([(label, a[2], b[2]) for label, a, b in pairs])
+  runs_a, runs_b = [a for _, a, _ in pairs], [b for _, _, b in pairs]
+  described = [sides.Side.read(spec, runs) for spec, runs in ((spec_a, runs_a), (spec_b, runs_b))]
+  differing = sweep_results.differing_settings(runs_a[0][1], runs_b[0][1])
+  warned = sides.warnings(*described, differing, compared_settings(runs_a + runs_b),
+                          result.own, result.examples, result.seeds)
+  text = (sides.markdown(*described, differing, result.own, result.examples, warned, evaluation)
+          + paired.markdown(result, evaluation))
   if unpaired:
     text += f"Left out (a seed of one side only): {unpaired}.\n"
   output = output or os.path.join(os.path.dirname(os.path.abspath(spec_a.partition(":")[0])),
                                   f"compare_{name_of(spec_a)}_vs_{name_of(spec_b)}")
   os.makedirs(output, exist_ok=True)
   data = {"a": spec_a, "b": spec_b, "evaluation": evaluation, "predictions": which,
-          "unpaired_seeds": unpaired, **paired.as_json(result)}
+          "unpaired_seeds": unpaired, "settings_differing": differing, "warnings": warned,
+          "sides": {name: dataclasses.asdict(side) for name, side in zip("ab", described)},
+          **paired.as_json(result)}
   with files.atomic_write(os.path.join(output, "comparison.md")) as f:
     f.write(text)
   files.write_json(os.path.join(output, "comparison.json"), data)
-  draw(os.path.join(output, "disagreements.png"), side_a[seeds[0]], side_b[seeds[0]])
+  label, a, b = pairs[0]
+  draw(os.path.join(output, "disagreements.png"), a[2], b[2],
+       f"Seed pair {label}: A = {spec_a} ({run_name(a[1])}), B = {spec_b} ({run_name(b[1])})")
   print(text + f"Written to {output} (comparison.md, comparison.json, disagreements.png).")
   return data
+
+
+def run_name(workdir: str) -> str:
+  return os.path.basename(os.path.normpath(workdir))
 
 
 def name_of(spec: str) -> str:

@@ -82,7 +82,7 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
   from capsjax.runs import predictions, reporting
   from capsjax.training import restoring, run, run_figures
   from capsjax.evaluators.splits import shift_table
-  from capsjax.training.runtime import Runtime
+  from capsjax.training.setup import Setup
 
   config = restoring.load_config(workdir, checkpoint, data_dir)
   if max_shift < 0:
@@ -91,23 +91,23 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
     config.evals[SHIFTED] = {"type": "shifted", "split": "test", "max_shift": max_shift}
   # Everything evaluated and drawn in the run's matmul precision.
   with precision.scope(config):
-    restored = restoring.restore(workdir, Runtime(config), checkpoint)
-    runtime, step, state = restored.runtime, restored.step, restored.state
-    evals = runtime.evaluations()
+    restored = restoring.restore(workdir, Setup(config), checkpoint)
+    setup, step, state = restored.setup, restored.step, restored.state
+    evals = setup.evaluations()
     made = {name: evaluator.run_and_predict(state.variables) for name, evaluator in evals.items()}
     results = {name: metrics for name, (metrics, _) in made.items()}
     selected_on = restored.selected_on
     result = {"checkpoint_step": step, "selected_on": selected_on,
               **{f"test_{k}": v for k, v in results["test"].items()},
-              "chance": runtime.task.chance_levels(), "evaluations": results}
+              "chance": setup.task.chance_levels(), "evaluations": results}
     if max_shift:
       result["shifted_test_accuracy"] = results[SHIFTED]["accuracy_by_shift"]
     if jax.process_index() == 0:
       writer = reporting.MetricWriter(workdir)
-      run_figures.draw_figures(workdir, runtime.task, state.variables, runtime.splits["test"],
+      run_figures.draw_figures(workdir, setup.task, state.variables, setup.splits["test"],
                                evals, config.eval.num_figure_examples, writer, step)
       writer.close()
-      run.write_predictions(os.path.join(workdir, predictions.EVALUATE_FILE), runtime,
+      run.write_predictions(os.path.join(workdir, predictions.EVALUATE_FILE), setup,
                             {name: p for name, (_, p) in made.items() if p is not None},
                             step=step, selected_on=selected_on)
       files.write_json(os.path.join(workdir, "evaluation.json"), result)
@@ -138,7 +138,7 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
   from capsjax.common import files, precision
   from capsjax.runs import reporting
   from capsjax.training import restoring
-  from capsjax.training.runtime import Runtime
+  from capsjax.training.setup import Setup
 
   config = restoring.load_config(workdir, checkpoint, data_dir)
   settings = {name: ml_collections.ConfigDict(evals[name]) for name in evals}
@@ -158,11 +158,11 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
     raise UsageError(f"{path} holds a {type(stored).__name__}, not the object of evaluations "
                      f"by name capsjax writes. Move it aside to start a new {EXTRA}.")
   with precision.scope(config):
-    restored = restoring.restore(workdir, Runtime(config), checkpoint)
-    runtime, step, state, selected_on = (restored.runtime, restored.step, restored.state,
+    restored = restoring.restore(workdir, Setup(config), checkpoint)
+    setup, step, state, selected_on = (restored.setup, restored.step, restored.state,
                                          restored.selected_on)
-    built = evaluators.build(settings, runtime.config, runtime.task.dataset, runtime.splits,
-                             runtime.runner, log=reporting.log)
+    built = evaluators.build(settings, setup.config, setup.task.dataset, setup.splits,
+                             setup.batched, log=reporting.log)
     results = {name: evaluator.run(state.variables) for name, evaluator in built.items()}
     if jax.process_index() == 0:  # Recorded first, then drawn.
       from capsjax.training.run_figures import JittedModel
@@ -171,12 +171,12 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
                             "settings": settings[name].to_dict(), "result": result}
                      for name, result in results.items()})
       files.write_json(path, stored)
-      model = JittedModel(runtime.task, jax.tree.map(jax.device_get, state.variables))
+      model = JittedModel(setup.task, jax.tree.map(jax.device_get, state.variables))
       writer = reporting.MetricWriter(workdir)
       for evaluator in built.values():
         evaluator.draw(model, workdir, writer, step)
       writer.close()
-      chance = reporting.chance_text(runtime.task.chance_levels())
+      chance = reporting.chance_text(setup.task.chance_levels())
       for name, result in results.items():
         print(f"{name} (checkpoint step {step}, {selected_on}): accuracy "
               f"{100 * result['accuracy']:.2f}% (error {100 * (1 - result['accuracy']):.2f}%; "

@@ -18,18 +18,19 @@ unfinished ones resume, so rerunning a sweep continues it.
 ``--vectorize`` trains the points that differ only in settings declared safe to (seeds,
 learning rates, loss weights, init scales) and load equal data as one jitted program each
 (``jax.vmap`` over the runs; the plan names what sets the others apart); each point
-keeps its own workdir, checkpoints and results (:mod:`capsjax.training.driver`). Without
+keeps its own workdir, checkpoints and results (:mod:`capsjax.train`). Without
 the flag, groups of at least four runs are vectorised on accelerators and none on CPUs, as
 measured (:func:`capsjax.training.vectorize.default_min_runs`); ``--novectorize``: never.
 ``--index=K`` runs point K only, for SLURM arrays or Kubernetes indexed jobs (``--index=K,L``:
 those points); ``--collect`` (also done after a full run) writes ``results.csv``,
 ``results.md`` and plots. An experiment may also define ``TABLES``
 (``{title: ["EVALUATION/KEY", ...]}``: further tables of results.md) and
-``MATCHED`` (a comparison at matched familiar error: :mod:`capsjax.runs.matched`) and
+``MATCHED`` (a comparison at matched familiar error: :mod:`capsjax.stats.matched`) and
 ``REFERENCES`` (``{column title: function(setting) -> text}``: published numbers beside each
 row of results.md; ``setting`` maps each swept key to the row's value as the table shows it)
 and ``PAIRED_REFERENCE`` (a point's settings, ``{dotted.key: value}``: results.md then compares
-every other row with it on the same test examples, seed by seed: :mod:`capsjax.runs.paired`).
+every other row with it on the same test examples, seed by seed, with a verdict about these
+trained models and one about the setup: :mod:`capsjax.stats.paired`).
 ``EXPERIMENT.py:variant`` calls ``get_sweep(variant)``.
 """
 
@@ -195,11 +196,11 @@ def apply_overrides(config, overrides: dict, seed: int | None = None):
   return config
 
 
-def run_points(config, points: list[Point], workdir: str, command_line: dict | None = None,
+def train_points(config, points: list[Point], workdir: str, command_line: dict | None = None,
                skip_held: bool = True, min_runs: int | None = None) -> None:
   """Runs each point not yet finished in ``WORKDIR/<point name>``, every one the same way:
   planned into groups, each group trained by
-  :func:`capsjax.training.driver.train_and_evaluate_group`.
+  :func:`capsjax.train.train_and_evaluate_group`.
 
   ``min_runs``: None trains each point alone, its data loaded when its turn comes; a number
   vectorises: the points that differ only in settings declared safe
@@ -214,8 +215,9 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
   raises :class:`capsjax.runs.preemption.Preempted`; between groups, it stops before the
   next one.
   """
-  from capsjax.training import driver, memory, vectorize
-  from capsjax.training.runtime import Runtime
+  from capsjax import train
+  from capsjax.training import memory, vectorize
+  from capsjax.training.setup import Setup
 
   pending = []
   for point in points:
@@ -226,19 +228,19 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
   if not pending:
     return
   configs = [point_config(config, p, command_line or {}) for p in pending]
-  runtimes: list = [None] * len(pending)
+  setups: list = [None] * len(pending)
   if min_runs is None:
     groups = [vectorize.Group((i,)) for i in range(len(pending))]
   else:
     with memory.advice_on_allocation_failure(configs[0], "Loading the runs' data"):
-      runtimes = [Runtime(c) for c in configs]
-    driver.share_equal_data(runtimes)
-    groups = vectorize.plan_groups(runtimes)
+      setups = [Setup(c) for c in configs]
+    train.share_equal_data(setups)
+    groups = vectorize.plan_groups(setups)
     print(describe_groups(groups, pending), flush=True)
   diverged = []
   with preemption.watch() as stop:
     for k, group in enumerate(groups):
-      # Another worker on the same sweep directory may have finished some since the plan.
+      # Another worker on the same sweep directory may have finished some since the budget.
       indices = []
       for i in group.indices:
         if is_finished(os.path.join(workdir, pending[i].name)):
@@ -255,7 +257,7 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
         raise preemption.Preempted(f"Stopped by {stop.signal_name} before {tag}; rerun the "
                                    "same command to continue the sweep.", stop.signal_name)
       print(tag, flush=True)
-      outcomes = _train_group(indices, group.per_run_keys, configs, runtimes,
+      outcomes = _train_group(indices, group.per_run_keys, configs, setups,
                               [os.path.join(workdir, p.name) for p in members], min_runs)
       for point, outcome in zip(members, outcomes):
         if isinstance(outcome, workdirs.WorkdirBusy):
@@ -273,22 +275,23 @@ def run_points(config, points: list[Point], workdir: str, command_line: dict | N
                              + "\n  ".join(diverged))
 
 
-def _train_group(indices: list[int], per_run_keys, configs: list, runtimes: list,
+def _train_group(indices: list[int], per_run_keys, configs: list, setups: list,
                  run_dirs: list[str], min_runs: int | None) -> list:
   """The outcomes (summaries, or what stopped a run alone) of training the runs ``indices``
   of ``configs`` into ``run_dirs``: as one program when there are at least ``max(2,
-  min_runs)``, else one by one (each on its runtime already loaded, if any)."""
-  from capsjax.training import driver, memory
+  min_runs)``, else one by one (each on its setup already loaded, if any)."""
+  from capsjax import train
+  from capsjax.training import memory
 
   if len(indices) >= max(2, min_runs or 2):
-    return driver.train_and_evaluate_group(
+    return train.train_and_evaluate_group(
         [configs[i] for i in indices], run_dirs, per_run_keys,
-        runtimes=[runtimes[i] for i in indices])
+        setups=[setups[i] for i in indices])
   outcomes = []
   for i, run_dir in zip(indices, run_dirs):
     with memory.advice_on_allocation_failure(configs[i]):
-      outcomes += driver.train_and_evaluate_group(
-          [configs[i]], [run_dir], runtimes=None if runtimes[i] is None else [runtimes[i]],
+      outcomes += train.train_and_evaluate_group(
+          [configs[i]], [run_dir], setups=None if setups[i] is None else [setups[i]],
           vectorised=False)
   return outcomes
 
@@ -303,7 +306,7 @@ def _tag(point: Point, points: list[Point]) -> str:
 
 
 def describe_groups(groups, points: list[Point]) -> str:
-  """The vectorisation plan: one line per group, its per-run numbers and what set it apart
+  """The vectorisation budget: one line per group, its per-run numbers and what set it apart
   from the others, with why (:mod:`capsjax.training.vectorize`)."""
   from capsjax.training import vectorize
   lines = [f"Vectorised: {len(points)} run(s) in {len(groups)} program(s)."]
@@ -408,7 +411,7 @@ def main(argv):
     min_runs = 2 if f.vectorize.value else None
     if f.vectorize.value is None:
       min_runs = vectorize.default_min_runs()
-    run = functools.partial(run_points, min_runs=min_runs)
+    run = functools.partial(train_points, min_runs=min_runs)
     if f.index.value:
       selected = [points[k] for k in _indices(f.index.value, len(points))]
       for p in selected:  # Every point's settings checked before any run starts.

@@ -16,7 +16,7 @@ the model's ``outputs.log_probabilities`` (every model has them). It reports
                          under attack overstates robustness (gradient masking).
 
 The evaluator writes one pure function of ``(variables, batch)`` with ``jax.grad`` of the
-task's forward function (``runner.task.forward``) and hands it to ``runner.mean``, which maps
+task's forward function (``batched.task.forward``) and hands it to ``batched.mean``, which maps
 it over the set on every device (sharded, padded, jitted once). The batch it receives has its
 ``reconstruction_targets`` already: moving the images does not move what a capsule model is
 asked to reconstruct. Images must lie in [0, 1] (MNIST-style data, not standardised images).
@@ -44,11 +44,11 @@ class FGSM(evaluators.Evaluator):
     if split not in self.splits:
       raise UsageError(f"config.evals.{self.name}.split={split!r}: the dataset has "
                        f"{tuple(self.splits)}.")
-    self.set = self.runner.eval_set(self.limited(self.splits[split]))
-    self.attacked = self._attacked  # One object: it keys the runner's jit cache.
+    self.set = self.batched.eval_set(self.limited(self.splits[split]))
+    self.attacked = self._attacked  # One object: it keys the batched's jit cache.
 
   def _attacked(self, variables, batch) -> dict:
-    forward, labels = self.runner.task.forward, batch["labels"]
+    forward, labels = self.batched.task.forward, batch["labels"]
 
     def cross_entropy(images):
       outputs = forward(variables, {**batch, "images": images}, train=False).outputs
@@ -64,5 +64,5 @@ class FGSM(evaluators.Evaluator):
             "zero_gradient": jnp.all(flat == 0, axis=1).astype(jnp.float32)}
 
   def run(self, variables) -> dict:
-    result = self.runner.mean(self.attacked, variables, self.set)
+    result = self.batched.mean(self.attacked, variables, self.set)
     return {**result, "error": 1.0 - result["accuracy"], "epsilon": self.epsilon}

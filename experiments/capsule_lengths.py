@@ -45,15 +45,15 @@ def measure(config, num_steps: int, every: int) -> list[dict]:
   import jax.numpy as jnp
   from flax import nnx
 
-  from capsjax.training.runtime import Runtime
+  from capsjax.training.setup import Setup
 
-  runtime = Runtime(config)
-  state = runtime.fresh_state()
-  examples, shared = runtime.on_devices(runtime.splits["train"])
-  num_train = runtime.plan.num_train
-  task = runtime.task
+  setup = Setup(config)
+  state = setup.fresh_state()
+  examples, shared = setup.on_devices(setup.splits["train"])
+  num_train = setup.budget.num_train
+  task = setup.task
   indices = jnp.arange(PROBE_SIZE) * max(1, num_train // PROBE_SIZE) % num_train
-  probe = jax.jit(lambda e, s: runtime.task.dataset.train_batch(jax.random.PRNGKey(0), indices,
+  probe = jax.jit(lambda e, s: setup.task.dataset.train_batch(jax.random.PRNGKey(0), indices,
                                                                 e, s))(examples, shared)
 
   @jax.jit
@@ -63,7 +63,7 @@ def measure(config, num_steps: int, every: int) -> list[dict]:
     return (primary.activations, outputs.lengths,
             outputs.diagnostics["preactivation_norm"][:, -1])
 
-  train_step = runtime.make_train_step()
+  train_step = setup.make_train_step()
   rows = []
   for step in range(num_steps + 1):
     if step % every == 0 or step == num_steps:

@@ -19,5 +19,5 @@ def get_sweep():
 
 
 # results.md compares every row with the paper's setting on the same test digits, seed by
-# seed (capsjax/runs/paired.py).
+# seed (capsjax/stats/paired.py).
 PAIRED_REFERENCE = {"model.routing.softmax_axis": "output"}

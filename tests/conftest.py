@@ -91,9 +91,9 @@ jax.config.update("jax_num_cpu_devices", int(os.environ["JAX_NUM_CPU_DEVICES"]))
 
 def _random_draws_compiled_for_speed() -> None:
   """Random values drawn outside a jitted program (the tests build many models op by op, each
-  initialiser its own program) compile at LLVM -O1 on the CPU, as ``Runtime.fresh_state``
+  initialiser its own program) compile at LLVM -O1 on the CPU, as ``Setup.fresh_state``
   compiles a run's initialisation: about 2.5x faster (the threefry loops; 81 s of a first test
-  run went to ``_truncated_normal`` alone), the same bits (tests/test_runtime.py checks the
+  run went to ``_truncated_normal`` alone), the same bits (tests/test_setup.py checks the
   two levels on a whole initialisation). Inside a jitted program, where options cannot be
   given, the draws are JAX's own. Without JAX's private module of that name, nothing changes."""
   try:
@@ -101,7 +101,7 @@ def _random_draws_compiled_for_speed() -> None:
     from jax._src.random import core as random_core
   except ImportError:
     return
-  from capsjax.training.runtime import INIT_COMPILER_OPTIONS
+  from capsjax.training.setup import INIT_COMPILER_OPTIONS
 
   for name, static in (("_truncated_normal", (3, 4)), ("_normal", (1, 2)), ("_uniform", (3, 4))):
     original = getattr(random_core, name, None)

@@ -301,11 +301,11 @@ def final_state(workdir):
   import jax
 
   from capsjax.runs import checkpointing, runconfig
-  from capsjax.training.runtime import Runtime
+  from capsjax.training.setup import Setup
 
-  runtime = Runtime(runconfig.load(str(workdir)))
+  setup = Setup(runconfig.load(str(workdir)))
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
-  _, state, _ = runtime.restore(ckpt, steps=[ckpt.latest_step()])
+  _, state, _ = setup.restore(ckpt, steps=[ckpt.latest_step()])
   ckpt.close()
   return jax.tree.map(np.asarray, state)
 
@@ -366,15 +366,16 @@ def build_evaluators(config):
   from flax import nnx
 
   from capsjax import evaluators
-  from capsjax.training import evaluation, runtime, tasks
+  from capsjax.training import evaluation, tasks
+  from capsjax.training.setup import make_mesh
 
   task = tasks.Task.from_config(config)
   splits = task.dataset.load()
   model = task.model(nnx.Rngs(0))
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-  runner = evaluation.EvalRunner(task, runtime.make_mesh(), config.eval.batch_size)
+  batched = evaluation.BatchedEval(task, make_mesh(), config.eval.batch_size)
   messages = []
-  built = evaluators.build_all(task.config, task.dataset, splits, runner, log=messages.append)
+  built = evaluators.build_all(task.config, task.dataset, splits, batched, log=messages.append)
   return built, params, model, splits, messages
 
 

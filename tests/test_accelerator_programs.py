@@ -1,8 +1,8 @@
 """The programs a GPU or a TPU runs, built and checked on the CPU.
 
 ``jax.export`` lowers a jitted function to StableHLO for a platform this machine does not have.
-For every shipped config's smoke variant, the train step (:meth:`Runtime.make_train_step`) and
-the evaluation step (:meth:`EvalRunner.evaluation_step`) are exported for ``cuda`` and ``tpu``
+For every shipped config's smoke variant, the train step (:meth:`Setup.make_train_step`) and
+the evaluation step (:meth:`BatchedEval.evaluation_step`) are exported for ``cuda`` and ``tpu``
 inside :func:`capsjax.common.platform.building_for` (so every choice made by backend is the
 platform's) and checked (:func:`problems`): the program lowers, calls back to no Python host
 function, holds no float64 and no CPU-only custom call, and computes each convolution layer
@@ -27,7 +27,7 @@ from flax import nnx
 from capsjax.common import platform
 from capsjax.models import layers
 from capsjax.models.efficient_capsnet import DepthwisePrimaryCapsules
-from capsjax.training.runtime import Runtime
+from capsjax.training.setup import Setup
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ACCELERATORS = ("cuda", "tpu")
@@ -154,39 +154,39 @@ def smoke_config(module: str, variant: str, data: str, idx_dir):
   return config, tfds.testing.mock_data(num_examples=32)
 
 
-def programs(runtime: Runtime, target: str) -> dict[str, str]:
+def programs(setup: Setup, target: str) -> dict[str, str]:
   """The train step's and the evaluation step's StableHLO for ``target``, built as there."""
-  spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=runtime.replicated)
+  spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=setup.replicated)
   with platform.building_for(target):
-    state = runtime.abstract_state()
-    train = runtime.splits["train"]
+    state = setup.abstract_state()
+    train = setup.splits["train"]
     examples, shared = (jax.tree.map(spec, train.examples), jax.tree.map(spec, train.shared))
-    eval_set = runtime.runner.eval_set(runtime.splits["test"])
-    name = f"{runtime.config.dataset} {runtime.config.model.name}"
+    eval_set = setup.batched.eval_set(setup.splits["test"])
+    name = f"{setup.config.dataset} {setup.config.model.name}"
     return {
-        "train step": exported_text(runtime.make_train_step(),
+        "train step": exported_text(setup.make_train_step(),
                                     (state, examples, shared, 1), target,
                                     f"{name}'s train step"),
         "evaluation step": exported_text(
-            runtime.runner.evaluation_step(eval_set.make_batch),
+            setup.batched.evaluation_step(eval_set.make_batch),
             (state.variables, eval_set.examples, eval_set.shared, eval_set.weights, 0), target,
             f"{name}'s evaluation step"),
     }
 
 
-def runtime_of(config, data_manager) -> Runtime:
+def setup_of(config, data_manager) -> Setup:
   with data_manager:
-    return Runtime(config)
+    return Setup(config)
 
 
 @pytest.mark.parametrize("module,variant,data", RUNS, ids=[f"{m}:{v}" for m, v, _ in RUNS])
 def test_smoke_programs_lower_for_gpu_and_tpu(module, variant, data, idx_dir):
   """Each program lowers for a GPU and a TPU, with no host callback, float64 or CPU-only
   custom call, and each convolution layer as one native convolution (conv_impl="native")."""
-  runtime = runtime_of(*smoke_config(module, variant, data, idx_dir))
-  expected = layer_convolutions(runtime.task.abstract_model)
+  setup = setup_of(*smoke_config(module, variant, data, idx_dir))
+  expected = layer_convolutions(setup.task.abstract_model)
   for target in ACCELERATORS:
-    for what, text in programs(runtime, target).items():
+    for what, text in programs(setup, target).items():
       check_program(text, target, f"{module}:{variant} {what}")
       convolutions = forward_convolutions(text)
       missing = expected - convolutions
@@ -208,16 +208,16 @@ def auto_convolutions(module: str, idx_dir, depthwise: bool = True):
   (the CPU's has no convolution left: im2col)."""
   config, data = smoke_config(module, "smoke", "idx", idx_dir)
   config.model.conv_impl = "auto"
-  runtime = runtime_of(config, data)
+  setup = setup_of(config, data)
   found = {}
   for target in ("cpu", *ACCELERATORS):
-    built = programs(runtime, target)
+    built = programs(setup, target)
     for what, text in built.items():
       check_program(text, target, f"{module}:smoke conv_impl=auto {what}")
       if target == "cpu":
         assert "stablehlo.convolution" not in text, f"cpu {what}: a convolution left (im2col)"
     found[target] = {what: forward_convolutions(text) for what, text in built.items()}
-  return layer_convolutions(runtime.task.abstract_model, None, depthwise), found
+  return layer_convolutions(setup.task.abstract_model, None, depthwise), found
 
 
 def test_capsnet_auto_convolutions_are_each_platforms(idx_dir):

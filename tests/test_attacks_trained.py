@@ -23,7 +23,7 @@ import mnist
 from capsjax import evaluators, train
 from capsjax.evaluators import foolbox_attacks
 from capsjax.runs import checkpointing, runconfig
-from capsjax.training.runtime import Runtime
+from capsjax.training.setup import Setup
 from helpers import run_in_process, shared_run, write_idx_dataset
 
 
@@ -39,28 +39,28 @@ class Trained:
     self.workdir = workdir
     self.summary = json.loads((workdir / "summary.json").read_text())
     config = runconfig.load(str(workdir))
-    self.runtime = Runtime(config)
+    self.setup = Setup(config)
     ckpt = checkpointing.Checkpointer(str(workdir / "checkpoints"), keep=1)
-    self.step, state, _ = self.runtime.restore(ckpt, steps=ckpt.candidates("latest"))
+    self.step, state, _ = self.setup.restore(ckpt, steps=ckpt.candidates("latest"))
     ckpt.close()
     self.variables = state.variables
 
   def evaluator(self, **settings):
     settings = ml_collections.ConfigDict({"type": "adversarial", "limit": 0, **settings})
-    rt = self.runtime
+    rt = self.setup
     return evaluators.build({"adversarial": settings}, rt.config, rt.task.dataset, rt.splits,
-                            rt.runner, log=print)["adversarial"]
+                            rt.batched, log=print)["adversarial"]
 
   def whole_set(self, evaluator) -> dict:
     """The evaluator's examples as one model batch."""
-    eval_set, task = evaluator.set, self.runtime.task
+    eval_set, task = evaluator.set, self.setup.task
     examples = {k: jnp.asarray(v) for k, v in eval_set.host.examples.items()}
     shared = {k: jnp.asarray(v) for k, v in eval_set.host.shared.items()}
     return task.complete_batch(eval_set.make_batch(examples, shared))
 
   def foolbox_model(self, batch):
     """foolbox's model of the images on ``batch``'s labels, and its log-probabilities."""
-    task = self.runtime.task
+    task = self.setup.task
     log_p = jax.jit(lambda v, b, x: task.forward(v, {**b, "images": x},
                                                  train=False).outputs.log_probabilities)
     model = foolbox_attacks.differentiable(log_p)(self.variables, batch)
@@ -164,7 +164,7 @@ def test_step_size_random_start_and_value_range_reach_the_attacks(trained):
                   random_start=False, value_range=(0.0, 0.6), limit=50)
   evaluator = trained.evaluator(**settings)
   batch = trained.whole_set(evaluator)
-  task, variables = trained.runtime.task, trained.variables
+  task, variables = trained.setup.task, trained.variables
   images, labels = batch["images"], batch["labels"]
 
   def loss_fn(x):
@@ -234,7 +234,7 @@ def test_the_model_loss_and_a_targeted_attack_move_the_trained_model(trained):
   example by example as computed here from ``task.forward``'s per-example loss, and not the
   cross-entropy's FGSM; a targeted PGD reaches ``(y + 1) mod 10`` on part of the set."""
   epsilon = 0.4
-  task, variables = trained.runtime.task, trained.variables
+  task, variables = trained.setup.task, trained.variables
   evaluator = trained.evaluator(attacks=("fgsm",), epsilons=(0.0, epsilon), loss="model")
   batch = trained.whole_set(evaluator)
   ours = np.asarray(jax.jit(evaluator.attack_fns["fgsm"])(variables, batch)[

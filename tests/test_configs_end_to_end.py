@@ -93,11 +93,11 @@ def test_image_configs_train_end_to_end_on_mock_data(tmp_path, name):
     assert_trained(tmp_path / name)
   # The final checkpoint, restored and evaluated again, gives the summary's test accuracy.
   from capsjax.runs import runconfig
-  from capsjax.training.runtime import Runtime
+  from capsjax.training.setup import Setup
 
   with tfds.testing.mock_data(num_examples=64):
-    runtime = Runtime(runconfig.load(str(tmp_path / name)))
-    again = runtime.evaluations()["test"].run(final_params(tmp_path / name))
+    setup = Setup(runconfig.load(str(tmp_path / name)))
+    again = setup.evaluations()["test"].run(final_params(tmp_path / name))
   assert again["accuracy"] == summary["test_accuracy"] and summary["selected_on"] == "final"
   # The run records the shape its dataset makes; the caller's config is not written.
   from capsjax import datasets

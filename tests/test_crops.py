@@ -35,13 +35,13 @@ def test_offsets_beyond_the_image_are_refused(tmp_path):
   import smallnorb_em
   import tensorflow_datasets as tfds
   from capsjax.common.errors import UsageError
-  from capsjax.training.runtime import Runtime
+  from capsjax.training.setup import Setup
 
   config = smallnorb_em.get_config("smoke")
   config.evals.patching.offsets = ((0, 0), (9, 9))
   with tfds.testing.mock_data(num_examples=32), pytest.raises(
       UsageError, match=r"patching.offsets=.*moves at most \(8, 8\) px"):
-    Runtime(config).evaluations()
+    Setup(config).evaluations()
 
 
 def test_smallnorb_em_trains_on_mock_data_and_its_centre_crop_is_the_test_set(tmp_path):
@@ -51,7 +51,7 @@ def test_smallnorb_em_trains_on_mock_data_and_its_centre_crop_is_the_test_set(tm
   import smallnorb_em
   import tensorflow_datasets as tfds
   from capsjax import train
-  from capsjax.training.runtime import Runtime
+  from capsjax.training.setup import Setup
 
   config = smallnorb_em.get_config("smoke")
   assert tuple(config.evals.patching.get("offsets", CODE_OFFSETS)) == CODE_OFFSETS
@@ -72,14 +72,14 @@ def test_smallnorb_em_trains_on_mock_data_and_its_centre_crop_is_the_test_set(tm
   from helpers import final_state
 
   with tfds.testing.mock_data(num_examples=64):
-    runtime = Runtime(runconfig.load(str(tmp_path)))
+    setup = Setup(runconfig.load(str(tmp_path)))
     variables = final_state(tmp_path).variables
     per_crop = []
     for offset in ((0, 0), (1, 1), (-3, 3)):
       settings = ml_collections.ConfigDict({"type": "crop_average", "offsets": (offset,)})
-      one = evaluators.build({"one": settings}, runtime.config, runtime.task.dataset,
-                             runtime.splits, runtime.runner, log=print)["one"]
-      per_crop.append(runtime.runner.scores(variables, one.sets[0]))
+      one = evaluators.build({"one": settings}, setup.config, setup.task.dataset,
+                             setup.splits, setup.batched, log=print)["one"]
+      per_crop.append(setup.batched.scores(variables, one.sets[0]))
   labels = per_crop[0][1]
   total = sum(scores for scores, _ in per_crop)
   assert patching["accuracy"] == pytest.approx(np.mean(np.argmax(total, axis=1) == labels))
@@ -96,7 +96,7 @@ def test_smallnorb_em_trains_on_mock_data_and_its_centre_crop_is_the_test_set(tm
     evaluator = evaluators.build(
         {"patching": ml_collections.ConfigDict({"type": "crop_average",
                                                 "offsets": ((0, 0), (1, 1), (-3, 3))})},
-        runtime.config, runtime.task.dataset, runtime.splits, runtime.runner,
+        setup.config, setup.task.dataset, setup.splits, setup.batched,
         log=print)["patching"]
 
   # The crops share one copy of the split on the devices and differ only in their offset.
@@ -108,7 +108,7 @@ def test_smallnorb_em_trains_on_mock_data_and_its_centre_crop_is_the_test_set(tm
     def scores(self, params, crops):
       return designed[evaluator.sets.index(crops)], designed_labels
 
-  evaluator.runner = Designed()
+  evaluator.batched = Designed()
   result = evaluator.run(variables)
   assert result["centre_accuracy"] == 0.5 and result["accuracy"] == 1.0
   assert np.mean(np.max(designed, axis=0).argmax(1) == designed_labels) == 0.0
@@ -130,7 +130,7 @@ def test_crop_average_sums_the_scores_of_every_crop_before_the_argmax():
       return scores[crop], labels
 
   evaluator = CropAverageEvaluator.__new__(CropAverageEvaluator)
-  evaluator.name, evaluator.runner, evaluator.num_classes = "patching", Runner(), 3
+  evaluator.name, evaluator.batched, evaluator.num_classes = "patching", Runner(), 3
   evaluator.offsets, evaluator.sets = ((0, 0), (1, 1), (-1, -1)), [0, 1, 2]
   result = evaluator.run(params=None)
   assert result["accuracy"] == 1.0 and result["error"] == 0.0 and result["crops"] == 3

@@ -152,7 +152,7 @@ def test_each_rate_is_counted_over_its_own_examples(detected, monkeypatch):
     def collect(self, fn, variables, eval_set, progress=None):
       return {"distance": validation} if eval_set is evaluator.validation_set else values
 
-  monkeypatch.setattr(evaluator, "runner", Runner())
+  monkeypatch.setattr(evaluator, "batched", Runner())
   monkeypatch.setattr(evaluator, "attack_fns", {"fgsm": None})
   result = evaluator.run(None)
   assert result["threshold"] == pytest.approx(0.95)

@@ -189,15 +189,15 @@ def test_a_resumed_run_continues_with_bit_identical_state(idx_dir, tmp_path):
 def test_the_train_step_updates_the_state_and_evaluation_uses_it(idx_dir):
   """The jitted train step moves the BatchNorm statistics; evaluating the same parameters with
   other statistics gives other metrics, so evaluators do use the state."""
-  from capsjax.training.runtime import Runtime
+  from capsjax.training.setup import Setup
 
-  runtime = Runtime(_smoke(idx_dir))
-  examples, shared = runtime.on_devices(runtime.splits["train"])
-  fresh = runtime.fresh_state()
-  state, _ = runtime.make_train_step()(jax.tree.map(jnp.copy, fresh), examples, shared, 2)
+  setup = Setup(_smoke(idx_dir))
+  examples, shared = setup.on_devices(setup.splits["train"])
+  fresh = setup.fresh_state()
+  state, _ = setup.make_train_step()(jax.tree.map(jnp.copy, fresh), examples, shared, 2)
   moved = jax.tree.map(lambda a, b: not np.allclose(a, b), fresh.model_state, state.model_state)
   assert all(jax.tree.leaves(moved))
-  evals = runtime.evaluations()
+  evals = setup.evaluations()
   with_state = evals["test"].run(state.variables)
   with_fresh_stats = evals["test"].run(
       train_step.merge_variables(state.params, fresh.model_state))

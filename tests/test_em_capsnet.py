@@ -86,22 +86,31 @@ def test_weight_decay_covers_the_weights_not_the_biases():
 
 
 def test_bad_settings_are_refused_naming_the_key():
+  import em_mnist  # configs/, on the path in conftest.
+
+  from capsjax.training import schema
+
   for key, value, message in (
-      ("conv_caps.normalisation", "stride", "normalisation must be one of"),
-      ("class_capsules.coordinate_addition", "left", "coordinate_addition must be one of"),
-      ("primary.layout", "mixed", "layout must be one of"),
-      ("routing.name", "dynamc", "is not a registered router"),
-      ("conv_caps.inverse_temperature", 0.0, "inverse_temperature must be a number > 0")):
-    config = model_config()
+      ("conv_caps.normalisation", "stride", "normalisation='stride' is out of range"),
+      ("class_capsules.coordinate_addition", "left", "coordinate_addition='left' is out of "
+                                                     "range"),
+      ("primary.layout", "mixed", "layout='mixed' is out of range"),
+      ("conv_caps.inverse_temperature", 0.0, "inverse_temperature=0.0 is out of range: it "
+                                             "must be > 0")):
+    config = em_mnist.get_config("smoke")
     section, name = key.split(".")
-    config[section][name] = value
-    with pytest.raises(UsageError, match=message):
-      em_capsnet.EMCapsNet(config, rngs=nnx.Rngs(0))
+    config.model[section][name] = value
+    with pytest.raises(UsageError, match=rf"config\.model\.{section}\.{message}"):
+      schema.resolve_config(config)
+  config = model_config()
+  config.routing.name = "dynamc"
+  with pytest.raises(UsageError, match="is not a registered router"):
+    em_capsnet.EMCapsNet(config, rngs=nnx.Rngs(0))
   with pytest.raises(UsageError, match="too small"):
     em_capsnet.EMCapsNet(model_config(image_shape=(12, 12, 1)), rngs=nnx.Rngs(0))
   loss = em_capsnet.default_loss()
   loss.margin_schedule = "cosine"
-  with pytest.raises(UsageError, match="margin_schedule must be one of"):
+  with pytest.raises(UsageError, match="margin_schedule='cosine' is out of range"):
     em_capsnet.EMCapsNet(model_config(), rngs=nnx.Rngs(0), loss=loss)
 
 

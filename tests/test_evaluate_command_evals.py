@@ -56,17 +56,17 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
   # parameters (restored here) with the settings given on the command line.
   from capsjax import evaluators
   from capsjax.runs import runconfig
-  from capsjax.training.runtime import Runtime
+  from capsjax.training.setup import Setup
   from helpers import final_state
 
-  runtime = Runtime(runconfig.load(str(trained)))
+  setup = Setup(runconfig.load(str(trained)))
   robustness = runconfig.import_config_file(REPO / "configs" / "evals" / "robustness.py")
   settings = robustness.get_config("adversarial,detection,vote,limit=12")
   settings.adversarial.update(dict(steps=2, epsilons=(0.0, 0.2), attacks=("pgd",)))
   settings.detection.update(dict(steps=2, attacks=("pgd",)))
   settings.vote_attack.update(dict(steps=2, attacks=("vote_pgd",)))
-  built = evaluators.build(settings, runtime.config, runtime.task.dataset, runtime.splits,
-                           runtime.runner, log=lambda _: None)
+  built = evaluators.build(settings, setup.config, setup.task.dataset, setup.splits,
+                           setup.batched, log=lambda _: None)
   variables = final_state(trained).variables
   for name in ("adversarial", "detection", "vote_attack"):
     expected = built[name].run(variables)

@@ -1,4 +1,4 @@
-"""evaluation.EvalRunner: any pure function of (variables, batch) mapped over a set on every
+"""evaluation.BatchedEval: any pure function of (variables, batch) mapped over a set on every
 device, against NumPy over the same examples; sets that are not whole batches; gradients with
 respect to the input through the task's forward function."""
 
@@ -9,7 +9,8 @@ import pytest
 
 import mnist
 from capsjax import datasets
-from capsjax.training import evaluation, runtime, tasks, train_step
+from capsjax.training import evaluation, tasks, train_step
+from capsjax.training.setup import make_mesh
 from helpers import write_idx_dataset
 
 
@@ -20,9 +21,9 @@ def setup(tmp_path_factory):
   c.data.source, c.data.dir, c.data.test_limit = "idx", str(idx), 0
   task = tasks.Task.from_config(c)
   params, state = task.init_variables(jax.random.PRNGKey(0))
-  runner = evaluation.EvalRunner(task, runtime.make_mesh(), batch_size=8)  # 21 = 8 + 8 + 5.
+  batched = evaluation.BatchedEval(task, make_mesh(), batch_size=8)  # 21 = 8 + 8 + 5.
   test = task.dataset.load()["test"]
-  return task, train_step.merge_variables(params, state), runner, test
+  return task, train_step.merge_variables(params, state), batched, test
 
 
 def pixel_statistics(variables, batch):
@@ -34,37 +35,37 @@ def pixel_statistics(variables, batch):
 
 
 def test_mean_and_collect_of_any_function_equal_numpy_over_the_set(setup):
-  task, variables, runner, test = setup
-  eval_set = runner.eval_set(test)
+  task, variables, batched, test = setup
+  eval_set = batched.eval_set(test)
   assert (eval_set.size, eval_set.num_batches) == (21, 3)
   images = test.examples["images"].reshape(21, -1) / 255.0
-  means = runner.mean(pixel_statistics, variables, eval_set)
+  means = batched.mean(pixel_statistics, variables, eval_set)
   np.testing.assert_allclose(means["brightness"], images.mean(), rtol=1e-5)
   np.testing.assert_allclose(means["corners"], [images[:, 0].mean(), images[:, -1].mean()],
                              rtol=1e-5, atol=1e-7)
   assert means["label"] == pytest.approx(test.examples["labels"].mean())
-  collected = runner.collect(pixel_statistics, variables, eval_set)
+  collected = batched.collect(pixel_statistics, variables, eval_set)
   assert collected["corners"].shape == (21, 2)
   np.testing.assert_allclose(collected["brightness"], images.mean(axis=1), rtol=1e-5)
   np.testing.assert_array_equal(collected["label"], test.examples["labels"])
 
 
 def test_evaluate_is_the_mean_of_the_forward_function(setup):
-  task, variables, runner, test = setup
-  got = runner.evaluate(variables, runner.eval_set(test))
+  task, variables, batched, test = setup
+  got = batched.evaluate(variables, batched.eval_set(test))
   batch = task.dataset.eval_batch(test.examples, {})
   once = jax.jit(lambda v, b: task.forward(v, b, train=False))(variables, batch)
   np.testing.assert_allclose(got["loss"], float(np.mean(once.loss)), rtol=1e-5)
   np.testing.assert_allclose(got["accuracy"], float(np.mean(once.metrics["accuracy"])))
   assert got["error"] == pytest.approx(1 - got["accuracy"])
-  scores, labels = runner.scores(variables, runner.eval_set(test))
+  scores, labels = batched.scores(variables, batched.eval_set(test))
   np.testing.assert_allclose(scores, np.asarray(once.outputs.scores), rtol=1e-5, atol=1e-7)
   np.testing.assert_array_equal(labels, test.examples["labels"])
 
 
 def test_an_input_gradient_through_the_runner_equals_one_outside_it(setup):
   """What an attack needs: d loss / d images through routing, per example, on the devices."""
-  task, variables, runner, test = setup
+  task, variables, batched, test = setup
 
   def input_gradient(variables, batch):
     loss = lambda images: jnp.sum(task.forward(variables, {**batch, "images": images},
@@ -72,7 +73,7 @@ def test_an_input_gradient_through_the_runner_equals_one_outside_it(setup):
     grad = jax.grad(loss)(batch["images"])
     return {"gradient": grad.reshape(grad.shape[0], -1)}
 
-  got = runner.collect(input_gradient, variables, runner.eval_set(test))["gradient"]
+  got = batched.collect(input_gradient, variables, batched.eval_set(test))["gradient"]
   batch = task.complete_batch(task.dataset.eval_batch(test.examples, {}))
   expected = np.asarray(jax.jit(input_gradient)(variables, batch)["gradient"])
   assert got.shape == (21, 28 * 28) and np.count_nonzero(got) > 0
@@ -80,8 +81,8 @@ def test_an_input_gradient_through_the_runner_equals_one_outside_it(setup):
 
 
 def test_a_set_of_float_images_evaluates_as_its_pixels(setup):
-  _, variables, runner, test = setup
+  _, variables, batched, test = setup
   floats = datasets.Split({**test.examples, "images": test.examples["images"] / np.float32(255)})
-  a = runner.evaluate(variables, runner.eval_set(test))
-  b = runner.evaluate(variables, runner.eval_set(floats))
+  a = batched.evaluate(variables, batched.eval_set(test))
+  b = batched.evaluate(variables, batched.eval_set(floats))
   assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)

@@ -60,15 +60,15 @@ def test_the_evaluator_example_attacks_through_the_routing(bars_64_32, tmp_path)
   import jax
   import jax.numpy as jnp
   from capsjax import evaluators
-  from capsjax.training.runtime import Runtime
+  from capsjax.training.setup import Setup
   from helpers import final_state
 
-  runtime = Runtime(runconfig.load(str(tmp_path)))
-  test = evaluators.limit(runtime.splits["test"], runtime.config)
+  setup = Setup(runconfig.load(str(tmp_path)))
+  test = evaluators.limit(setup.splits["test"], setup.config)
   images = jnp.asarray(test.examples["images"], jnp.float32) / 255.0
   labels = jnp.asarray(test.examples["labels"])
   variables = final_state(tmp_path).variables
-  outputs = lambda x: runtime.task.forward(variables, {"images": x, "labels": labels},
+  outputs = lambda x: setup.task.forward(variables, {"images": x, "labels": labels},
                                            train=False).outputs
   cross_entropy = lambda x: -jnp.sum(jnp.take_along_axis(outputs(x).log_probabilities,
                                                          labels[:, None], axis=1))

@@ -20,7 +20,7 @@ PACKAGE = REPO / "capsjax"
 LAYERS = (
     ("common",),                      # errors, registries, files, config keys, figures, public names
     ("routing", "runs"),              # pure routing; a run's machinery
-    ("models", "datasets"),
+    ("models", "datasets", "stats"),  # stats: comparisons, reading what runs/ writes
     ("evaluators",),
     ("training",),
     ("perf",),                        # the benchmark's analyses of a compiled step

@@ -1,4 +1,4 @@
-"""Comparisons at matched familiar error (capsjax.runs.matched) and the sweep's further tables,
+"""Comparisons at matched familiar error (capsjax.stats.matched) and the sweep's further tables,
 on metrics.jsonl and summaries written by hand."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 
 from capsjax import sweep
 from capsjax.common.errors import UsageError
-from capsjax.runs import matched
+from capsjax.stats import matched
 
 FAMILIAR, NOVEL = "test/accuracy", "novel_viewpoints/accuracy"
 

@@ -18,7 +18,7 @@ from capsjax.common import registry
 from capsjax.common.errors import UsageError
 from capsjax.runs import checkpointing, migrations, runconfig
 from capsjax.training import config_history
-from capsjax.training.runtime import Runtime
+from capsjax.training.setup import Setup
 from helpers import write_idx_dataset
 
 FORMS = sorted((pathlib.Path(__file__).parent / "data" / "config_forms").glob("*.json"))
@@ -62,7 +62,7 @@ def test_each_earlier_form_loads_and_resumes_as_the_same_run(form, idx_dir, two_
   loaded = runconfig.load(str(workdir))
   assert loaded.model.name == "capsnet" and loaded.model.routing.name == "dynamic"
   assert "gradient" not in loaded.model.routing                # Migrations 2 and 3.
-  now = json.loads(Runtime(smoke(idx_dir, 3)).config.to_json_best_effort())  # Resolved.
+  now = json.loads(Setup(smoke(idx_dir, 3)).config.to_json_best_effort())  # Resolved.
   assert config_history.config_changes(old, now) == []
   capsys.readouterr()
   summary = train.train_and_evaluate(smoke(idx_dir, 3), str(workdir))
@@ -96,7 +96,7 @@ def test_an_em_run_that_recorded_its_gradient_setting_resumes_as_the_same_run(id
   (workdir / "config.json").write_text(json.dumps(old))
   loaded = runconfig.load(str(workdir))
   assert loaded.model.routing.name == "em" and "gradient" not in loaded.model.routing
-  now = json.loads(Runtime(command(3)).config.to_json_best_effort())
+  now = json.loads(Setup(command(3)).config.to_json_best_effort())
   assert config_history.config_changes(old, now) == []
   capsys.readouterr()
   summary = train.train_and_evaluate(command(3), str(workdir))
@@ -165,10 +165,10 @@ def test_a_checkpoint_from_before_the_learning_rate_was_state_resumes_as_uninter
   assert "Resuming from the checkpoint at step 2" in capsys.readouterr().out
   assert summary["step"] == 3 and not list(workdir.glob("config.before_step_*.json"))
 
-  runtime = Runtime(config)
+  setup = Setup(config)
   ckpt = checkpointing.Checkpointer(str(workdir / "checkpoints"))
-  (_, at_3, _), (_, at_2, _) = (runtime.restore(ckpt, steps=[s]) for s in (3, 2))
-  written, _ = ckpt.restore(3, runtime.abstract_state())  # Today's layout, as it was saved.
+  (_, at_3, _), (_, at_2, _) = (setup.restore(ckpt, steps=[s]) for s in (3, 2))
+  written, _ = ckpt.restore(3, setup.abstract_state())  # Today's layout, as it was saved.
   ckpt.close()
   assert written.opt_state.hyperparams["learning_rate"] == np.float32(
       config.optimizer.learning_rate)

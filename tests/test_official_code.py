@@ -2,7 +2,7 @@
 each setting re-derived here from the code's arithmetic: the margin loss with its means,
 PrimaryCaps' 1/32 coupling and bias, the inits and biases, the parameter count, TF1's Adam,
 the learning-rate floor and the validation split of ``--validate``; and the comparison-only
-test errors (capsjax/runs/comparison.py)."""
+test errors (capsjax/stats/chosen.py)."""
 
 import functools
 
@@ -20,7 +20,7 @@ from capsjax.datasets import sources
 from capsjax.models import capsule_layers
 from capsjax.models.capsule_head import CapsuleHead, LossSettings
 from capsjax.models.outputs import Outputs
-from capsjax.runs import comparison
+from capsjax.stats import chosen
 from capsjax.runs.runconfig import flatten
 from capsjax.training import optimizers, tasks
 from helpers import abstract_model, parse_config_flags, resolved, write_idx_dataset
@@ -251,12 +251,12 @@ def test_comparison_errors_by_hand():
              {"kind": "validation", "step": 30, "accuracy": 0.99},
              {"kind": "test", "step": 40, "accuracy": 0.95, "error": 0.05},
              {"kind": "validation", "step": 40, "accuracy": 0.99}]
-  assert comparison.comparison_errors(records) == {
+  assert chosen.comparison_errors(records) == {
       "min_test_error": 0.03, "min_test_error_step": 20,
       "validation_chosen_test_error": 0.04, "validation_chosen_step": 30}
-  assert comparison.comparison_errors(records[:2]) == {"min_test_error": 0.10,
+  assert chosen.comparison_errors(records[:2]) == {"min_test_error": 0.10,
                                                        "min_test_error_step": 10}
-  assert comparison.comparison_errors([]) == {}
+  assert chosen.comparison_errors([]) == {}
 
 
 def test_old_loss_configs_read_the_papers_margin_weight():
@@ -291,22 +291,22 @@ def test_the_official_experiment_lists_its_stages_in_order():
   assert module.best_reimplementation({"config": "mnist_baseline:official"}) == "-"
   assert module.best_reimplementation({"config": "mnist:official"}) == "0.34"
   # The choice of the default: both configs on the code's validation split, 3 seeds each.
-  chosen = sweep.expand(sweep.experiment_sweep(module, path + ":validation"))
-  assert [p.overrides["config"] for p in chosen] == (
+  validation_points = sweep.expand(sweep.experiment_sweep(module, path + ":validation"))
+  assert [p.overrides["config"] for p in validation_points] == (
       ["configs/mnist.py:official"] * 3 + ["configs/mnist.py:text"] * 3)
-  for point in chosen:
+  for point in validation_points:
     assert point.overrides["data.validation_size"] == 10_000
     assert point.overrides["data.validation_split"] == "first"
     assert tuple(point.overrides["train.eval_during"]) == ("test",)
   # The code's order of examples, beside :validation's :official points (the same seeds).
   stream = sweep.expand(sweep.experiment_sweep(module, path + ":stream"))
   assert [p.seed for p in stream] == [0, 1, 2]
-  for point, official in zip(stream, chosen[:3]):
+  for point, official in zip(stream, validation_points[:3]):
     assert point.overrides == dict(official.overrides, **{"data.order": "stream"})
   # Full float32, beside :validation's :official points (the same seeds).
   full = sweep.expand(sweep.experiment_sweep(module, path + ":float32"))
   assert [p.seed for p in full] == [0, 1, 2]
-  for point, official in zip(full, chosen[:3]):
+  for point, official in zip(full, validation_points[:3]):
     assert point.overrides == dict(official.overrides, **{"matmul_precision": "float32"})
   full_baseline = sweep.expand(sweep.experiment_sweep(module, path + ":float32_baseline"))
   assert [p.overrides for p in full_baseline] == [

@@ -1,4 +1,4 @@
-"""capsjax/runs/paired.py: the paired tests against hand-computed cases, scipy's binomial test
+"""capsjax/stats/paired.py: the paired tests against hand-computed cases, scipy's binomial test
 and brute-force enumeration; counts on hand-built predictions; the halves add up."""
 
 import itertools
@@ -8,7 +8,7 @@ import pytest
 import scipy.stats
 
 from capsjax.common.errors import UsageError
-from capsjax.runs import paired
+from capsjax.stats import paired
 from capsjax.runs.predictions import Predictions
 
 
@@ -95,7 +95,7 @@ def test_counts_and_p_values_of_hand_built_predictions():
   assert counts.p_value == pytest.approx(2 * (1 + 8 + 28 + 56) / 256)  # P(X <= 3), n = 8.
   result = paired.compare([(0, a, b)])
   assert result.combined_p == pytest.approx(counts.p_value)
-  assert "not separated" in result.verdict()
+  assert result.models_verdict() == "not separated (p = 0.727)"  # 2 x 93/256 = 0.7265.
 
 
 def test_the_halves_add_up_to_the_whole_and_split_at_half_the_source():
@@ -130,7 +130,13 @@ def test_a_separated_difference_says_which_side_is_lower():
   b = made([True] * 200)
   result = paired.compare([(0, a, b), (1, a, b)])
   assert result.combined_p == pytest.approx(2 / 2 ** 12)   # 12 digits, each d = 2.
-  assert result.verdict("capsnet", "cnn").startswith("cnn lower")
+  assert result.models_verdict() == "B lower (p = 0.00049)"
+  assert paired.compare([(0, b, a)]).models_verdict() == "A lower (p = 0.00049)"
+  # The setup: two seed pairs, each 6 points apart; the exact test over them cannot go below
+  # 2 / 2**2, and says so.
+  assert result.setup.differences == [0.06, 0.06] and result.setup.p == 1 / 2
+  assert result.setup_verdict() == ("not separated (p = 0.5; 2 seed pairs cannot go below "
+                                    "p = 0.5: 6 are the fewest that can separate at 0.05)")
 
 
 def test_examples_are_paired_by_id_whatever_their_order():
@@ -154,11 +160,11 @@ def test_runs_on_other_examples_are_refused():
 def test_markdown_reports_each_half_and_the_seed_table():
   a = made([i % 7 != 0 for i in range(20)], source_size=20)
   b = made([i % 5 != 0 for i in range(20)], source_size=20)
-  text = paired.markdown(paired.compare([(0, a, b)]), "runA", "runB")
-  assert "| all (20) | 15.00 | 20.00 |" in text       # 3 and 4 of 20 wrong.
+  text = paired.markdown(paired.compare([(0, a, b)]))
+  assert "| all shared (20) | 15.00 | 20.00 |" in text       # 3 and 4 of 20 wrong.
   assert "| ids < 10 (10) | 20.00 | 20.00 |" in text   # 0, 7 | 0, 5.
   assert "| ids >= 10 (10) | 10.00 | 20.00 |" in text  # 14 | 10, 15.
-  assert "| 0 | 3 | 4 | 2 | 3 | 1 |" in text
+  assert "| 0 | 20 | 3 | 4 | 2 | 3 | 1 |" in text
 
 
 @pytest.mark.parametrize("k,n,share", [(20, 74, 0.5), (54, 74, 0.5), (3, 10, 0.3), (0, 12, 0.2),

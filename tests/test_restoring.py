@@ -19,7 +19,7 @@ def test_selected_on_names_how_the_step_was_chosen(tmp_path):
       {"step": 60, "selected_on": "test", "stopped_at_accuracy": True}))
   assert restoring.selected_on(str(tmp_path), "latest", 60, 100) == "test"
   assert restoring.selected_on(str(tmp_path), "40", 40, 100) == "step 40"
-  # Without a plan (an unloaded runtime), the summary's num_steps.
+  # Without a budget (an unloaded setup), the summary's num_steps.
   (tmp_path / "summary.json").write_text(json.dumps(
       {"step": 100, "num_steps": 100, "selected_on": "final", "stopped_at_accuracy": False}))
   assert restoring.selected_on(str(tmp_path), "latest", 100, None) == "final"

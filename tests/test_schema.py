@@ -137,7 +137,7 @@ NOT_CONFIG = {
     "os.environ": "environment variables", "environ": "environment variables",
     "aliases": "a table of names", "TRANSFORM_AXES": "a table of labels",
     "DIAGNOSTIC_LABELS": "a table of labels", "self.entries": "a registry's table",
-    "splits": "a dataset's splits", "runtime.splits": "a dataset's splits",
+    "splits": "a dataset's splits", "setup.splits": "a dataset's splits",
     "split.examples": "a split's arrays", "metrics": "logged metrics",
     "record": "a metrics record", "means": "logged means", "summed": "counts",
     "stats": "device memory statistics", "info": "a lock file's contents",
@@ -152,7 +152,7 @@ NOT_CONFIG = {
     "computations": "an HLO text's tables", "op.called": "an HLO text's tables",
     "by_op": "an HLO text's tables", "sizes": "an HLO text's tables",
     "layers": "a profile's tables", "{'(': 1, ')': -1}": "a parser's table",
-    "m": "a sweep's summary rows", "_UNREAD": "a migration's table of models",
+    "m": "a sweep's summary rows", "_building": "a ContextVar (the platform being built for)", "_UNREAD": "a migration's table of models",
     "section": "an old config.json's routing section in a migration (no name: dynamic, then)",
 }
 

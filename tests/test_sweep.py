@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -35,6 +36,25 @@ def test_expand_grid_and_points():
   # A misspelt key would silently run every point with seed 0.
   with pytest.raises(UsageError, match="the key 'seed', .* did you mean 'seeds'"):
     sweep.expand({"grid": {"model.routing.iterations": [1]}, "seed": [0, 1, 2]})
+
+
+def test_the_ablation_file_to_copy_is_shown_as_it_is_and_can_separate_the_setups():
+  """docs/sweeps.md shows experiments/iterations_ablation.py whole; its reference is one of its
+  rows and it has the seed pairs the setup's verdict needs to separate at all."""
+  from capsjax.stats import seed_pairs
+
+  path = "experiments/iterations_ablation.py"
+  text = (REPO / path).read_text()
+  page = (REPO / "docs" / "sweeps.md").read_text()
+  assert f"```python\n{text}```" in page
+  experiment = sweep.load_experiment(str(REPO / path))
+  points = sweep.expand(sweep.experiment_sweep(experiment, path))
+  settings = {tuple(p.overrides.items()) for p in points}
+  assert len(settings) == 2
+  assert tuple(experiment.PAIRED_REFERENCE.items()) in settings
+  seeds = {p.seed for p in points}
+  assert len(seeds) >= seed_pairs.fewest_pairs() == 6
+  assert re.search(r"--config\.data\.test_limit=0", page)
 
 
 def test_apply_overrides_sets_values_and_rejects_unknown_keys():

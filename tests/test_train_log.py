@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from capsjax.common.errors import NonFiniteLossError
-from capsjax.training.plan import Plan
+from capsjax.training.budget import Budget
 from capsjax.training.train_log import TrainLog
 
 
@@ -22,9 +22,9 @@ class _Checkpoints:
 
 
 def _log(tmp_path):
-  plan = Plan(num_train=64, batch_size=8, steps_per_epoch=8, num_steps=8, log_every=4,
+  budget = Budget(num_train=64, batch_size=8, steps_per_epoch=8, num_steps=8, log_every=4,
               eval_every=8, checkpoint_every=2, steps_per_dispatch=2)
-  return TrainLog(str(tmp_path), plan, lambda step: 1e-3, _Checkpoints())
+  return TrainLog(str(tmp_path), budget, lambda step: 1e-3, _Checkpoints())
 
 
 def test_checkpoints_between_logs_do_not_shorten_the_logged_mean(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 
 import efficient_capsnet
 import mnist
-from capsjax.training.runtime import Runtime
+from capsjax.training.setup import Setup
 
 
 @pytest.mark.parametrize("config_module, train_limit, start, num_steps, order", [
@@ -26,11 +26,11 @@ def test_steps_per_dispatch_gives_the_state_and_metrics_of_single_steps(
   config.data.order, config.data.stream_window = order, 24
   if train_limit:
     config.data.train_limit = train_limit
-  runtime = Runtime(config)
-  examples, shared = runtime.on_devices(runtime.splits["train"])
-  step = runtime.make_train_step()
+  setup = Setup(config)
+  examples, shared = setup.on_devices(setup.splits["train"])
+  step = setup.make_train_step()
 
-  scanned = runtime.fresh_state()
+  scanned = setup.fresh_state()
   for _ in range(start):
     scanned, _ = step(scanned, examples, shared, 1)
   # Waited for before a copy per leaf is queued behind them: XLA:CPU's collectives deadlock
@@ -52,7 +52,7 @@ def test_steps_per_dispatch_gives_the_state_and_metrics_of_single_steps(
                                rtol=2e-5, atol=1e-6)
   # The steps did something: the loss changed and the parameters moved.
   assert not np.allclose(metrics[0]["loss"], metrics[-1]["loss"])
-  fresh = runtime.fresh_state()
+  fresh = setup.fresh_state()
   assert any(not np.allclose(np.asarray(a), np.asarray(b)) for a, b in
              zip(jax.tree.leaves(fresh.params), jax.tree.leaves(scanned.params)))
 
@@ -61,19 +61,19 @@ def test_steps_per_dispatch_gives_the_state_and_metrics_of_single_steps(
 def seen_by_the_model(monkeypatch):
   """What the train step hands the model: each training forward pass's images and labels (in
   order) and the sharding the compiler gave the batch's images."""
-  from capsjax.training import tasks
+  from capsjax import models
 
   batches, shardings = [], []
-  original = tasks.Task.forward
+  original = models.forward
 
-  def forward(self, variables, batch, *, train, **kwargs):
+  def forward(graphdef, variables, batch, *, train, **kwargs):
     if train:
       jax.debug.inspect_array_sharding(batch["images"], callback=shardings.append)
       jax.debug.callback(lambda i, l: batches.append((np.asarray(i), np.asarray(l))),
                          batch["images"], batch["labels"])
-    return original(self, variables, batch, train=train, **kwargs)
+    return original(graphdef, variables, batch, train=train, **kwargs)
 
-  monkeypatch.setattr(tasks.Task, "forward", forward)
+  monkeypatch.setattr(models, "forward", forward)
   return batches, shardings, original
 
 
@@ -100,11 +100,11 @@ def test_the_batches_the_step_builds_are_fresh_shifts_of_each_epochs_examples_sh
   batches, shardings, _ = seen_by_the_model
   config = mnist.get_config("smoke")
   config.data.source, config.data.dir, config.data.train_limit = "idx", str(idx_dir), 48
-  runtime = Runtime(config)
-  train = runtime.splits["train"]
-  examples, shared = runtime.on_devices(train)
-  step = runtime.make_train_step()
-  state = runtime.fresh_state()
+  setup = Setup(config)
+  train = setup.splits["train"]
+  examples, shared = setup.on_devices(train)
+  step = setup.make_train_step()
+  state = setup.fresh_state()
   for _ in range(6):  # Two epochs of 3 steps.
     state, _ = step(state, examples, shared, 1)
   jax.block_until_ready(state)
@@ -141,17 +141,17 @@ def test_the_step_receives_the_examples_its_data_order_picks(idx_dir, seen_by_th
   permutation (also when a dispatch of 3 steps draws it once for all three) or the official
   code's stream (capsjax/datasets/stream_order.py)."""
   from capsjax.datasets import augment, stream_order
-  from capsjax.training.data_order import TrainOrder
+  from capsjax.training.train_step import TrainOrder
 
   batches, _, _ = seen_by_the_model
   config = mnist.get_config("smoke")
   config.data.source, config.data.dir, config.data.train_limit = "idx", str(idx_dir), 48
   config.data.order, config.data.stream_window = order, 24
-  runtime = Runtime(config)
-  train = runtime.splits["train"]
-  examples, shared = runtime.on_devices(train)
-  step = runtime.make_train_step()
-  state = runtime.fresh_state()
+  setup = Setup(config)
+  train = setup.splits["train"]
+  examples, shared = setup.on_devices(train)
+  step = setup.make_train_step()
+  state = setup.fresh_state()
   data_key = np.asarray(TrainOrder.keys(state.rng)[0])
   for _ in range(6 // steps_per_dispatch):  # Two epochs of 3 steps.
     state, _ = step(state, examples, shared, steps_per_dispatch)
@@ -162,7 +162,7 @@ def test_the_step_receives_the_examples_its_data_order_picks(idx_dir, seen_by_th
     received = [copies[p.tobytes()][0] for p in np.rint(images * 255).astype(np.uint8)]
     if order == "stream":
       positions = stream_order.batch_positions(data_key, k, 16, 24)
-      expected, _ = stream_order.examples_and_copies(positions, 48, runtime.task.dataset
+      expected, _ = stream_order.examples_and_copies(positions, 48, setup.task.dataset
                                                      .stream_copies())
     else:
       expected = augment.epoch_batch_indices(data_key, k, 48, 16)
@@ -178,12 +178,13 @@ def test_the_logged_train_metrics_are_the_batch_means_recomputed_outside_the_ste
   batches, _, forward = seen_by_the_model
   config = mnist.get_config("smoke")
   config.data.source, config.data.dir = "idx", str(idx_dir)
-  runtime = Runtime(config)
-  examples, shared = runtime.on_devices(runtime.splits["train"])
-  step = runtime.make_train_step()
-  state = runtime.fresh_state()
+  setup = Setup(config)
+  examples, shared = setup.on_devices(setup.splits["train"])
+  step = setup.make_train_step()
+  state = setup.fresh_state()
   recompute = jax.jit(lambda variables, batch, key, k: forward(  # One program, not op by op.
-      runtime.task, variables, batch, train=True, rng=key, step=k))
+      setup.task.graphdef, variables, setup.task.complete_batch(batch), train=True, rng=key,
+      step=k))
   for k in range(3):
     before = jax.tree.map(np.asarray, state.variables)  # The state is donated to the step.
     noise_key = jax.random.fold_in(jax.random.fold_in(state.rng, 1), k)

@@ -1,4 +1,4 @@
-"""Several runs in one program (capsjax/training/vectorize.py, driver.py): each vectorised
+"""Several runs in one program (capsjax/training/vectorize.py, capsjax/train.py): each vectorised
 run ends where it ends alone, a diverging one stops alone, groups follow what the train step
 does, a group that does not fit is split, and runs restored at different steps resume."""
 
@@ -17,8 +17,9 @@ from capsjax import sweep, train
 from capsjax.common.errors import NonFiniteLossError, UsageError
 from capsjax.models.capsule_head import LossSettings
 from capsjax.runs import runconfig
-from capsjax.training import driver, vectorize
-from capsjax.training.runtime import Runtime
+from capsjax import train
+from capsjax.training import train_step, vectorize
+from capsjax.training.setup import Setup
 from helpers import (REPO, final_params, read_summary, run_in_process, run_sweep,
                      sweep_in_process, train_records, write_idx_dataset)
 
@@ -73,24 +74,24 @@ def test_vectorised_runs_end_where_they_end_alone_and_a_diverging_one_stops_alon
     data_dir, tmp_path):
   """On the conftest's 4 CPU devices (the sweep test below: 1). The diverging run is the
   middle one of three: the two others keep their own rows of the stacked state. Alone: one
-  by one through the sweep's runner, where the diverging point stops alone too, the next one
+  by one through the sweep's batched, where the diverging point stops alone too, the next one
   still runs, and the sweep ends naming it."""
   ordered = (POINTS[0], POINTS[2], POINTS[1])
   configs = configs_of(data_dir, ordered)
   points = [sweep.Point(k, {key: v for key, v in p.items() if key != "seed"}, p["seed"],
                         f"alone{k}") for k, p in enumerate(ordered)]
   with pytest.raises(NonFiniteLossError, match=r"the others finished\):\n  alone1: ") as stop:
-    sweep.run_points(point(data_dir, 0), points, str(tmp_path))
+    sweep.train_points(point(data_dir, 0), points, str(tmp_path))
   assert read_summary(tmp_path / "alone2")["step"] == 4   # Ran after the diverged one.
 
-  runtimes = [Runtime(c) for c in configs]
-  driver.share_equal_data(runtimes)
-  [group] = vectorize.plan_groups(runtimes)
+  setups = [Setup(c) for c in configs]
+  train.share_equal_data(setups)
+  [group] = vectorize.plan_groups(setups)
   assert group.per_run_keys == ("loss.reconstruction_weight", "optimizer.learning_rate")
   assert group.init_keys == ("model.class_capsules.init_scale",)
   dirs = [str(tmp_path / f"together{k}") for k in range(3)]
-  outcomes = driver.train_and_evaluate_group(configs, dirs, group.per_run_keys,
-                                                runtimes=runtimes)
+  outcomes = train.train_and_evaluate_group(configs, dirs, group.per_run_keys,
+                                                setups=setups)
   for k in (0, 2):
     assert outcomes[k]["runs_in_program"] == 2  # Three until the middle one stopped.
     assert outcomes[k]["step"] == 4 and outcomes[k]["devices"] == 4
@@ -128,11 +129,11 @@ def test_a_signal_saves_every_run_of_a_group_and_the_rerun_ends_as_if_uninterrup
 
   monkeypatch.setattr(run_lib.Run, "dispatched", signal_after_the_first_step)
   with pytest.raises(preemption.Preempted) as stopped:
-    driver.train_and_evaluate_group(configs, dirs, keys)
+    train.train_and_evaluate_group(configs, dirs, keys)
   monkeypatch.undo()
   assert stopped.value.exit_status == 143 and sent == [1]
   assert [checkpoint_steps(d) for d in dirs] == [[1], [1]]
-  outcomes = driver.train_and_evaluate_group(configs, dirs, keys)
+  outcomes = train.train_and_evaluate_group(configs, dirs, keys)
   assert [o["step"] for o in outcomes] == [4, 4]
   for k, config in enumerate(configs):
     train.train_and_evaluate(config, str(tmp_path / f"alone{k}"))
@@ -152,7 +153,7 @@ def test_in_a_group_a_busy_workdir_is_skipped_and_stop_at_accuracy_stops_as_alon
   dirs = [str(tmp_path / f"run{k}") for k in range(3)]
   os.makedirs(dirs[1])
   with workdirs.hold(dirs[1]):
-    outcomes = driver.train_and_evaluate_group(configs, dirs)
+    outcomes = train.train_and_evaluate_group(configs, dirs)
   assert isinstance(outcomes[1], workdirs.WorkdirBusy)
   assert not os.path.exists(os.path.join(dirs[1], "summary.json"))
   for k in (0, 2):
@@ -169,17 +170,16 @@ def test_each_runs_per_run_numbers_reach_the_step(data_dir):
   own, not the first run's for all."""
   configs = configs_of(data_dir, [dict(seed=0), dict(seed=0, **{
       "loss.reconstruction_weight": 0.05})])
-  runtime = Runtime(configs[0])
-  step = vectorize.VectorizedStep(runtime, ("loss.reconstruction_weight",))
-  sharding = vectorize.replicated(runtime)
-  state = runtime.fresh_state()
+  setup = Setup(configs[0])
+  step = train_step.Step(setup, vectorised=True)
+  state = setup.fresh_state()
   # The state a run of rate 0 would start from (such a run alone is refused).
   still = state.replace(opt_state=state.opt_state._replace(
       hyperparams={"learning_rate": jnp.zeros((), jnp.float32)}))
-  states = vectorize.stack([state, still], sharding)
+  states = step.stack([state, still])
   values = step.values(configs)
   assert isinstance(values, LossSettings) and values.reconstruction_weight.shape == (2,)
-  examples, shared = runtime.on_devices(runtime.splits["train"])
+  examples, shared = setup.on_devices(setup.splits["train"])
   states, metrics = step(states, values, examples, shared, 2)
   recon = np.asarray(metrics["reconstruction_loss"])
   np.testing.assert_allclose(recon[1, 0], 100 * recon[0, 0], rtol=1e-5)  # 0.05 / 0.0005.
@@ -191,8 +191,8 @@ def test_each_runs_per_run_numbers_reach_the_step(data_dir):
 def test_the_keys_runs_may_differ_in_follow_from_the_declarations(data_dir):
   """The optimiser's per-run numbers and the fields of the model's ``per_run_numbers``: a
   new field is a key runs may differ in, without a second list."""
-  runtime = Runtime(configs_of(data_dir, [dict(seed=0)])[0])
-  per_run, _ = vectorize.declared(runtime)
+  setup = Setup(configs_of(data_dir, [dict(seed=0)])[0])
+  per_run, _ = vectorize.declared(setup)
   assert per_run == ("optimizer.learning_rate",) + tuple(
       f"loss.{f.name}" for f in dataclasses.fields(LossSettings))
 
@@ -203,9 +203,9 @@ def test_groups_follow_the_declared_rules(data_dir):
              point(data_dir, 2, **{"model.routing.squash_epsilon": 1e-7}),
              point(data_dir, 3, **{"model.routing.squash_epsilon": 1e-7,
                                    "loss.m_plus": 0.7})]
-  runtimes = [Runtime(c) for c in configs]
-  driver.share_equal_data(runtimes)
-  groups = vectorize.plan_groups(runtimes)
+  setups = [Setup(c) for c in configs]
+  train.share_equal_data(setups)
+  groups = vectorize.plan_groups(setups)
   # m_plus is a per-run number (CapsuleModel.per_run_numbers); the iterations (an integer) and
   # squash_epsilon (a float) are declared nothing: each value is a program of its own.
   assert [g.indices for g in groups] == [(0, 1), (2,), (3, 4)]
@@ -223,9 +223,9 @@ def test_runs_of_another_matmul_precision_are_a_program_of_their_own(data_dir):
   """JAX keys a program by its precision: runs that differ in it cannot share one."""
   configs = [point(data_dir, 0), point(data_dir, 1),
              point(data_dir, 2, **{"matmul_precision": "float32"})]
-  runtimes = [Runtime(c) for c in configs]
-  driver.share_equal_data(runtimes)
-  groups = vectorize.plan_groups(runtimes)
+  setups = [Setup(c) for c in configs]
+  train.share_equal_data(setups)
+  groups = vectorize.plan_groups(setups)
   assert [g.indices for g in groups] == [(0, 1), (2,)]
   assert all(g.split_by == ("matmul_precision",) for g in groups)
 
@@ -243,10 +243,10 @@ def test_runs_whose_data_differ_never_share_the_first_runs_data(data_dir, tmp_pa
       RESEARCHER.flipped_config(point(data_dir, seed)), o, seed)
   configs = [flipped(0), flipped(0, **{"data.flip_fraction": 1.0}),
              flipped(0, **{"data.flip_test": 1.0}), flipped(1, **{"loss.m_plus": 0.8})]
-  runtimes = [Runtime(c) for c in configs]
-  driver.share_equal_data(runtimes)
-  assert runtimes[3].splits is runtimes[0].splits  # Equal data: one copy on the host.
-  groups = vectorize.plan_groups(runtimes)
+  setups = [Setup(c) for c in configs]
+  train.share_equal_data(setups)
+  assert setups[3].splits is setups[0].splits  # Equal data: one copy on the host.
+  groups = vectorize.plan_groups(setups)
   assert [g.indices for g in groups] == [(0, 3), (1,), (2,)]
   assert groups[0].per_run_keys == ("loss.m_plus",)
   text = sweep.describe_groups(groups, sweep.expand({"points": [{}] * 4, "seeds": [0]}))
@@ -256,15 +256,15 @@ def test_runs_whose_data_differ_never_share_the_first_runs_data(data_dir, tmp_pa
   # Runs that the plan would keep apart are refused by the group's trainer, not trained on
   # the first one's data.
   with pytest.raises(ValueError, match="data differ"):
-    driver.train_and_evaluate_group(configs[:2], [str(tmp_path / "a"), str(tmp_path / "b")])
+    train.train_and_evaluate_group(configs[:2], [str(tmp_path / "a"), str(tmp_path / "b")])
   assert not os.path.exists(tmp_path / "a")
 
   # A seed that draws each run's validation split gives each its own training data: apart,
   # though the seed alone never splits.
   held_out = [point(data_dir, seed, **{"data.validation_size": 8}) for seed in (0, 1, 0)]
-  runtimes = [Runtime(c) for c in held_out]
-  driver.share_equal_data(runtimes)
-  groups = vectorize.plan_groups(runtimes)
+  setups = [Setup(c) for c in held_out]
+  train.share_equal_data(setups)
+  groups = vectorize.plan_groups(setups)
   assert [g.indices for g in groups] == [(0, 2), (1,)]
   assert groups[1].apart == ((vectorize.DATA, vectorize.DATA_DIFFER),)
   assert "apart: each run's data, loaded from its own config, differ" in sweep.describe_groups(
@@ -278,15 +278,15 @@ def test_a_researchers_model_shares_a_program_only_in_what_it_declares(data_dir,
       RESEARCHER.linear_config(point(data_dir, seed)), o, seed)
   configs = [linear(0), linear(1, **{"model.init_std": 0.5}),
              linear(0, **{"model.temperature": 2.0})]
-  runtimes = [Runtime(c) for c in configs]
-  driver.share_equal_data(runtimes)
-  groups = vectorize.plan_groups(runtimes)
+  setups = [Setup(c) for c in configs]
+  train.share_equal_data(setups)
+  groups = vectorize.plan_groups(setups)
   assert [g.indices for g in groups] == [(0, 1), (2,)]
   assert groups[0].init_keys == ("model.init_std",) and groups[0].per_run_keys == ()
   assert "apart by model.temperature (neither a per-run number nor initialisation-only)" in (
       sweep.describe_groups(groups, sweep.expand({"points": [{}] * 3, "seeds": [0]})))
   dirs = [str(tmp_path / f"together{k}") for k in range(2)]
-  driver.train_and_evaluate_group(configs[:2], dirs, runtimes=runtimes[:2])
+  train.train_and_evaluate_group(configs[:2], dirs, setups=setups[:2])
   for k in range(2):
     train.train_and_evaluate(configs[k], str(tmp_path / f"alone{k}"))
     assert_same_run(tmp_path / f"alone{k}", dirs[k])
@@ -324,7 +324,7 @@ def test_a_group_that_does_not_fit_is_split_and_a_single_run_refused(data_dir, t
                                                                       capsys):
   configs = configs_of(data_dir, POINTS[:2])
   limits = iter([0])  # No room for both at the first compile; room afterwards.
-  outcomes = driver.train_and_evaluate_group(
+  outcomes = train.train_and_evaluate_group(
       configs, [str(tmp_path / f"run{k}") for k in range(2)], ("loss.reconstruction_weight",
                                                                "optimizer.learning_rate"),
       memory_limit=lambda: next(limits, None))
@@ -332,7 +332,7 @@ def test_a_group_that_does_not_fit_is_split_and_a_single_run_refused(data_dir, t
   assert [o["runs_in_program"] for o in outcomes] == [1, 1]
   with pytest.raises(UsageError, match=r"needs .* per device .* \(batch 16, 1 step\(s\) per "
                      r"dispatch\); the device has 0.0 MiB free. Lower --config.train.batch_size"):
-    driver.train_and_evaluate_group(configs[:1], [str(tmp_path / "none")],
+    train.train_and_evaluate_group(configs[:1], [str(tmp_path / "none")],
                                        memory_limit=lambda: 0)
 
 
@@ -344,12 +344,12 @@ def test_runs_restored_at_different_steps_resume_as_separate_programs(data_dir, 
   for c in short:
     c.train.num_steps = 2
   dirs = [str(tmp_path / f"run{k}") for k in range(2)]
-  driver.train_and_evaluate_group(short, dirs, keys)
+  train.train_and_evaluate_group(short, dirs, keys)
   # The first run's checkpoint is lost: it starts over, the second resumes at step 2.
   import shutil
   shutil.rmtree(os.path.join(dirs[0], "checkpoints"))
   os.remove(os.path.join(dirs[0], "summary.json"))
-  outcomes = driver.train_and_evaluate_group(configs, dirs, keys)
+  outcomes = train.train_and_evaluate_group(configs, dirs, keys)
   assert "restored at different steps (0, 2)" in capsys.readouterr().out
   assert [o["step"] for o in outcomes] == [4, 4]
   fresh = str(tmp_path / "alone1")
@@ -399,7 +399,8 @@ def test_sweep_vectorised_equals_one_by_one_on_one_device(tmp_path):
     line = next(l for l in table.split("Paired against")[1].splitlines()
                 if l.startswith("| ") and "mnist" in l
                 and ("mnist_baseline" in l) == ("baseline" in name))
-    assert f" | 1 | {only_this} | {only_reference} | " in line, (line, name)
+    n = len(correct[name])  # Both scored the same test examples: all of them shared.
+    assert f" | 1 | {n:,} ({n:,}, {n:,}) | {only_this} | {only_reference} | " in line, (line, name)
   assert "| paper test error (%) |" in table.splitlines()[0]
   assert "| 0.25 ± 0.005 |" in table and "| 0.35 ± 0.036 |" in table and "| 0.39 |" in table
   assert "Not finished (12)" in table

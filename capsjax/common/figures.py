@@ -258,14 +258,15 @@ def save_transform_curves(path: str, curves: dict[str, tuple], chance: float,
 
 
 def save_disagreements(path: str, panels: list[tuple[str, np.ndarray, list[str]]],
-                       per_row: int = 8) -> None:
-  """Examples two setups disagree on: ``panels`` is ``[(title, images, captions)]``, each
-  panel's images in rows of ``per_row`` under its title (an empty panel says so)."""
+                       per_row: int = 8, title: str | None = None) -> None:
+  """Examples two setups disagree on: ``panels`` is ``[(heading, images, captions)]``, each
+  panel's images in rows of ``per_row`` under its heading (an empty panel says so), all under
+  ``title`` (which runs, which side is A)."""
   rows = [max(1, -(-len(images) // per_row)) for _, images, _ in panels]
   fig, axes = plt.subplots(sum(rows), per_row, figsize=(1.4 * per_row, 1.5 * sum(rows) + 0.6),
                            squeeze=False)
   top = 0
-  for (title, images, captions), n_rows in zip(panels, rows):
+  for (heading, images, captions), n_rows in zip(panels, rows):
     images = displayable(images) if len(images) else images
     for k, ax in enumerate(axes[top:top + n_rows].ravel()):
       if k < len(images):
@@ -273,9 +274,11 @@ def save_disagreements(path: str, panels: list[tuple[str, np.ndarray, list[str]]
         ax.set_title(captions[k], fontsize=7)
       else:
         ax.axis("off")
-    axes[top, 0].text(0, 1.35 if len(images) else 0.5, title if len(images) else
-                      f"{title}: none", transform=axes[top, 0].transAxes, fontsize=9,
+    axes[top, 0].text(0, 1.35 if len(images) else 0.5, heading if len(images) else
+                      f"{heading}: none", transform=axes[top, 0].transAxes, fontsize=9,
                       ha="left", va="bottom")
     top += n_rows
-  fig.subplots_adjust(hspace=0.9)
+  fig.subplots_adjust(hspace=0.9, top=1 - 0.9 / (1.5 * sum(rows) + 0.6) if title else None)
+  if title:
+    fig.suptitle(title, fontsize=9, wrap=True)
   save(fig, path)

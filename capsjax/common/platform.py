@@ -4,7 +4,7 @@ Some of capsjax's programs differ by backend: ``conv_impl="auto"`` computes a co
 im2col on a CPU, as polyphase (strided, larger than 3x3) or natively on a GPU and natively on a
 TPU (:func:`capsjax.models.layers.conv2d`; depthwise ones likewise), and
 :func:`capsjax.training.vectorize.default_min_runs` and the initialisation's compiler options
-(``capsjax.training.runtime.INIT_COMPILER_OPTIONS``) depend on it too. Each reads
+(``capsjax.training.setup.INIT_COMPILER_OPTIONS``) depend on it too. Each reads
 :func:`target`: JAX's default backend, or the platform of the innermost :func:`building_for`.
 ``jax.export`` lowers a program for a GPU or a TPU on a machine without one, but
 ``jax.default_backend()`` still says ``"cpu"`` while it does; so a GPU's or TPU's program is

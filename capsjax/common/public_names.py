@@ -22,8 +22,8 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "capsjax.datasets": ("Builder", "DatasetInfo", "Split", "DATASETS", "get", "names",
                          "to_float"),
     "capsjax.datasets.sources": ("load", "read_idx"),
-    "capsjax.models": ("CAPABILITIES", "MODELS", "Outputs", "SCORE_KINDS", "SHAPE_SETTINGS",
-                       "count_params", "create", "get"),
+    "capsjax.models": ("CAPABILITIES", "MODELS", "Forward", "Outputs", "SCORE_KINDS",
+                       "SHAPE_SETTINGS", "count_params", "create", "forward", "get"),
     "capsjax.models.layers": ("Conv2D", "Decoder", "conv2d", "depthwise_conv2d",
                               "kernel_init", "same_padding"),
     "capsjax.models.capsule_layers": ("Capsules", "ClassCapsules", "MatrixPrimaryCapsules",
@@ -39,16 +39,21 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "capsjax.evaluators": ("EVALUATORS", "Evaluator", "SkipEvaluation", "types"),
     "capsjax.common.errors": ("UsageError",),
     "capsjax.common.config_args": ("parse_arg",),
-    "capsjax.common.settings": ("Setting", "REQUIRED", "Rule", "POSITIVE"),
+    "capsjax.common.settings": ("Setting", "REQUIRED", "Rule", "POSITIVE", "NON_NEGATIVE",
+                                "at_least", "above", "between", "one_of", "each", "usually"),
     "capsjax.common.per_run": ("declare", "config_keys", "of_config", "stacked"),
     "capsjax.common.platform": ("building_for", "target"),  # Exporting a GPU's or TPU's program.
     "capsjax.runs.runconfig": ("import_config_file", "load"),
     "capsjax.training.vectorize": ("default_min_runs",),
-    "capsjax.training.evaluation": ("EvalRunner",),   # What Evaluator.runner is.
+    "capsjax.training.schema": ("resolve_config",),
+    "capsjax.training.evaluation": ("BatchedEval",),   # What Evaluator.batched is.
 }
 
 # (old module, old name) -> "new.module:Name", kept for a release after the move.
-MOVED: dict[tuple[str, str], str] = {}
+MOVED: dict[tuple[str, str], str] = {
+    # Renamed in 0.2.0 so that "run" names a run: what maps functions over evaluation sets.
+    ("capsjax.training.evaluation", "EvalRunner"): "capsjax.training.evaluation:BatchedEval",
+}
 
 
 def resolve(target: str):

@@ -30,7 +30,7 @@ from capsjax.common.settings import Setting, at_least, one_of
 ORDERS = ("permutation", "stream")
 
 # ``config.data``'s order of the training examples, for every dataset (the train step reads it:
-# capsjax/training/data_order.py).
+# capsjax/training/train_step.py TrainOrder).
 SETTINGS = {
     "data.order": Setting("permutation", "\"permutation\": each epoch a fresh one; \"stream\": "
                           "the official code's stream of shifted copies (MNIST; "

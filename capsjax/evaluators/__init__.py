@@ -10,9 +10,9 @@ Each evaluator builds its examples once (on the host, then on the devices),
 and :meth:`Evaluator.run` returns ``{"accuracy": ..., "loss": ..., ...}``:
 the averages of the model's own per-example loss and metrics, computed on the
 devices in batches of ``config.eval.batch_size`` by a
-:class:`capsjax.training.evaluation.EvalRunner` (``self.runner``: ``eval_set``, ``evaluate``, and
+:class:`capsjax.training.evaluation.BatchedEval` (``self.batched``: ``eval_set``, ``evaluate``, and
 ``mean`` / ``collect`` of any pure function of the variables and a batch, e.g. one that
-differentiates ``self.runner.task.forward`` with respect to the images). The run
+differentiates ``self.batched.task.forward`` with respect to the images). The run
 writes them to metrics.jsonl, TensorBoard and ``summary.json["evaluations"]``
 under the evaluation's name. ``config.data.test_limit`` limits every set.
 
@@ -28,6 +28,7 @@ example).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, ClassVar
 
 import ml_collections
@@ -52,7 +53,7 @@ class SkipEvaluation(Exception):
 
 class Evaluator:
   """Base class: one named evaluation. Subclasses build their sets in ``__init__``
-  (through ``self.runner.eval_set``) and implement :meth:`run`."""
+  (through ``self.batched.eval_set``) and implement :meth:`run`."""
   type_name: ClassVar[str] = ""
   # The settings it reads besides ``type`` (``config.evals.NAME.*``), declared: ``{key:
   # Setting}`` (or ``{key: default}``); any other is refused, so that a misspelled one never
@@ -60,13 +61,21 @@ class Evaluator:
   SETTINGS: ClassVar[dict[str, Any] | None] = None
 
   def __init__(self, name: str, settings: ml_collections.ConfigDict, config, builder,
-               splits: dict, runner):
+               splits: dict, batched):
     """``settings`` is ``config.evals[name]``; ``config`` the run config; ``builder`` the
-    dataset builder; ``splits`` its host splits; ``runner`` a
-    :class:`capsjax.training.evaluation.EvalRunner`."""
+    dataset builder; ``splits`` its host splits; ``batched`` a
+    :class:`capsjax.training.evaluation.BatchedEval`."""
     self.name, self.settings, self.config = name, settings, config
-    self.builder, self.splits, self.runner = builder, splits, runner
+    self.builder, self.splits, self.batched = builder, splits, batched
     self._values = resolved_settings(type(self), name, settings)
+
+  @property
+  def runner(self):
+    """Deprecated (0.2.0): :attr:`batched`, the same object (``runner`` named several things)."""
+    warnings.warn(f"{type(self).__name__}.runner is deprecated: use .batched (the same "
+                  "capsjax.training.evaluation.BatchedEval; CHANGELOG.md).", DeprecationWarning,
+                  stacklevel=2)
+    return self.batched
 
   def limited(self, split: datasets.Split) -> datasets.Split:
     """``split`` limited as :func:`limit` does."""
@@ -162,7 +171,7 @@ def validate(config) -> None:
   check_types(settings)
 
 
-def build(settings: dict, config, builder, splits: dict, runner,
+def build(settings: dict, config, builder, splits: dict, batched,
           log: Callable[[str], None] = print) -> dict[str, Evaluator]:
   """The evaluators of ``settings`` (``{name: settings}``), skipping (and logging) those whose
   data are missing (:class:`SkipEvaluation`)."""
@@ -170,17 +179,17 @@ def build(settings: dict, config, builder, splits: dict, runner,
   built = {}
   for name, s in settings.items():
     try:
-      built[name] = EVALUATORS.get(s.type)(name, s, config, builder, splits, runner)
+      built[name] = EVALUATORS.get(s.type)(name, s, config, builder, splits, batched)
     except SkipEvaluation as e:
       log(f"Skipping evaluation {name!r}: {e}")
   return built
 
 
-def build_all(config, builder, splits: dict, runner,
+def build_all(config, builder, splits: dict, batched,
               log: Callable[[str], None] = print) -> dict[str, Evaluator]:
   """The evaluators of ``config.evals`` (plus ``validation`` when the data hold one out)."""
   validate(config)
   settings = eval_settings(config)
   if len(splits.get("validation", ())) and "validation" not in settings:
     settings["validation"] = ml_collections.ConfigDict({"type": "split", "split": "validation"})
-  return build(settings, config, builder, splits, runner, log)
+  return build(settings, config, builder, splits, batched, log)

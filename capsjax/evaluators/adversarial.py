@@ -22,7 +22,7 @@ Settings (``config.evals.NAME``), defaults in brackets:
 
 The attack is white-box through everything the forward pass does in evaluation mode (routing
 iterations included; BatchNorm statistics frozen, no dropout or noise): ``jax.grad`` of
-``runner.task.forward`` with respect to the images. One function per attack computes every
+``batched.task.forward`` with respect to the images. One function per attack computes every
 epsilon, so it is jitted once per attack and mapped over the set on every device.
 
 The vote attack (Gu, Wu & Tresp, ICLR 2021: attacks through the routing are weakened by the
@@ -130,7 +130,7 @@ class AdversarialEvaluator(evaluators.Evaluator):
     if self.loss not in LOSSES:
       raise UsageError(f"{where}.loss={self.loss!r}: choose from {LOSSES}.")
     voting = [a for a in self.attacks if a.startswith("vote_")]
-    if voting and "votes" not in self.runner.task.capabilities:
+    if voting and "votes" not in self.batched.task.capabilities:
       raise UsageError(f"{where}.attacks={self.attacks!r}: {voting} attack the class layer's "
                        f"votes, and model {self.config.model.name!r} has none (no 'votes' "
                        "capability); attack it with fgsm, pgd or bim.")
@@ -150,10 +150,10 @@ class AdversarialEvaluator(evaluators.Evaluator):
     if split not in self.splits:
       raise UsageError(f"{where}.split={split!r}: the dataset has {tuple(self.splits)}.")
     sample = self.splits[split].sample(self.count("limit"))
-    self.set = self.runner.eval_set(sample)
+    self.set = self.batched.eval_set(sample)
     self.num_examples = len(sample)
-    self.chance = self.runner.task.chance_levels()["accuracy"]
-    # One object per attack: each keys the runner's jit cache.
+    self.chance = self.batched.task.chance_levels()["accuracy"]
+    # One object per attack: each keys the batched's jit cache.
     self.attack_fns = {name: self._attack_fn(name) for name in self.attacks
                        if not name.startswith(foolbox_attacks.PREFIX)}
 
@@ -163,7 +163,7 @@ class AdversarialEvaluator(evaluators.Evaluator):
     return (2.5 if attack.endswith("pgd") else 1.0) * epsilon / self.steps
 
   def _attack_fn(self, attack: str):
-    task = self.runner.task
+    task = self.batched.task
     num_classes = task.dataset.info.num_classes
     through_votes = attack.startswith("vote_")
     method = attack.removeprefix("vote_")
@@ -234,7 +234,7 @@ class AdversarialEvaluator(evaluators.Evaluator):
     result = {}
     started = time.perf_counter()
     for attack, fn in self.attack_fns.items():
-      means = self.runner.mean(fn, variables, self.set, progress=f"{self.name}: {attack}")
+      means = self.batched.mean(fn, variables, self.set, progress=f"{self.name}: {attack}")
       for key, value in means.items():
         if key.endswith("_fooled"):
           clean = means["clean_accuracy"]

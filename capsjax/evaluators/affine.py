@@ -68,13 +68,13 @@ class AffineMNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
     images, labels = affine.random_affine(digits.examples["images"], digits.examples["labels"],
                                           per_digit, canvas, ranges, int(s("seed")))
     transformed = self.limited(datasets.Split({"images": images, "labels": labels}))
-    self.set = self.runner.eval_set(transformed, self.builder.eval_batch)
+    self.set = self.batched.eval_set(transformed, self.builder.eval_batch)
     self.figure_title = (f"affine MNIST (a stand-in for affNIST, made here): rotation "
                          f"+-{ranges.rotation_degrees:g} deg, shear +-{ranges.shear:g}, scale "
                          f"{ranges.scale[0]:g}-{ranges.scale[1]:g}; (label, prediction)")
 
   def run(self, params) -> dict:
-    return self.runner.evaluate(params, self.set)
+    return self.batched.evaluate(params, self.set)
 
 
 class AffNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
@@ -93,9 +93,9 @@ class AffNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
           "the folder of test batches (https://www.cs.toronto.edu/~tijmen/affNIST/).")
     images, labels = affnist.load(path, self.builder.info.num_classes)
     _check_canvas(self, images.shape[1:])
-    self.set = self.runner.eval_set(
+    self.set = self.batched.eval_set(
         self.limited(datasets.Split({"images": images, "labels": labels})),
         self.builder.eval_batch)
 
   def run(self, params) -> dict:
-    return self.runner.evaluate(params, self.set)
+    return self.batched.evaluate(params, self.set)

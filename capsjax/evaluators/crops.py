@@ -58,14 +58,14 @@ class CropAverageEvaluator(evaluators.Evaluator):
       raise UsageError(f"{where}.offsets={self.offsets!r}: a {self.builder.crop}-px crop of "
                        f"{h}x{w} images moves at most {room} px from the centre.")
     # One set on the devices; each crop adds its offset, an argument of the one compiled step.
-    centred = self.runner.eval_set(sample, moved)
+    centred = self.batched.eval_set(sample, moved)
     self.sets = [centred.with_shared(crop_offset=np.asarray(o, np.int32)) for o in self.offsets]
-    self.num_classes = self.runner.task.dataset.info.num_classes
+    self.num_classes = self.batched.task.dataset.info.num_classes
 
   def run(self, params) -> dict:
     total, labels, result = None, None, {}
     for n, ((dy, dx), crops) in enumerate(zip(self.offsets, self.sets), 1):
-      scores, labels = self.runner.scores(params, crops)
+      scores, labels = self.batched.scores(params, crops)
       total = scores if total is None else total + scores
       if (dy, dx) == (0, 0):
         result["centre_accuracy"] = float(np.mean(np.argmax(scores, axis=1) == labels))

@@ -72,10 +72,10 @@ class ReconstructionDetectionEvaluator(AdversarialEvaluator):
     if any(a not in self.attack_fns for a in self.attacks):
       raise UsageError(f"{where}.attacks={self.attacks!r}: detection runs capsjax's own "
                        "attacks (fgsm, pgd, bim, vote_fgsm, vote_pgd), not foolbox's.")
-    if "reconstruction" not in self.runner.task.capabilities:
+    if "reconstruction" not in self.batched.task.capabilities:
       raise UsageError(f"{where}: model {self.config.model.name!r} does not reconstruct its "
                        "input (no decoder), so it has nothing to detect with.")
-    if self.runner.task.dataset.info.labels_per_example != 1:
+    if self.batched.task.dataset.info.labels_per_example != 1:
       raise UsageError(f"{where}: detection by reconstruction needs one label per image.")
     validation = self.splits.get("validation")
     if validation is None or not len(validation):
@@ -87,26 +87,26 @@ class ReconstructionDetectionEvaluator(AdversarialEvaluator):
                        "the test split.")
     self.percentile = float(self.setting("percentile"))
     sample = validation.sample(self.count("validation_limit"))
-    self.validation_set = self.runner.eval_set(sample)
+    self.validation_set = self.batched.eval_set(sample)
     self.distances: dict[str, np.ndarray] = {}
 
   def measure(self, images, outputs) -> dict:
     return {"distance": reconstruction_distance(images, outputs.reconstructions)}
 
   def _clean_distance(self, variables, batch) -> dict:
-    outputs = self.runner.task.forward(variables, batch, train=False).outputs
+    outputs = self.batched.task.forward(variables, batch, train=False).outputs
     return {"distance": reconstruction_distance(batch["images"], outputs.reconstructions)}
 
   def run(self, variables) -> dict:
     started = time.perf_counter()
-    validation = self.runner.collect(self._clean_distance, variables,
+    validation = self.batched.collect(self._clean_distance, variables,
                                      self.validation_set)["distance"]
     threshold = float(np.percentile(validation, self.percentile))
     result = {"threshold": threshold,
               "validation_false_positive_rate": float(np.mean(validation > threshold))}
     self.distances = {"validation": validation}
     for attack, fn in self.attack_fns.items():
-      values = self.runner.collect(fn, variables, self.set, progress=f"{self.name}: {attack}")
+      values = self.batched.collect(fn, variables, self.set, progress=f"{self.name}: {attack}")
       correct = values["clean_accuracy"]
       result["clean_accuracy"] = float(np.mean(correct))
       result["false_positive_rate"] = float(np.mean(values["clean_distance"] > threshold))

@@ -73,7 +73,7 @@ def run_attack(evaluator, attack: str, variables) -> dict:
   cls = attack_class(attack, f"config.evals.{evaluator.name}")
   kwargs = (evaluator.setting("foolbox_kwargs") or {}).get(attack[len(PREFIX):])
   instance = cls(**dict(kwargs or {}))
-  task, eval_set, name = evaluator.runner.task, evaluator.set, result_name(attack)
+  task, eval_set, name = evaluator.batched.task, evaluator.set, result_name(attack)
   num_classes = task.dataset.info.num_classes
   log_probabilities = jax.jit(lambda v, batch, x: task.forward(
       v, {**batch, "images": x}, train=False).outputs.log_probabilities)

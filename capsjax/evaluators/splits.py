@@ -44,13 +44,13 @@ class SplitEvaluator(evaluators.Evaluator):
 
   def __init__(self, *args):
     super().__init__(*args)
-    self.set = self.runner.eval_set(_split(self), self.builder.eval_batch)
+    self.set = self.batched.eval_set(_split(self), self.builder.eval_batch)
 
   def run(self, params) -> dict:
     return self.run_and_predict(params)[0]
 
   def run_and_predict(self, params) -> tuple[dict, predictions.Predictions]:
-    metrics, per_example, outputs = self.runner.evaluate_examples(params, self.set)
+    metrics, per_example, outputs = self.batched.evaluate_examples(params, self.set)
     return metrics, predictions.Predictions.of(
         self.set.host, outputs["scores"], per_example["accuracy"], outputs["labels"],
         self.builder.info.labels_per_example)
@@ -80,9 +80,9 @@ class ShiftGridEvaluator(evaluators.Evaluator):
     images = self.split.examples["images"]
     accuracies = {}
     for n, (dx, dy) in enumerate(self.shifts, 1):
-      moved = self.runner.eval_set(_shifted(self.split, augment.shift_images(images, dx, dy)),
+      moved = self.batched.eval_set(_shifted(self.split, augment.shift_images(images, dx, dy)),
                                    self.builder.eval_batch)
-      accuracies[f"{dx},{dy}"] = self.runner.evaluate(params, moved)["accuracy"]
+      accuracies[f"{dx},{dy}"] = self.batched.evaluate(params, moved)["accuracy"]
       if jax.process_index() == 0:
         reporting.count_progress(f"{self.name}: shift", n, len(self.shifts))
     mean = float(np.mean(list(accuracies.values())))
@@ -121,7 +121,7 @@ class RandomlyShiftedEvaluator(evaluators.Evaluator):
     rng = np.random.default_rng(int(self.setting("seed")))
     self.shifts = rng.integers(-max_shift, max_shift + 1, size=(len(split), 2))
     moved = _shifted(split, augment.shift_each_image(images, self.shifts))
-    self.set = self.runner.eval_set(moved, self.builder.eval_batch)
+    self.set = self.batched.eval_set(moved, self.builder.eval_batch)
 
   def run(self, params) -> dict:
-    return self.runner.evaluate(params, self.set)
+    return self.batched.evaluate(params, self.set)

@@ -11,7 +11,7 @@ The familiar rotations are those within +-``familiar_degrees`` (default
 the novel ones lie beyond it, up to 90 degrees: ``familiar_rotation_accuracy`` and
 ``novel_rotation_accuracy`` average the accuracies of the grid's angles in each range. As with
 smallNORB's novel viewpoints, compare models at matched familiar accuracy
-(:mod:`capsjax.runs.matched`), not at matched training steps.
+(:mod:`capsjax.stats.matched`), not at matched training steps.
 
 Settings (``config.evals.NAME``), defaults in brackets:
   ``rotations``     degrees, counter-clockwise [-90, -75, ..., 90]
@@ -103,17 +103,17 @@ class TransformsEvaluator(evaluators.Evaluator):
       raise UsageError(f"{where}: type 'transforms' moves uint8 images; this dataset's "
                        "examples hold none.")
     self.num_examples = len(sample)
-    self.sets = {(kind, value): self.runner.eval_set(datasets.Split(
+    self.sets = {(kind, value): self.batched.eval_set(datasets.Split(
         {**sample.examples, "images": transform(sample.examples["images"], kind, value)},
         sample.shared)) for kind, values in self.sweeps.items() for value in values}
-    self.chance = self.runner.task.chance_levels()["accuracy"]
+    self.chance = self.batched.task.chance_levels()["accuracy"]
 
   def run(self, variables) -> dict:
     result = {}
     started = time.perf_counter()
     every = 1 if reporting.is_terminal(sys.stderr) else -(-len(self.sets) // 4)
     for n, ((kind, value), eval_set) in enumerate(self.sets.items(), 1):
-      result[f"{kind[:-1]}_{value:g}_accuracy"] = self.runner.evaluate(
+      result[f"{kind[:-1]}_{value:g}_accuracy"] = self.batched.evaluate(
           variables, eval_set)["accuracy"]
       if jax.process_index() == 0 and (n % every == 0 or n == len(self.sets)):
         reporting.count_progress(f"{self.name}: transformed set", n, len(self.sets))

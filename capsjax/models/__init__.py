@@ -2,7 +2,7 @@
 class by import path, ``"my_models:TinyCapsNet"`` or ``"path/to/file.py:TinyCapsNet"``).
 
 A model is a Flax NNX module that owns its loss and its metrics. The trainer, the evaluators
-and the figures call only this interface (:meth:`capsjax.training.tasks.Task.forward` composes the
+and the figures call only this interface (:func:`forward` composes the
 first four), checked when a run starts (:func:`check_class`, :func:`check_forward`):
 
   ``Model.from_config(config, *, rngs)``
@@ -68,6 +68,7 @@ To add a model: a module with such a class, and one line in :data:`MODELS`
 from __future__ import annotations
 
 import inspect
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -197,6 +198,45 @@ def check_forward(result, name: str, declared: frozenset[str], num_classes: int,
                      f"(capsjax/models/__init__.py) in {mode}: {'; '.join(problems)}.")
 
 
+class Forward(NamedTuple):
+  """What :func:`forward` returns.
+
+  Attributes:
+    outputs: the model's :class:`Outputs`.
+    loss: the objective per example, ``(batch,)``.
+    loss_parts: its named parts, ``{name: (batch,)}``.
+    metrics: ``{name: (batch,) or (batch, k)}``, at least ``accuracy``.
+    model_state: the model's variables that are not parameters after the pass (BatchNorm's
+      running statistics, updated when ``train``), a pure dict; ``{}`` for stateless models.
+  """
+  outputs: Any
+  loss: jax.Array
+  loss_parts: dict
+  metrics: dict
+  model_state: dict
+
+  def per_example(self) -> dict:
+    """``{"loss": ..., **loss_parts, **metrics}``: what evaluations average."""
+    return {"loss": self.loss, **self.loss_parts, **self.metrics}
+
+
+def forward(graphdef, variables: dict, batch: dict, *, train: bool,
+            rng: jax.Array | None = None, step: jax.Array | None = None,
+            numbers=None) -> Forward:
+  """The model of ``graphdef`` with ``variables`` (parameters and state, a pure dict) on
+  ``batch``: its outputs (``apply``), per-example loss and parts (``loss``) and metrics
+  (``metrics``), and the state the pass wrote. A pure function: the train step
+  differentiates it, evaluations map it over a set. ``numbers``: one run's per-run numbers in
+  a vectorised step (only a model that declares ``per_run_numbers`` takes them); None: the
+  config's."""
+  model = nnx.merge(graphdef, variables)
+  outputs = model.apply(batch, train=train, rng=rng)
+  extra = {"numbers": numbers} if numbers is not None else {}
+  loss, parts = model.loss(outputs, batch, step=step, **extra)
+  return Forward(outputs, loss, parts, model.metrics(outputs, batch),
+                 nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))
+
+
 def create(config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> nnx.Module:
   """The model of ``config``, with fresh parameters from ``rngs``."""
   return get(config).from_config(config, rngs=rngs)
@@ -208,5 +248,5 @@ def count_params(model: nnx.Module) -> int:
   return sum(x.size for x in jax.tree.leaves(params))
 
 
-__all__ = ["CAPABILITIES", "MODELS", "Outputs", "SCORE_KINDS", "capabilities", "check_class",
-           "check_forward", "count_params", "create", "get"]
+__all__ = ["CAPABILITIES", "MODELS", "Forward", "Outputs", "SCORE_KINDS", "capabilities",
+           "check_class", "check_forward", "count_params", "create", "forward", "get"]

@@ -19,7 +19,7 @@ from absl import flags
 # waiting in a checkpoint's barrier, a host gone without closing its connections, a collective
 # that waits rather than fails. Measured with two CPU processes (2026-11-29): the survivor's
 # line came 72-80 s after a kill -9 with 100 s, 4 s after with 5 s. Heartbeats come from a
-# thread of the runtime's own, so a busy host (compiling, loading data) still sends them.
+# thread of the setup's own, so a busy host (compiling, loading data) still sends them.
 HEARTBEAT_TIMEOUT_SECONDS = 30
 
 # The flags of :func:`define_flags`, once a command defined them.

@@ -7,7 +7,7 @@ What the survivors see of a loss, and what turns it into the line (:func:`report
 
 * A collective with the lost process fails (Gloo: ``Connection closed by peer``) and raises
   where a step's results are read; a barrier (Orbax's save, ``sync_global_devices``) or the
-  coordinator's key-value store fails. The training driver, :class:`capsjax.training.run.Run`
+  coordinator's key-value store fails. The training loop, :class:`capsjax.training.run.Run`
   and :func:`capsjax.runs.cli.clear_errors` pass what they catch to :func:`exit_if_lost` before
   any clean-up that would wait for the lost process (finishing a checkpoint needs every one).
 * JAX's distributed service stops hearing the process's heartbeats (after
@@ -132,7 +132,7 @@ def _lost_process(detail: str | None, me: int, count: int) -> int | None:
 
 
 def _short(detail: str) -> str:
-  """The first sentence of a runtime error, without its status code and source locations."""
+  """The first sentence of a setup error, without its status code and source locations."""
   first = next((line.strip() for line in detail.splitlines() if line.strip()), "")
   first = re.sub(r"\[[^\]]*\.(cc|h|cpp):\d+\]\s*", "", first)
   first = re.split(r"(?<=\w)\. (?=[A-Z])", first)[0]
@@ -195,7 +195,7 @@ def _exception_in_flight(libstdcxx) -> bytes | None:
 
 def _install_terminate_handler() -> bool:
   """Installs the ``std::terminate`` handler of the module docstring once; returns whether it
-  is installed (False where the C++ runtime's symbols are not found: JAX's abort then stays)."""
+  is installed (False where the C++ setup's symbols are not found: JAX's abort then stays)."""
   if _installed:
     return True
   try:

@@ -1,5 +1,5 @@
 """Which examples a run got right: its predictions per example, kept beside its results, so
-that two setups can be compared on the same examples (:mod:`capsjax.runs.paired`).
+that two setups can be compared on the same examples (:mod:`capsjax.stats.paired`).
 
 A run's final evaluation writes ``WORKDIR/predictions.npz``; ``capsjax.evaluate`` writes
 ``WORKDIR/evaluation_predictions.npz`` for the checkpoint it evaluated. Each holds, for every

@@ -1,6 +1,6 @@
 """The training loop and what it runs: a task (dataset builder + model, and the one forward
-function: ``tasks``), the evaluation runner (``evaluation``), the set-up every command shares
-(``runtime``), the train state and jitted step (``train_step``), the step arithmetic (``plan``),
+function: ``tasks``), the evaluation batched (``evaluation``), the set-up every command shares
+(``setup``), the train state and jitted step (``train_step``), the step arithmetic (``budget``),
 optimisers and schedules (``optimizers``), the train log that feeds the model's watches
 (``train_log``), restoring a run to evaluate it (``restoring``), what a resume changed
 (``config_history``), ensembles (``ensemble``), a run's figures (``run_figures``) and a

@@ -114,8 +114,8 @@ def record(workdir: str, config, resumed_step: int | None, log=print,
     json.dump(migrations.versioned(json.loads(config.to_json_best_effort())), f, indent=2)
 
 
-def check_same_model(runtime, workdir: str) -> None:
-  """Raises UsageError when the checkpoints in ``workdir`` cannot hold ``runtime``'s train
+def check_same_model(setup, workdir: str) -> None:
+  """Raises UsageError when the checkpoints in ``workdir`` cannot hold ``setup``'s train
   state: the run there trained a model (or optimiser) of other shapes. The message names the
   settings that differ from its ``config.json``. Without a readable earlier config there is
   nothing to compare, and the restore reports what it finds."""
@@ -129,12 +129,12 @@ def check_same_model(runtime, workdir: str) -> None:
     before = jax.eval_shape(lambda: train_step.init_state(task, tx))
   except Exception:  # A config this version cannot build: let the restore speak.
     return
-  now = runtime.abstract_state()
+  now = setup.abstract_state()
   shapes = lambda tree: jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), tree)
   if (jax.tree.structure(before) == jax.tree.structure(now)
       and shapes(before) == shapes(now)):
     return
-  changes = config_changes(earlier_raw, json.loads(runtime.config.to_json_best_effort()))
+  changes = config_changes(earlier_raw, json.loads(setup.config.to_json_best_effort()))
   raise UsageError(
       f"{workdir} holds a run of another model: its checkpoints do not fit this config's "
       f"parameters or optimiser state. Settings that differ from its config.json: "

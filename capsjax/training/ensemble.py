@@ -68,7 +68,7 @@ def member_scores(members: list[str], checkpoint: str = "latest",
   from capsjax.models import metrics
   from capsjax.runs.reporting import log
   from capsjax.training import restoring
-  from capsjax.training.runtime import Runtime
+  from capsjax.training.setup import Setup
 
   configs = []
   for member in members:
@@ -77,17 +77,17 @@ def member_scores(members: list[str], checkpoint: str = "latest",
     except UsageError as e:
       raise UsageError(f"Ensemble member {member}: {e}") from e
   check_compatible(members, [json.loads(c.to_json_best_effort()) for c in configs])
-  first = Runtime(configs[0])  # One test set for all (they share the dataset).
-  test = first.runner.eval_set(evaluators.limit(first.splits["test"], configs[0]),
+  first = Setup(configs[0])  # One test set for all (they share the dataset).
+  test = first.batched.eval_set(evaluators.limit(first.splits["test"], configs[0]),
                                first.task.dataset.eval_batch)
   all_scores, labels, results = [], None, []
   for n, (member, config) in enumerate(zip(members, configs), 1):
     restored = restoring.restore(
-        member, first if n == 1 else Runtime(config, splits=first.splits), checkpoint,
+        member, first if n == 1 else Setup(config, splits=first.splits), checkpoint,
         own_data=n == 1)
     step = restored.step
     with precision.scope(config):  # Each member in the matmul precision it trained with.
-      scores, labels = restored.runtime.runner.scores(restored.state.variables, test)
+      scores, labels = restored.setup.batched.scores(restored.state.variables, test)
     accuracy = float(np.mean(metrics.label_sets_correct(scores, labels)["accuracy"]))
     results.append({"workdir": member, "checkpoint_step": step,
                     "selected_on": restored.selected_on, "accuracy": accuracy})

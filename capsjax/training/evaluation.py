@@ -2,19 +2,19 @@
 evaluation, ensemble, benchmark and experiment uses.
 
 An :class:`EvalSet` is a split on the devices, padded to whole batches (padding weighs 0),
-with the function that turns a slice of its examples into a batch. An :class:`EvalRunner` maps any
+with the function that turns a slice of its examples into a batch. An :class:`BatchedEval` maps any
 pure ``fn(variables, batch) -> {name: per_example}`` over it, jitted once per ``fn`` and set
 kind, each batch sharded over the mesh's ``data`` axis::
 
-    runner.mean(fn, variables, eval_set)     # weighted means over the set: {name: float}
-    runner.collect(fn, variables, eval_set)  # per-example values: {name: (n, ...) array}
+    batched.mean(fn, variables, eval_set)     # weighted means over the set: {name: float}
+    batched.collect(fn, variables, eval_set)  # per-example values: {name: (n, ...) array}
 
-``runner.evaluate_examples`` collects the task's forward (loss, its parts, metrics, class scores)
+``batched.evaluate_examples`` collects the task's forward (loss, its parts, metrics, class scores)
 per example and averages it on the host in float64 (what a split's evaluation keeps as the
-run's predictions); ``runner.evaluate`` is its means, and ``runner.scores`` ``collect`` of the
+run's predictions); ``batched.evaluate`` is its means, and ``batched.scores`` ``collect`` of the
 class scores. An evaluator that needs gradients with
 respect to the input (an attack) writes its ``fn`` with ``jax.grad`` of
-:meth:`capsjax.training.tasks.Task.forward` (``runner.task.forward``) and hands it to the runner.
+:meth:`capsjax.training.tasks.Task.forward` (``batched.task.forward``) and hands it to the batched.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax import datasets
-from capsjax.common import platform
+from capsjax.common import platform, public_names
 from capsjax.common.settings import Setting, at_least
 from capsjax.training import inflight
 
@@ -97,7 +97,7 @@ def _show_progress(label: str | None, done: int, total: int, values) -> None:
     reporting.count_progress(f"{label}: batch", done, total)
 
 
-class EvalRunner:
+class BatchedEval:
   """Maps functions of a task's variables over :class:`EvalSet`s: jitted per batch, data
   parallel over the mesh.
 
@@ -223,5 +223,7 @@ class EvalRunner:
     return values["scores"], values["labels"]
 
 
-# ``Runner`` is now :class:`EvalRunner` (it is not a run's or a sweep's runner), served with a
+# ``Runner`` is now :class:`BatchedEval` (it is not a run's or a sweep's batched), served with a
 # DeprecationWarning for a release.
+
+__getattr__ = public_names.module_getattr(__name__)  # EvalRunner, for a release.

@@ -249,7 +249,8 @@ class Optimizer:
     schedule: the learning rate at each step, at the config's peak (the training log's).
     settings: :func:`resolve`'s.
     uninjected: the same transformation with the peak compiled in, as runs before 2026-11-28
-      held their optimiser state: only to read their checkpoints (:meth:`with_injected`).
+      held their optimiser state: only to read their checkpoints
+      (:mod:`capsjax.runs.checkpoint_forms`).
   """
   tx: optax.GradientTransformation
   schedule: optax.Schedule
@@ -260,14 +261,6 @@ class Optimizer:
   def per_run_numbers(self) -> dict[str, float]:
     """``{hyperparameter: value}`` of :data:`PER_RUN_KEYS` in this config."""
     return {name: self.settings[key.split(".", 1)[1]] for name, key in PER_RUN_KEYS.items()}
-
-  def with_injected(self, opt_state):
-    """An optimiser state of :attr:`uninjected`'s form (a checkpoint written before the peak
-    was state) in :attr:`tx`'s form, its peak the config's."""
-    numbers = {k: jnp.asarray(v, jnp.float32) for k, v in self.per_run_numbers().items()}
-    count = jnp.zeros((), jnp.int32)  # Counts nothing we read: the peak is no schedule.
-    return optax.InjectStatefulHyperparamsState(count=count, hyperparams=numbers,
-                                                hyperparams_states={}, inner_state=opt_state)
 
   def with_config_numbers(self, opt_state):
     """``opt_state`` (of :attr:`tx`) with the config's per-run numbers: a resumed run may

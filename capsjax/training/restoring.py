@@ -24,16 +24,16 @@ import ml_collections
 from capsjax.common import files
 from capsjax.runs import checkpointing, runconfig
 from capsjax.training import schema
-from capsjax.training.runtime import Runtime, check_no_test_selection
+from capsjax.training.setup import Setup, check_no_test_selection
 
 SELECTED_ON = ("final", "validation", "test", "step N")
 
 
 @dataclasses.dataclass
 class Restored:
-  """A run's restored train state: ``runtime`` (its set-up), ``step``, ``state`` (the train
+  """A run's restored train state: ``setup`` (its set-up), ``step``, ``state`` (the train
   state) and ``selected_on`` (:data:`SELECTED_ON`)."""
-  runtime: Runtime
+  setup: Setup
   step: int
   state: Any
   selected_on: str
@@ -53,23 +53,23 @@ def load_config(workdir: str, checkpoint: str = "latest",
   return config
 
 
-def restore(workdir: str, runtime: Runtime, checkpoint: str = "latest",
+def restore(workdir: str, setup: Setup, checkpoint: str = "latest",
             own_data: bool = True) -> Restored:
   """Restores ``checkpoint`` (``latest``, ``best`` or a step number) of ``workdir`` into
-  ``runtime``'s train state (built from :func:`load_config`'s config). ``own_data``: False
-  when the runtime holds another run's data (an ensemble's later members share the first
-  one's), so that its plan's length is not this run's: the run's summary then says where it
+  ``setup``'s train state (built from :func:`load_config`'s config). ``own_data``: False
+  when the setup holds another run's data (an ensemble's later members share the first
+  one's), so that its budget's length is not this run's: the run's summary then says where it
   ended. A damaged checkpoint is reported and the next candidate tried; nothing is moved (a
   training run may hold this workdir)."""
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                    keep=runtime.config.train.keep_checkpoints,
+                                    keep=setup.config.train.keep_checkpoints,
                                     keep_best=checkpoint == "best")
   try:
-    step, state, _ = runtime.restore(ckpt, steps=ckpt.candidates(checkpoint))
+    step, state, _ = setup.restore(ckpt, steps=ckpt.candidates(checkpoint))
   finally:
     ckpt.close()
-  num_steps = runtime.plan.num_steps if own_data else None
-  return Restored(runtime, step, state, selected_on(workdir, checkpoint, step, num_steps))
+  num_steps = setup.budget.num_steps if own_data else None
+  return Restored(setup, step, state, selected_on(workdir, checkpoint, step, num_steps))
 
 
 def selected_on(workdir: str, checkpoint: str, step: int, num_steps: int | None) -> str:

@@ -1,7 +1,7 @@
 """One run's bookkeeping around its train steps: restore or start, log, evaluate, checkpoint,
 stop, summarise.
 
-One driver (:func:`capsjax.training.driver.train_and_evaluate_group`) advances every
+One loop (:func:`capsjax.train.train_and_evaluate_group`) advances every
 :class:`Run`: one alone with its own train step (:func:`capsjax.train.train_and_evaluate`),
 several with one vectorised step. Either way a run's workdir ends the same: ``config.json``,
 ``metrics.jsonl``, TensorBoard events, checkpoints, ``summary.json`` and figures.
@@ -25,11 +25,12 @@ import numpy as np
 from capsjax.common import checks, files
 from capsjax.common.errors import UsageError
 from capsjax.common.settings import Setting, at_least, between
-from capsjax.runs import (checkpointing, comparison, hardware, lost_peer, predictions,
-                          preemption, reporting)
+from capsjax.runs import (checkpointing, hardware, lost_peer, predictions, preemption,
+                          reporting)
 from capsjax.runs.reporting import log
+from capsjax.stats import chosen
 from capsjax.training import config_history, run_figures
-from capsjax.training.runtime import Runtime
+from capsjax.training.setup import Setup
 from capsjax.training.train_log import TrainLog
 
 
@@ -46,24 +47,24 @@ SETTINGS = {
 
 
 class Run:
-  """A :class:`Runtime` training into ``workdir`` (held by the caller), complete when built:
+  """A :class:`Setup` training into ``workdir`` (held by the caller), complete when built:
   the newest checkpoint that restores (or fresh parameters), the evaluations and the train
   log.
 
   Attributes:
-    runtime, workdir, plan, label (its name on progress lines, when trained with others),
+    setup, workdir, budget, label (its name on progress lines, when trained with others),
     created (whether the workdir was made for it: a failed start removes it);
     step: the step reached; reached: whether ``train.stop_at_accuracy`` was met;
     results: the latest evaluations, by name.
   """
 
-  def __init__(self, runtime: Runtime, workdir: str, *, label: str | None = None,
+  def __init__(self, setup: Setup, workdir: str, *, label: str | None = None,
                created: bool = False, announce: bool = True):
     """``announce``: log the banner (what it trains, on what, where)."""
-    self.runtime, self.workdir, self.plan = runtime, workdir, runtime.plan
+    self.setup, self.workdir, self.budget = setup, workdir, setup.budget
     self.label, self.created = label, created
-    config = runtime.config
-    self.validation = len(runtime.splits.get("validation", ())) > 0
+    config = setup.config
+    self.validation = len(setup.splits.get("validation", ())) > 0
     self.ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                            keep=config.train.keep_checkpoints,
                                            keep_best=self.validation)
@@ -75,10 +76,10 @@ class Run:
     self.closed = False
     self.config_recorded = False
     try:
-      self._state, self.reached, self.resumed_step = init_or_restore(runtime, self.ckpt,
+      self._state, self.reached, self.resumed_step = init_or_restore(setup, self.ckpt,
                                                                      workdir)
       self.step = self.first_step = int(self._state.step)
-      self.evals = runtime.evaluations()
+      self.evals = setup.evaluations()
       # Recorded beside it (e.g. novel viewpoints, for comparisons at matched familiar error);
       # never used to choose anything.
       self.recorded = [n for n in checks.names(config.train.eval_during)
@@ -87,7 +88,7 @@ class Run:
         raise UsageError(f"config.train.eval_during names {unknown}, which config.evals "
                          f"does not hold (it has {sorted(self.evals)}).")
       if announce:
-        log(banner(runtime, self.evals, self._state.params))
+        log(banner(setup, self.evals, self._state.params))
         log(hardware.describe())
         if warning := hardware.cpu_fallback_warning(jax.default_backend()):
           log(warning)
@@ -96,8 +97,8 @@ class Run:
             "run holds out no validation split: the stopping step is then chosen on the test "
             "set (summary.json says selected_on: test). Hold one out with "
             "--config.data.validation_size=10000.")
-      self.progress = TrainLog(workdir, self.plan, runtime.optimizer.schedule, self.ckpt,
-                               runtime.task.monitors(), label=label)
+      self.progress = TrainLog(workdir, self.budget, setup.optimizer.schedule, self.ckpt,
+                               setup.task.monitors(), label=label)
     except BaseException as e:
       lost_peer.exit_if_lost(e)  # Before close(), which would wait for the lost process.
       self.close()
@@ -105,7 +106,7 @@ class Run:
 
   @property
   def initial_state(self):
-    """The train state it started from (restored or fresh, replicated), until the driver has
+    """The train state it started from (restored or fresh, replicated), until the loop has
     advanced it (:meth:`release_initial_state`); a group that does not fit in memory is split
     and starts again from it."""
     if self._state is None:
@@ -113,12 +114,12 @@ class Run:
     return self._state
 
   def release_initial_state(self) -> None:
-    """Drops the initial state once the driver has advanced it (its copy is the state now)."""
+    """Drops the initial state once the loop has advanced it (its copy is the state now)."""
     self._state = None
 
   @property
   def training(self) -> bool:
-    return self.step < self.plan.num_steps and not self.reached
+    return self.step < self.budget.num_steps and not self.reached
 
   def dispatched(self, num_steps: int, metrics: dict, state) -> None:
     """Records a dispatch of ``num_steps`` steps from :attr:`step`; ``state`` is what it made
@@ -131,27 +132,27 @@ class Run:
     """``config.json`` (and the earlier one kept) once a step has run with these settings:
     a run that fails at its first step (out of memory, say) leaves the record as it was."""
     if not self.config_recorded and jax.process_index() == 0:
-      config_history.record(self.workdir, self.runtime.config, self.resumed_step, log=log,
+      config_history.record(self.workdir, self.setup.config, self.resumed_step, log=log,
                        announce=False)
     self.config_recorded = True
 
   def log(self) -> bool:
     """Fetches and logs the train metrics when a log or checkpoint is due at :attr:`step`;
     returns whether one is. Raises NonFiniteLossError when the loss became non-finite."""
-    plan, step = self.plan, self.step
-    if not plan.log_due(step) and not plan.checkpoint_due(step):
+    budget, step = self.budget, self.step
+    if not budget.log_due(step) and not budget.checkpoint_due(step):
       return False
-    self.progress.flush(step, write=plan.log_due(step))
+    self.progress.flush(step, write=budget.log_due(step))
     return True
 
   def evaluate_and_checkpoint(self, state: Callable | object) -> None:
     """Evaluates and checkpoints where due at :attr:`step` (after :meth:`log`). ``state`` is
     the run's state or a function giving it (a group takes it out of the stacked state only
     when it is needed)."""
-    plan, step = self.plan, self.step
+    budget, step = self.budget, self.step
     get = state if callable(state) else (lambda: state)
     accuracy = None
-    if plan.eval_due(step):
+    if budget.eval_due(step):
       variables = get().variables
       self.results, self.predictions = {}, {}
       self.evaluate(self.watched, variables)
@@ -160,11 +161,11 @@ class Run:
       for name in self.recorded:
         self.evaluate(name, variables)
         self.progress.evaluation(name, step, self.results[name])
-      self.reached = target_reached(self.runtime.config, accuracy,
+      self.reached = target_reached(self.setup.config, accuracy,
                                     f"{self.watched} accuracy at step {step}")
-    if plan.checkpoint_due(step):  # Ranked for the best checkpoint on validation only.
+    if budget.checkpoint_due(step):  # Ranked for the best checkpoint on validation only.
       best = self.validation and accuracy is not None
-      self.ckpt.save(step, get(), plan.meta(step, accuracy),
+      self.ckpt.save(step, get(), budget.meta(step, accuracy),
                      {checkpointing.BEST_METRIC: accuracy} if best else None)
     self.progress.restart_timer(step)
 
@@ -179,13 +180,13 @@ class Run:
     """After a stop signal: logs the pending train metrics and saves :attr:`step`."""
     self.progress.flush(self.step, write=True)
     if self.step not in self.ckpt.all_steps():
-      self.ckpt.save(self.step, state, self.plan.meta(self.step, None))
+      self.ckpt.save(self.step, state, self.budget.meta(self.step, None))
     self.close()
 
   def finish(self, state, runs_in_program: int = 1) -> dict:
     """Every evaluation of the final parameters, ``summary.json`` (``runs_in_program``: how
     many runs its program trained at the end) and the figures; returns the summary."""
-    runtime, step = self.runtime, self.step
+    setup, step = self.setup, self.step
     for name in self.evals:
       if name not in self.results:
         self.evaluate(name, state.variables)
@@ -193,20 +194,20 @@ class Run:
           self.progress.evaluation(name, step, self.results[name])
     self.record_config()  # A finished run rerun: its evaluations ran with these settings.
     self.ckpt.wait()
-    summary = summarise(runtime, step, state.params, self.results, self.progress, self.ckpt,
+    summary = summarise(setup, step, state.params, self.results, self.progress, self.ckpt,
                         selected_on=(self.watched if self.reached else "final"))
     summary["runs_in_program"] = runs_in_program
     if jax.process_index() == 0:  # Predictions and the summary first: figures can be redrawn.
-      write_predictions(os.path.join(self.workdir, predictions.RUN_FILE), runtime,
+      write_predictions(os.path.join(self.workdir, predictions.RUN_FILE), setup,
                         self.predictions, step=step, selected_on=summary["selected_on"])
-      # Chosen on test or validation during training: never the result (runs/comparison.py).
-      summary["comparison_only"] = comparison.comparison_errors(
+      # Chosen on test or validation during training: never the result (stats/chosen.py).
+      summary["comparison_only"] = chosen.comparison_errors(
           reporting.read_metrics(self.workdir))
       files.write_json(os.path.join(self.workdir, "summary.json"), summary)
-    if jax.process_index() == 0 and runtime.config.eval.figures:
-      run_figures.draw_figures(self.workdir, runtime.task, state.variables,
-                               runtime.splits["test"], self.evals,
-                               runtime.config.eval.num_figure_examples, self.progress.writer,
+    if jax.process_index() == 0 and setup.config.eval.figures:
+      run_figures.draw_figures(self.workdir, setup.task, state.variables,
+                               setup.splits["test"], self.evals,
+                               setup.config.eval.num_figure_examples, self.progress.writer,
                                step)
     self.close()
     log(f"Done: step {step}, test accuracy {100 * summary['test_accuracy']:.2f}% "
@@ -252,46 +253,46 @@ def target_reached(config, accuracy: float | None, what: str) -> bool:
   return reached
 
 
-def banner(runtime: Runtime, evals: dict, params) -> str:
+def banner(setup: Setup, evals: dict, params) -> str:
   """One line on what this run trains, on what, where, and what chance would score."""
-  config, plan, splits = runtime.config, runtime.plan, runtime.splits
+  config, budget, splits = setup.config, setup.budget, setup.splits
   num_params = sum(x.size for x in jax.tree.leaves(params))
-  dataset = runtime.task.dataset.describe()
-  chance = runtime.task.chance_levels()
+  dataset = setup.task.dataset.describe()
+  chance = setup.task.chance_levels()
   return (f"capsjax: {config.model.name} ({num_params:,} parameters) on "
-          f"{dataset}: {plan.num_train} train, {len(splits.get('validation', ()))} validation, "
+          f"{dataset}: {budget.num_train} train, {len(splits.get('validation', ()))} validation, "
           f"{len(splits['test'])} test examples; evaluations {', '.join(evals)}; "
           f"{jax.device_count()} {jax.devices()[0].platform} device(s) in "
-          f"{jax.process_count()} process(es); {plan.num_steps} steps of batch "
-          f"{plan.batch_size} ({plan.steps_per_epoch} steps per epoch); "
-          f"{runtime.optimizer.settings['name']}, {runtime.optimizer.settings['schedule']}"
+          f"{jax.process_count()} process(es); {budget.num_steps} steps of batch "
+          f"{budget.batch_size} ({budget.steps_per_epoch} steps per epoch); "
+          f"{setup.optimizer.settings['name']}, {setup.optimizer.settings['schedule']}"
           f" learning-rate schedule. Chance: {reporting.chance_text(chance)}.")
 
 
-def init_or_restore(runtime: Runtime, ckpt, workdir: str):
+def init_or_restore(setup: Setup, ckpt, workdir: str):
   """The newest checkpoint of ``ckpt`` that restores (damaged newer ones are reported and
   moved aside), else fresh parameters; and whether it had already reached
   ``train.stop_at_accuracy``, and the step restored (None: fresh). Warns of changed settings
   (:func:`capsjax.training.config_history.announce_changes`); :meth:`Run.record_config` writes them
   once a step has run."""
-  config, plan = runtime.config, runtime.plan
+  config, budget = setup.config, setup.budget
   if ckpt.all_steps():
-    config_history.check_same_model(runtime, workdir)
-  restored = runtime.restore(ckpt, move_aside=jax.process_index() == 0)
+    config_history.check_same_model(setup, workdir)
+  restored = setup.restore(ckpt, move_aside=jax.process_index() == 0)
   if jax.process_count() > 1:  # Process 0 may have moved damaged checkpoints aside.
     from jax.experimental import multihost_utils
 
     multihost_utils.sync_global_devices("capsjax: checkpoints restored")
     ckpt.reload()
   if restored is None:
-    state, latest, reached = runtime.fresh_state(), None, False
+    state, latest, reached = setup.fresh_state(), None, False
   else:
     latest, state, meta = restored
     log(f"Resuming from the checkpoint at step {latest} (epoch {meta.get('epoch')}, "
         f"position {meta.get('position_in_epoch')}) in {ckpt.directory}.")
-    if meta.get("num_train") != plan.num_train or meta.get("batch_size") != plan.batch_size:
+    if meta.get("num_train") != budget.num_train or meta.get("batch_size") != budget.batch_size:
       log(f"Warning: the checkpoint was made with {meta.get('num_train')} training examples "
-          f"and batch {meta.get('batch_size')}; now {plan.num_train} and {plan.batch_size}, so "
+          f"and batch {meta.get('batch_size')}; now {budget.num_train} and {budget.batch_size}, so "
           "the data order differs from an uninterrupted run.")
     reached = target_reached(config, meta.get("selection_accuracy"),
                              f"the accuracy watched at the checkpoint of step {latest}")
@@ -302,12 +303,12 @@ def init_or_restore(runtime: Runtime, ckpt, workdir: str):
   return state, reached, latest
 
 
-def write_predictions(path: str, runtime: Runtime, found: dict, **meta) -> None:
+def write_predictions(path: str, setup: Setup, found: dict, **meta) -> None:
   """The predictions ``found`` (``{evaluation: Predictions}``) at ``path``, with what they were
   made on (:mod:`capsjax.runs.predictions`)."""
   if found:
-    predictions.write(path, found, dataset=runtime.task.dataset.describe(),
-                      source=runtime.config.data.get("source"), **meta)  # Its own: none.
+    predictions.write(path, found, dataset=setup.task.dataset.describe(),
+                      source=setup.config.data.get("source"), **meta)  # Its own: none.
 
 
 def _truncate_metrics(workdir: str, step: int) -> None:
@@ -319,27 +320,27 @@ def _truncate_metrics(workdir: str, step: int) -> None:
         f.write(json.dumps(r) + "\n")
 
 
-def summarise(runtime: Runtime, step: int, params, results: dict, progress: TrainLog, ckpt,
+def summarise(setup: Setup, step: int, params, results: dict, progress: TrainLog, ckpt,
               selected_on: str) -> dict:
   """What ``summary.json`` holds: the main test set at the top level, every evaluation under
   ``evaluations``, the chance levels, and how the numbers were chosen: ``selected_on`` is
   ``final`` (the parameters at the last step), ``validation`` (training stopped when the
   validation accuracy reached ``train.stop_at_accuracy``) or ``test`` (it stopped on the test
   accuracy, since no validation split was held out)."""
-  config, plan = runtime.config, runtime.plan
+  config, budget = setup.config, setup.budget
   summary = {
       "num_params": int(sum(np.size(x) for x in jax.tree.leaves(params))),
-      "step": int(step), "num_steps": int(plan.num_steps),
-      "epochs": step / plan.steps_per_epoch, "selected_on": selected_on,
+      "step": int(step), "num_steps": int(budget.num_steps),
+      "epochs": step / budget.steps_per_epoch, "selected_on": selected_on,
       "stopped_at_accuracy": selected_on != "final",
       "test_accuracy": results["test"]["accuracy"], "test_error": results["test"]["error"],
       "test_loss": results["test"].get("loss"),
-      "chance": runtime.task.chance_levels(),
+      "chance": setup.task.chance_levels(),
       "train_images_per_second": progress.images_per_second(),
       "train_seconds": progress.seconds, "devices": jax.device_count(),
       "platform": jax.devices()[0].platform, "processes": jax.process_count(),
       "best_checkpoint_step": ckpt.best_step(),
-      "optimizer": runtime.optimizer.settings,
+      "optimizer": setup.optimizer.settings,
       "evaluations": results,
       "config": json.loads(config.to_json_best_effort()),
   }

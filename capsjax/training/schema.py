@@ -4,9 +4,9 @@ that resolves a config before anything runs.
 Each key is declared once, beside the code that reads it (:mod:`capsjax.common.settings`):
 
 * the run's own: :data:`TOP` here (which dataset and model, ``allow_unusual``), ``seed``
-  (``capsjax/training/train_step.py``), ``config.train`` (``plan.py``, ``run.py``; the
+  (``capsjax/training/train_step.py``), ``config.train`` (``budget.py``, ``run.py``; the
   saturation warning's: ``capsjax/models/saturation_watch.py``),
-  ``config.eval`` (``evaluation.py``, ``run_figures.py``), ``data.order`` (``data_order.py``)
+  ``config.eval`` (``evaluation.py``, ``run_figures.py``), ``data.order`` (``train_step.py``)
   and ``matmul_precision`` (``capsjax/common/precision.py``);
 * the dataset builder's ``SETTINGS`` (``config.data``) and the model class's (``config.model``
   and the model's ``config.loss``), each with its ``RULES``;
@@ -53,11 +53,10 @@ OPTIMIZER, EVALS = "optimizer", "evals"
 
 def run_settings() -> dict[str, Setting]:
   """The run's own settings, whatever its dataset and model (each module's ``SETTINGS``)."""
-  from capsjax.training import data_order, evaluation, plan, run, run_figures, train_step
+  from capsjax.training import budget, evaluation, run, run_figures, train_step
 
-  return {**TOP, **train_step.SETTINGS, **precision.SETTINGS, **plan.SETTINGS, **run.SETTINGS,
-          **saturation_watch.SETTINGS, **evaluation.SETTINGS, **run_figures.SETTINGS,
-          **data_order.SETTINGS}
+  return {**TOP, **train_step.SETTINGS, **precision.SETTINGS, **budget.SETTINGS, **run.SETTINGS,
+          **saturation_watch.SETTINGS, **evaluation.SETTINGS, **run_figures.SETTINGS}
 
 
 def _section(tree: dict, path: str, pop: bool = False):

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import pathlib
 
 from capsjax.common import files
 from capsjax.runs.reporting import chance_text, is_finished
+from capsjax.stats import spread
 
 RESULT_COLUMNS = ("test_accuracy", "test_error", "test_loss", "step", "selected_on",
                   "train_images_per_second", "num_params")
-# Errors chosen during training, beside the result for comparison only (runs/comparison.py).
+# Errors chosen during training, beside the result for comparison only (stats/chosen.py).
 COMPARISON_COLUMNS = {
     "min_test_error": "min test error over evaluations (%; chosen on test: comparison only)",
     "validation_chosen_test_error": "test error at best validation (%; comparison only)",
@@ -83,7 +83,7 @@ def collect(points: list, workdir: str, tables: dict | None = None,
   ``tables`` (an experiment's ``TABLES``): ``{title: ["EVALUATION/KEY", ...]}``, each a further
   table in results.md, one column per metric (percent, mean ± std over seeds); ``matched``
   (an experiment's ``MATCHED``): ``{"familiar", "novel", "target_errors"}``, the comparison at
-  matched familiar error of :mod:`capsjax.runs.matched`; ``references`` (an experiment's
+  matched familiar error of :mod:`capsjax.stats.matched`; ``references`` (an experiment's
   ``REFERENCES``): ``{column title: function(setting) -> text}``, published numbers in
   columns beside the test error (``setting``: the row's ``{key: value as shown}``);
   ``paired_reference`` (an experiment's ``PAIRED_REFERENCE``): the settings of the row every
@@ -134,7 +134,7 @@ def collect(points: list, workdir: str, tables: dict | None = None,
     if paired_reference:
       f.write("\n" + paired_table(rows, keys, workdir, paired_reference))
     if matched:
-      from capsjax.runs import matched as matched_lib
+      from capsjax.stats import matched as matched_lib
 
       finished = {row["run"]: os.path.join(workdir, row["run"]) for row in rows}
       f.write("\n" + matched_lib.matched_table(finished, **matched))
@@ -147,13 +147,37 @@ def collect(points: list, workdir: str, tables: dict | None = None,
   return rows
 
 
+# Declared neutral (a resume may extend a run), but a comparison's budget: said where they differ.
+BUDGET_KEYS = ("train.num_steps", "train.num_epochs", "train.stop_at_accuracy")
+
+
+def differing_settings(workdir_a: str, workdir_b: str) -> list[str]:
+  """``"key: A's -> B's"`` for each setting in which two runs' ``config.json`` differ, both
+  resolved, their seeds and the settings declared neutral but the budget's left out
+  (:func:`capsjax.training.config_history.config_changes`); none where either has none."""
+  from capsjax.runs import migrations, runconfig
+  from capsjax.training import config_history
+
+  raw_a, raw_b = (runconfig.read_raw(w) for w in (workdir_a, workdir_b))
+  if raw_a is None or raw_b is None:
+    return []
+  raw_b = migrations.migrate(raw_b)
+  flat_a, flat_b = runconfig.flatten(migrations.migrate(raw_a)), runconfig.flatten(raw_b)
+  budget = [f"{key}: {flat_a.get(key, '(unset)')!r} -> {flat_b.get(key, '(unset)')!r}"
+            for key in BUDGET_KEYS if flat_a.get(key, "(unset)") != flat_b.get(key, "(unset)")]
+  return sorted(budget + [line for line in config_history.config_changes(raw_a, raw_b)
+                          if not line.startswith("seed:")])
+
+
 def paired_table(rows: list[dict], keys: list[str], workdir: str, reference: dict) -> str:
-  """Each setting against the reference row, on the same test examples: the runs of one seed
-  paired, the examples only the setting gets wrong and only the reference, McNemar's exact p
-  per seed pair and the sign-flip test over examples combined (:mod:`capsjax.runs.paired`).
-  A setting whose runs kept no predictions (before 2026-11-28) says so."""
+  """Each setting (A) against the reference row (B), on the same test examples, the runs of
+  one seed paired: the examples only A gets wrong and only B, McNemar's exact p per seed pair,
+  the two verdicts (these trained models; the setup) and the seed pairs the difference needs
+  (:mod:`capsjax.stats.paired`), and the warnings of :mod:`capsjax.stats.sides`. A setting
+  whose runs kept no predictions (before 2026-11-28) says so."""
   from capsjax.common.errors import UsageError
-  from capsjax.runs import paired, predictions
+  from capsjax.runs import predictions
+  from capsjax.stats import paired, sides
 
   shown = {k: config_label(v) if k == CONFIG_KEY else format_value(v)
            for k, v in reference.items()}
@@ -165,41 +189,50 @@ def paired_table(rows: list[dict], keys: list[str], workdir: str, reference: dic
             "needed; PAIRED_REFERENCE).\n")
 
   def runs_of(group) -> dict:
+    """``{seed: (workdir, test predictions or None)}`` of a row's runs."""
     members = [r for r in rows if all(r[k] == group["setting"][k] for k in keys)]
     found = {}
     for r in members:
-      path = os.path.join(workdir, r["run"], predictions.RUN_FILE)
-      found[r["seed"]] = (predictions.read(path)[0].get("test") if os.path.exists(path)
-                          else None)
+      run_dir = os.path.join(workdir, r["run"])
+      path = os.path.join(run_dir, predictions.RUN_FILE)
+      found[r["seed"]] = (run_dir, predictions.read(path)[0].get("test")
+                          if os.path.exists(path) else None)
     return found
 
   base = runs_of(matching[0])
-  lines = [f"Paired against {title} (the reference), on the same test examples, the runs of "
-           "each seed paired: the examples only this row gets wrong and only the reference "
-           "(summed over seed pairs), McNemar's exact p per seed pair, and the sign-flip test "
-           "over examples combined (capsjax/runs/paired.py):", "",
-           "| " + " | ".join([*keys, "seed pairs", "only this wrong", "only reference wrong",
-                               "p per seed pair", "combined p", ""]) + " |",
-           "|" + "---|" * (len(keys) + 6)]
+  header = [*keys, *paired.ROW_HEADER, "warnings"]
+  lines = [f"Paired against {title} (B, the reference; each other row is A), on the same test "
+           "examples, the runs of each seed paired. Two verdicts (capsjax/stats/paired.py, "
+           "capsjax/stats/seed_pairs.py): about *these trained models*, the test digits as the "
+           "units and the trained runs fixed (McNemar's exact test per seed pair, combined by "
+           "the sign-flip test over digits), and about *the setup*, the training runs as the "
+           "units (the exact sign-flip test over seed pairs, beside a two-level bootstrap "
+           "interval of the error difference over seed pairs and digits). A difference of "
+           "setups is separated only by the setup's verdict.", "",
+           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for group in groups:
     if group is matching[0]:
       continue
     this = runs_of(group)
     seeds = sorted(s for s in set(this) & set(base)
-                   if this[s] is not None and base[s] is not None)
+                   if this[s][1] is not None and base[s][1] is not None)
     cells = [group["setting"][k] or NOT_APPLICABLE for k in keys]
+    blank = [""] * (len(header) - len(keys) - 2)
     try:
-      result = paired.compare([(s, this[s], base[s]) for s in seeds]) if seeds else None
+      pairs = [(paired.pair_label(s, s), this[s][1], base[s][1]) for s in seeds]
+      result = paired.compare(pairs) if seeds else None
     except UsageError as e:  # Other examples: said in the table, not a failed collect.
-      result, cells = None, cells + [str(len(seeds)), f"not comparable: {e}", "", "", "", ""]
+      cells += [str(len(seeds)), f"not comparable: {e}", *blank]
     else:
       if result is None:
-        cells += ["0", "no predictions kept", "", "", "", ""]
+        cells += ["0", "no predictions kept", *blank]
       else:
-        cells += [str(len(seeds)), str(sum(c.only_a for c in result.counts)),
-                  str(sum(c.only_b for c in result.counts)),
-                  ", ".join(paired.format_p(c.p_value) for c in result.counts),
-                  paired.format_p(result.combined_p), result.verdict("this", "reference")]
+        a, b = (sides.Side.read(name, [(s, *side[s]) for s in seeds])
+                for name, side in (("A", this), ("B", base)))
+        warned = sides.warnings(a, b, differing_settings(this[seeds[0]][0], base[seeds[0]][0]),
+                                set(keys), result.own, result.examples, result.seeds)
+        cells += [*paired.row(result), " ".join(f"{w[0].upper()}{w[1:]}" for w in warned)
+                  or "none"]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
@@ -219,28 +252,11 @@ def metric_table(rows: list[dict], keys: list[str], evaluations: dict[str, dict]
     members = [r["run"] for r in rows if all(r[k] == group["setting"][k] for k in keys)]
     cells = []
     for metric in metrics:
-      mean, std = _mean_std([value(run, metric) for run in members])
-      cells.append("?" if mean != mean else _mean_pm(mean, std))
+      mean, std = spread.mean_std([value(run, metric) for run in members])
+      cells.append("?" if mean != mean else spread.mean_pm(mean, std))
     lines.append("| " + " | ".join([*(group["setting"][k] or NOT_APPLICABLE for k in keys),
                                     str(group["seeds"]), *cells]) + " |")
   return "\n".join(lines) + "\n"
-
-
-def _mean_std(values):
-  """Mean and sample std; the std is None for a single value (no spread to report)."""
-  values = [v for v in values if v is not None]
-  if not values:
-    return float("nan"), None
-  mean = sum(values) / len(values)
-  if len(values) == 1:
-    return mean, None
-  return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-
-
-def _mean_pm(mean: float, std: float | None, scale: float = 100.0, digits: int = 2) -> str:
-  """``89.50 ± 0.30`` over several seeds; ``89.50`` for one (the seeds column says so)."""
-  text = f"{scale * mean:.{digits}f}"
-  return text if std is None else f"{text} ± {scale * std:.{digits}f}"
 
 
 def _group(rows: list[dict], keys: list[str]) -> list[dict]:
@@ -249,9 +265,9 @@ def _group(rows: list[dict], keys: list[str]) -> list[dict]:
     groups.setdefault(tuple(row[k] for k in keys), []).append(row)
   out = []
   for setting, members in groups.items():
-    stats = {c: _mean_std([m.get(c) for m in members]) for c in
+    stats = {c: spread.mean_std([m.get(c) for m in members]) for c in
              ("test_error", "test_loss", "train_images_per_second", *COMPARISON_COLUMNS)}
-    extra = {c: _mean_std([m.get(c) for m in members]) for c in
+    extra = {c: spread.mean_std([m.get(c) for m in members]) for c in
              dict.fromkeys(c for m in members for c in m if _is_extra(c))}
     selected = sorted({str(m.get("selected_on") or "final") for m in members})
     out.append({"setting": dict(zip(keys, setting)), "seeds": len(members), **stats,
@@ -265,7 +281,7 @@ def markdown_table(groups: list[dict], keys: list[str], references: dict | None 
   numbers were chosen (``selected_on``: ``final``, ``validation`` or ``test`` when a run
   stopped on test accuracy); other evaluations' accuracies (and at-least-one rates) as
   extra columns; last, where runs logged them, the comparison-only errors chosen during
-  training (:mod:`capsjax.runs.comparison`), headed as such."""
+  training (:mod:`capsjax.stats.chosen`), headed as such."""
   extra = list(dict.fromkeys(c for g in groups for c in g.get("extra", {})))
   compared = [c for c in COMPARISON_COLUMNS
               if any(g.get(c, (float("nan"),))[0] == g.get(c, (float("nan"),))[0]
@@ -279,15 +295,17 @@ def markdown_table(groups: list[dict], keys: list[str], references: dict | None 
     err_m, err_s = g["test_error"]
     loss_m, loss_s = g["test_loss"]
     ips_m, _ = g["train_images_per_second"]
-    extra_cells = [_mean_pm(*g.get("extra", {}).get(c, (float("nan"), None))) for c in extra]
+    extra_cells = [spread.mean_pm(*g.get("extra", {}).get(c, (float("nan"), None)))
+                   for c in extra]
     lines.append("| " + " | ".join([*(g["setting"][k] or NOT_APPLICABLE for k in keys),
                                     str(g["seeds"]),
-                                    _mean_pm(err_m, err_s),
+                                    spread.mean_pm(err_m, err_s),
                                     *(str(ref(dict(g["setting"]))) for ref in
                                       references.values()),
                                     g.get("chance", "?"), g.get("selected_on", "final"),
-                                    _mean_pm(loss_m, loss_s, 1.0, 4), f"{ips_m:.0f}",
-                                    *extra_cells, *(_mean_pm(*g[c]) for c in compared)]) + " |")
+                                    spread.mean_pm(loss_m, loss_s, 1.0, 4), f"{ips_m:.0f}",
+                                    *extra_cells,
+                                    *(spread.mean_pm(*g[c]) for c in compared)]) + " |")
   if any(not g["setting"][k] for g in groups for k in keys):
     lines.append(f"\n{NOT_APPLICABLE}: the setting does not apply to that run (e.g. a router "
                  "without it); keys a point does not set show the value the run used.")

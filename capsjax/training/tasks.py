@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,26 +29,7 @@ from capsjax.models import metrics
 from capsjax.training import schema
 
 
-class Forward(NamedTuple):
-  """What :meth:`Task.forward` returns.
-
-  Attributes:
-    outputs: the model's :class:`capsjax.models.Outputs`.
-    loss: the objective per example, ``(batch,)``.
-    loss_parts: its named parts, ``{name: (batch,)}``.
-    metrics: ``{name: (batch,) or (batch, k)}``, at least ``accuracy``.
-    model_state: the model's variables that are not parameters after the pass (BatchNorm's
-      running statistics, updated when ``train``), a pure dict; ``{}`` for stateless models.
-  """
-  outputs: Any
-  loss: jax.Array
-  loss_parts: dict
-  metrics: dict
-  model_state: dict
-
-  def per_example(self) -> dict:
-    """``{"loss": ..., **loss_parts, **metrics}``: what evaluations average."""
-    return {"loss": self.loss, **self.loss_parts, **self.metrics}
+Forward = models.Forward  # What :meth:`Task.forward` returns (capsjax.models.Forward).
 
 
 @dataclasses.dataclass
@@ -122,7 +102,7 @@ class Task:
               numbers=None) -> Forward:
     """The model's outputs, per-example loss and its parts, and metrics on ``batch``: a pure
     function of its arguments (jit it, differentiate it, map it over a set:
-    :meth:`capsjax.training.evaluation.EvalRunner.mean`).
+    :meth:`capsjax.training.evaluation.BatchedEval.mean`).
 
     Args:
       variables: every variable of the model, parameters and state, as a pure dict
@@ -135,14 +115,8 @@ class Task:
       numbers: one run's per-run numbers in a vectorised step (the model's
         ``per_run_numbers``: :mod:`capsjax.common.per_run`), or None: the config's.
     """
-    model = nnx.merge(self.graphdef, variables)
-    batch = self.complete_batch(batch)
-    outputs = model.apply(batch, train=train, rng=rng)
-    # Only a model that declares per-run numbers takes them.
-    extra = {"numbers": numbers} if numbers is not None else {}
-    loss, parts = model.loss(outputs, batch, step=step, **extra)
-    return Forward(outputs, loss, parts, model.metrics(outputs, batch),
-                   nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))
+    return models.forward(self.graphdef, variables, self.complete_batch(batch), train=train,
+                          rng=rng, step=step, numbers=numbers)
 
   def vote_log_probabilities(self, variables: dict, batch: dict) -> jax.Array:
     """``log_softmax`` of the class scores of the model's votes combined without routing

@@ -11,22 +11,22 @@ import numpy as np
 
 from capsjax.common.errors import NonFiniteLossError
 from capsjax.runs import reporting
-from capsjax.training.plan import Plan
+from capsjax.training.budget import Budget
 
 
 class TrainLog:
   """Train metrics (fetched from the devices only at log points), timing, progress line,
   metrics.jsonl and TensorBoard (process 0 writes)."""
 
-  def __init__(self, workdir: str, plan: Plan, schedule, ckpt, watches=(),
+  def __init__(self, workdir: str, budget: Budget, schedule, ckpt, watches=(),
                label: str | None = None):
     """``watches``: objects with ``update(steps, metrics) -> warning or None`` (the model's
     ``monitors``, e.g. :class:`capsjax.models.saturation_watch.SaturationWatch`); ``label``: the
     run's name on its progress lines (runs trained together)."""
-    self.plan, self.schedule, self.ckpt, self.watches = plan, schedule, ckpt, list(watches)
+    self.budget, self.schedule, self.ckpt, self.watches = budget, schedule, ckpt, list(watches)
     is_main = jax.process_index() == 0
     self.writer = reporting.MetricWriter(workdir) if is_main else None
-    self.bar = reporting.ProgressBar(plan.num_steps, label=label) if is_main else None
+    self.bar = reporting.ProgressBar(budget.num_steps, label=label) if is_main else None
     self.pending: list[tuple[int, dict]] = []   # (first step, stacked metrics) not yet fetched.
     # Fetched at a checkpoint that was not a log point: logged with the next log point's, so a
     # logged mean is over every step since the last log, however often the run checkpoints.
@@ -44,7 +44,7 @@ class TrainLog:
       self.timer_step = step + len(np.asarray(metrics["loss"]))
 
   def images_per_second(self) -> float | None:
-    return self.steps_timed * self.plan.batch_size / self.seconds if self.seconds > 0 else None
+    return self.steps_timed * self.budget.batch_size / self.seconds if self.seconds > 0 else None
 
   def flush(self, step: int, write: bool) -> None:
     """Fetches the pending metrics, stops the run on a non-finite loss, and (``write``)
@@ -83,7 +83,7 @@ class TrainLog:
       self.writer.write("train", step, {**means, **timing,
                                         "learning_rate": float(self.schedule(step))})
       self.bar.update(step, means["loss"], means.get("accuracy", float("nan")), rate,
-                      self.plan.batch_size / rate if rate == rate and rate > 0 else float("nan"))
+                      self.budget.batch_size / rate if rate == rate and rate > 0 else float("nan"))
       self.writer.flush()
 
   def evaluation(self, name: str, step: int, metrics: dict) -> None:

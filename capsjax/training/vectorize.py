@@ -1,4 +1,5 @@
-"""Several runs as one program: which runs can share it, and its train step.
+"""Several runs as one program: which runs can share it (the step is
+:class:`capsjax.training.train_step.Step`, mapped over the runs).
 
 Runs whose configs differ only in settings known to be safe (seeds, learning rates, loss
 weights, init scales) train as one jitted program: ``jax.vmap`` over a leading run axis of
@@ -31,19 +32,15 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import functools
 import hashlib
 from typing import Callable, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax.common import per_run, platform, settings
 from capsjax.runs.runconfig import flatten
-from capsjax.training import memory, optimizers, train_step
-from capsjax.training.runtime import Runtime
+from capsjax.training import optimizers
+from capsjax.training.setup import Setup
 
 # Never a reason to split: each run is initialised and its batches drawn from its own seed
 # (a seed that changes the data, e.g. by drawing the validation split, is caught with them).
@@ -66,7 +63,7 @@ class Group:
     per_run_keys: the per-run numbers that differ between them.
     init_keys: the settings that differ between them and are declared initialisation-only.
     apart: ``(setting, why)`` of each difference that set these runs apart from others
-      (:data:`DATA` when their data differ), for the sweep's plan.
+      (:data:`DATA` when their data differ), for the sweep's budget.
   """
   indices: tuple[int, ...]
   per_run_keys: tuple[str, ...] = ()
@@ -79,11 +76,11 @@ class Group:
     return tuple(key for key, _ in self.apart)
 
 
-def declared(runtime: Runtime) -> tuple[tuple[str, ...], tuple[str, ...]]:
-  """``(per_run, init_only)``: the keys declared for ``runtime``'s model: the per-run numbers
+def declared(setup: Setup) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """``(per_run, init_only)``: the keys declared for ``setup``'s model: the per-run numbers
   (the optimiser's and the fields of its class's ``per_run_numbers``) and the keys (or
   patterns) of its initialisation-only settings and :data:`INIT_ONLY_KEYS`."""
-  model = runtime.task.model_class
+  model = setup.task.model_class
   table = getattr(model, "SETTINGS", None) or {}
   init_only = tuple(key for key, s in settings.declared(table).items() if s.init_only)
   return (tuple(optimizers.PER_RUN_KEYS.values())
@@ -97,10 +94,10 @@ def _matches(key: str, patterns: Sequence[str]) -> bool:
              for p in patterns)
 
 
-def kind_of(key: str, runtime: Runtime) -> str | None:
+def kind_of(key: str, setup: Setup) -> str | None:
   """``"per_run"``, ``"init"`` or None (undeclared): how ``key`` may differ between runs of
-  ``runtime``'s model."""
-  per_run_keys, init_only = declared(runtime)
+  ``setup``'s model."""
+  per_run_keys, init_only = declared(setup)
   if _matches(key, per_run_keys):
     return "per_run"
   if _matches(key, init_only):
@@ -108,14 +105,14 @@ def kind_of(key: str, runtime: Runtime) -> str | None:
   return None
 
 
-def plan_groups(runtimes: Sequence[Runtime]) -> list[Group]:
-  """The runs of ``runtimes`` (each loaded from its own config: :meth:`Runtime.load`) in
+def plan_groups(setups: Sequence[Setup]) -> list[Group]:
+  """The runs of ``setups`` (each loaded from its own config: :meth:`Setup.load`) in
   groups that can share one program, by the rules of the module docstring. Groups keep the
   runs' order."""
-  flat = [flatten(r.config.to_dict()) for r in runtimes]
+  flat = [flatten(r.config.to_dict()) for r in setups]
   differing = sorted(k for k in set().union(*flat) if k not in SEED_KEYS
                      and len({repr(f.get(k)) for f in flat}) > 1)
-  kinds = [{k: kind_of(k, r) for k in differing} for r in runtimes]
+  kinds = [{k: kind_of(k, r) for k in differing} for r in setups]
   undeclared = [k for k in differing if any(kind[k] is None for kind in kinds)]
 
   def signature(i):  # Runs of one bucket agree on every undeclared setting.
@@ -123,12 +120,12 @@ def plan_groups(runtimes: Sequence[Runtime]) -> list[Group]:
                   for k in differing),
             tuple(flat[i].get(k) is None for k in differing))
 
-  buckets = _buckets(range(len(runtimes)), signature)
+  buckets = _buckets(range(len(setups)), signature)
   apart = tuple((k, UNDECLARED) for k in undeclared) if len(buckets) > 1 else ()
   fingerprints = _Fingerprints()
   groups = []
   for bucket in buckets:
-    for sub in _buckets(bucket, lambda i: fingerprints(runtimes[i].splits)):
+    for sub in _buckets(bucket, lambda i: fingerprints(setups[i].splits)):
       data_apart = ((DATA, DATA_DIFFER),) if len(sub) < len(bucket) else ()
       groups.append(_group(kinds, flat, sub, apart + data_apart))
   return groups
@@ -175,134 +172,6 @@ def data_fingerprint(splits: dict) -> str:
         digest.update(f"{name}/{part}/{key}:{array.dtype.str}{array.shape};".encode())
         digest.update(array.reshape(-1).view(np.uint8))
   return digest.hexdigest()
-
-
-# --- The vectorised train step ------------------------------------------------------------
-
-class VectorizedStep:
-  """``step(states, values, examples, shared, num_steps) -> (states, metrics)``: the train
-  step of ``runtime`` mapped over a leading run axis of ``states`` (stacked train states) and
-  ``values`` (the model's ``per_run_numbers`` with ``(runs,)`` fields, or None:
-  :func:`capsjax.common.per_run.stacked`); metrics come back
-  ``(runs, num_steps)``. Compiled once per run count and ``num_steps``, its memory checked
-  before it first runs (:class:`capsjax.training.memory.OutOfMemory`).
-
-  With :class:`OneRunStep` it is the driver's step (:mod:`capsjax.training.driver`): the
-  driver stacks the runs' states, reads each run's metrics and state, and drops runs, through
-  the methods below."""
-
-  vectorised = True
-
-  def __init__(self, runtime: Runtime, per_run_keys: Sequence[str] = (),
-               memory_limit: Callable[[], int | None] | None = None):
-    body = train_step.train_steps(runtime.task, runtime.optimizer.tx, runtime.plan.num_train,
-                                  runtime.mesh)
-    self.per_run_keys = tuple(per_run_keys)
-    self.numbers_class = getattr(runtime.task.model_class, "per_run_numbers", None)
-    self.sharding = replicated(runtime)
-
-    def step(states, values, examples, shared, num_steps):
-      one_run = lambda state, run_values: body(state, examples, shared, num_steps, run_values)
-      return jax.vmap(one_run)(states, values)
-
-    jitted = jax.jit(step, static_argnums=4, donate_argnums=0)
-    self._new_steps = lambda: memory.CompiledSteps(
-        jitted, runtime.config, "The runs' vectorised train step", memory_limit)
-    self._steps: dict[int, memory.CompiledSteps] = {}  # By the number of runs.
-
-  def _for(self, states) -> memory.CompiledSteps:
-    runs = states.step.shape[0]
-    if runs not in self._steps:
-      self._steps[runs] = self._new_steps()
-    return self._steps[runs]
-
-  def __call__(self, states, values, examples, shared, num_steps: int):
-    return self._for(states)(states, values, examples, shared, num_steps)
-
-  def prepare(self, states, values, examples, shared, num_steps: int):
-    """The program for these runs and ``num_steps``, compiled and its memory checked."""
-    return self._for(states).prepare(states, values, examples, shared, num_steps)
-
-  def stack(self, states: Sequence):
-    """The runs' train states stacked along a leading run axis, replicated."""
-    return stack(states, self.sharding)
-
-  def values(self, configs):
-    """Each run's per-run numbers of the model, stacked (:func:`capsjax.common.per_run.
-    stacked`), replicated; the optimiser's are in the runs' states."""
-    return jax.device_put(per_run.stacked(self.numbers_class, configs), self.sharding)
-
-  def unstack(self, metrics, runs: int) -> tuple:
-    return unstack(metrics, runs)
-
-  def state_of(self, states, k: int):
-    """Run ``k``'s train state, taken out of the stacked ones."""
-    return jax.tree.map(lambda x: x[k], states)
-
-  def take(self, tree, keep: Sequence[int]):
-    """The runs ``keep`` of a stacked tree, replicated."""
-    return jax.device_put(take(tree, keep), self.sharding)
-
-
-class OneRunStep:
-  """One run's own jitted train step (its settings compiled in, nothing mapped) behind
-  :class:`VectorizedStep`'s interface, so that one driver trains one run as it trains
-  several (:mod:`capsjax.training.driver`). Its memory is checked before it first runs."""
-
-  vectorised = False
-
-  def __init__(self, runtime: Runtime, memory_limit: Callable[[], int | None] | None = None):
-    self._steps = memory.CompiledSteps(runtime.make_train_step(), runtime.config,
-                                       memory_limit=memory_limit)
-
-  def __call__(self, state, values, examples, shared, num_steps: int):
-    return self._steps(state, examples, shared, num_steps)
-
-  def prepare(self, state, values, examples, shared, num_steps: int):
-    return self._steps.prepare(state, examples, shared, num_steps)
-
-  def stack(self, states: Sequence):
-    (state,) = states
-    return state
-
-  def values(self, configs) -> None:
-    return None
-
-  def unstack(self, metrics, runs: int) -> tuple:
-    return (metrics,)
-
-  def state_of(self, state, k: int):
-    return state
-
-  def take(self, tree, keep: Sequence[int]):
-    raise ValueError("One run has no others to drop.")
-
-
-def stack(trees: Sequence, sharding: NamedSharding):
-  """The trees (e.g. train states) stacked along a new leading run axis, placed by
-  ``sharding``."""
-  return jax.jit(lambda *ts: jax.tree.map(lambda *xs: jnp.stack(xs), *ts),
-                 out_shardings=sharding)(*trees)
-
-
-@functools.lru_cache(maxsize=None)
-def _unstacker(runs: int):
-  return jax.jit(lambda tree: tuple(jax.tree.map(lambda x: x[i], tree) for i in range(runs)))
-
-
-def unstack(tree, runs: int) -> tuple:
-  """The ``runs`` slices of a stacked tree (one dispatch)."""
-  return _unstacker(runs)(tree)
-
-
-def take(tree, indices: Sequence[int]):
-  """The runs ``indices`` of a stacked tree, still stacked."""
-  index = jnp.asarray(np.asarray(indices, np.int32))
-  return jax.tree.map(lambda x: x[index], tree)
-
-
-def replicated(runtime: Runtime) -> NamedSharding:
-  return NamedSharding(runtime.mesh, P())
 
 
 def default_min_runs(backend: str | None = None) -> int | None:

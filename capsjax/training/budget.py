@@ -10,7 +10,7 @@ from capsjax.common.errors import UsageError
 from capsjax.common.settings import NON_NEGATIVE, Setting, at_least
 
 _COUNT = dict(kind=int, check=at_least(1))
-# ``config.train``'s length and cadence: what the plan reads. How often a run logs, evaluates
+# ``config.train``'s length and cadence: what the budget reads. How often a run logs, evaluates
 # and checkpoints may change when it resumes (``neutral``); its length too.
 SETTINGS = {
     "train.batch_size": Setting(meaning="Examples per step, over all devices.", **_COUNT),
@@ -30,7 +30,7 @@ SETTINGS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Budget:
   """The steps of a run (``config.train``) over ``num_train`` training examples.
 
   An epoch is ``num_train // batch_size`` steps (the last partial batch is dropped, as the
@@ -48,7 +48,7 @@ class Plan:
   steps_per_dispatch: int
 
   @classmethod
-  def from_config(cls, t: ml_collections.ConfigDict, num_train: int) -> "Plan":
+  def from_config(cls, t: ml_collections.ConfigDict, num_train: int) -> "Budget":
     """``t`` is ``config.train``; ``num_steps`` (if set) wins over ``num_epochs``."""
     steps_per_epoch = num_train // t.batch_size
     if steps_per_epoch == 0:

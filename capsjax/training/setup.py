@@ -1,15 +1,15 @@
 """One set-up path for every command, the placement of data on the devices, and the
-evaluation runner.
+evaluation batched.
 
 ``train``, ``evaluate``, ``ensemble`` and ``benchmark`` all start the same way::
 
-    runtime = Runtime(config)          # checks the config; task, mesh, data, plan, optimiser
-    state = runtime.fresh_state()      # or: step, state, meta = runtime.restore(checkpointer)
-    evals = runtime.evaluations()      # config.evals on the devices
+    setup = Setup(config)          # checks the config; task, mesh, data, budget, optimiser
+    state = setup.fresh_state()      # or: step, state, meta = setup.restore(checkpointer)
+    evals = setup.evaluations()      # config.evals on the devices
 
 The mesh is 1-D over every device of the job (axis ``data``): batches are sharded,
-parameters, optimiser state and the datasets replicated. ``runtime.runner``
-(:class:`capsjax.training.evaluation.EvalRunner`) maps functions of the model over evaluation sets in
+parameters, optimiser state and the datasets replicated. ``setup.batched``
+(:class:`capsjax.training.evaluation.BatchedEval`) maps functions of the model over evaluation sets in
 jitted, data-parallel batches.
 """
 
@@ -24,15 +24,15 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from capsjax import datasets, evaluators
 from capsjax.common import platform
 from capsjax.common.errors import UsageError
-from capsjax.runs import reporting
-from capsjax.training import optimizers, plan, train_step
-from capsjax.training.evaluation import EvalRunner, put_on_devices
+from capsjax.runs import checkpoint_forms, reporting
+from capsjax.training import budget, optimizers, train_step
+from capsjax.training.evaluation import BatchedEval, put_on_devices
 from capsjax.training.tasks import Task
 
 
 # Initialisation runs once per run, so its program's compile time is all it costs: on a CPU,
 # LLVM at -O1 compiles the threefry loops of the initialisers about 3x faster than the default
-# (smoke models: 0.7-1.0 s against 1.9-3.7 s) and gives the same bits (tests/test_runtime.py).
+# (smoke models: 0.7-1.0 s against 1.9-3.7 s) and gives the same bits (tests/test_setup.py).
 # By the backend programs are built for (capsjax.common.platform.target).
 INIT_COMPILER_OPTIONS = {"cpu": {"xla_backend_optimization_level": 1}}
 
@@ -43,15 +43,15 @@ def make_mesh() -> jax.sharding.Mesh:
                        axis_types=(jax.sharding.AxisType.Auto,))
 
 
-class Runtime:
-  """A config made runnable, complete when built: its task, mesh, data, plan and optimiser.
+class Setup:
+  """A config made runnable, complete when built: its task, mesh, data, budget and optimiser.
 
   Attributes:
     config, task, mesh, replicated (the sharding of replicated arrays);
     splits: the dataset's host splits, by name;
-    plan: the run's :class:`capsjax.training.plan.Plan`;
+    budget: the run's :class:`capsjax.training.budget.Budget`;
     optimizer: the :class:`capsjax.training.optimizers.Optimizer` of ``config.optimizer``
-      (epoch-based settings in steps of the plan).
+      (epoch-based settings in steps of the budget).
   """
 
   def __init__(self, config: ml_collections.ConfigDict,
@@ -59,20 +59,20 @@ class Runtime:
     """Raises UsageError, naming the key, for a config that cannot run here. ``self.config``
     is the resolved copy (:func:`capsjax.training.tasks.resolve_config`); ``config`` is not
     written. Reads the dataset's splits (or takes ``splits``: e.g. random data of their
-    shapes, or another runtime's of the same dataset), checks that the model keeps its
+    shapes, or another setup's of the same dataset), checks that the model keeps its
     contract on them (:meth:`capsjax.training.tasks.Task.check_outputs`) and plans the run's
     steps."""
-    plan.validate_train_config(config, jax.device_count())
+    budget.validate_train_config(config, jax.device_count())
     self.task = Task.from_config(config)
     self.config = self.task.config
     self.mesh = make_mesh()
     self.replicated = NamedSharding(self.mesh, P())
     self.splits = self.task.dataset.load() if splits is None else splits
     self.task.check_outputs(self.splits)
-    self.plan = plan.Plan.from_config(self.config.train, len(self.splits["train"]))
-    self.optimizer = optimizers.build(self.config.optimizer, self.plan.steps_per_epoch,
-                                      self.plan.num_steps)
-    self._runner: EvalRunner | None = None
+    self.budget = budget.Budget.from_config(self.config.train, len(self.splits["train"]))
+    self.optimizer = optimizers.build(self.config.optimizer, self.budget.steps_per_epoch,
+                                      self.budget.num_steps)
+    self._batched: BatchedEval | None = None
 
   def fresh_state(self) -> train_step.TrainState:
     """Parameters and optimiser state from ``config.seed``, replicated on the mesh."""
@@ -88,12 +88,12 @@ class Runtime:
     """``(step, state, meta)`` of the newest checkpoint that restores (or the first of
     ``steps``), or None when there is none; see
     :meth:`capsjax.runs.checkpointing.Checkpointer.restore_newest`. Checkpoints of every
-    earlier layout restore (:func:`capsjax.training.train_step.older_forms`); the optimiser's
+    earlier layout restore (:func:`capsjax.runs.checkpoint_forms.older_forms`); the optimiser's
     per-run numbers are the config's."""
     abstract = self.abstract_state()
     found = checkpointer.restore_newest(
         abstract, log=log, move_aside=move_aside, steps=steps,
-        older_forms=train_step.older_forms(abstract, self.optimizer))
+        older_forms=checkpoint_forms.older_forms(abstract, self.optimizer))
     if found is None:
       return None
     step, state, meta = found
@@ -103,19 +103,19 @@ class Runtime:
 
   def make_train_step(self) -> Callable:
     """The jitted train step over the loaded train split."""
-    return train_step.make_train_step(self.task, self.optimizer.tx, self.plan.num_train,
+    return train_step.make_train_step(self.task, self.optimizer.tx, self.budget.num_train,
                                       self.mesh)
 
   @property
-  def runner(self) -> "EvalRunner":
-    if self._runner is None:
-      self._runner = EvalRunner(self.task, self.mesh, self.config.eval.batch_size)
-    return self._runner
+  def batched(self) -> "BatchedEval":
+    if self._batched is None:
+      self._batched = BatchedEval(self.task, self.mesh, self.config.eval.batch_size)
+    return self._batched
 
   def evaluations(self, log: Callable[[str], None] = reporting.log) -> dict:
     """The evaluators of ``config.evals`` on the loaded splits (plus ``validation`` when the
     data hold one out), by name."""
-    return evaluators.build_all(self.config, self.task.dataset, self.splits, self.runner,
+    return evaluators.build_all(self.config, self.task.dataset, self.splits, self.batched,
                                 log=log)
 
   def on_devices(self, split: datasets.Split) -> tuple[dict, dict]:

@@ -1,11 +1,11 @@
-"""The shared set-up path (capsjax/training/runtime.py): the initial state it builds."""
+"""The shared set-up path (capsjax/training/setup.py): the initial state it builds."""
 
 import jax
 import numpy as np
 
 import mnist
-from capsjax.training import runtime as runtime_lib, train_step
-from capsjax.training.runtime import Runtime
+from capsjax.training import setup as setup_lib, train_step
+from capsjax.training.setup import Setup
 
 
 def test_initialisation_compiled_for_speed_gives_the_same_bits(idx_dir):
@@ -13,15 +13,15 @@ def test_initialisation_compiled_for_speed_gives_the_same_bits(idx_dir):
   compile time): the same parameters and optimiser state, bit for bit, as the program compiled
   with XLA's defaults (the smoke CapsNet: truncated normals, uniforms, constants; measured the
   same for Efficient-CapsNet, EM and the baseline CNN when the option was chosen)."""
-  assert runtime_lib.INIT_COMPILER_OPTIONS["cpu"] == {"xla_backend_optimization_level": 1}
+  assert setup_lib.INIT_COMPILER_OPTIONS["cpu"] == {"xla_backend_optimization_level": 1}
   for module in (mnist,):
     config = module.get_config("smoke")
     config.data.source, config.data.dir = "idx", str(idx_dir)
-    runtime = Runtime(config)
-    fresh = runtime.fresh_state()
-    tx = runtime.optimizer.tx
-    default = jax.jit(lambda: train_step.init_state(runtime.task, tx),
-                      out_shardings=runtime.replicated)()
+    setup = Setup(config)
+    fresh = setup.fresh_state()
+    tx = setup.optimizer.tx
+    default = jax.jit(lambda: train_step.init_state(setup.task, tx),
+                      out_shardings=setup.replicated)()
     leaves = list(zip(jax.tree.leaves(fresh), jax.tree.leaves(default)))
     assert len(leaves) > 10 and jax.tree.structure(fresh) == jax.tree.structure(default)
     for a, b in leaves:

@@ -1,0 +1,23 @@
+"""Mean ± standard deviation over seeds, as every table writes it."""
+
+from __future__ import annotations
+
+import math
+
+
+def mean_std(values) -> tuple[float, float | None]:
+  """Mean and sample standard deviation of the values that are not None; the std is None for
+  a single value (no spread to report), the mean NaN for none."""
+  values = [v for v in values if v is not None]
+  if not values:
+    return float("nan"), None
+  mean = sum(values) / len(values)
+  if len(values) == 1:
+    return mean, None
+  return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def mean_pm(mean: float, std: float | None, scale: float = 100.0, digits: int = 2) -> str:
+  """``89.50 ± 0.30`` over several seeds; ``89.50`` for one (a seeds column says so)."""
+  text = f"{scale * mean:.{digits}f}"
+  return text if std is None else f"{text} ± {scale * std:.{digits}f}"
