@@ -35,7 +35,11 @@ def test_the_tour_runs_on_generated_digits(tmp_path, monkeypatch):
   printed = "\n".join(_text(c) for c in notebook.cells if c.cell_type == "code")
   assert "Training on generated digits." in printed
   assert "test accuracy" in printed and "chance 10%" in printed
-  assert "McNemar" in printed and "sign-flip" in printed  # The paired comparison's report.
+  # The paired comparison's report: what was compared, then its two verdicts.
+  assert "What was compared" in printed and "McNemar" in printed
+  assert "**These trained models**" in printed and "sign-flip test over digits" in printed
+  assert "**The setup**" in printed and "sign-flip test over the 2 seed pair(s)" in printed
+  assert "Seed pairs the setup test needs" in printed
   images = sum("image/png" in o.get("data", {}) for c in notebook.cells
                for o in c.get("outputs", []))
   assert images >= 4  # Reconstructions, Figure 4, the couplings and the routing diagnostics.
@@ -50,4 +54,8 @@ def test_the_saved_tour_shows_its_outputs():
   code = [c for c in notebook.cells if c.cell_type == "code"]
   assert [c.execution_count for c in code] == list(range(1, len(code) + 1))
   assert not any(o.output_type == "error" for c in code for o in c.outputs)
-  assert "Training on the MNIST files." in "".join(_text(c) for c in code)
+  printed = "".join(_text(c) for c in code)
+  assert "Training on the MNIST files." in printed
+  assert "chance 10%" in printed and "**The setup**" in printed
+  images = sum("image/png" in o.get("data", {}) for c in code for o in c.outputs)
+  assert images >= 5  # Reconstructions, Figure 4, two of the couplings, the disagreements.

@@ -1,5 +1,6 @@
 """docs/results/: every result page has the template's form, and the index, README.md, is
-tools/results_index.py's output, so that it cannot go stale."""
+tools/results_index.py's output, so that it cannot go stale; experiments/README.md lists every
+file of experiments/."""
 
 import importlib.util
 import pathlib
@@ -32,6 +33,17 @@ def test_every_page_is_in_the_index():
   assert len(results_index.pages()) >= 20
   for page in results_index.pages():
     assert f"]({page.name})" in listed
+
+
+def test_every_experiment_file_is_listed():
+  """experiments/README.md names each file of experiments/ in its tables (with its result
+  page, or "not run yet"), so that a new experiment file cannot go unlisted."""
+  listed = (REPO / "experiments" / "README.md").read_text()
+  files = sorted(p.name for p in (REPO / "experiments").iterdir()
+                 if p.suffix in (".py", ".sh"))
+  assert len(files) >= 20
+  unlisted = [name for name in files if f"| `{name}` |" not in listed]
+  assert not unlisted, f"experiments/README.md lists no row for {unlisted}"
 
 
 def test_a_page_that_strays_from_the_template_is_refused(tmp_path):
