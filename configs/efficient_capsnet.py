@@ -16,7 +16,7 @@ Variants (the string after ':'):
   (none)  the reference's settings. On the 2-core x86-64 CPU this was developed on, an epoch
           takes about 100 s of training (603 images/s, `python -m capsjax.benchmark`) plus 7 s
           of evaluation; two hours gave 37 epochs and 99.65% test accuracy
-          (experiments/README.md, "Efficient-CapsNet on MNIST").
+          (docs/results/efficient_capsnet_cpu.md).
   smoke   a tiny model for a few steps on a small slice of data (tests, CI).
 """
 

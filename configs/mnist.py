@@ -107,7 +107,7 @@ def model_config() -> ml_collections.ConfigDict:
   # Conv init (the paper gives none): init_scale>0 draws normal(0, init_scale) cut at
   # 2 std, init_scale=0 is LeCun normal. conv1 at 0.05 is the official code's; on a held-out
   # validation split 0, 0.01, 0.03 and 0.05 were within 0.21 points after one epoch
-  # (experiments/README.md, "conv1 init, re-checked on validation"). The official code's
+  # (docs/results/conv1_init_validation_cpu.md). The official code's
   # PrimaryCaps init (0.1, biases 0.1) saturates the capsules at the start and learned
   # slower here after one epoch, so the text's PrimaryCaps is LeCun.
   model.conv1 = ml_collections.ConfigDict(
@@ -132,7 +132,7 @@ def model_config() -> ml_collections.ConfigDict:
   # self_routing | em | variational_bayes). The run's config.json records every one in effect.
   model.routing = ml_collections.ConfigDict(dict(name="dynamic"))
   # Decoder init left out: LeCun, biases 0 (Flax's default); the official code's 0.1 / 0.1
-  # measured the same after one epoch (experiments/README.md).
+  # measured the same after one epoch (docs/results/one_epoch_cpu.md).
   model.decoder = ml_collections.ConfigDict(dict(enabled=True, hidden=(512, 1024)))
   model.conv_impl = "auto"  # "auto" | "native" | "im2col" | "polyphase" | "winograd[4]".
   model.compute_dtype = "float32"  # "bfloat16": convs and decoder in bf16.

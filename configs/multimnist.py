@@ -24,8 +24,7 @@ One change from the MNIST setup: W_ij ~ normal(0, 0.03) instead of the official 
 first Adam steps (|v_j| -> 0.975, |s_j| 8-17, where the squash has almost no slope) and
 stay there: accuracy at chance. Chosen on 2,000 validation pairs drawn from 10,000
 training digits held out (never the test set), 300 steps of batch 32, real MNIST files
-(experiments/multimnist_init.py; experiments/README.md, "MultiMNIST and saturated class
-capsules"): validation exact top-2 accuracy 2.40% at 0.1 (chance 2.22%), 43.90% and
+(experiments/multimnist_init.py; docs/results/multimnist_saturation_cpu.md): validation exact top-2 accuracy 2.40% at 0.1 (chance 2.22%), 43.90% and
 45.25% at 0.03 (seeds 0, 1), 42.65% at 0.01, 39.40% at 0.003. Set it back to 0.1 for
 the official code's value; the run then warns that its class capsules are saturated. The
 official code trains at 0.1 because its PrimaryCaps scales the convolution by 1/32

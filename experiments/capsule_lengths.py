@@ -17,8 +17,8 @@ beside the train loss and accuracy of the step. Step 0 is the initialisation.
 
 Datasets without their files here (CIFAR-10, SVHN, smallNORB) can be probed with
 ``--mock_data``: tensorflow-datasets' random stand-in images, which says how the
-architecture behaves on noise, not on the real data. experiments/README.md ("MultiMNIST and
-saturated class capsules") has this script's measurements.
+architecture behaves on noise, not on the real data. docs/results/multimnist_saturation_cpu.md
+has this script's measurements.
 """
 
 import contextlib

@@ -24,7 +24,7 @@ layers on its own and give a parent its length as activation (capsjax/models/cap
       --config.data.source=idx --config.data.dir=/path/to/mnist
 
 ``:tiny`` is the same grid on the configs' smoke variants (the tests run it). The CPU budget
-that experiments/README.md reports ("Capsule type or routing?") sets the steps, batch and
+that docs/results/capsule_type_vs_routing_cpu.md reports sets the steps, batch and
 evaluation sample on the command line.
 """
 

@@ -5,8 +5,7 @@ normal with std 0.05 cut at 2 std (capsjax's default); LeCun normal (Flax's defa
 0.11 for 81 inputs) and 0.01 were tried before. The default was first picked by one-epoch
 *test* accuracy; this sweep checks it the clean way, on 10,000 training images held out as
 validation (the paper tuned so), one epoch of the remaining 50,000.
-Answer from the paper: none. Measured (experiments/README.md, "conv1 init, re-checked on
-validation"): after one epoch the four are within 0.21 points on validation (seed 0), which
+Answer from the paper: none. Measured (docs/results/conv1_init_validation_cpu.md): after one epoch the four are within 0.21 points on validation (seed 0), which
 one seed cannot separate; configs/mnist.py keeps the official code's 0.05.
 
   python -m capsjax.sweep experiments/conv1_init.py --workdir=/tmp/conv1_init \\

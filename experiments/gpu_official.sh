@@ -5,7 +5,7 @@
 # them):
 #   ab. configs/mnist.py:official and the text with only the margin loss's scale as the code
 #       has it, 3 seeds each as one vectorised program, the paper's 50 epochs (ran on an H100
-#       on 2026-11-27: experiments/README.md);
+#       on 2026-11-27: docs/results/headline_official_h100.md);
 #   c.  :official, seed 0, 150,000 steps (the code's budget is 300,000; ~6 minutes on an H100
 #       at 54,000 images/s; the 2026-11-27 sitting stopped at step 120,400);
 #   v.  :validation, :official against the text on the code's validation split, 3 seeds each:

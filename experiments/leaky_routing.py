@@ -5,7 +5,7 @@ that a vote that agrees with no parent is routed nowhere (the coupling
 coefficients then sum to less than 1). Does it help on MNIST?
 Answer from the paper: Procedure 1 has no leak (the default here) and the
 paper does not evaluate it; the option lives in the official code.
-experiments/README.md has our short-budget measurement.
+Not measured here yet (docs/results/README.md lists what has been).
 """
 
 BASE_CONFIG = "configs/mnist.py"

@@ -2,8 +2,8 @@
 
 Question: with the MNIST setup's W_ij ~ normal(0, 0.1) (the official code's), CapsNet on
 MultiMNIST stays at chance: within its first Adam steps the primary capsules and then the
-class capsules grow until the squash leaves no gradient (experiments/README.md, "MultiMNIST
-and saturated class capsules"). Which std learns, judged on a validation split held out
+class capsules grow until the squash leaves no gradient
+(docs/results/multimnist_saturation_cpu.md). Which std learns, judged on a validation split held out
 from the training digits (never the test set)?
 Answer from the paper: none (it gives no initialisation). The default of
 configs/multimnist.py is this sweep's best on validation.

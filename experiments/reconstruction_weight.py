@@ -6,7 +6,7 @@ reconstruction, the common bug of a per-pixel mean (784x weaker, 0.0005/784)
 and a 10x stronger weight give?
 Answer from the paper: reconstruction lowers MNIST test error (Table 1, 3
 iterations: 0.25% with it, 0.35% without); it gives no other weights.
-experiments/README.md has our short-budget measurement.
+Not measured here yet (docs/results/README.md lists what has been).
 """
 
 BASE_CONFIG = "configs/mnist.py"

@@ -1,4 +1,6 @@
-"""Which routing matters? Every router of capsjax.routing on the paper's MNIST backbone.
+"""Which routing matters? Six routers of capsjax.routing on the paper's MNIST backbone (EM and
+variational Bayes, which the matrix-capsule papers pair with their own network, route it in
+experiments/capsule_type_vs_routing.py).
 
 Question: on one backbone (conv1, PrimaryCaps, W_ij, decoder and loss unchanged), does routing
 by agreement beat the controls that route without agreement (uniform and random coupling),

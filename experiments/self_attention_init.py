@@ -1,7 +1,7 @@
 """Self-attention routing on the paper's MNIST backbone: which W_ij init lets it learn?
 
 Question: with the paper backbone's W_ij ~ normal(0, 0.1), Efficient-CapsNet's self-attention
-router stays at chance after one epoch (experiments/README.md, "routing_algorithms.py"): with
+router stays at chance after one epoch (docs/results/routing_algorithms_cpu.md): with
 1,152 primary capsules the self-agreement is large, the softmax nearly one-hot and the class
 capsules saturate. Efficient-CapsNet itself routes 16 capsules with W He-normal (std 0.04
 there). Which std learns on this backbone, judged on a validation split held out from the

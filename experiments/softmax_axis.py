@@ -7,8 +7,8 @@ vote). Several public implementations normalise over the children instead
 children and removes the competition among parents for a child.
 Answer from the paper: it specifies "output" (Eq. 3, "the coupling
 coefficients between capsule i and all the capsules in the layer above sum to
-1") and does not evaluate the alternative; experiments/README.md has our
-short-budget measurement.
+1") and does not evaluate the alternative. Not measured here yet
+(docs/results/README.md lists what has been).
 """
 
 BASE_CONFIG = "configs/mnist.py"

@@ -6,7 +6,8 @@ votes. Does back-propagating through the routing loop matter?
 Answer from the paper: Procedure 1 is differentiated as written (no stop
 gradient, the default here); the paper does not evaluate the alternative.
 The forward computation is identical either way (tested), only the gradients
-differ; experiments/README.md has our short-budget measurement.
+differ. This sweep has not run here yet; single runs with it on did
+(docs/results/one_epoch_cpu.md, docs/results/early_inits_cpu.md).
 """
 
 BASE_CONFIG = "configs/mnist.py"

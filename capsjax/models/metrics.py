@@ -10,7 +10,8 @@ import jax.numpy as jnp
 
 # A class capsule longer than this sits where the squash has almost no slope: |v| = 0.95 is
 # |s| = 4.36, where d|v|/d|s| is 3% of its peak. (The trapped MultiMNIST runs of
-# experiments/README.md had every class capsule above 0.98 but only 60% above 0.99.)
+# docs/results/multimnist_saturation_cpu.md had every class capsule above 0.98 but only 60%
+# above 0.99.)
 SATURATED_LENGTH = 0.95
 
 
@@ -53,7 +54,7 @@ def capsule_saturation(lengths: jax.Array,
   at ``|v| = 0.95``, 0.002 at ``|v| = 0.99``. A healthy classifier has its labelled classes
   there and the others short (a saturated fraction near 1/10 on MNIST); a model whose
   capsules all sit there gets almost no gradient from the margin loss and stops learning
-  (CapsNet on MultiMNIST with W_ij ~ normal(0, 0.1): experiments/README.md).
+  (CapsNet on MultiMNIST with W_ij ~ normal(0, 0.1): docs/results/multimnist_saturation_cpu.md).
 
   Args:
     lengths: ``|v_j|``, ``(batch, num_classes)``.

@@ -158,8 +158,9 @@ class Comparison:
     seeds: the seed pairs' labels: the seed where both runs have it, ``"0/1"`` (A's/B's).
     counts: :class:`PairCounts` per seed pair, on all shared examples.
     halves: ``{"first", "second"}`` -> PairCounts per seed pair on the examples whose id is
-      below / from half of the source split (MNIST: test[:5000], the cleaner half by LeCun's
-      description, and test[5000:]); a half may hold none.
+      below / from half of the source split (MNIST: test[:5000], which LeCun's page calls the
+      cleaner half but on which CapsNet and the CNN measured here err more,
+      docs/results/test_halves_cpu.md; and test[5000:]); a half may hold none.
     half_size: that boundary.
     combined_p: the sign-flip test over examples on the summed differences (all seed pairs).
     own: per seed pair, the examples A's run and B's run each evaluated.

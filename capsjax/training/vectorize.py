@@ -177,6 +177,7 @@ def data_fingerprint(splits: dict) -> str:
 def default_min_runs(backend: str | None = None) -> int | None:
   """The smallest group ``capsjax.sweep`` vectorises when ``--vectorize`` is not given; None:
   none. On a CPU one run already keeps it busy; on a GPU, groups of 4 or more ran faster than
-  their runs one by one (measured: docs/performance.md, "Several runs in one program").
+  their runs one by one (measured: docs/notes/performance_log.md, "Several runs in one
+  program").
   ``backend``: None, the one programs are built for (:func:`capsjax.common.platform.target`)."""
   return None if (backend or platform.target()) == "cpu" else 4
