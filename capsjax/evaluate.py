@@ -26,6 +26,11 @@ overrides a setting) it runs those evaluations instead, on a run trained without
 merges their results into WORKDIR/extra_evaluations.json under their names (with the
 checkpoint step and the settings); the run's own summary.json and evaluation.json are left as
 they are. A name the run's config already evaluates is refused.
+
+``--output=DIR`` writes these files (and the figures and TensorBoard images) into DIR instead
+of the workdir, which is then only read: a colleague's run on a read-only mount. A workdir
+that cannot be written to without it is refused in one line naming ``--output``, before
+anything is restored (:func:`output_folder`).
 """
 
 import os
@@ -52,8 +57,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
           "finished runs): evaluate them as an ensemble, averaging their class scores.",
           **define),
       output=flags.DEFINE_string(
-          "output", None, "Where --ensemble writes ensemble.json (default: the sweep "
-          "directory, or the members' common parent).", **define),
+          "output", None, "A folder for the files written: with --workdir, evaluation.json, "
+          "the predictions, figures and TensorBoard images (or --evals' "
+          "extra_evaluations.json), the workdir then only read (default: the workdir; give "
+          "one for a run you cannot write to); with --ensemble, ensemble.json (default: the "
+          "sweep directory, or the members' common parent).", **define),
       checkpoint=flags.DEFINE_string(
           "checkpoint", "latest", "'latest' (the final checkpoint), a step number, or 'best' "
           "(by validation accuracy; only for runs that held out a validation split).",
@@ -73,9 +81,26 @@ SHIFTED = "shifted_test"  # The name of the --max_shift evaluation.
 EXTRA = "extra_evaluations.json"
 
 
+def output_folder(workdir: str, output: str | None) -> str:
+  """Where an evaluation of ``workdir`` writes its files: ``output`` (created, and refused in
+  one line if it cannot be written to), else the workdir, refused in one line naming
+  ``--output`` when no file can be written there (a read-only mount, another user's run).
+  Checked before anything is restored or compiled."""
+  from capsjax.runs import workdirs
+
+  if output:
+    workdirs.check_writable(output, "--output")
+    return workdirs.prepare(output, "--output")
+  workdirs.check_writable(workdir, "--workdir", advice=(
+      "give --output=DIR, a folder for the evaluation's files (the run's own are then only "
+      "read)"))
+  return os.path.abspath(workdir)
+
+
 def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | None = None,
-                     max_shift: int = 0) -> dict:
-  """Restores ``checkpoint`` of ``workdir``, runs every evaluation, redraws figures."""
+                     max_shift: int = 0, output: str | None = None) -> dict:
+  """Restores ``checkpoint`` of ``workdir``, runs every evaluation, redraws figures; its
+  files go to ``output`` (default: the workdir: :func:`output_folder`)."""
   import jax
 
   from capsjax.common import files, precision
@@ -85,6 +110,7 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
   from capsjax.training.setup import Setup
 
   config = restoring.load_config(workdir, checkpoint, data_dir)
+  output = output_folder(workdir, output)
   if max_shift < 0:
     raise UsageError(f"--max_shift={max_shift}: use 0 (no shifted test sets) or more pixels.")
   if max_shift:
@@ -102,21 +128,24 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
               "chance": setup.task.chance_levels(), "evaluations": results}
     if max_shift:
       result["shifted_test_accuracy"] = results[SHIFTED]["accuracy_by_shift"]
-    if jax.process_index() == 0:
-      writer = reporting.MetricWriter(workdir)
-      run_figures.draw_figures(workdir, setup.task, state.variables, setup.splits["test"],
-                               evals, config.eval.num_figure_examples, writer, step)
-      writer.close()
-      run.write_predictions(os.path.join(workdir, predictions.EVALUATE_FILE), setup,
+    if jax.process_index() == 0:  # Recorded first, then drawn.
+      run.write_predictions(os.path.join(output, predictions.EVALUATE_FILE), setup,
                             {name: p for name, (_, p) in made.items() if p is not None},
-                            step=step, selected_on=selected_on)
-      files.write_json(os.path.join(workdir, "evaluation.json"), result)
+                            what="the evaluation's predictions", step=step,
+                            selected_on=selected_on)
+      files.write_json(os.path.join(output, "evaluation.json"), result,
+                       what="the evaluation's results")
+      writer = reporting.MetricWriter(output)
+      run_figures.draw_figures(workdir, setup.task, state.variables, setup.splits["test"],
+                               evals, config.eval.num_figure_examples, writer, step,
+                               output=output)
+      writer.close()
       test = results["test"]
       print(f"Checkpoint step {step} ({selected_on}): test accuracy "
             f"{100 * test['accuracy']:.2f}% (error {100 * test['error']:.2f}%; chance "
             f"{reporting.chance_text(result['chance'])})"
             + (f", loss {test['loss']:.4f}" if "loss" in test else "")
-            + f". Figures redrawn in {workdir}.")
+            + f". evaluation.json and figures in {output}.")
       for name, metrics in results.items():
         if name != "test":
           print(f"  {name}: accuracy {100 * metrics['accuracy']:.2f}%")
@@ -126,11 +155,12 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
 
 
 def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
-                 data_dir: str | None = None) -> dict:
+                 data_dir: str | None = None, output: str | None = None) -> dict:
   """Runs the evaluations ``evals`` (``{name: settings}``) that the run's config did not list
   on ``checkpoint`` of ``workdir``, draws their figures, and merges their results into
-  WORKDIR/extra_evaluations.json: ``{name: {"checkpoint_step", "selected_on", "settings",
-  "result"}}``. Returns the results of this call by name."""
+  extra_evaluations.json (in ``output``, default the workdir: :func:`output_folder`):
+  ``{name: {"checkpoint_step", "selected_on", "settings", "result"}}``. Returns the results
+  of this call by name."""
   import jax
   import ml_collections
 
@@ -149,7 +179,8 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
     raise UsageError(f"--evals names {clash}, which the run's config already evaluates "
                      f"({sorted(taken)}); give them other names in the file.")
   evaluators.check_types(settings, "--evals")
-  path = os.path.join(workdir, EXTRA)
+  output = output_folder(workdir, output)
+  path = os.path.join(output, EXTRA)
   # Read (and refused if damaged) before anything is evaluated or drawn: nothing is
   # overwritten by an evaluation this call could not record.
   stored = files.read_json(path, f"Move it aside to start a new {EXTRA}.") if os.path.exists(
@@ -170,11 +201,11 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
       stored.update({name: {"checkpoint_step": step, "selected_on": selected_on,
                             "settings": settings[name].to_dict(), "result": result}
                      for name, result in results.items()})
-      files.write_json(path, stored)
+      files.write_json(path, stored, what="the extra evaluations' results")
       model = JittedModel(setup.task, jax.tree.map(jax.device_get, state.variables))
-      writer = reporting.MetricWriter(workdir)
+      writer = reporting.MetricWriter(output)
       for evaluator in built.values():
-        evaluator.draw(model, workdir, writer, step)
+        evaluator.draw(model, output, writer, step)
       writer.close()
       chance = reporting.chance_text(setup.task.chance_levels())
       for name, result in results.items():
@@ -202,10 +233,10 @@ def main(argv):
         raise UsageError("--max_shift re-evaluates the run's own evaluations; run it without "
                          "--evals.")
       evaluate_new(f.workdir.value, cli.config_from_flag(f.evals), f.checkpoint.value,
-                   f.data_dir.value)
+                   f.data_dir.value, f.output.value)
     else:
       evaluate_workdir(f.workdir.value, f.checkpoint.value, f.data_dir.value,
-                       f.max_shift.value)
+                       f.max_shift.value, f.output.value)
 
 
 if __name__ == "__main__":

@@ -397,6 +397,7 @@ def main(argv):
     if not f.workdir.value:
       raise UsageError("--workdir is required.")
     workdir = os.path.abspath(f.workdir.value)
+    workdirs.check_writable(workdir)  # Refused in one line before any data or compiling.
     command_line = config_flags.get_override_values(cli.flag_of(f.config))
     config = cli.config_from_flag(f.config)
     report = {"tables": getattr(experiment, "TABLES", None),

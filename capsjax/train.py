@@ -23,6 +23,10 @@ another order).
 * A group whose step needs more memory than the device has free is split in halves until
   each part fits, and says so; a single run that does not fit is refused with advice.
 * SIGTERM or SIGINT saves every run at the step reached.
+* A workdir no file can be written to is refused in one line before the data is loaded
+  (:func:`capsjax.runs.workdirs.check_writable`); a write that fails later (a full disk) is
+  named for what it was writing, and the same command resumes from the last complete
+  checkpoint (:mod:`capsjax.common.files`).
 * A process of a multi-process run that loses another ends with one line
   (:mod:`capsjax.runs.lost_peer`); the last complete checkpoint resumes.
 """
@@ -82,6 +86,8 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
   vectorised = len(configs) > 1 if vectorised is None else vectorised
   if not vectorised and len(configs) != 1:
     raise ValueError(f"Only one run trains unvectorised; got {len(configs)}.")
+  for workdir in run_dirs:  # A read-only or full one refused before data or compiling.
+    workdirs.check_writable(workdir)
   if setups is None:
     with memory.advice_on_allocation_failure(
         configs[0], "Loading the runs' data" if vectorised else "The run"):

@@ -87,6 +87,22 @@ def test_an_allocation_failure_while_running_is_the_same_clear_error():
   assert not memory.is_out_of_memory(ValueError("shapes differ"))
 
 
+def test_a_full_disk_worded_resource_exhausted_is_not_memory():
+  """TensorStore (under Orbax) reports a checkpoint's full disk as RESOURCE_EXHAUSTED, the
+  word of XLA's allocation failures: told apart by the error (a failed write to a named local
+  file, its errno), it passes the memory advice untouched (issue 79: it once read "The run ran
+  out of memory")."""
+  from test_files import TENSORSTORE_FULL, TENSORSTORE_WRITE, XLA_MEMORY
+
+  assert memory.is_out_of_memory(RuntimeError(XLA_MEMORY))
+  config = resolved(mnist.get_config("smoke"))
+  for words in (TENSORSTORE_FULL, TENSORSTORE_WRITE):
+    assert not memory.is_out_of_memory(ValueError(words))
+    with pytest.raises(ValueError, match="RESOURCE_EXHAUSTED: Error writing"):
+      with memory.advice_on_allocation_failure(config):
+        raise ValueError(words)
+
+
 def test_the_advice_scales_the_batch_to_the_free_memory():
   config = resolved(mnist.get_config())
   config.train.batch_size = 4096

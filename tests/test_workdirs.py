@@ -34,7 +34,9 @@ def unwritable_path(tmp_path):
 
 
 def test_prepare_refuses_an_unwritable_place(tmp_path):
-  with pytest.raises(UsageError, match="Cannot create --workdir=|is not writable"):
+  with pytest.raises(UsageError, match=r"Cannot create --workdir=|is not writable|Cannot write "
+                                      r"the folder --workdir \(.*\): (permission denied|it is "
+                                      "on a read-only)"):
     workdirs.prepare(unwritable_path(tmp_path))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import matplotlib
 
 matplotlib.use("Agg")  # No display on servers; must precede pyplot.
@@ -15,9 +17,9 @@ PERTURBATIONS = np.round(np.arange(-0.25, 0.25 + 1e-9, 0.05), 2)  # Paper, Sec. 
 
 def save(fig, path: str) -> None:
   """Writes ``fig`` as a PNG at ``path`` through a temporary file (a full disk or a crash
-  leaves the earlier figure whole) and closes it."""
+  leaves the earlier figure whole; its error names the figure) and closes it."""
   try:
-    with files.atomic_write(path, "wb") as f:
+    with files.atomic_write(path, "wb", what=f"figure {os.path.basename(path)}") as f:
       fig.savefig(f, format="png", dpi=100, bbox_inches="tight")
   finally:
     plt.close(fig)

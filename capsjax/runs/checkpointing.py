@@ -6,7 +6,12 @@ A checkpoint holds two items:
     evaluation metrics at save time.
 
 Saving is asynchronous; a process killed mid-save leaves a temporary folder
-that orbax ignores, and the previous complete checkpoint restores. A
+that orbax ignores, and the previous complete checkpoint restores. A save that
+fails to write (a full disk, a read-only folder) fails in Orbax's background
+threads: it is raised at the next save or wait as one line naming the step
+(:class:`capsjax.common.files.DiskFull`, :class:`~capsjax.common.files.NotWritable`);
+the tracebacks Orbax logs for it are dropped, and its temporary folder is removed when the
+run resumes (``tidy``). A
 checkpoint damaged after it was written (truncated files after a crash or a
 full disk) is found when it fails to restore: :meth:`Checkpointer.restore_newest`
 then says which and why, and falls back to the newest one that restores.
@@ -27,6 +32,7 @@ from typing import Any, Callable, Sequence
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
+from capsjax.common import files
 from capsjax.common.errors import UsageError
 
 BEST_METRIC = "accuracy"
@@ -41,12 +47,13 @@ _NOISE = re.compile(r"Traceback \(most recent call last\):|File \"[^\"]*asyncio/
 
 @contextlib.contextmanager
 def _tensorstore_noise_dropped(settle_seconds: float = 0.5):
-  """Keeps stderr clean when a damaged checkpoint fails to restore.
+  """Keeps stderr clean when a damaged checkpoint fails to restore, or a save to write.
 
-  Orbax reads the arrays concurrently; when one read fails, its event loop closes while the
-  other TensorStore reads are in flight, and each of their completions then prints a
-  traceback ("RuntimeError: Event loop is closed") from a TensorStore thread. Those say
-  nothing the warning does not. Every other line written to stderr meanwhile is passed on.
+  Orbax reads (and writes) the arrays concurrently; when one fails, its event loop closes
+  while the other TensorStore operations are in flight, and each of their completions then
+  prints a traceback ("RuntimeError: Event loop is closed") from a TensorStore thread. Those
+  say nothing the one-line error does not. Every other line written to stderr meanwhile is
+  passed on.
   """
   captured, real = io.StringIO(), sys.stderr
   sys.stderr = captured
@@ -79,12 +86,31 @@ class _OrphanedReadFailures(logging.Filter):
 _ORPHANED_READ_FILTER = _OrphanedReadFailures()
 
 
+class _FailedWritesLogged(logging.Filter):
+  """Drops what Orbax logs when a checkpoint's files cannot be written (a full disk, a
+  read-only filesystem): each of its background threads logs the error with a traceback
+  (four for one save), and the save's wait raises it, which :meth:`Checkpointer.wait` names
+  in one line. Every other record passes."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    if error is not None and files.is_file_write_error(error):
+      return False
+    return not files.is_file_write_error(RuntimeError(record.getMessage()))
+
+
+_FAILED_WRITES_FILTER = _FailedWritesLogged()
+
+
 class Checkpointer:
   """Keeps the ``keep`` latest checkpoints and, with ``keep_best``, the best one by the
   ``accuracy`` its save was given (the validation accuracy: runs without a validation split
-  keep no best checkpoint, so that none is chosen on the test set)."""
+  keep no best checkpoint, so that none is chosen on the test set). ``tidy``: remove the
+  temporary folders of saves that failed or were killed (a training run's, which holds the
+  workdir: no save of another process is in flight)."""
 
-  def __init__(self, directory: str, keep: int = 3, keep_best: bool = True):
+  def __init__(self, directory: str, keep: int = 3, keep_best: bool = True,
+               tidy: bool = False):
     self.directory = os.path.abspath(directory)
     policies = [checkpoint_managers.LatestN(n=max(1, keep))]
     if keep_best:
@@ -97,9 +123,13 @@ class Checkpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(
             preservation_policy=policy, create=True, best_mode="max",
+            cleanup_tmp_directories=tidy,
             best_fn=(lambda m: m[BEST_METRIC]) if keep_best else None),
         item_names=("state", "meta"))
     self.keep_best = keep_best
+    self._pending: int | None = None  # The step of a save that may still be writing.
+    self._failed: BaseException | None = None  # Orbax raises it again at every later wait.
+    logging.getLogger("absl").addFilter(_FAILED_WRITES_FILTER)  # Orbax logs through absl.
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -115,12 +145,21 @@ class Checkpointer:
     return list(self._manager.all_steps())
 
   def save(self, step: int, state: Any, meta: dict, metrics: dict | None = None) -> None:
-    """Saves asynchronously; ``metrics[BEST_METRIC]`` ranks it for the best one."""
-    self._manager.save(
-        step,
-        args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                meta=ocp.args.JsonSave(meta)),
-        metrics=metrics or None, force=True)
+    """Saves asynchronously; ``metrics[BEST_METRIC]`` ranks it for the best one. The save
+    before, if still writing, is waited for first (Orbax would): a failed write of either is
+    raised naming its step (:meth:`wait`)."""
+    self.wait()
+    with files.writing(self.path(step), f"the step-{step} checkpoint"):
+      self._manager.save(
+          step,
+          args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                  meta=ocp.args.JsonSave(meta)),
+          metrics=metrics or None, force=True)
+    self._pending = step
+
+  def path(self, step: int) -> str:
+    """The folder of checkpoint ``step``."""
+    return os.path.join(self.directory, str(step))
 
   def restore(self, step: int, abstract_state: Any,
               older_forms: Sequence[tuple[Any, Callable]] = ()) -> tuple[Any, dict]:
@@ -208,10 +247,11 @@ class Checkpointer:
   def move_aside(self, step: int) -> str:
     """Moves checkpoint ``step`` out of the manager's sight; returns where it went."""
     aside = os.path.join(os.path.dirname(self.directory), DAMAGED_DIR)
-    os.makedirs(aside, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     target = os.path.join(aside, f"{step}-{stamp}")
-    os.replace(os.path.join(self.directory, str(step)), target)
+    with files.writing(target, f"the damaged checkpoint of step {step}, moved aside,"):
+      os.makedirs(aside, exist_ok=True)
+      os.replace(self.path(step), target)
     self._manager.reload()
     return target
 
@@ -220,8 +260,37 @@ class Checkpointer:
     self._manager.reload()
 
   def wait(self) -> None:
-    """Blocks until pending asynchronous saves are on disk."""
-    self._manager.wait_until_finished()
+    """Blocks until pending asynchronous saves are on disk. A save that could not be
+    written raises :class:`capsjax.common.files.DiskFull` or
+    :class:`~capsjax.common.files.NotWritable` naming its step, once; the checkpoints
+    before it are intact. Any other error surfaces unchanged."""
+    step = self._pending
+    try:
+      with _tensorstore_noise_dropped():  # The failed save's other writes, completing late.
+        self._manager.wait_until_finished()
+    except Exception as e:
+      if e is self._failed:
+        return  # Raised at an earlier wait: Orbax keeps the failed save and raises it again.
+      self._failed = e
+      if step is None or files.write_error(e) is None:
+        raise
+      raise files.write_error(e, self.path(step), f"the step-{step} checkpoint",
+                              then=self._rerun_text(step)) from e
+    self._pending = None
+
+  def _rerun_text(self, failed: int) -> str:
+    """What a rerun does after the save of step ``failed`` failed."""
+    steps = [s for s in self.all_steps() if s != failed]
+    since = (f"the checkpoint of step {max(steps)}, the last complete one" if steps
+             else "the start: no checkpoint was complete")
+    return (f"the run resumes from {since}, and removes the failed save's partial files "
+            f"({self.path(failed)}.orbax-checkpoint-tmp)")
 
   def close(self) -> None:
-    self._manager.close()
+    """Waits for a save still writing (:meth:`wait`) and closes the manager."""
+    self.wait()
+    try:
+      self._manager.close()
+    except Exception as e:
+      if e is not self._failed:  # Raised by an earlier wait already.
+        raise

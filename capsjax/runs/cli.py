@@ -193,9 +193,11 @@ def invoke(command, argv: list[str]) -> int:
 @contextlib.contextmanager
 def clear_errors():
   """Ends the command with one line on stderr, no traceback, for what the user can act on:
-  a :class:`UsageError` or a full disk (exit 2), a non-finite loss (exit 1), a stop by a
-  signal after saving (exit 128 + the signal's number, as if the signal had ended it), a
-  process of a multi-process run lost (exit 75: :mod:`capsjax.runs.lost_peer`)."""
+  a :class:`UsageError` (exit 2: a full disk or an unwritable file among them, named where it
+  was written, :func:`capsjax.common.files.writing`; one that was not, by its path), a
+  non-finite loss (exit 1), a stop by a signal after saving (exit 128 + the signal's number,
+  as if the signal had ended it), a process of a multi-process run lost (exit 75:
+  :mod:`capsjax.runs.lost_peer`). Every other error surfaces unchanged."""
   from capsjax.runs import lost_peer
   from capsjax.runs.preemption import Preempted
 
@@ -212,7 +214,7 @@ def clear_errors():
     sys.exit(e.exit_status)
   except Exception as e:
     lost_peer.exit_if_lost(e)  # Another process of the run is gone: one line, exit 75.
-    if not files.is_disk_full(e):
+    if not files.is_file_write_error(e):  # Not surely a write (EACCES may be a read's).
       raise
-    print(f"error: {files.disk_full(e)}", file=sys.stderr)
+    print(f"error: {files.write_error(e)}", file=sys.stderr)
     sys.exit(2)

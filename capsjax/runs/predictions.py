@@ -112,9 +112,10 @@ def digests(examples: dict[str, np.ndarray]) -> np.ndarray:
                    for k in range(len(rows[0]))], np.uint64)
 
 
-def write(path: str, predictions: dict[str, Predictions], **meta) -> None:
+def write(path: str, predictions: dict[str, Predictions], what: str = "the predictions",
+          **meta) -> None:
   """``{evaluation name: Predictions}`` and ``meta`` (JSON-able: step, selected_on, dataset,
-  source) into ``path``, atomically."""
+  source) into ``path``, atomically; ``what``: their name in a failed write's error."""
   arrays = {}
   sizes = {}
   for name, p in predictions.items():
@@ -123,7 +124,7 @@ def write(path: str, predictions: dict[str, Predictions], **meta) -> None:
     arrays.update({f"{name}/{field}": getattr(p, field) for field in FIELDS})
     sizes[name] = {"size": len(p), "source_size": int(p.source_size)}
   arrays["meta"] = np.array(json.dumps({"format": FORMAT, **meta, "evaluations": sizes}))
-  with files.atomic_write(path, "wb") as f:
+  with files.atomic_write(path, "wb", what=what) as f:
     np.savez_compressed(f, **arrays)
 
 

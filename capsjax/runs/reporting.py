@@ -10,35 +10,75 @@ import time
 
 import numpy as np
 
+from capsjax.common import files
 
-def _summary_writer_class():
-  """tensorboardX's ``SummaryWriter`` (TensorBoard events without TensorFlow), imported without
-  PyTorch: where PyTorch is installed, ``import tensorboardX`` imports it (2 s of every run's
-  start on the 2-core CPU, 0.3 s without) only to accept torch tensors, and capsjax writes
-  numbers and NumPy arrays. A ``torch`` already imported is left as it is."""
-  if "torch" in sys.modules:
-    from tensorboardX import SummaryWriter
-    return SummaryWriter
-  sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects.
-  try:
-    from tensorboardX import SummaryWriter
-  finally:
-    del sys.modules["torch"]
-  return SummaryWriter
+
+def _tensorboardx():
+  """tensorboardX's summary protos and its synchronous event-file writer (TensorBoard events
+  without TensorFlow), imported without PyTorch: where PyTorch is installed, ``import
+  tensorboardX`` imports it (2 s of every run's start on the 2-core CPU, 0.3 s without) only
+  to accept torch tensors, and capsjax writes numbers and NumPy arrays. A ``torch`` already
+  imported is left as it is."""
+  if "torch" not in sys.modules:
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects.
+    try:
+      return _tensorboardx()
+    finally:
+      del sys.modules["torch"]
+  from tensorboardX import summary
+  from tensorboardX.event_file_writer import EventsWriter
+  from tensorboardX.proto import event_pb2
+  return summary, EventsWriter, event_pb2
+
+
+class EventFile:
+  """TensorBoard's event file in ``folder``, written in the caller's thread: a failed write
+  (a full disk) is raised where it happens, named (:class:`capsjax.common.files.Writes`).
+  tensorboardX's ``SummaryWriter`` writes from a thread of its own, which such an error ends
+  with a traceback, and which then blocks the run once its queue of events is full."""
+
+  def __init__(self, folder: str):
+    self._summary, events_writer, self._event_pb2 = _tensorboardx()
+    self._writes = files.Writes(folder, "TensorBoard events")
+    with self._writes():
+      os.makedirs(folder, exist_ok=True)
+      self._events = events_writer(os.path.join(folder, "events"))
+
+  def _add(self, summary, step: int) -> None:
+    event = self._event_pb2.Event(summary=summary, wall_time=time.time(), step=int(step))
+    with self._writes():
+      self._events.write_event(event)
+
+  def add_scalar(self, tag: str, value: float, step: int) -> None:
+    self._add(self._summary.scalar(tag, value), step)
+
+  def add_image(self, tag: str, image: np.ndarray, step: int, dataformats: str = "HWC") -> None:
+    self._add(self._summary.image(tag, image, dataformats=dataformats), step)
+
+  def flush(self) -> None:
+    with self._writes():
+      self._events.flush()
+
+  def close(self) -> None:
+    with self._writes.closing():
+      self._events.close()
 
 
 class MetricWriter:
   """Appends one JSON object per event to ``WORKDIR/metrics.jsonl`` and mirrors
-  scalars and images to TensorBoard (``WORKDIR/tensorboard``).
+  scalars and images to TensorBoard (``WORKDIR/tensorboard``). metrics.jsonl is opened at
+  its first record (an evaluation drawing figures into another folder writes images only).
+  A failed write (a full disk, a read-only folder) is raised naming the file
+  (:class:`capsjax.common.files.Writes`); :meth:`close` after one does not raise it again.
 
   Only process 0 of a multi-host job should make one.
   """
 
   def __init__(self, workdir: str):
-    SummaryWriter = _summary_writer_class()
-    os.makedirs(workdir, exist_ok=True)
-    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", buffering=1)
-    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._writes = files.Writes(self.path, "the metrics log")
+    self._jsonl = None
+    self._tb = EventFile(os.path.join(workdir, "tensorboard"))
 
   def write(self, kind: str, step: int, metrics: dict) -> None:
     """``kind`` is "train" or an evaluation's name; values are floats, lists (e.g. one per
@@ -60,19 +100,29 @@ class MetricWriter:
       else:  # Per-iteration routing diagnostics: one scalar per entry.
         for k, v in enumerate(value.reshape(-1)):
           self._tb.add_scalar(f"{kind}/{key}/{k + 1}", float(v), step)
-    self._jsonl.write(json.dumps(record) + "\n")
+    with self._writes():
+      if self._jsonl is None:
+        self._jsonl = open(self.path, "a", buffering=1)
+      self._jsonl.write(json.dumps(record) + "\n")
 
   def write_image(self, tag: str, step: int, image: np.ndarray) -> None:
     """``image``: ``(h, w, c)`` floats in [0, 1]."""
     self._tb.add_image(tag, np.clip(image, 0, 1), step, dataformats="HWC")
 
   def flush(self) -> None:
-    self._jsonl.flush()
+    if self._jsonl is not None:
+      with self._writes():
+        self._jsonl.flush()
     self._tb.flush()
 
   def close(self) -> None:
-    self._jsonl.close()
-    self._tb.close()
+    """Closes both files; a failed write raised before is not raised again."""
+    try:
+      if self._jsonl is not None:
+        with self._writes.closing():
+          self._jsonl.close()
+    finally:
+      self._tb.close()
 
 
 def log(text: str) -> None:

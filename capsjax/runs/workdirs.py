@@ -1,7 +1,9 @@
 """The run's directory: checked before use, and held by one run at a time.
 
 :func:`prepare` turns a bad ``--workdir`` (a file, inside a file, not
-writable) into a clear UsageError. :class:`Lock` is an exclusive ``flock`` on
+writable) into a clear UsageError; :func:`check_writable` refuses one that no file
+can be written to (a read-only filesystem, another user's folder, a full disk) in one
+line, before a run loads its data or compiles. :class:`Lock` is an exclusive ``flock`` on
 ``WORKDIR/.capsjax.lock``: the operating system releases it when the process
 ends, however it ends, so a lock left by a killed run never blocks. The file
 records the holder (host, pid, start time, command) for the message a second
@@ -19,9 +21,11 @@ import os
 import socket
 import sys
 
+from capsjax.common import files
 from capsjax.common.errors import UsageError
 
 LOCK_NAME = ".capsjax.lock"
+PROBE_NAME = ".capsjax.write_check"  # Written and removed at once by check_writable.
 
 
 def prepare(workdir: str, flag: str = "--workdir") -> str:
@@ -35,7 +39,8 @@ def prepare(workdir: str, flag: str = "--workdir") -> str:
   if not os.path.isdir(parent):
     raise UsageError(f"{flag}={path} lies inside the file {parent}; choose another path.")
   try:
-    os.makedirs(path, exist_ok=True)
+    with files.writing(path, f"the folder {flag}", advice=f"choose a {flag} you can write to"):
+      os.makedirs(path, exist_ok=True)
   except OSError as e:
     raise UsageError(f"Cannot create {flag}={path}: {e.strerror}. Choose a directory you can "
                      "write to.") from e
@@ -43,6 +48,38 @@ def prepare(workdir: str, flag: str = "--workdir") -> str:
     raise UsageError(f"{flag}={path} is not writable by this user; choose a directory you can "
                      "write to.")
   return path
+
+
+def check_writable(folder: str, flag: str = "--workdir", advice: str = "") -> None:
+  """Refuses, in one line, a ``folder`` (``flag``: its name in the message, the flag that
+  sets it) that no file can be written to: a read-only filesystem, another user's folder
+  (:class:`capsjax.common.files.NotWritable`, with ``advice``: default, choose a ``flag`` you
+  can write to) or a full disk
+  (:class:`~capsjax.common.files.DiskFull`). Writes and removes a small file there (what
+  ``os.access`` cannot tell: a read-only mount, root on another user's network share); a
+  folder that does not exist yet is created for it and removed again (:func:`prepare` makes
+  it when the run starts). Called before a run loads data or compiles."""
+  path = os.path.abspath(os.fspath(folder))
+  missing = []
+  parent = path
+  while not os.path.exists(parent):  # Created here, removed after, deepest first.
+    missing.append(parent)
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    return  # A file where a folder should be: prepare() says so.
+  probe = os.path.join(path, f"{PROBE_NAME}.{socket.gethostname()}.{os.getpid()}")
+  advice = advice or f"choose a {flag} you can write to"
+  try:
+    with files.writing(path, f"a file in {flag}", advice=advice):
+      os.makedirs(path, exist_ok=True)
+      with open(probe, "w") as f:
+        f.write("capsjax checks that it can write here; this file is removed at once.\n")
+  finally:
+    with contextlib.suppress(OSError):
+      os.remove(probe)
+    for made in missing:
+      with contextlib.suppress(OSError):
+        os.rmdir(made)
 
 
 class WorkdirBusy(UsageError):

@@ -109,8 +109,9 @@ def record(workdir: str, config, resumed_step: int | None, log=print,
       k += 1
       kept = os.path.join(workdir, f"config.before_step_{resumed_step}.{k}.json")
     if not os.path.exists(kept):
-      files.write_json(kept, earlier)
-  with files.atomic_write(os.path.join(workdir, "config.json")) as f:
+      files.write_json(kept, earlier, what="the config history (the earlier config)")
+  with files.atomic_write(os.path.join(workdir, "config.json"),
+                          what="the config history (the run's config)") as f:
     json.dump(migrations.versioned(json.loads(config.to_json_best_effort())), f, indent=2)
 
 

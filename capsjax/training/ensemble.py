@@ -105,9 +105,18 @@ def evaluate_ensemble(paths: list[str], checkpoint: str = "latest", data_dir: st
   from capsjax.models import metrics
 
   from capsjax.common import files
+  from capsjax.runs import workdirs
   from capsjax.runs.reporting import chance_text, log
 
   members, default_output = members_of(paths)
+  folder = output or default_output
+  if jax.process_index() == 0:  # Refused in one line before any member is evaluated.
+    if output:
+      workdirs.check_writable(output, "--output")
+      workdirs.prepare(output, "--output")
+    else:
+      workdirs.check_writable(folder, "the ensemble's folder", advice=(
+          "give --output=DIR, a folder you can write ensemble.json to"))
   all_scores, labels, results = member_scores(members, checkpoint, data_dir)
   mean_scores = np.mean(all_scores, axis=0)
   accuracy = float(np.mean(metrics.label_sets_correct(mean_scores, labels)["accuracy"]))
@@ -116,9 +125,9 @@ def evaluate_ensemble(paths: list[str], checkpoint: str = "latest", data_dir: st
   result = {"accuracy": accuracy, "error": 1.0 - accuracy, "chance": chance,
             "num_members": len(members), "test_examples": int(len(labels)),
             "members": results}
-  path = os.path.join(output or default_output, "ensemble.json")
+  path = os.path.join(folder, "ensemble.json")
   if jax.process_index() == 0:
-    files.write_json(path, result)
+    files.write_json(path, result, what="the ensemble's results")
     each = ", ".join(f"{100 * r['accuracy']:.2f}%" for r in results)
     log(f"Ensemble of {len(members)}: test accuracy {100 * accuracy:.2f}% (error "
         f"{100 * (1 - accuracy):.2f}%; chance {chance_text(chance)}); members {each}. "

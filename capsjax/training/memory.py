@@ -17,6 +17,7 @@ from typing import Callable
 
 import jax
 
+from capsjax.common import files
 from capsjax.common.errors import UsageError
 
 
@@ -149,7 +150,12 @@ def advice(config, need: int | None = None, free: int | None = None) -> str:
 
 def is_out_of_memory(error: BaseException) -> bool:
   """Whether ``error`` is an allocation failure: XLA's ``RESOURCE_EXHAUSTED`` or Python's
-  MemoryError (NumPy under an address-space limit)."""
+  MemoryError (NumPy under an address-space limit). A failed file write is never one, though
+  TensorStore (under Orbax) words a full disk ``RESOURCE_EXHAUSTED`` too: memory and disk are
+  told apart by the error (:func:`capsjax.common.files.is_file_write_error`: its errno, or a
+  failed write to a named local file), not by that word."""
+  if files.is_file_write_error(error):
+    return False
   return (isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in str(error)
           or "Out of memory" in str(error))
 
@@ -165,7 +171,7 @@ def advice_on_allocation_failure(config, what: str = "The run"):
     raise
   except Exception as e:
     if not is_out_of_memory(e):
-      raise
+      raise  # A full disk among them: named where it was written, or by cli.clear_errors.
     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
     raise OutOfMemory(f"{what} ran out of memory ({first[:300]}). {advice(config)} What it "
                       "saved is kept: the same command resumes from its last checkpoint.") from None

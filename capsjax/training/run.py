@@ -67,7 +67,7 @@ class Run:
     self.validation = len(setup.splits.get("validation", ())) > 0
     self.ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                            keep=config.train.keep_checkpoints,
-                                           keep_best=self.validation)
+                                           keep_best=self.validation, tidy=True)
     lost_peer.watch_checkpoints(self.ckpt.directory)  # Named if a process is lost.
     self.watched = "validation" if self.validation else "test"  # Evaluated during training.
     self.results: dict = {}
@@ -203,7 +203,8 @@ class Run:
       # Chosen on test or validation during training: never the result (stats/chosen.py).
       summary["comparison_only"] = chosen.comparison_errors(
           reporting.read_metrics(self.workdir))
-      files.write_json(os.path.join(self.workdir, "summary.json"), summary)
+      files.write_json(os.path.join(self.workdir, "summary.json"), summary,
+                       what="the run's summary")
     if jax.process_index() == 0 and setup.config.eval.figures:
       run_figures.draw_figures(self.workdir, setup.task, state.variables,
                                setup.splits["test"], self.evals,
@@ -220,11 +221,13 @@ class Run:
     if self.closed:
       return
     self.closed = True
-    self.ckpt.wait()
-    if self.progress is not None:
-      self.progress.close()
-    self.ckpt.close()
-    lost_peer.forget_checkpoints(self.ckpt.directory)
+    try:
+      self.ckpt.wait()  # A save that failed to write is raised here, named, if not before.
+    finally:
+      if self.progress is not None:
+        self.progress.close()
+      self.ckpt.close()
+      lost_peer.forget_checkpoints(self.ckpt.directory)
 
 
 def stopped(stop: preemption.StopRequest, runs: list[tuple[Run, object]]) -> None:
@@ -303,18 +306,21 @@ def init_or_restore(setup: Setup, ckpt, workdir: str):
   return state, reached, latest
 
 
-def write_predictions(path: str, setup: Setup, found: dict, **meta) -> None:
+def write_predictions(path: str, setup: Setup, found: dict, what: str = "the run's predictions",
+                      **meta) -> None:
   """The predictions ``found`` (``{evaluation: Predictions}``) at ``path``, with what they were
-  made on (:mod:`capsjax.runs.predictions`)."""
+  made on (:mod:`capsjax.runs.predictions`); ``what``: their name in a failed write's
+  error."""
   if found:
     predictions.write(path, found, dataset=setup.task.dataset.describe(),
-                      source=setup.config.data.get("source"), **meta)  # Its own: none.
+                      source=setup.config.data.get("source"), what=what,
+                      **meta)  # Its own: none.
 
 
 def _truncate_metrics(workdir: str, step: int) -> None:
   """After a resume, drop records newer than the restored step (they will be redone)."""
   records = reporting.read_metrics(workdir)
-  with files.atomic_write(os.path.join(workdir, "metrics.jsonl")) as f:
+  with files.atomic_write(os.path.join(workdir, "metrics.jsonl"), what="the metrics log") as f:
     for r in records:
       if r["step"] <= step:
         f.write(json.dumps(r) + "\n")

@@ -27,8 +27,9 @@ SETTINGS = {
 
 
 def draw_figures(workdir: str, task, variables, test_split, evaluations: dict,
-                 num_examples: int, writer, step: int) -> None:
-  """Draws every figure of the run into ``workdir`` (and images into ``writer``).
+                 num_examples: int, writer, step: int, output: str | None = None) -> None:
+  """Draws every figure of the run in ``workdir`` into ``output`` (default: the workdir;
+  another folder for a run that cannot be written to) and images into ``writer``.
 
   Args:
     task: the run's :class:`capsjax.training.tasks.Task` (its model and dataset builder).
@@ -38,8 +39,9 @@ def draw_figures(workdir: str, task, variables, test_split, evaluations: dict,
     num_examples: how many test examples the model's figures show.
   """
   records = reporting.read_metrics(workdir)
-  figures.save_training_curves(os.path.join(workdir, "training_curves.png"), records)
-  figures.save_routing_diagnostics(os.path.join(workdir, "routing_diagnostics.png"), records)
+  output = output or workdir
+  figures.save_training_curves(os.path.join(output, "training_curves.png"), records)
+  figures.save_routing_diagnostics(os.path.join(output, "routing_diagnostics.png"), records)
   variables = jax.tree.map(np.asarray, variables)  # Host copy: figures are tiny, skip the mesh.
   model = JittedModel(task, variables)
   n = min(num_examples, len(test_split))
@@ -47,9 +49,9 @@ def draw_figures(workdir: str, task, variables, test_split, evaluations: dict,
   if hook is not None and n:
     batch = jax.jit(lambda e, s: task.complete_batch(task.dataset.eval_batch(e, s)))(
         {k: v[:n] for k, v in test_split.examples.items()}, test_split.shared)
-    hook(model, batch, workdir, writer, step)
+    hook(model, batch, output, writer, step)
   for evaluator in evaluations.values():
-    evaluator.draw(model, workdir, writer, step)
+    evaluator.draw(model, output, writer, step)
 
 
 class JittedModel:

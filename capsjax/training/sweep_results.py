@@ -74,6 +74,9 @@ def _is_extra(column: str) -> bool:
   return column.endswith(EXTRA_SUFFIXES) and column not in RESULT_COLUMNS
 
 
+RESULTS = "the sweep's results"  # Their name in a failed write's error.
+
+
 def collect(points: list, workdir: str, tables: dict | None = None,
             matched: dict | None = None, references: dict | None = None,
             paired_reference: dict | None = None) -> list[dict]:
@@ -119,15 +122,17 @@ def collect(points: list, workdir: str, tables: dict | None = None,
     row.update(extra_evaluations(summary))
     rows.append(row)
     evaluations[point.name] = summary.get("evaluations", {})
-  os.makedirs(workdir, exist_ok=True)
+  with files.writing(workdir, RESULTS):
+    os.makedirs(workdir, exist_ok=True)
   extra = list(dict.fromkeys(k for row in rows for k in row if _is_extra(k)))
-  with files.atomic_write(os.path.join(workdir, "results.csv"), newline="") as f:
+  with files.atomic_write(os.path.join(workdir, "results.csv"), newline="",
+                          what=RESULTS) as f:
     writer = csv.DictWriter(f, fieldnames=["run", *keys, "seed", *RESULT_COLUMNS, "chance",
                                            *COMPARISON_COLUMNS, *extra])
     writer.writeheader()
     writer.writerows(rows)
   groups = _group(rows, keys)
-  with files.atomic_write(os.path.join(workdir, "results.md")) as f:
+  with files.atomic_write(os.path.join(workdir, "results.md"), what=RESULTS) as f:
     f.write(markdown_table(groups, keys, references))
     for title, metrics in (tables or {}).items():
       f.write(f"\n{title}\n\n" + metric_table(rows, keys, evaluations, metrics))
