@@ -153,6 +153,10 @@ NOT_CONFIG = {
     "by_op": "an HLO text's tables", "sizes": "an HLO text's tables",
     "layers": "a profile's tables", "{'(': 1, ')': -1}": "a parser's table",
     "m": "a sweep's summary rows", "_building": "a ContextVar (the platform being built for)", "_UNREAD": "a migration's table of models",
+    "recorded": "a config.json flattened for display (capsjax/stats/sides.py), a key absent in "
+                "a run of another version or model",
+    "flat_a": "two runs' config.json compared, where a key is absent",
+    "flat_b": "two runs' config.json compared, where a key is absent",
     "section": "an old config.json's routing section in a migration (no name: dynamic, then)",
 }
 
