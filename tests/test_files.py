@@ -29,8 +29,10 @@ def os_error(code: int, path: str = "/run/summary.json") -> OSError:
   return OSError(code, os.strerror(code), path)
 
 
-def raised_from(error: BaseException, outer=RuntimeError("Orbax: save failed")):
-  """``outer`` raised from ``error``, as Orbax and TensorStore wrap what they hit."""
+def raised_from(error: BaseException, outer: BaseException | None = None):
+  """``outer`` (a new RuntimeError by default: each wraps its own cause) raised from
+  ``error``, as Orbax and TensorStore wrap what they hit."""
+  outer = RuntimeError("Orbax: save failed") if outer is None else outer
   try:
     try:
       raise error
