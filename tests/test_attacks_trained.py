@@ -95,9 +95,10 @@ def test_the_model_has_learned_and_evaluate_scores_the_restored_checkpoint(train
   test = trained.summary["evaluations"]["test"]
   assert test["accuracy"] > 0.9 > 5 * CHANCE and trained.summary["chance"]["accuracy"] == CHANCE
   evals = tmp_path / "restored.py"
+  # FGSM at test_default_pgd_...'s epsilons: the same program (one compilation for both).
   evals.write_text("import ml_collections\n\ndef get_config():\n  return ml_collections."
                    "ConfigDict({'restored': {'type': 'adversarial', 'attacks': ('fgsm',), "
-                   "'epsilons': (0.0,), 'limit': 0}})\n")
+                   "'epsilons': (0.0, 0.3), 'limit': 0}})\n")
   result = run_in_process(capsys, "capsjax.evaluate", f"--workdir={trained.workdir}",
                           f"--evals={evals}")
   assert result.returncode == 0, result.stderr

@@ -10,7 +10,7 @@ import pytest
 
 from capsjax.perf import layer_profile
 from capsjax.runs import hostmemory
-from helpers import run_in_process
+from helpers import run_in_process, shared_run
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 KEYS = ("train_images_per_second", "eval_images_per_second", "train_gflop_per_s",
@@ -20,15 +20,34 @@ KEYS = ("train_images_per_second", "eval_images_per_second", "train_gflop_per_s"
         "memory_fraction", "bound")
 
 
-def test_benchmark_prints_json_last_line():
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="2")
-  env.pop("GLIBC_TUNABLES", None)
-  result = subprocess.run(
-      [sys.executable, "-m", "capsjax.benchmark", f"--config={REPO}/configs/mnist.py:smoke",
-       "--seconds=0.2", "--matmul_size=256"],
-      env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert result.returncode == 0, result.stderr
-  report = json.loads(result.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="session")
+def one_device_command(tmp_path_factory):
+  """``python -m capsjax.benchmark`` on the smoke config on 1 device, once per session (both
+  workers): ``{"returncode", "stdout", "stderr", "expected_tunables"}``. The command's JSON
+  line (the test below) and the one device that the 4 devices' bytes per image are set
+  against (test_per_image_counts_hold_for_every_fused_step_and_every_device)."""
+
+  def run(workdir):
+    env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
+    env.pop("GLIBC_TUNABLES", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "capsjax.benchmark", f"--config={REPO}/configs/mnist.py:smoke",
+         "--seconds=0.2", "--matmul_size=256"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    workdir.mkdir()
+    (workdir / "summary.json").write_text(json.dumps(
+        {"returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr,
+         "expected_tunables": (hostmemory.tuned_environment(env) or {}).get(
+             "GLIBC_TUNABLES", "")}))
+
+  return json.loads((shared_run(tmp_path_factory, "benchmark-one-device", run)
+                     / "summary.json").read_text())
+
+
+def test_benchmark_prints_json_last_line(one_device_command):
+  result = one_device_command
+  assert result["returncode"] == 0, result["stderr"]
+  report = json.loads(result["stdout"].strip().splitlines()[-1])
   for key in KEYS:
     assert key in report, key
   assert report["train_images_per_second"] > 0 and report["temp_memory_bytes"] > 0
@@ -43,7 +62,7 @@ def test_benchmark_prints_json_last_line():
                                                           rel=0.02)
   assert abs(report["peak_fraction"] - report["train_gflop_per_s"]
              / report["matmul_gflop_per_s"]) < 1e-9
-  assert report["device"].startswith("2 x")
+  assert report["device"].startswith("1 x")
   assert report["matmul_precision"] == "default"
   # The smoke model by hand: conv1 16 x (81 + 1); PrimaryCaps 16 x (16 x 81 + 1); W_ij 6 x 6
   # x 4 children x 10 parents x 8 x 4; the decoder 80-32-64-784 with biases.
@@ -67,8 +86,7 @@ def test_benchmark_prints_json_last_line():
   assert report["bytes_per_image"] * report["batch_size"] >= 6 * 4 * 123_808
   assert report["loops_of_unknown_trip_count"] == 0
   # The entry point restarted itself with the host-memory tunables (capsjax/runs/hostmemory.py).
-  expected = hostmemory.tuned_environment(env)
-  assert report["glibc_tunables"] == (expected or {}).get("GLIBC_TUNABLES", "")
+  assert report["glibc_tunables"] == result["expected_tunables"]
 
 
 def test_benchmark_of_a_dataset_whose_test_split_differs_from_its_train_split():
@@ -84,7 +102,8 @@ def test_benchmark_of_a_dataset_whose_test_split_differs_from_its_train_split():
   assert report["train_images_per_second"] > 0 and report["eval_images_per_second"] > 0
 
 
-def test_per_image_counts_hold_for_every_fused_step_and_every_device(tmp_path):
+def test_per_image_counts_hold_for_every_fused_step_and_every_device(tmp_path,
+                                                                     one_device_command):
   """XLA's cost analysis counts a scan's body once: with 3 steps per dispatch the benchmark
   must still report the FLOPs of one step per image, as with 1 (issue: 1/25 of them with
   Efficient-CapsNet's 25). Bytes per image: the compiled program is one device's (here 4,
@@ -114,13 +133,8 @@ def test_per_image_counts_hold_for_every_fused_step_and_every_device(tmp_path):
   assert 0.8 < reports[3]["bytes_per_image"] / reports[1]["bytes_per_image"] < 1.25
   # Per image, 4 devices move about what 1 does (each moves its quarter of the batch's
   # activations; the parameters' update 4 times: measured 1.27x): not a quarter of it.
-  one = subprocess.run(
-      [sys.executable, "-m", "capsjax.benchmark", f"--config={REPO}/configs/mnist.py:smoke",
-       "--seconds=0.02", "--matmul_size=64", "--copy_mb=1"],
-      env=dict(os.environ, JAX_NUM_CPU_DEVICES="1"), cwd=REPO, capture_output=True,
-      text=True, timeout=300)
-  assert one.returncode == 0, one.stderr
-  alone = json.loads(one.stdout.strip().splitlines()[-1])
+  assert one_device_command["returncode"] == 0, one_device_command["stderr"]
+  alone = json.loads(one_device_command["stdout"].strip().splitlines()[-1])
   assert alone["device"].startswith("1 x")
   assert 0.9 < reports[1]["bytes_per_image"] / alone["bytes_per_image"] < 2.0
 

@@ -16,7 +16,8 @@ from capsjax import models, routing, train
 from capsjax.common.errors import UsageError
 from capsjax.models import capsnet
 from helpers import (ROUTER_NAMES, assert_trained, check_directional_derivatives,
-                     parse_config_flags, read_summary, resolved, run_main, write_idx_dataset)
+                     main_in_process, parse_config_flags, read_summary, resolved,
+                     write_idx_dataset)
 
 NAMES = ROUTER_NAMES
 
@@ -190,14 +191,16 @@ def test_a_batch_sharded_on_four_devices_gives_the_loss_of_one_device(name):
   np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
 
 
-def test_the_smoke_config_runs_end_to_end_with_a_router_named_on_the_command_line(tmp_path):
+def test_the_smoke_config_runs_end_to_end_with_a_router_named_on_the_command_line(tmp_path,
+                                                                                  capsys):
   """``python -m capsjax.main --config=configs/mnist.py:smoke`` with a router named on the
   command line alone, end to end (one router: the loop does not depend on which; every
   router's loss, gradient and evaluation in the model are checked above, and every router's
-  command line below)."""
+  command line below). Its command line in this process (helpers.main_in_process: the same
+  flags and entry point, without a second JAX import)."""
   data = write_idx_dataset(tmp_path / "idx", 64, 32)
-  result = run_main(tmp_path / "run", "--config.model.routing.name=self_attention",
-                    "--config.train.num_steps=2", data_dir=data)
+  result = main_in_process(capsys, tmp_path / "run", "--config.model.routing.name=self_attention",
+                           "--config.train.num_steps=2", data_dir=data)
   assert result.returncode == 0, result.stdout + result.stderr
   summary = read_summary(tmp_path / "run")
   assert summary["config"]["model"]["routing"]["name"] == "self_attention"

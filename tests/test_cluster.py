@@ -104,11 +104,12 @@ def test_damaged_checkpoints(idx_dir, tmp_path, capsys):
   assert "Traceback" not in broken.stderr + broken.stdout
 
 
-def test_a_held_workdir_refuses_a_second_run_until_the_holder_dies(idx_dir, tmp_path):
+def test_a_held_workdir_refuses_a_second_run_until_the_holder_dies(idx_dir, tmp_path, capsys):
   holder = run_main(tmp_path, "--config.train.num_steps=100000", data_dir=idx_dir, devices=1,
                     wait=False)
   wait_for_train_step(tmp_path, 2, holder)
-  second = run_main(tmp_path, "--config.train.num_steps=4", data_dir=idx_dir, devices=1)
+  # The refusal in this process (helpers.main_in_process): the holder is another process.
+  second = main_in_process(capsys, tmp_path, "--config.train.num_steps=4", data_dir=idx_dir)
   assert second.returncode == 2, second.stdout + second.stderr
   assert f"{tmp_path} is in use by another run (host {socket.gethostname()}, pid " \
          f"{holder.pid}, started" in second.stderr

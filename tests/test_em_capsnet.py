@@ -15,7 +15,7 @@ from capsjax import models, train
 from capsjax.common.errors import UsageError
 from capsjax.models import em_capsnet, losses
 from capsjax.runs.runconfig import import_config_file
-from helpers import assert_trained
+from helpers import assert_trained, check_directional_derivatives, read_summary, shared_run
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 em_mnist = import_config_file(CONFIGS / "em_mnist.py")
@@ -118,9 +118,11 @@ def test_bad_settings_are_refused_naming_the_key():
                                                    ("variational_bayes", 0.2, 0.05)])
 def test_it_learns_to_separate_two_classes(router, separated, fall):
   """Adam at the code's rate classifies one batch of two classes and pulls the true class's
-  activation above the other's. (At the EM code's small inverse temperatures the activations
-  move slowly: the spread loss falls about 10% in 100 steps, as in the code's long runs;
-  VB routing's batch-normalised activations move fast.)"""
+  activation above the other's; its first gradient reaches every routed layer and equals
+  finite differences (tests/test_capsule_layers.py's every-router check, for these two
+  routers here, on the program that trains). (At the EM code's small inverse temperatures
+  the activations move slowly: the spread loss falls about 10% in 100 steps, as in the
+  code's long runs; VB routing's batch-normalised activations move fast.)"""
   config = model_config((20, 20, 1), 2, conv1=8, primary=4, caps=(4, 4))
   config.routing.name = router
   model = em_capsnet.EMCapsNet(config, rngs=nnx.Rngs(0))
@@ -158,13 +160,22 @@ def test_it_learns_to_separate_two_classes(router, separated, fall):
         np.arange(16), 1 - labels])
 
   before, _ = separation(params)
-  initial_state, losses_seen = state, []
+  initial_params, initial_state, initial_opt, losses_seen = params, state, opt, []
   for n in range(100):
     params, state, opt, value, grads = step(params, state, opt)
     losses_seen.append(float(value))
     if n == 0:  # The first gradient reaches every routed layer's transforms.
       for layer in (*grads["conv_capsules"].values(), grads["class_capsules"]):
         assert np.isfinite(layer["weights"]).all() and np.abs(layer["weights"]).sum() > 0
+      first_grads = grads
+  # The first gradient's values (what tests/test_capsule_layers.py checks for the other
+  # routers): finite differences of the loss, by the same compiled step, along it and random
+  # directions; VB as there (steps of 1e-4, along the gradient only: float32 noise of its
+  # betas' tiny gradients exceeds the derivative along random directions).
+  vb = router == "variational_bayes"
+  check_directional_derivatives(lambda p: step(p, initial_state, initial_opt)[3],
+                                (initial_params,), first_grads, epsilon=1e-4 if vb else 1e-3,
+                                directions=1 if vb else 3, per_leaf=not vb)
   after, accuracy = separation(params)
   # VB's batch norms (none under EM): training moved every running statistic.
   moved = [not np.allclose(a, b) for a, b in zip(jax.tree.leaves(initial_state),
@@ -183,13 +194,23 @@ def test_it_learns_to_separate_two_classes(router, separated, fall):
   assert losses_seen[-1] <= min(losses_seen[:-10])
 
 
-def test_a_smoke_run_trains_evaluates_and_logs_the_routing(idx_dir, tmp_path):
-  config = em_mnist.get_config("smoke")
-  config.data.source, config.data.dir = "idx", str(idx_dir)
-  summary = train.train_and_evaluate(config, str(tmp_path))
-  assert summary["step"] == 8
-  assert_trained(tmp_path)
-  metrics = (tmp_path / "metrics.jsonl").read_text()
+def em_smoke_run(idx_dir, tmp_path_factory):
+  """``configs/em_mnist.py:smoke`` on ``idx_dir`` (8 steps, checkpoints at 4 and 8), trained
+  once per test session (helpers.shared_run): read here, and a copy resumed by
+  tests/test_migrations.py. Do not write into it."""
+  def train_it(workdir):
+    config = em_mnist.get_config("smoke")
+    config.data.source, config.data.dir = "idx", str(idx_dir)
+    train.train_and_evaluate(config, str(workdir))
+
+  return shared_run(tmp_path_factory, "em-smoke", train_it)
+
+
+def test_a_smoke_run_trains_evaluates_and_logs_the_routing(idx_dir, tmp_path_factory):
+  workdir = em_smoke_run(idx_dir, tmp_path_factory)
+  assert read_summary(workdir)["step"] == 8
+  assert_trained(workdir)
+  metrics = (workdir / "metrics.jsonl").read_text()
   for name in ("caps1_coupling_entropy", "caps2_activation_mean", "log_sigma", "spread_loss"):
     assert name in metrics
 

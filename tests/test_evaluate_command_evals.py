@@ -14,7 +14,9 @@ def trained(tmp_path_factory):
   import mnist
   from capsjax import train
 
-  idx_dir = write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=160, num_test=40)
+  # 256 examples left to train on, as conftest's idx_dir: the train step's program (it depends
+  # on the training set's size) is then the one the suite's other smoke runs compiled.
+  idx_dir = write_idx_dataset(tmp_path_factory.mktemp("idx"), num_train=288, num_test=40)
   config = mnist.get_config("smoke")
   config.data.source, config.data.dir = "idx", str(idx_dir)
   config.data.validation_size = 32
@@ -83,15 +85,17 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
   assert "% (error " in result.stdout and "%; chance, in %: error 90.00)" in result.stdout
 
   # A second call replaces the evaluations it names and keeps the others.
-  # Attacks listed on the command line as epsilons are: "fgsm,pgd" is two attacks.
+  # Attacks listed on the command line as epsilons are: "fgsm,pgd" is two attacks. (PGD's
+  # steps and epsilons as in the first call: its program is that call's, from the cache; the
+  # limit, 8 instead of 12, pads to the same evaluation batch.)
   again = evaluate("--evals=configs/evals/robustness.py:adversarial,limit=8",
-                   "--evals.adversarial.steps=1", "--evals.adversarial.epsilons=0,0.1",
+                   "--evals.adversarial.steps=2", "--evals.adversarial.epsilons=0,0.2",
                    "--evals.adversarial.attacks=fgsm,pgd")
   assert again.returncode == 0, again.stderr
   extra = json.loads((trained / "extra_evaluations.json").read_text())
   assert set(extra) == {"adversarial", "detection", "vote_attack"}
   assert extra["adversarial"]["settings"]["limit"] == 8
-  assert {"fgsm_eps0.1_accuracy", "pgd_eps0.1_accuracy"} <= set(extra["adversarial"]["result"])
+  assert {"fgsm_eps0.2_accuracy", "pgd_eps0.2_accuracy"} <= set(extra["adversarial"]["result"])
   assert extra["detection"]["settings"]["limit"] == 12
 
   # A negative size is refused by name; a damaged record is refused before anything is

@@ -20,6 +20,7 @@ from capsjax.runs import checkpointing, migrations, runconfig
 from capsjax.training import config_history
 from capsjax.training.setup import Setup
 from helpers import write_idx_dataset
+from test_em_capsnet import em_smoke_run
 
 FORMS = sorted((pathlib.Path(__file__).parent / "data" / "config_forms").glob("*.json"))
 EM_FORMS = sorted((pathlib.Path(__file__).parent / "data" / "config_forms" / "em").glob("*.json"))
@@ -75,11 +76,13 @@ def test_each_earlier_form_loads_and_resumes_as_the_same_run(form, idx_dir, two_
                                          if k != migrations.VERSION_KEY}
 
 
-def test_an_em_run_that_recorded_its_gradient_setting_resumes_as_the_same_run(idx_dir,
-                                                                            tmp_path, capsys):
+def test_an_em_run_that_recorded_its_gradient_setting_resumes_as_the_same_run(
+    idx_dir, tmp_path_factory, tmp_path, capsys):
   """EM's ``model.routing.gradient`` (removed in version 3; tests/data/config_forms/em/, a
   run that recorded ``"analytic"``, what ``"auto"`` ran on a CPU): the file loads without the
-  key, today's command finds no setting changed, resumes from step 2 and rewrites the file."""
+  key, today's command finds no setting changed, resumes from the last checkpoint of the
+  session's EM smoke run (a copy; its length, train.num_steps, is neutral) and rewrites the
+  file."""
   [form] = EM_FORMS
   old = json.loads(form.read_text())
   assert old[migrations.VERSION_KEY] == 2 and old["model"]["routing"]["gradient"] == "analytic"
@@ -92,17 +95,17 @@ def test_an_em_run_that_recorded_its_gradient_setting_resumes_as_the_same_run(id
     return config
 
   workdir = tmp_path / "run"
-  train.train_and_evaluate(command(2), str(workdir))
+  shutil.copytree(em_smoke_run(idx_dir, tmp_path_factory), workdir)  # Checkpoints 4 and 8.
   (workdir / "config.json").write_text(json.dumps(old))
   loaded = runconfig.load(str(workdir))
   assert loaded.model.routing.name == "em" and "gradient" not in loaded.model.routing
-  now = json.loads(Setup(command(3)).config.to_json_best_effort())
+  now = json.loads(Setup(command(9)).config.to_json_best_effort())
   assert config_history.config_changes(old, now) == []
   capsys.readouterr()
-  summary = train.train_and_evaluate(command(3), str(workdir))
+  summary = train.train_and_evaluate(command(9), str(workdir))
   out = capsys.readouterr().out
-  assert "Resuming from the checkpoint at step 2" in out and "differ" not in out
-  assert summary["step"] == 3
+  assert "Resuming from the checkpoint at step 8" in out and "differ" not in out
+  assert summary["step"] == 9
   written = json.loads((workdir / "config.json").read_text())
   assert written[migrations.VERSION_KEY] == migrations.SCHEMA_VERSION
   assert "gradient" not in written["model"]["routing"]

@@ -320,14 +320,14 @@ def test_finite_jitted_gradients_at_zero_and_very_large_votes(name, scale):
   params = {k: spec.create(jax.random.PRNGKey(0)) for k, spec in specs.items()}
   kids = jnp.asarray(children * (scale > 0))
 
-  @jax.jit
-  def objective(v):
+  @jax.jit  # Children and parameters as arguments: both scales one program (a cache hit).
+  def objective(v, kids, params):
     result = router.route(v, inputs=kids, activations=routing.safe_norm(kids), params=params,
                           settings=settings, rng=jax.random.PRNGKey(0), train=True)
     return jnp.sum(result.capsules ** 2) + (0.0 if result.activations is None
                                             else jnp.sum(result.activations))
 
-  grad = jax.grad(objective)(jnp.asarray(votes * scale))
+  grad = jax.grad(objective)(jnp.asarray(votes * scale), kids, params)
   assert np.all(np.isfinite(np.asarray(grad))), name
 
 

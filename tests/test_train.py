@@ -130,8 +130,8 @@ def test_stopped_run_resumes_to_the_same_result(idx_dir, full_run, tmp_path, cap
 
 def test_sigkill_mid_training_resumes_and_finishes(idx_dir, tmp_path):
   # As tests/test_cluster.py's LONG_STEPS: long enough that the kill, sent once a checkpoint at
-  # step 20 exists, arrives mid-run.
-  steps = ("--config.train.num_steps=200", "--config.train.checkpoint_every_steps=10",
+  # step 20 exists, arrives mid-run (a checkpoint every 20 steps: 10 saves, not 20).
+  steps = ("--config.train.num_steps=200", "--config.train.checkpoint_every_steps=20",
            "--config.train.log_every_steps=10")
   proc = run_main(tmp_path, *steps, data_dir=idx_dir, devices=1, wait=False)
   deadline = time.time() + 240

@@ -11,11 +11,13 @@ from capsjax.training.setup import Setup
 
 @pytest.mark.parametrize("config_module, train_limit, start, num_steps, order", [
     (mnist, 0, 0, 3, "permutation"),
-    # 4 steps per epoch: the dispatch of steps 2..5 crosses into the next epoch (with its
-    # permutations drawn once), and one of 5 steps is longer than an epoch.
-    (mnist, 64, 2, 4, "permutation"),
+    # 16 steps per epoch on idx_dir's 256: the dispatch of steps 14..16 crosses into the next
+    # epoch (with its permutations drawn once; the 3-step program of the case above). With 4
+    # steps per epoch (64 examples), one of 5 steps is longer than an epoch.
+    (mnist, 0, 14, 3, "permutation"),
     (mnist, 64, 0, 5, "permutation"),
-    (efficient_capsnet, 64, 0, 4, "permutation"),  # BatchNorm statistics carried along.
+    # BatchNorm statistics carried along; on idx_dir's 256, as test_efficient_capsnet.py's runs.
+    (efficient_capsnet, 0, 0, 4, "permutation"),
     (mnist, 64, 1, 4, "stream"),  # Windows of 24 examples: batches of 16 straddle two.
 ], ids=["capsnet", "capsnet-across-epochs", "capsnet-longer-than-an-epoch",
         "efficient_capsnet", "capsnet-stream"])
@@ -31,10 +33,9 @@ def test_steps_per_dispatch_gives_the_state_and_metrics_of_single_steps(
   step = setup.make_train_step()
 
   scanned = setup.fresh_state()
-  for _ in range(start):
-    scanned, _ = step(scanned, examples, shared, 1)
-  # Waited for before a copy per leaf is queued behind them: XLA:CPU's collectives deadlock
-  # under a deep queue (capsjax/training/inflight.py).
+  for _ in range(start):  # Each waited for: XLA:CPU's collectives deadlock under a deep queue
+    scanned, _ = jax.block_until_ready(step(scanned, examples, shared, 1))  # (inflight.py),
+  # and so before a copy per leaf is queued behind them.
   scanned = jax.block_until_ready(scanned)
   single, metrics = jax.tree.map(jax.numpy.copy, scanned), []
   for _ in range(num_steps):

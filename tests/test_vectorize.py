@@ -64,6 +64,26 @@ def assert_same_run(alone_dir, together_dir):
                final_params(alone_dir), final_params(together_dir))
 
 
+@pytest.fixture(scope="module")
+def alone(data_dir, tmp_path_factory):
+  """POINTS[0], POINTS[2], POINTS[1] trained one by one through the sweep's batches (the
+  diverging one in the middle), once for the module: ``(directory, the NonFiniteLossError the
+  sweep ended with)``. Its runs ``ALONE[k]`` are POINTS[k] alone, the references the group
+  tests compare with (each is the run train.train_and_evaluate trains: the same call)."""
+  ordered = (POINTS[0], POINTS[2], POINTS[1])
+  points = [sweep.Point(k, {key: v for key, v in p.items() if key != "seed"}, p["seed"],
+                        f"alone{k}") for k, p in enumerate(ordered)]
+  directory = tmp_path_factory.mktemp("alone")
+  try:
+    sweep.train_points(point(data_dir, 0), points, str(directory))
+  except NonFiniteLossError as stop:
+    return directory, stop
+  raise AssertionError("the sweep of a diverging point ended without NonFiniteLossError")
+
+
+ALONE = {0: "alone0", 1: "alone2"}  # POINTS[k] alone: its run in the alone fixture.
+
+
 # Batched matrix products sum in another order: float32 rounding in the gradients, which
 # Adam's normalised update (about lr x sign(g) in the first steps) turns into moves of up to
 # the learning rate for elements whose gradient is near zero. 1e-5 is 1% of one step at 1e-3.
@@ -71,18 +91,18 @@ PARAMS_ATOL = 1e-5
 
 
 def test_vectorised_runs_end_where_they_end_alone_and_a_diverging_one_stops_alone(
-    data_dir, tmp_path):
+    data_dir, alone, tmp_path):
   """On the conftest's 4 CPU devices (the sweep test below: 1). The diverging run is the
   middle one of three: the two others keep their own rows of the stacked state. Alone: one
-  by one through the sweep's batched, where the diverging point stops alone too, the next one
-  still runs, and the sweep ends naming it."""
+  by one through the sweep's batched (the ``alone`` fixture), where the diverging point stops
+  alone too, the next one still runs, and the sweep ends naming it."""
+  import re
+
+  alone_dir, stop = alone
   ordered = (POINTS[0], POINTS[2], POINTS[1])
   configs = configs_of(data_dir, ordered)
-  points = [sweep.Point(k, {key: v for key, v in p.items() if key != "seed"}, p["seed"],
-                        f"alone{k}") for k, p in enumerate(ordered)]
-  with pytest.raises(NonFiniteLossError, match=r"the others finished\):\n  alone1: ") as stop:
-    sweep.train_points(point(data_dir, 0), points, str(tmp_path))
-  assert read_summary(tmp_path / "alone2")["step"] == 4   # Ran after the diverged one.
+  assert re.search(r"the others finished\):\n  alone1: ", str(stop)), str(stop)
+  assert read_summary(alone_dir / "alone2")["step"] == 4   # Ran after the diverged one.
 
   setups = [Setup(c) for c in configs]
   train.share_equal_data(setups)
@@ -95,19 +115,20 @@ def test_vectorised_runs_end_where_they_end_alone_and_a_diverging_one_stops_alon
   for k in (0, 2):
     assert outcomes[k]["runs_in_program"] == 2  # Three until the middle one stopped.
     assert outcomes[k]["step"] == 4 and outcomes[k]["devices"] == 4
-    assert_same_run(tmp_path / f"alone{k}", dirs[k])
+    assert_same_run(alone_dir / f"alone{k}", dirs[k])
   # The last run's own learning rate, in its log and its optimiser record.
   assert train_records(dirs[2])[0]["learning_rate"] == pytest.approx(3e-3, rel=1e-3)
   assert read_summary(dirs[2])["optimizer"]["learning_rate"] == 3e-3
   # The diverged run stopped as it stops alone: the same message, and having logged nothing
   # its workdir is removed, as alone.
   assert isinstance(outcomes[1], NonFiniteLossError)
-  assert "alone1: " + str(outcomes[1]).replace("together1", "alone1") in str(stop.value)
-  assert not os.path.exists(tmp_path / "alone1") and not os.path.exists(dirs[1])
+  assert "alone1: " + str(outcomes[1]).replace(
+      "together1", "alone1").replace(str(tmp_path), str(alone_dir)) in str(stop)
+  assert not os.path.exists(alone_dir / "alone1") and not os.path.exists(dirs[1])
 
 
 def test_a_signal_saves_every_run_of_a_group_and_the_rerun_ends_as_if_uninterrupted(
-    data_dir, tmp_path, monkeypatch):
+    data_dir, alone, tmp_path, monkeypatch):
   """SIGTERM during a group's training: every run saves the step reached and the group
   raises Preempted (exit 143); rerun, each run ends where it ends alone."""
   import signal
@@ -135,10 +156,9 @@ def test_a_signal_saves_every_run_of_a_group_and_the_rerun_ends_as_if_uninterrup
   assert [checkpoint_steps(d) for d in dirs] == [[1], [1]]
   outcomes = train.train_and_evaluate_group(configs, dirs, keys)
   assert [o["step"] for o in outcomes] == [4, 4]
-  for k, config in enumerate(configs):
-    train.train_and_evaluate(config, str(tmp_path / f"alone{k}"))
+  for k in range(2):  # Against POINTS[k] trained alone (the alone fixture).
     jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=1e-4, atol=PARAMS_ATOL),
-                 final_params(tmp_path / f"alone{k}"), final_params(dirs[k]))
+                 final_params(alone[0] / ALONE[k]), final_params(dirs[k]))
 
 
 def test_in_a_group_a_busy_workdir_is_skipped_and_stop_at_accuracy_stops_as_alone(
@@ -336,8 +356,8 @@ def test_a_group_that_does_not_fit_is_split_and_a_single_run_refused(data_dir, t
                                        memory_limit=lambda: 0)
 
 
-def test_runs_restored_at_different_steps_resume_as_separate_programs(data_dir, tmp_path,
-                                                                      capsys):
+def test_runs_restored_at_different_steps_resume_as_separate_programs(data_dir, alone,
+                                                                      tmp_path, capsys):
   configs = configs_of(data_dir, POINTS[:2])
   keys = ("loss.reconstruction_weight", "optimizer.learning_rate")
   short = [c.copy_and_resolve_references() for c in configs]
@@ -352,10 +372,8 @@ def test_runs_restored_at_different_steps_resume_as_separate_programs(data_dir, 
   outcomes = train.train_and_evaluate_group(configs, dirs, keys)
   assert "restored at different steps (0, 2)" in capsys.readouterr().out
   assert [o["step"] for o in outcomes] == [4, 4]
-  fresh = str(tmp_path / "alone1")
-  train.train_and_evaluate(configs[1], fresh)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=1e-4, atol=PARAMS_ATOL),
-               final_params(fresh), final_params(dirs[1]))
+               final_params(alone[0] / ALONE[1]), final_params(dirs[1]))
 
 
 def test_sweep_vectorised_equals_one_by_one_on_one_device(tmp_path):

@@ -1,5 +1,7 @@
 """Winograd convolutions: the direct convolution's values and gradients, to float rounding."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,8 +50,8 @@ def test_gradients_equal_the_native_convolutions(tile):
   k = jnp.asarray(rng.standard_normal((3, 3, 6, 5)).astype(np.float32))
   cotangent = jnp.asarray(rng.standard_normal((2, 7, 8, 5)).astype(np.float32))
 
-  def grads(conv):
-    return jax.grad(lambda x, k: jnp.sum(cotangent * conv(x, k)), argnums=(0, 1))(x, k)
+  def grads(conv):  # One program each (op by op: ~90 small ones).
+    return jax.jit(jax.grad(lambda x, k: jnp.sum(cotangent * conv(x, k)), argnums=(0, 1)))(x, k)
 
   reference = grads(lambda x, k: layers.conv2d(x, k, 1, "native"))
   got = grads(lambda x, k: winograd.conv2d_winograd(x, k, tile))
@@ -87,13 +89,14 @@ def test_chunks_of_the_batch_give_the_whole_batchs_values_and_gradients(tile):
   k = jnp.asarray(rng.standard_normal((3, 3, 3, 4)).astype(np.float32))
   cotangent = jnp.asarray(rng.standard_normal((12, 6, 5, 4)).astype(np.float32))
 
-  def value_and_grads(chunk):
+  @functools.partial(jax.jit, static_argnums=2)  # One program per chunk, as a model runs it.
+  def value_and_grads(x, k, chunk):
     conv = lambda x, k: winograd.conv2d_winograd(x, k, tile, chunk=chunk)
     grads = jax.grad(lambda x, k: jnp.sum(cotangent * conv(x, k)), argnums=(0, 1))(x, k)
     return (conv(x, k), *grads)
 
-  whole = value_and_grads(None)
+  whole = value_and_grads(x, k, None)
   for chunk in (4, 5):  # 5 does not divide 12: the whole batch at once.
-    for got, reference in zip(value_and_grads(chunk), whole):
+    for got, reference in zip(value_and_grads(x, k, chunk), whole):
       np.testing.assert_allclose(got, reference, rtol=0,
                                  atol=1e-5 * float(jnp.abs(reference).max()))
