@@ -5,21 +5,21 @@ test runs too (``~/.cache/capsjax-tests/xla-jax-VERSION``, trimmed to 2 GB at th
 least recently used first; its entries written whole or not at all: tests/site/sitecustomize.py;
 ``CAPSJAX_TEST_CACHE=0`` uses a fresh directory for one run).
 
-XLA:CPU compiles with its older emitter (``--xla_cpu_use_fusion_emitters=false``) and LLVM at
-optimisation level 1 (``--xla_backend_optimization_level=1``; XLA's default is 3), both added to
-XLA_FLAGS unless they name either (``XLA_FLAGS=--xla_cpu_use_fusion_emitters=true`` tests with
-XLA's defaults: ``.ci/run`` runs the train step's and the routers' tests so too). The tests'
-models are tiny, so compiling is most of a first run's time. The older emitter: measured on a
-fresh clone with an empty cache (2026-11-28, 2 cores), the whole run took 13m58s and 1,545
-CPU-seconds against 17m40s and 1,975 with the default emitter, every test passing under both.
-Level 1 on top of it (2026-11-29): tests/test_configs_end_to_end.py and test_em_capsnet.py,
-cold, 147 s -> 113 s (270 -> 204 CPU-seconds); the whole first run: tests/README.md. Both change
-only the CPU's machine code, not what is computed (the tests compare with references at
-tolerances, or two runs under the same flags). Level 0 turned EM routing's gradients into NaN
-(2026-11-27). That day two of five runs with both a faster level and the older emitter had a
-worker abort while a program ran; the same day XLA:CPU's collectives were found to deadlock and
-abort a worker when many dispatches were queued, bounded since (capsjax/training/inflight.py),
-the likely cause: no run has aborted since."""
+XLA:CPU compiles with its older emitter (``--xla_cpu_use_fusion_emitters=false``, added to
+XLA_FLAGS unless they name the emitter; ``XLA_FLAGS=--xla_cpu_use_fusion_emitters=true`` tests
+with the default one). The tests' models are tiny, so compiling is most of a first run's time:
+measured on a fresh clone with an empty cache (2026-11-28, 2 cores), the whole run took 13m58s
+and 1,545 CPU-seconds against 17m40s and 1,975 with the default emitter, every test passing
+under both. It changes only the CPU's machine code, not what is computed (the tests compare
+with references at tolerances, or two runs under the same flags); ``.ci/run`` also runs the
+train step's and the routers' tests with the default emitter. Measured and dropped: LLVM
+optimisation level 1 for every program besides (within 8%; level 0 turned EM routing's
+gradients into NaN; again 2026-11-29 with the older emitter: compiling EM's tests alone 23%
+faster, but the whole first run 18m32s and the second 11m29s, against 10m51s without it: the
+tests that run many steps, the attacks', a third slower). With both flags, two of five runs on 2026-11-27 had a worker abort
+while a program ran; the same day XLA:CPU's collectives were found to deadlock and abort
+a worker when many dispatches were queued, bounded since (capsjax/training/inflight.py), the
+likely cause: no run under the old emitter has aborted since (the runs of this date)."""
 
 import importlib.util
 import os
@@ -32,19 +32,14 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "4")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-TEST_COMPILER_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=1")
-
-
-def with_test_compiler_flags(xla_flags: str | None) -> str:
-  """``xla_flags`` with :data:`TEST_COMPILER_FLAGS` added, unless they name the emitter or the
-  optimisation level (then as given: e.g. XLA's defaults, as users run)."""
-  if xla_flags and ("xla_cpu_use_fusion_emitters" in xla_flags
-                    or "xla_backend_optimization_level" in xla_flags):
+def with_older_emitter(xla_flags: str | None) -> str:
+  """``xla_flags`` with XLA:CPU's older emitter added, unless they name an emitter."""
+  if xla_flags and "xla_cpu_use_fusion_emitters" in xla_flags:
     return xla_flags
-  return " ".join(f for f in (xla_flags, *TEST_COMPILER_FLAGS) if f)
+  return " ".join(f for f in (xla_flags, "--xla_cpu_use_fusion_emitters=false") if f)
 
 
-os.environ["XLA_FLAGS"] = with_test_compiler_flags(os.environ.get("XLA_FLAGS"))
+os.environ["XLA_FLAGS"] = with_older_emitter(os.environ.get("XLA_FLAGS"))
 
 
 def _cache_dir() -> str:
@@ -94,6 +89,39 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", int(os.environ["JAX_NUM_CPU_DEVICES"]))
+
+
+def _random_draws_compiled_for_speed() -> None:
+  """Random values drawn outside a jitted program (the tests build many models op by op, each
+  initialiser its own program) compile at LLVM -O1 on the CPU, as ``Setup.fresh_state``
+  compiles a run's initialisation: about 2.5x faster (the threefry loops; 81 s of a first test
+  run went to ``_truncated_normal`` alone), the same bits (tests/test_setup.py checks the
+  two levels on a whole initialisation). Inside a jitted program, where options cannot be
+  given, the draws are JAX's own. Without JAX's private module of that name, nothing changes."""
+  try:
+    from jax._src import core as jax_core
+    from jax._src.random import core as random_core
+  except ImportError:
+    return
+  from capsjax.training.setup import INIT_COMPILER_OPTIONS
+
+  for name, static in (("_truncated_normal", (3, 4)), ("_normal", (1, 2)), ("_uniform", (3, 4))):
+    original = getattr(random_core, name, None)
+    if original is None or not hasattr(original, "__wrapped__"):
+      continue
+    fast = jax.jit(original.__wrapped__, static_argnums=static,
+                   compiler_options=INIT_COMPILER_OPTIONS["cpu"])
+
+    def draw(*args, original=original, fast=fast, **kwargs):
+      if jax.default_backend() != "cpu" or any(
+          isinstance(a, jax_core.Tracer) for a in (*args, *kwargs.values())):
+        return original(*args, **kwargs)
+      return fast(*args, **kwargs)
+
+    setattr(random_core, name, draw)
+
+
+_random_draws_compiled_for_speed()
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "configs"))

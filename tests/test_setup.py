@@ -8,16 +8,11 @@ from capsjax.training import setup as setup_lib, train_step
 from capsjax.training.setup import Setup
 
 
-XLA_DEFAULT_LEVEL = 3  # DebugOptions' xla_backend_optimization_level without XLA_FLAGS.
-
-
 def test_initialisation_compiled_for_speed_gives_the_same_bits(idx_dir):
   """``fresh_state`` compiles with :data:`INIT_COMPILER_OPTIONS` (LLVM -O1 on a CPU, for its
   compile time): the same parameters and optimiser state, bit for bit, as the program compiled
   with XLA's defaults (the smoke CapsNet: truncated normals, uniforms, constants; measured the
-  same for Efficient-CapsNet, EM and the baseline CNN when the option was chosen). The
-  reference is compiled at XLA's default level, 3, named: the tests' XLA_FLAGS lower every
-  other program to 1 (tests/conftest.py)."""
+  same for Efficient-CapsNet, EM and the baseline CNN when the option was chosen)."""
   assert setup_lib.INIT_COMPILER_OPTIONS["cpu"] == {"xla_backend_optimization_level": 1}
   for module in (mnist,):
     config = module.get_config("smoke")
@@ -26,8 +21,7 @@ def test_initialisation_compiled_for_speed_gives_the_same_bits(idx_dir):
     fresh = setup.fresh_state()
     tx = setup.optimizer.tx
     default = jax.jit(lambda: train_step.init_state(setup.task, tx),
-                      out_shardings=setup.replicated,
-                      compiler_options={"xla_backend_optimization_level": XLA_DEFAULT_LEVEL})()
+                      out_shardings=setup.replicated)()
     leaves = list(zip(jax.tree.leaves(fresh), jax.tree.leaves(default)))
     assert len(leaves) > 10 and jax.tree.structure(fresh) == jax.tree.structure(default)
     for a, b in leaves:

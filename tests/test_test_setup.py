@@ -38,20 +38,12 @@ def test_the_processes_the_tests_start_write_it_so_too():
   assert out.stdout.strip() == "True"
 
 
-def test_the_older_emitter_and_level_1_unless_the_flags_name_either():
-  added = "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=1"
-  assert conftest.with_test_compiler_flags(None) == added
-  assert conftest.with_test_compiler_flags("") == added
-  assert (conftest.with_test_compiler_flags("--xla_dump_to=/tmp/d")
-          == f"--xla_dump_to=/tmp/d {added}")
-  for given in ("--xla_cpu_use_fusion_emitters=true", "--xla_backend_optimization_level=3"):
-    assert conftest.with_test_compiler_flags(given) == given
-  # In effect in this run (XLA read the level: it is no misspelt flag) and handed to the
-  # processes it starts (they inherit XLA_FLAGS).
-  from jax._src.lib import _jax
-
-  flags = os.environ["XLA_FLAGS"]
-  assert "--xla_cpu_use_fusion_emitters=" in flags
-  options = _jax.CompileOptions().executable_build_options.debug_options
-  if "--xla_backend_optimization_level=1" in flags:
-    assert options.xla_backend_optimization_level == 1
+def test_the_older_emitter_unless_the_flags_name_one():
+  older = "--xla_cpu_use_fusion_emitters=false"
+  assert conftest.with_older_emitter(None) == older
+  assert conftest.with_older_emitter("") == older
+  assert conftest.with_older_emitter("--xla_dump_to=/tmp/d") == f"--xla_dump_to=/tmp/d {older}"
+  default = "--xla_cpu_use_fusion_emitters=true"
+  assert conftest.with_older_emitter(default) == default
+  # In effect in this run and handed to the processes it starts (they inherit XLA_FLAGS).
+  assert "--xla_cpu_use_fusion_emitters=" in os.environ["XLA_FLAGS"]
