@@ -276,6 +276,22 @@ def shared_run(tmp_path_factory, name: str, train) -> pathlib.Path:
   return workdir
 
 
+def em_smoke_run(idx_dir, tmp_path_factory) -> pathlib.Path:
+  """``configs/em_mnist.py:smoke`` on ``idx_dir`` (8 steps, checkpoints at 4 and 8), trained
+  once per test session (:func:`shared_run`): read by tests/test_em_capsnet.py, a copy resumed
+  by tests/test_migrations.py. Do not write into it."""
+  import em_mnist
+
+  from capsjax import train
+
+  def train_it(workdir):
+    config = em_mnist.get_config("smoke")
+    config.data.source, config.data.dir = "idx", str(idx_dir)
+    train.train_and_evaluate(config, str(workdir))
+
+  return shared_run(tmp_path_factory, "em-smoke", train_it)
+
+
 def read_summary(workdir):
   with open(os.path.join(workdir, "summary.json")) as f:
     return json.load(f)

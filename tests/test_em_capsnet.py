@@ -15,7 +15,7 @@ from capsjax import models, train
 from capsjax.common.errors import UsageError
 from capsjax.models import em_capsnet, losses
 from capsjax.runs.runconfig import import_config_file
-from helpers import assert_trained, check_directional_derivatives, read_summary, shared_run
+from helpers import assert_trained, check_directional_derivatives, em_smoke_run, read_summary
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 em_mnist = import_config_file(CONFIGS / "em_mnist.py")
@@ -192,18 +192,6 @@ def test_it_learns_to_separate_two_classes(router, separated, fall):
   # 0.479 -> 0.009 (-98%).
   assert losses_seen[-1] < fall * losses_seen[0]
   assert losses_seen[-1] <= min(losses_seen[:-10])
-
-
-def em_smoke_run(idx_dir, tmp_path_factory):
-  """``configs/em_mnist.py:smoke`` on ``idx_dir`` (8 steps, checkpoints at 4 and 8), trained
-  once per test session (helpers.shared_run): read here, and a copy resumed by
-  tests/test_migrations.py. Do not write into it."""
-  def train_it(workdir):
-    config = em_mnist.get_config("smoke")
-    config.data.source, config.data.dir = "idx", str(idx_dir)
-    train.train_and_evaluate(config, str(workdir))
-
-  return shared_run(tmp_path_factory, "em-smoke", train_it)
 
 
 def test_a_smoke_run_trains_evaluates_and_logs_the_routing(idx_dir, tmp_path_factory):

@@ -19,8 +19,7 @@ from capsjax.common.errors import UsageError
 from capsjax.runs import checkpointing, migrations, runconfig
 from capsjax.training import config_history
 from capsjax.training.setup import Setup
-from helpers import write_idx_dataset
-from test_em_capsnet import em_smoke_run
+from helpers import em_smoke_run, write_idx_dataset
 
 FORMS = sorted((pathlib.Path(__file__).parent / "data" / "config_forms").glob("*.json"))
 EM_FORMS = sorted((pathlib.Path(__file__).parent / "data" / "config_forms" / "em").glob("*.json"))
