@@ -16,7 +16,6 @@ import os
 from absl import app, flags
 
 from capsjax.common import figures
-from capsjax.common.figures import plt
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The sweep's --workdir.", required=True)
 _OUT = flags.DEFINE_string("out", ".", "Folder for the two figures.")
@@ -36,7 +35,7 @@ def runs(workdir: str) -> dict[str, dict]:
 
 
 def attack_figure(models: dict[str, dict], path: str) -> None:
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+  fig, axes = figures.pyplot().subplots(1, 2, figsize=(10, 3.8), sharey=True)
   for ax, attack in zip(axes, ("fgsm", "pgd")):
     for k, (name, ev) in enumerate(models.items()):
       color = f"C{k}"
@@ -56,7 +55,7 @@ def attack_figure(models: dict[str, dict], path: str) -> None:
 
 
 def rotation_figure(models: dict[str, dict], path: str) -> None:
-  fig, ax = plt.subplots(figsize=(6, 3.8))
+  fig, ax = figures.pyplot().subplots(figsize=(6, 3.8))
   ax.axvspan(-30, 30, color="0.9", label="training rotations")
   for name, ev in models.items():
     ax.plot(ANGLES, [ev["transforms"][f"rotation_{a}_accuracy"] for a in ANGLES], marker="o",

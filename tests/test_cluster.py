@@ -17,7 +17,7 @@ from capsjax.datasets import sources
 from helpers import (checkpoint_steps, final_params, free_port, main_in_process, read_summary,
                      run_main, truncate_data)
 
-LONG_STEPS = 200  # Long enough that a signal sent at step 30 arrives mid-run.
+LONG_STEPS = 120  # Long enough that a signal sent at step 30 arrives mid-run (90 steps, 2-3 s, later).
 LONG = (f"--config.train.num_steps={LONG_STEPS}", "--config.train.log_every_steps=10",
         "--config.train.checkpoint_every_steps=50")
 

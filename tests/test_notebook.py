@@ -30,7 +30,7 @@ def _text(cell) -> str:
 
 def test_the_tour_runs_on_generated_digits(tmp_path, monkeypatch):
   monkeypatch.setenv("CAPSJAX_TOUR_DIR", str(tmp_path / "tour"))
-  monkeypatch.setenv("CAPSJAX_TOUR_STEPS", "30")
+  monkeypatch.setenv("CAPSJAX_TOUR_STEPS", "10")
   monkeypatch.setenv("CAPSJAX_TOUR_DIGITS", "64")
   monkeypatch.setenv("MNIST_DIR", str(tmp_path / "no_mnist_here"))
   notebook = nbformat.read(TOUR, as_version=4)

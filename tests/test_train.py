@@ -130,8 +130,8 @@ def test_stopped_run_resumes_to_the_same_result(idx_dir, full_run, tmp_path, cap
 
 def test_sigkill_mid_training_resumes_and_finishes(idx_dir, tmp_path):
   # As tests/test_cluster.py's LONG_STEPS: long enough that the kill, sent once a checkpoint at
-  # step 20 exists, arrives mid-run (a checkpoint every 20 steps: 10 saves, not 20).
-  steps = ("--config.train.num_steps=200", "--config.train.checkpoint_every_steps=20",
+  # step 20 exists, arrives mid-run (a checkpoint every 20 steps: 6 saves, not 12).
+  steps = ("--config.train.num_steps=120", "--config.train.checkpoint_every_steps=20",
            "--config.train.log_every_steps=10")
   proc = run_main(tmp_path, *steps, data_dir=idx_dir, devices=1, wait=False)
   deadline = time.time() + 240
@@ -140,13 +140,13 @@ def test_sigkill_mid_training_resumes_and_finishes(idx_dir, tmp_path):
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   saved = checkpoint_steps(tmp_path)
-  assert saved and max(saved) < 200, f"not killed mid-training: {saved}"
+  assert saved and max(saved) < 120, f"not killed mid-training: {saved}"
   result = run_main(tmp_path, *steps, data_dir=idx_dir, devices=1)
   assert result.returncode == 0, result.stderr
   assert f"Resuming from the checkpoint at step {max(saved)}" in result.stdout
-  assert read_summary(tmp_path)["step"] == 200
+  assert read_summary(tmp_path)["step"] == 120
   steps_logged = [r["step"] for r in train_records(tmp_path)]
-  assert steps_logged == list(range(10, 201, 10))  # No gaps, no duplicates after resume.
+  assert steps_logged == list(range(10, 121, 10))  # No gaps, no duplicates after resume.
 
 
 @pytest.mark.parametrize("overrides,data,message", [

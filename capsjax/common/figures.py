@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import os
+import sys
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # No display on servers; must precede pyplot.
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from capsjax.common import files  # noqa: E402
+from capsjax.common import files
 
 PERTURBATIONS = np.round(np.arange(-0.25, 0.25 + 1e-9, 0.05), 2)  # Paper, Sec. 5.1: 11 values.
+
+
+def pyplot():
+  """``matplotlib.pyplot``, imported when the first figure is drawn (a command that draws none
+  does not spend the 0.4 s), on the Agg backend (no display on servers) unless pyplot was
+  imported before with a backend of its own (a notebook's, which saving a PNG does not need)."""
+  if "matplotlib.pyplot" not in sys.modules:
+    import matplotlib
+
+    matplotlib.use("Agg")  # Must precede pyplot's import.
+  import matplotlib.pyplot
+
+  return matplotlib.pyplot
 
 
 def save(fig, path: str) -> None:
@@ -22,7 +32,7 @@ def save(fig, path: str) -> None:
     with files.atomic_write(path, "wb", what=f"figure {os.path.basename(path)}") as f:
       fig.savefig(f, format="png", dpi=100, bbox_inches="tight")
   finally:
-    plt.close(fig)
+    pyplot().close(fig)
 
 
 def tile(images: np.ndarray) -> np.ndarray:
@@ -66,7 +76,7 @@ def reconstruction_grid(images: np.ndarray, reconstructions: np.ndarray) -> np.n
 
 def save_reconstructions(path: str, images, reconstructions, labels, predictions) -> None:
   """Top: inputs with (label, prediction); bottom: reconstruction from the predicted capsule."""
-  fig, ax = plt.subplots(figsize=(1.2 * len(images), 2.8))
+  fig, ax = pyplot().subplots(figsize=(1.2 * len(images), 2.8))
   _show(ax, reconstruction_grid(images, reconstructions))
   ax.set_title("inputs (top) and reconstructions (bottom); (label, prediction): "
                + " ".join(f"({l},{p})" for l, p in zip(labels, predictions)), fontsize=8)
@@ -76,7 +86,7 @@ def save_reconstructions(path: str, images, reconstructions, labels, predictions
 def save_latent_perturbations(path: str, decoded: np.ndarray, label: int) -> None:
   """Paper Fig. 4: ``decoded`` is ``(capsule_dim, len(PERTURBATIONS), h, w, c)``."""
   dims = decoded.shape[0]
-  fig, ax = plt.subplots(figsize=(0.6 * decoded.shape[1] + 1, 0.6 * dims + 0.8))
+  fig, ax = pyplot().subplots(figsize=(0.6 * decoded.shape[1] + 1, 0.6 * dims + 0.8))
   _show(ax, tile(decoded))
   ax.set_xlabel("perturbation " + " ".join(f"{p:+.2f}" for p in PERTURBATIONS), fontsize=7)
   ax.set_ylabel("capsule dimension (1 at top)")
@@ -93,7 +103,7 @@ def training_curves(records: list[dict]):
   ``metrics.jsonl``: a figure with two axes, one line per kind. The train line is drawn
   without markers only when it has many points: a short run's one or two train records would
   otherwise not show."""
-  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+  fig, (ax_loss, ax_acc) = pyplot().subplots(1, 2, figsize=(11, 4))
   for kind, style in (("train", "-"), ("validation", "o-"), ("test", "s-")):
     rows = [r for r in records if r.get("kind") == kind and "loss" in r]
     if not rows:
@@ -141,7 +151,7 @@ def save_routing_diagnostics(path: str, records: list[dict]) -> None:
   names = routing_diagnostic_names(last)
   cols = min(len(names), 3)
   nrows = -(-len(names) // cols)
-  fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
+  fig, axes = pyplot().subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
   for ax, name in zip(axes.ravel(), names):
     values = last[name]
     iters = np.arange(1, len(values) + 1)
@@ -161,7 +171,7 @@ def save_examples(path: str, images: np.ndarray, labels, predictions, title: str
   """A grid of test examples, each titled ``label -> prediction`` (red when wrong)."""
   n = len(images)
   rows = -(-n // per_row)
-  fig, axes = plt.subplots(rows, per_row, figsize=(1.3 * per_row, 1.45 * rows + 0.4),
+  fig, axes = pyplot().subplots(rows, per_row, figsize=(1.3 * per_row, 1.45 * rows + 0.4),
                            squeeze=False)
   for k, ax in enumerate(axes.ravel()):
     if k >= n:
@@ -193,7 +203,7 @@ def save_pair_reconstructions(path: str, images: np.ndarray, reconstructions: np
   """
   grey = np.repeat(np.clip(images, 0, 1), 3, axis=-1)
   grid = tile(np.stack([grey, overlay(reconstructions)]))
-  fig, ax = plt.subplots(figsize=(1.3 * len(images), 3.0))
+  fig, ax = pyplot().subplots(figsize=(1.3 * len(images), 3.0))
   _show(ax, grid)
   width = images.shape[2] + 1
   for k, (label, shown) in enumerate(zip(labels, decoded)):
@@ -206,7 +216,7 @@ def save_pair_reconstructions(path: str, images: np.ndarray, reconstructions: np
 def save_attack_curves(path: str, epsilons, accuracies: dict[str, list[float]], chance: float,
                        title: str) -> None:
   """Accuracy under attack against the budget, one line per attack, chance dashed."""
-  fig, ax = plt.subplots(figsize=(5, 3.5))
+  fig, ax = pyplot().subplots(figsize=(5, 3.5))
   for attack, values in accuracies.items():
     ax.plot(epsilons, values, marker="o", label=attack)
   ax.axhline(chance, color="gray", linestyle="--", label="chance")
@@ -222,7 +232,7 @@ def save_distance_histograms(path: str, clean: np.ndarray, attacked: dict[str, n
                              threshold: float, title: str) -> None:
   """Histograms of reconstruction distances, clean against each attack's (one panel per
   attack), and the detection threshold (DARCCC's figures)."""
-  fig, axes = plt.subplots(1, len(attacked), figsize=(4 * len(attacked), 3.2), squeeze=False)
+  fig, axes = pyplot().subplots(1, len(attacked), figsize=(4 * len(attacked), 3.2), squeeze=False)
   for ax, (name, distances) in zip(axes[0], attacked.items()):
     bins = np.linspace(0, max(float(np.max(clean)), float(np.max(distances)), threshold) * 1.05,
                        40)
@@ -244,7 +254,7 @@ def save_transform_curves(path: str, curves: dict[str, tuple], chance: float,
                           familiar_degrees: float, title: str) -> None:
   """Accuracy against each transform's amount (``{kind: (values, accuracies)}``), one panel
   per kind, the familiar rotations shaded and chance dashed."""
-  fig, axes = plt.subplots(1, len(curves), figsize=(3.6 * len(curves), 3.2), squeeze=False)
+  fig, axes = pyplot().subplots(1, len(curves), figsize=(3.6 * len(curves), 3.2), squeeze=False)
   for ax, (kind, (values, accuracies)) in zip(axes[0], curves.items()):
     ax.plot(values, accuracies, marker="o")
     ax.axhline(chance, color="gray", linestyle="--", label="chance")
@@ -265,7 +275,7 @@ def save_disagreements(path: str, panels: list[tuple[str, np.ndarray, list[str]]
   panel's images in rows of ``per_row`` under its heading (an empty panel says so), all under
   ``title`` (which runs, which side is A)."""
   rows = [max(1, -(-len(images) // per_row)) for _, images, _ in panels]
-  fig, axes = plt.subplots(sum(rows), per_row, figsize=(1.4 * per_row, 1.5 * sum(rows) + 0.6),
+  fig, axes = pyplot().subplots(sum(rows), per_row, figsize=(1.4 * per_row, 1.5 * sum(rows) + 0.6),
                            squeeze=False)
   top = 0
   for (heading, images, captions), n_rows in zip(panels, rows):

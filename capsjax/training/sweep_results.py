@@ -331,8 +331,9 @@ def _plot(groups: list[dict], keys: list[str], workdir: str) -> None:
   drawn as markers side by side. The error axis is logarithmic when the errors span more than a factor of ten."""
   if not groups:
     return
-  from capsjax.common import figures  # Selects the Agg backend.
-  import matplotlib.pyplot as plt
+  from capsjax.common import figures
+
+  plt = figures.pyplot()  # On the Agg backend.
 
   for key in keys:
     applicable = [g for g in groups if g["setting"][key]]
