@@ -172,7 +172,7 @@ def save_examples(path: str, images: np.ndarray, labels, predictions, title: str
   n = len(images)
   rows = -(-n // per_row)
   fig, axes = pyplot().subplots(rows, per_row, figsize=(1.3 * per_row, 1.45 * rows + 0.4),
-                           squeeze=False)
+                                squeeze=False)
   for k, ax in enumerate(axes.ravel()):
     if k >= n:
       ax.axis("off")
@@ -275,8 +275,8 @@ def save_disagreements(path: str, panels: list[tuple[str, np.ndarray, list[str]]
   panel's images in rows of ``per_row`` under its heading (an empty panel says so), all under
   ``title`` (which runs, which side is A)."""
   rows = [max(1, -(-len(images) // per_row)) for _, images, _ in panels]
-  fig, axes = pyplot().subplots(sum(rows), per_row, figsize=(1.4 * per_row, 1.5 * sum(rows) + 0.6),
-                           squeeze=False)
+  fig, axes = pyplot().subplots(sum(rows), per_row,
+                                figsize=(1.4 * per_row, 1.5 * sum(rows) + 0.6), squeeze=False)
   top = 0
   for (heading, images, captions), n_rows in zip(panels, rows):
     images = displayable(images) if len(images) else images
