@@ -2,6 +2,7 @@
 
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -28,6 +29,26 @@ def test_round_trip(tmp_path):
   step, state, meta = ckpt.restore_newest(state_at(0))
   assert step == 3 and meta == {"step": 3}
   np.testing.assert_array_equal(np.asarray(state["w"]), 3.0)
+
+
+def test_on_the_cpu_a_replicated_array_is_saved_whole_and_restores(tmp_path, monkeypatch):
+  """No replica-parallel slicing on the CPU (checkpointing._no_replica_parallel_saves_on_the_cpu):
+  a parameter replicated over the test's 4 devices is saved with no slice taken, and restores
+  replicated."""
+  mesh = jax.make_mesh((jax.device_count(),), ("data",))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  state = jax.device_put({"w": jnp.arange(64.0 * 64).reshape(64, 64)}, replicated)
+  sliced = []
+  original = jax.lax.slice_in_dim
+  monkeypatch.setattr(jax.lax, "slice_in_dim", lambda *a, **k: sliced.append(a[0].shape) or
+                      original(*a, **k))
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"))
+  ckpt.save(1, state, {"step": 1})
+  ckpt.wait()
+  assert jax.device_count() > 1 and sliced == []
+  _, restored, _ = ckpt.restore_newest(state)
+  assert restored["w"].sharding.is_equivalent_to(replicated, 2)
+  np.testing.assert_array_equal(np.asarray(restored["w"]), np.asarray(state["w"]))
 
 
 def test_damaged_newest_is_reported_moved_aside_and_the_previous_restores(tmp_path):

@@ -2,6 +2,7 @@
 reconstruction targets, float images, the step reaching the loss) and the model contract
 checked at the start of a run."""
 
+import dataclasses
 import pathlib
 
 import jax
@@ -142,7 +143,9 @@ def test_a_model_that_breaks_the_contract_is_refused_at_the_start(bars_32_16, mo
     task.check_outputs(task.dataset.load())
 
 
-def test_training_is_traced_on_a_train_batch_as_the_train_step_builds_it(bars_32_16):
+def test_training_is_traced_on_a_train_batch_as_the_train_step_builds_it(bars_32_16,
+                                                                        monkeypatch):
+  monkeypatch.setattr(tasks, "_CHECKED", set())  # Traced here even if checked before.
   task = tasks.Task.from_config(_tiny(bars_32_16, str(EXAMPLES / "tiny_capsnet.py:TinyCapsNet")))
   built, original = [], task.dataset.train_batch
 
@@ -153,6 +156,34 @@ def test_training_is_traced_on_a_train_batch_as_the_train_step_builds_it(bars_32
   task.dataset.train_batch = train_batch
   task.check_outputs(task.dataset.load())
   assert built == [(2,)]
+
+
+def test_a_passed_check_is_not_traced_again_for_the_same_config_and_shapes(bars_32_16,
+                                                                           monkeypatch):
+  """The second identical check is not traced; a changed setting, or examples of another
+  shape, are."""
+  monkeypatch.setattr(tasks, "_CHECKED", set())
+  config = _tiny(bars_32_16, str(EXAMPLES / "tiny_capsnet.py:TinyCapsNet"))
+  traced = []
+
+  def checks(config, splits=None):
+    task = tasks.Task.from_config(config)
+    monkeypatch.setattr(task, "_check_outputs", traced.append)
+    splits = splits or task.dataset.load()
+    task.check_outputs(splits)
+    return splits
+
+  splits = checks(config)
+  checks(config)
+  assert len(traced) == 1
+  config.model.dim = 8
+  checks(config)
+  assert len(traced) == 2
+  test = splits["test"]
+  fewer_rows = dataclasses.replace(test, examples={**test.examples,
+                                                  "images": test.examples["images"][:, :-1]})
+  checks(config, {**splits, "test": fewer_rows})
+  assert len(traced) == 3
 
 
 def test_a_class_without_the_interface_is_refused_naming_what_it_lacks(bars_32_16):

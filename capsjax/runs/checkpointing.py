@@ -20,6 +20,7 @@ then says which and why, and falls back to the newest one that restores.
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import io
 import logging
@@ -29,6 +30,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
+import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
@@ -102,6 +104,25 @@ class _FailedWritesLogged(logging.Filter):
 _FAILED_WRITES_FILTER = _FailedWritesLogged()
 
 
+def _no_replica_parallel_saves_on_the_cpu() -> None:
+  """On the CPU, each replicated array is saved whole from its first replica.
+
+  Orbax's default on the CPU (and TPU) is replica-parallel saving: every replica of a
+  replicated array (the parameters, on each of the data-parallel devices) copies and writes a
+  slice of it, which takes one small program per array and replica. The CPU's devices share
+  one host memory, so there is nothing to split: a save of the smoke model's state on 4 CPU
+  devices took 0.22 s with it and 0.10 s without (2026-12-06, the 2-core CPU). Orbax itself
+  turns it off on GPUs; TPUs keep its default. Only who writes changes, not what is written:
+  old checkpoints restore, and these restore on any backend."""
+  if jax.default_backend() != "cpu":
+    return
+  handler = ocp.type_handlers.get_type_handler(jax.Array)
+  if getattr(handler, "_use_replica_parallel", False):  # Orbax's attribute, since 0.5.
+    handler = copy.copy(handler)
+    handler._use_replica_parallel = False
+    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+
+
 class Checkpointer:
   """Keeps the ``keep`` latest checkpoints and, with ``keep_best``, the best one by the
   ``accuracy`` its save was given (the validation accuracy: runs without a validation split
@@ -112,6 +133,7 @@ class Checkpointer:
   def __init__(self, directory: str, keep: int = 3, keep_best: bool = True,
                tidy: bool = False):
     self.directory = os.path.abspath(directory)
+    _no_replica_parallel_saves_on_the_cpu()
     policies = [checkpoint_managers.LatestN(n=max(1, keep))]
     if keep_best:
       policies.append(checkpoint_managers.BestN(get_metric_fn=lambda m: m[BEST_METRIC], n=1,

@@ -31,6 +31,16 @@ from capsjax.training import schema
 
 Forward = models.Forward  # What :meth:`Task.forward` returns (capsjax.models.Forward).
 
+# Task.check_outputs's keys that passed, in this process.
+_CHECKED: set[tuple] = set()
+
+
+def _shapes(tree, first: int = 0) -> tuple:
+  """``((path, shape[first:], dtype), ...)`` of the arrays in ``tree``: a hashable key."""
+  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return tuple((jax.tree_util.keystr(path), tuple(leaf.shape[first:]), str(leaf.dtype))
+               for path, leaf in leaves)
+
 
 @dataclasses.dataclass
 class Task:
@@ -140,7 +150,18 @@ class Task:
     :meth:`vote_log_probabilities` where the model declares ``votes``), and raises UsageError
     naming the model and what breaks the contract (:func:`capsjax.models.check_forward`): at a
     run's start, not at its end. ``splits``: the dataset's, ``train`` and ``test`` at
-    least."""
+    least. A check that passed is not traced again in this process for the same model class,
+    dataset builder, resolved config and example shapes (the runs of a sweep in one program,
+    the tests' many runs)."""
+    key = (self.model_class, type(self.dataset), self.config.to_json_best_effort(sort_keys=True),
+           *(_shapes(splits[name].examples, first=1) + _shapes(splits[name].shared)
+             for name in ("train", "test")))
+    if key in _CHECKED:
+      return
+    self._check_outputs(splits)
+    _CHECKED.add(key)
+
+  def _check_outputs(self, splits: dict) -> None:
     take = lambda a: jax.ShapeDtypeStruct((2, *a.shape[1:]), a.dtype)
     abstract = jax.eval_shape(lambda: nnx.to_pure_dict(nnx.state(self.abstract_model)))
     test, train_split = splits["test"], splits["train"]
