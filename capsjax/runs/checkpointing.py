@@ -113,11 +113,11 @@ def _no_replica_parallel_saves_on_the_cpu() -> None:
   one host memory, so there is nothing to split: a save of the smoke model's state on 4 CPU
   devices took 0.22 s with it and 0.10 s without (2026-12-06, the 2-core CPU). Orbax itself
   turns it off on GPUs; TPUs keep its default. Only who writes changes, not what is written:
-  old checkpoints restore, and these restore on any backend."""
+  old checkpoints restore (tests/test_migrations.py)."""
   if jax.default_backend() != "cpu":
     return
   handler = ocp.type_handlers.get_type_handler(jax.Array)
-  if getattr(handler, "_use_replica_parallel", False):  # Orbax's attribute, since 0.5.
+  if getattr(handler, "_use_replica_parallel", False):  # Private to Orbax (0.12): absent, kept.
     handler = copy.copy(handler)
     handler._use_replica_parallel = False
     ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
