@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from jax._src import lru_cache
 
 import conftest
@@ -36,6 +37,21 @@ def test_the_processes_the_tests_start_write_it_so_too():
   out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                        check=True, env=os.environ.copy())
   assert out.stdout.strip() == "True"
+
+
+def test_the_processes_the_tests_start_leave_out_ipython_and_boto3_but_a_kernel():
+  """flax.nnx and tensorboardX's record writer import without IPython and boto3 in a process a
+  test starts; a Jupyter kernel's process (its argv names ipykernel) imports IPython."""
+  pytest.importorskip("IPython")  # The dev extra's ipykernel brings it.
+  probe = ("import sys, flax.nnx, tensorboardX.record_writer; "
+           "print(sorted(m for m in ('IPython', 'boto3') if sys.modules.get(m)))")
+  out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       check=True, env=os.environ.copy())
+  assert out.stdout.strip() == "[]"
+  kernel = subprocess.run([sys.executable, "-c", "import IPython; print(IPython.__name__)",
+                           "ipykernel_launcher"], capture_output=True, text=True, check=True,
+                          env=os.environ.copy())
+  assert kernel.stdout.strip() == "IPython"
 
 
 def test_the_older_emitter_unless_the_flags_name_one():
