@@ -8,8 +8,9 @@ runs), holds a truncated executable, and loading one aborts the process. The tes
 lasts across test runs, so such an entry would abort every later run. Here each entry is
 written to a temporary file and renamed into place: readers see all of it or nothing.
 
-In the processes the tests start (not the test run's own), two optional packages that no test
-uses there are left out (:func:`leave_out_unused`).
+In the processes the test run starts (its workers and the commands the tests start; not the
+run's own process, nor a Jupyter kernel), two optional packages that no test uses there are left
+out (:func:`leave_out_unused`).
 """
 
 import importlib.abc
@@ -80,7 +81,7 @@ def leave_out_unused(argv) -> None:
     sys.modules.setdefault(name, None)
 
 
-if __name__ == "sitecustomize":  # Started by a test, not tests/conftest.py's own loading.
+if __name__ == "sitecustomize":  # A process the run started, not tests/conftest.py's loading.
   leave_out_unused(sys.orig_argv)
 
 if MODULE in sys.modules:
