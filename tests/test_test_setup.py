@@ -1,6 +1,7 @@
 """The test run's own set-up (tests/conftest.py, tests/site/sitecustomize.py): the persistent
 compilation cache's entries are written whole or not at all, here and in the processes the
-tests start; XLA:CPU's older emitter unless XLA_FLAGS name one."""
+tests start; IPython and boto3 left out of those processes; XLA:CPU's older emitter unless
+XLA_FLAGS name one."""
 
 import importlib.metadata
 import os
@@ -43,7 +44,7 @@ def test_the_processes_the_tests_start_write_it_so_too():
 def test_the_processes_the_tests_start_leave_out_ipython_and_boto3_but_a_kernel():
   """flax.nnx and tensorboardX's record writer import without IPython and boto3 in a process a
   test starts; a Jupyter kernel's process (its argv names ipykernel) imports IPython."""
-  try:  # The dev extra's ipykernel brings it (not imported: a worker leaves it out, as here).
+  try:  # The dev extra's ipykernel brings it. Read, not imported: the workers leave it out.
     importlib.metadata.version("ipython")
   except importlib.metadata.PackageNotFoundError:
     pytest.skip("IPython is not installed")
