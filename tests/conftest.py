@@ -5,20 +5,36 @@ test runs too (``~/.cache/capsjax-tests/xla-jax-VERSION``, trimmed to 2 GB at th
 least recently used first; its entries written whole or not at all: tests/site/sitecustomize.py;
 ``CAPSJAX_TEST_CACHE=0`` uses a fresh directory for one run).
 
-XLA:CPU compiles with its older emitter (``--xla_cpu_use_fusion_emitters=false``, added to
-XLA_FLAGS unless they name the emitter; ``XLA_FLAGS=--xla_cpu_use_fusion_emitters=true`` tests
-with the default one). The tests' models are tiny, so compiling is most of a first run's time:
-measured on a fresh clone with an empty cache (2026-11-28, 2 cores), the whole run took 13m58s
-and 1,545 CPU-seconds against 17m40s and 1,975 with the default emitter, every test passing
-under both. It changes only the CPU's machine code, not what is computed (the tests compare
-with references at tolerances, or two runs under the same flags); ``.ci/run`` also runs the
-train step's and the routers' tests with the default emitter. Measured and dropped: LLVM
-optimisation level 1 for every program besides (within 8%; level 0 turned EM routing's
-gradients into NaN; again 2026-11-29 with the older emitter: compiling EM's tests alone 23%
-faster, but the whole first run 18m32s and the second 11m29s, against 10m51s without it: the
-tests that run many steps, the attacks', a third slower). With both flags, two of five runs on 2026-11-27 had a worker abort
-while a program ran; the same day XLA:CPU's collectives were found to deadlock and abort
-a worker when many dispatches were queued, bounded since (capsjax/training/inflight.py), the
+XLA:CPU compiles with two flags that shorten compiling (:func:`with_test_compile_flags`, added
+to XLA_FLAGS unless they name an emitter; ``XLA_FLAGS=--xla_cpu_use_fusion_emitters=true`` tests
+with users' flags). Both change only the CPU's machine code, not the arithmetic asked for,
+though its float32 rounding may differ (the tests compare with references at tolerances, or two
+runs under the same flags); ``.ci/run`` also runs the train step's and the routers' tests with
+users' flags.
+
+* Its older emitter (``--xla_cpu_use_fusion_emitters=false``). The tests' models are tiny, so
+  compiling is most of a first run's time: measured on a fresh clone with an empty cache
+  (2026-11-28, 2 cores), the whole run took 13m58s and 1,545 CPU-seconds against 17m40s and
+  1,975 with the default emitter, every test passing under both.
+* No loop unrolling in LLVM (``--xla_backend_extra_options=-unroll-threshold=0``, 2026-12-06):
+  LLVM's passes are most of XLA:CPU's compile time (perf: 58% of the samples of a process
+  compiling EM's smoke train step), unrolling the fused loops a large part of them. Alone, EM's
+  smoke train step compiled in 5.9-6.9 s against 8.4-9.0 s (three interleaved pairs),
+  Efficient-CapsNet's in 2.8-3.1 s against 3.4 s (two), the MNIST smoke step's in the same time;
+  the programs ran as fast (warm, two runs each: the MultiMNIST learning test 19.4 and 18.4 s
+  against 18.7 and 20.2 s, VB's learning test 9.4 and 9.5 s against 10.9 and 11.0 s). The whole
+  run: tests/README.md. It changes float32 rounding: tools/smoke_losses.py's numbers move in
+  their last digits, EM's and VB's routing more (VB's 8-step smoke run, near chance, scored 2 of
+  64 test digits instead of 11).
+
+Measured and dropped: LLVM optimisation level 1 for every program (within 8%; level 0 turned
+EM routing's gradients into NaN; again 2026-11-29 with the older emitter: compiling EM's tests
+alone 23% faster, but the whole first run 18m32s and the second 11m29s, against 10m51s without
+it: the tests that run many steps, the attacks', a third slower); no loop vectorisation
+(``-vectorize-loops=false``: EM's step 20% sooner compiled, but the MultiMNIST learning test's
+steps 15% slower). With the emitter flags of 2026-11-27, two of five runs had a worker abort
+while a program ran; the same day XLA:CPU's collectives were found to deadlock and abort a
+worker when many dispatches were queued, bounded since (capsjax/training/inflight.py), the
 likely cause: no run under the old emitter has aborted since (the runs of this date)."""
 
 import importlib.util
@@ -32,14 +48,24 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "4")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def with_older_emitter(xla_flags: str | None) -> str:
-  """``xla_flags`` with XLA:CPU's older emitter added, unless they name an emitter."""
-  if xla_flags and "xla_cpu_use_fusion_emitters" in xla_flags:
+EMITTER = "xla_cpu_use_fusion_emitters"
+# (the flag's name, the tests' value): see the module docstring for what each saves.
+TEST_COMPILE_FLAGS = (
+    (EMITTER, f"--{EMITTER}=false"),
+    ("xla_backend_extra_options", "--xla_backend_extra_options=-unroll-threshold=0"))
+
+
+def with_test_compile_flags(xla_flags: str | None) -> str:
+  """``xla_flags`` with :data:`TEST_COMPILE_FLAGS` added, each unless the flags name it; flags
+  that name an emitter are kept as they are (users' flags, as ``.ci/run``'s second pass has
+  them)."""
+  if xla_flags and EMITTER in xla_flags:
     return xla_flags
-  return " ".join(f for f in (xla_flags, "--xla_cpu_use_fusion_emitters=false") if f)
+  added = [flag for name, flag in TEST_COMPILE_FLAGS if not (xla_flags and name in xla_flags)]
+  return " ".join(f for f in (xla_flags, *added) if f)
 
 
-os.environ["XLA_FLAGS"] = with_older_emitter(os.environ.get("XLA_FLAGS"))
+os.environ["XLA_FLAGS"] = with_test_compile_flags(os.environ.get("XLA_FLAGS"))
 
 
 def _cache_dir() -> str:

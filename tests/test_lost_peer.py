@@ -12,7 +12,7 @@ import time
 from capsjax.runs import lost_peer
 from helpers import REPO, checkpoint_steps, free_port, read_summary, run_main, train_records
 
-STEPS = 40
+STEPS = 24  # Checkpoints at 8 and 16 for the two kills, then the end.
 # Every rerun is the same command. A survivor that waits in a checkpoint's barrier (no
 # collective fails there) hears of the loss from JAX's service within the heartbeat timeout.
 ARGS = (f"--config.train.num_steps={STEPS}", "--config.train.log_every_steps=2",

@@ -37,15 +37,16 @@ def small_multimnist(data_dir, init_scale=None):
     c.model.class_capsules.init_scale = init_scale
   c.optimizer.learning_rate = 4e-3
   c.train.batch_size, c.train.num_steps, c.train.log_every_steps = 32, 50, 10
-  c.train.saturation_warning = ml_collections.ConfigDict(dict(steps=20))  # Left out: made.
+  c.train.saturation_warning = ml_collections.ConfigDict(dict(steps=10))  # Left out: made.
   c.eval.batch_size = 128
   learning_run(c)
   return c
 
 
 # Measured: 35 steps with the default init reach 18% exact (8x chance) and 89% at least one;
-# the saturated init warns after its 20 steps and stays at 0.8%.
-@pytest.mark.parametrize("init_scale,learns,steps", [(None, True, 35), (0.1, False, 25)],
+# the saturated init warns after 10 steps and is at 1.6% after 16 (2026-12-06; 0.8% after 20,
+# 3.5% after 12: still moving, too near the 4.4% bound).
+@pytest.mark.parametrize("init_scale,learns,steps", [(None, True, 35), (0.1, False, 16)],
                          ids=["default_init", "init_0.1_saturates"])
 def test_multimnist_capsnet_learns_with_its_default_init(pairs_dir, tmp_path, capsys,
                                                          init_scale, learns, steps):

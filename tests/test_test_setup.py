@@ -1,7 +1,7 @@
 """The test run's own set-up (tests/conftest.py, tests/site/sitecustomize.py): the persistent
 compilation cache's entries are written whole or not at all, here and in the processes the
-tests start; IPython and boto3 left out of those processes; XLA:CPU's older emitter unless
-XLA_FLAGS name one."""
+tests start; IPython and boto3 left out of those processes; XLA:CPU's older emitter and no
+LLVM loop unrolling unless XLA_FLAGS name an emitter."""
 
 import importlib.metadata
 import os
@@ -59,12 +59,16 @@ def test_the_processes_the_tests_start_leave_out_ipython_and_boto3_but_a_kernel(
   assert kernel.stdout.strip() == "IPython"
 
 
-def test_the_older_emitter_unless_the_flags_name_one():
+def test_the_compile_flags_unless_the_flags_name_an_emitter():
   older = "--xla_cpu_use_fusion_emitters=false"
-  assert conftest.with_older_emitter(None) == older
-  assert conftest.with_older_emitter("") == older
-  assert conftest.with_older_emitter("--xla_dump_to=/tmp/d") == f"--xla_dump_to=/tmp/d {older}"
+  no_unrolling = "--xla_backend_extra_options=-unroll-threshold=0"
+  both = f"{older} {no_unrolling}"
+  assert conftest.with_test_compile_flags(None) == both
+  assert conftest.with_test_compile_flags("") == both
+  assert conftest.with_test_compile_flags("--xla_dump_to=/tmp/d") == f"--xla_dump_to=/tmp/d {both}"
   default = "--xla_cpu_use_fusion_emitters=true"
-  assert conftest.with_older_emitter(default) == default
+  assert conftest.with_test_compile_flags(default) == default  # Users' flags, as given.
+  extra = "--xla_backend_extra_options=-vectorize-loops=false"
+  assert conftest.with_test_compile_flags(extra) == f"{extra} {older}"
   # In effect in this run and handed to the processes it starts (they inherit XLA_FLAGS).
   assert "--xla_cpu_use_fusion_emitters=" in os.environ["XLA_FLAGS"]

@@ -60,7 +60,14 @@ def assert_same_run(alone_dir, together_dir):
                              rtol=2e-5)
   np.testing.assert_allclose(read_summary(together_dir)["test_loss"],
                              read_summary(alone_dir)["test_loss"], rtol=2e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=1e-4, atol=PARAMS_ATOL),
+  assert_same_params(alone_dir, together_dir)
+
+
+def assert_same_params(alone_dir, together_dir):
+  """The final parameters, each element within 1e-4 of it plus :data:`STEP_FRACTION` of one
+  Adam step at the run's learning rate (the comment there says why)."""
+  atol = STEP_FRACTION * read_summary(alone_dir)["optimizer"]["learning_rate"]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=1e-4, atol=atol),
                final_params(alone_dir), final_params(together_dir))
 
 
@@ -86,8 +93,13 @@ ALONE = {0: "alone0", 1: "alone2"}  # POINTS[k] alone: its run in the alone fixt
 
 # Batched matrix products sum in another order: float32 rounding in the gradients, which
 # Adam's normalised update (about lr x sign(g) in the first steps) turns into moves of up to
-# the learning rate for elements whose gradient is near zero. 1e-5 is 1% of one step at 1e-3.
-PARAMS_ATOL = 1e-5
+# the learning rate for elements whose gradient is near zero. An element may differ by 1% of
+# one step at its run's learning rate: 1e-5 at the default 1e-3, 3e-5 for POINTS[1] at 3e-3.
+# (Until 2026-12-06 every run was held to 1e-5, a third of a percent of a step at 3e-3; with
+# the tests' compile flags of that day (conftest.py) one element of 1,296 moved 1.23e-5 against
+# the 1.13e-5 allowed: conv1's with the most cancelled gradient, its Adam mean the smallest of
+# the kernel's.)
+STEP_FRACTION = 0.01
 
 
 def test_vectorised_runs_end_where_they_end_alone_and_a_diverging_one_stops_alone(
@@ -157,8 +169,7 @@ def test_a_signal_saves_every_run_of_a_group_and_the_rerun_ends_as_if_uninterrup
   outcomes = train.train_and_evaluate_group(configs, dirs, keys)
   assert [o["step"] for o in outcomes] == [4, 4]
   for k in range(2):  # Against POINTS[k] trained alone (the alone fixture).
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=1e-4, atol=PARAMS_ATOL),
-                 final_params(alone[0] / ALONE[k]), final_params(dirs[k]))
+    assert_same_params(alone[0] / ALONE[k], dirs[k])
 
 
 def test_in_a_group_a_busy_workdir_is_skipped_and_stop_at_accuracy_stops_as_alone(
@@ -372,8 +383,7 @@ def test_runs_restored_at_different_steps_resume_as_separate_programs(data_dir, 
   outcomes = train.train_and_evaluate_group(configs, dirs, keys)
   assert "restored at different steps (0, 2)" in capsys.readouterr().out
   assert [o["step"] for o in outcomes] == [4, 4]
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=1e-4, atol=PARAMS_ATOL),
-               final_params(alone[0] / ALONE[1]), final_params(dirs[1]))
+  assert_same_params(alone[0] / ALONE[1], dirs[1])
 
 
 def test_sweep_vectorised_equals_one_by_one_on_one_device(tmp_path):
