@@ -64,8 +64,8 @@ def assert_same_run(alone_dir, together_dir):
 
 
 def assert_same_params(alone_dir, together_dir):
-  """The final parameters, each element within 1e-4 of it plus :data:`STEP_FRACTION` of one
-  Adam step at the run's learning rate (the comment there says why)."""
+  """The final parameters, each element within 1e-4 times its value plus :data:`STEP_FRACTION`
+  of one Adam step at the run's learning rate (the comment there says why)."""
   atol = STEP_FRACTION * read_summary(alone_dir)["optimizer"]["learning_rate"]
   jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=1e-4, atol=atol),
                final_params(alone_dir), final_params(together_dir))
