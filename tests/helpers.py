@@ -404,10 +404,11 @@ def _sweep_args(experiment, workdir, extra, data_dir) -> list[str]:
 
 def run_sweep(experiment, workdir, *extra, data_dir):
   """``python -m capsjax.sweep EXPERIMENT`` on 1 device, on ``data_dir`` for 2 steps (32 test
-  examples), in a process of its own."""
+  examples), in a process of its own; no figures (as :func:`run_main`)."""
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
   return subprocess.run(
-      [sys.executable, "-m", "capsjax.sweep", *_sweep_args(experiment, workdir, extra, data_dir)],
+      [sys.executable, "-m", "capsjax.sweep", *_sweep_args(experiment, workdir, extra, data_dir),
+       "--config.eval.figures=false"],
       env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 

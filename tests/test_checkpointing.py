@@ -51,6 +51,29 @@ def test_on_the_cpu_a_replicated_array_is_saved_whole_and_restores(tmp_path, mon
   np.testing.assert_array_equal(np.asarray(restored["w"]), np.asarray(state["w"]))
 
 
+def test_the_cpus_handler_is_set_without_orbaxs_warning(caplog):
+  """Setting the CPU's handler (checkpointing._no_replica_parallel_saves_on_the_cpu) logs
+  nothing, where Orbax warns of any other override (a line on every run's stderr before)."""
+  import copy
+  import logging
+
+  import orbax.checkpoint as ocp
+
+  handler = ocp.type_handlers.get_type_handler(jax.Array)
+  replica_parallel = copy.copy(handler)
+  replica_parallel._use_replica_parallel = True
+  try:
+    with caplog.at_level(logging.WARNING):
+      ocp.type_handlers.register_type_handler(jax.Array, replica_parallel, override=True)
+      assert any("overriding" in r.getMessage() for r in caplog.records)  # Seen here.
+      caplog.clear()
+      checkpointing._no_replica_parallel_saves_on_the_cpu()
+    assert ocp.type_handlers.get_type_handler(jax.Array)._use_replica_parallel is False
+    assert caplog.records == []
+  finally:
+    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+
+
 def test_damaged_newest_is_reported_moved_aside_and_the_previous_restores(tmp_path):
   ckpt = saved(tmp_path)
   truncate_data(ckpt, 3)

@@ -92,7 +92,7 @@ def test_all_four_from_the_command_line_as_the_readme_says(tmp_path):
     cmd = [sys.executable, "-m", "capsjax.main",
            "--config=examples/config.py:model,router,evaluator,dataset,steps=3",
            f"--workdir={tmp_path / 'run'}", "--config.data.num_train=64",
-           "--config.data.num_test=32", *flags]
+           "--config.data.num_test=32", "--config.eval.figures=false", *flags]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, JAX_NUM_CPU_DEVICES="2"))
 

@@ -155,7 +155,8 @@ def test_two_workers_on_one_sweep_directory_run_every_point_once(tmp_path):
   workers = [subprocess.Popen(
       [sys.executable, "-m", "capsjax.sweep", str(experiment), f"--workdir={tmp_path / 'sweep'}",
        "--config.data.source=idx", f"--config.data.dir={data_dir}",
-       "--config.train.num_steps=2", "--config.data.test_limit=32"],
+       "--config.train.num_steps=2", "--config.data.test_limit=32",
+       "--config.eval.figures=false"],
       env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
       for _ in range(2)]
   outputs = [w.communicate(timeout=600)[0] for w in workers]

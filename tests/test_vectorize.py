@@ -392,7 +392,7 @@ def test_sweep_vectorised_equals_one_by_one_on_one_device(tmp_path):
   column."""
   data = write_idx_dataset(tmp_path / "idx", num_train=64, num_test=16)
   experiment = "experiments/paper_table1.py:tiny"
-  extra = ("--index=0,6,12", "--config.train.num_steps=3", "--config.eval.num_figure_examples=0")
+  extra = ("--index=0,6,12", "--config.train.num_steps=3")
   together = run_sweep(experiment, tmp_path / "together", "--vectorize", *extra, data_dir=data)
   assert together.returncode == 0, together.stderr
   assert "Vectorised: 3 run(s) in 2 program(s)" in together.stdout

@@ -9,7 +9,7 @@ TPU (:func:`capsjax.models.layers.conv2d`; depthwise ones likewise), and
 ``jax.export`` lowers a program for a GPU or a TPU on a machine without one, but
 ``jax.default_backend()`` still says ``"cpu"`` while it does; so a GPU's or TPU's program is
 built on the CPU as that device builds it inside ``building_for("cuda")`` / ``("tpu")``
-(tests/test_accelerator_programs.py exports every shipped config's train and evaluation steps
+(tests/test_accelerator_programs.py lowers every shipped config's train and evaluation steps
 so).
 
 Trace the functions inside the block: a jitted function traced before for another platform

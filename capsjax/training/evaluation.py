@@ -148,7 +148,7 @@ class BatchedEval:
     ``step(variables, examples, shared, weights, start)`` -> the per-example values of the
     batch of ``eval_set.batch_size`` examples at ``start`` (the arguments are an
     :class:`EvalSet`'s ``examples``, ``shared`` and ``weights``). ``make_batch``: the set's;
-    None, the dataset's ``eval_batch``. For looking at the program (``jax.export``,
+    None, the dataset's ``eval_batch``. For looking at the program (lowered for a platform,
     tests/test_accelerator_programs.py), not for running it."""
     return self._step("collect", self._evaluation_and_scores,
                       make_batch or self.task.dataset.eval_batch)
