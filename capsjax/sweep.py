@@ -209,7 +209,8 @@ def train_points(config, points: list[Point], workdir: str, command_line: dict |
   least ``max(2, min_runs)`` runs, the others alone on the data already loaded.
 
   A point whose workdir another worker holds is skipped (``skip_held``), so several workers
-  can share one sweep directory; every point runs once. A point whose loss becomes
+  can share one sweep directory; every point runs once (a point finished by another worker
+  between this one's look and its hold is skipped too). A point whose loss becomes
   non-finite stops alone; the others go on, and the sweep ends with
   :class:`NonFiniteLossError` naming it. SIGTERM or SIGINT during a group saves its runs and
   raises :class:`capsjax.runs.preemption.Preempted`; between groups, it stops before the
@@ -266,6 +267,8 @@ def train_points(config, points: list[Point], workdir: str, command_line: dict |
           holder = workdirs.Lock(os.path.join(workdir, point.name)).holder()
           print(f"{_tag(point, points)}: held by another worker ({holder}), skipped.",
                 flush=True)
+        elif isinstance(outcome, workdirs.FinishedMeanwhile):
+          print(f"{_tag(point, points)}: finished by another worker, skipped.", flush=True)
         elif isinstance(outcome, NonFiniteLossError):
           diverged.append(f"{point.name}: {outcome}")
         elif isinstance(outcome, BaseException):
@@ -286,13 +289,13 @@ def _train_group(indices: list[int], per_run_keys, configs: list, setups: list,
   if len(indices) >= max(2, min_runs or 2):
     return train.train_and_evaluate_group(
         [configs[i] for i in indices], run_dirs, per_run_keys,
-        setups=[setups[i] for i in indices])
+        setups=[setups[i] for i in indices], skip_finished=True)
   outcomes = []
   for i, run_dir in zip(indices, run_dirs):
     with memory.advice_on_allocation_failure(configs[i]):
       outcomes += train.train_and_evaluate_group(
           [configs[i]], [run_dir], setups=None if setups[i] is None else [setups[i]],
-          vectorised=False)
+          vectorised=False, skip_finished=True)
   return outcomes
 
 

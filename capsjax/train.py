@@ -43,7 +43,7 @@ import ml_collections
 from capsjax.common import precision
 from capsjax.common.errors import NonFiniteLossError
 from capsjax.runs import lost_peer, preemption, workdirs
-from capsjax.runs.reporting import log
+from capsjax.runs.reporting import is_finished, log
 from capsjax.training import run as run_lib
 from capsjax.training import inflight, memory, schema, train_step, vectorize
 from capsjax.training.setup import Setup
@@ -69,7 +69,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
                              run_dirs: Sequence[str], per_run_keys: Sequence[str] = (),
                              setups: Sequence[Setup] | None = None,
-                             memory_limit=None, vectorised: bool | None = None) -> list:
+                             memory_limit=None, vectorised: bool | None = None,
+                             skip_finished: bool = False) -> list:
   """Trains the runs of ``configs`` into ``run_dirs``.
 
   ``per_run_keys``: the per-run numbers that differ between the runs
@@ -79,8 +80,10 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
   ``vectorised``: one program over a leading run axis (default: when there are several runs);
   False trains a single run with its own step. Returns, per run, its summary or the exception
   that stopped it alone (:class:`NonFiniteLossError`, or
-  :class:`capsjax.runs.workdirs.WorkdirBusy` when another process holds its workdir). A stop
-  signal saves every run and raises :class:`capsjax.runs.preemption.Preempted`.
+  :class:`capsjax.runs.workdirs.WorkdirBusy` when another process holds its workdir; with
+  ``skip_finished``, :class:`capsjax.runs.workdirs.FinishedMeanwhile` when its run is finished
+  once held: a sweep's workers look before they hold). A stop signal saves every run and
+  raises :class:`capsjax.runs.preemption.Preempted`.
   """
   configs = [schema.resolve_config(c) for c in configs]  # Checked before anything runs.
   vectorised = len(configs) > 1 if vectorised is None else vectorised
@@ -106,6 +109,9 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
         held.enter_context(workdirs.hold(workdir, tidy_failed_start=True, created=created))
       except workdirs.WorkdirBusy as e:
         outcomes[i] = e
+        continue
+      if skip_finished and is_finished(workdir):  # Finished since the caller looked.
+        outcomes[i] = workdirs.FinishedMeanwhile(workdir)
         continue
       runs[i] = run_lib.Run(setup, workdir, created=created, announce=not runs,
                             label=os.path.basename(workdir) if vectorised else None)

@@ -166,9 +166,31 @@ def test_two_workers_on_one_sweep_directory_run_every_point_once(tmp_path):
     tried = sum(line.endswith(f"] {name}") for line in lines)
     held = sum(f"] {name}: held by another worker" in line for line in lines)
     done = sum(line.endswith(f"] {name}: finished, skipped.") for line in lines)
-    assert (tried - held, held + done) == (1, 1), (name, outputs)  # One ran it, one passed.
+    # Finished by the other between this worker's look and its hold (the next test).
+    meanwhile = sum(line.endswith(f"] {name}: finished by another worker, skipped.")
+                    for line in lines)
+    passed = held + done + meanwhile
+    assert (tried - held - meanwhile, passed) == (1, 1), (name, outputs)  # One ran it.
     assert sweep.is_finished(str(tmp_path / "sweep" / name))
   assert not any("Resuming" in line for line in lines)  # Nobody ran a point a second time.
+
+
+def test_a_point_finished_between_the_look_and_the_hold_is_not_trained_again(
+    tmp_path, capsys, monkeypatch):
+  """The race of two workers whose runs end together (seen once in the test above): one
+  looks at a point (unfinished), the other finishes it and lets go, the first holds it. Here
+  the look is made to see it unfinished; the hold then finds it finished."""
+  data_dir = write_idx_dataset(tmp_path / "idx", num_train=64, num_test=32)
+  experiment = write_experiment(tmp_path / "exp.py", '{"points": [{}], "seeds": [0]}')
+  first = sweep_in_process(capsys, experiment, tmp_path / "sweep", data_dir=data_dir)
+  assert first.returncode == 0, first.stderr
+  summary = tmp_path / "sweep" / "seed=0" / "summary.json"
+  written = summary.read_text()
+  monkeypatch.setattr(sweep, "is_finished", lambda workdir: False)  # The look.
+  again = sweep_in_process(capsys, experiment, tmp_path / "sweep", data_dir=data_dir)
+  assert again.returncode == 0, again.stderr
+  assert "[1/1] seed=0: finished by another worker, skipped." in again.stdout.splitlines()
+  assert "Resuming" not in again.stdout and summary.read_text() == written
 
 
 def test_results_table_gives_validation_and_the_chance_level_of_each_accuracy(tmp_path):

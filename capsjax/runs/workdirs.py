@@ -86,6 +86,12 @@ class WorkdirBusy(UsageError):
   """Another run holds the workdir."""
 
 
+class FinishedMeanwhile(Exception):
+  """The workdir's run was finished by another process between a look at it and its hold (a
+  sweep's worker passes it on; :func:`capsjax.train.train_and_evaluate_group`'s
+  ``skip_finished``)."""
+
+
 class Lock:
   """Exclusive hold on a workdir; a context manager, or :meth:`acquire` / :meth:`release`."""
 
