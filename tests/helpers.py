@@ -402,14 +402,18 @@ def _sweep_args(experiment, workdir, extra, data_dir) -> list[str]:
           "--config.data.test_limit=32", *extra]
 
 
+def sweep_command(experiment, workdir, *extra, data_dir) -> list[str]:
+  """The command line of ``python -m capsjax.sweep EXPERIMENT`` on ``data_dir`` for 2 steps
+  (32 test examples), no figures (as :func:`run_main`)."""
+  return [sys.executable, "-m", "capsjax.sweep", *_sweep_args(experiment, workdir, extra, data_dir),
+          "--config.eval.figures=false"]
+
+
 def run_sweep(experiment, workdir, *extra, data_dir):
-  """``python -m capsjax.sweep EXPERIMENT`` on 1 device, on ``data_dir`` for 2 steps (32 test
-  examples), in a process of its own; no figures (as :func:`run_main`)."""
+  """:func:`sweep_command` on 1 device, in a process of its own."""
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
-  return subprocess.run(
-      [sys.executable, "-m", "capsjax.sweep", *_sweep_args(experiment, workdir, extra, data_dir),
-       "--config.eval.figures=false"],
-      env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+  return subprocess.run(sweep_command(experiment, workdir, *extra, data_dir=data_dir),
+                        env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
 def sweep_in_process(capsys, experiment, workdir, *extra, data_dir):

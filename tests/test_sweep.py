@@ -5,7 +5,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
@@ -13,7 +12,7 @@ import mnist
 from capsjax import sweep
 from capsjax.common.errors import UsageError
 from capsjax.training import schema
-from helpers import REPO, run_in_process, sweep_in_process, write_idx_dataset
+from helpers import REPO, run_in_process, sweep_command, sweep_in_process, write_idx_dataset
 
 
 
@@ -153,10 +152,7 @@ def test_two_workers_on_one_sweep_directory_run_every_point_once(tmp_path):
   experiment = write_experiment(tmp_path / "exp.py", '{"points": [{}], "seeds": [0, 1]}')
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
   workers = [subprocess.Popen(
-      [sys.executable, "-m", "capsjax.sweep", str(experiment), f"--workdir={tmp_path / 'sweep'}",
-       "--config.data.source=idx", f"--config.data.dir={data_dir}",
-       "--config.train.num_steps=2", "--config.data.test_limit=32",
-       "--config.eval.figures=false"],
+      sweep_command(experiment, tmp_path / "sweep", data_dir=data_dir),
       env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
       for _ in range(2)]
   outputs = [w.communicate(timeout=600)[0] for w in workers]
