@@ -78,10 +78,10 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
   ``layer_profile``, the rows of :func:`capsjax.perf.layer_profile.layer_table` (and
   ``layer_profile_table``, their markdown). Everything, the matmul rate included, in
   ``config.matmul_precision``."""
-  from capsjax.common import precision
-  from capsjax.training import schema
+  from capsjax.config import precision
+  from capsjax.config import schema
 
-  config = schema.resolve_config(config)  # Every setting checked before anything runs.
+  config = schema.as_resolved(config)  # Every setting checked before anything runs.
   with precision.scope(config):
     report = _measure(config, min_seconds, matmul_size, profile_depth, copy_mb)
   return {**report, "matmul_precision": precision.of(config)}
@@ -213,8 +213,8 @@ def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> 
   step (:class:`capsjax.training.train_step.Step`, vectorised; N=1: the ordinary jitted step),
   ``speedup`` against N=1 (the rate of the same runs one by one), the seconds per dispatch
   and the step's new memory per device; in ``config.matmul_precision``."""
-  from capsjax.common import precision
-  from capsjax.training import schema
+  from capsjax.config import precision
+  from capsjax.config import schema
 
   config = schema.resolve_config(config)
   with precision.scope(config):

@@ -63,7 +63,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
 
 def runs_of(spec: str) -> list[tuple[int, str]]:
   """``[(seed, workdir)]`` of one side (see the module docstring), by seed."""
-  from capsjax.runs import runconfig
+  from capsjax.config import runconfig
 
   path, _, setting = spec.partition(":")
   if not os.path.isdir(path):
@@ -96,7 +96,7 @@ def runs_of(spec: str) -> list[tuple[int, str]]:
 
 
 def seed_of(workdir: str) -> int:
-  from capsjax.runs import runconfig
+  from capsjax.config import runconfig
 
   return int(runconfig.load(workdir).seed)  # Recorded in effect, as every setting.
 

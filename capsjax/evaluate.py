@@ -103,18 +103,18 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
   files go to ``output`` (default: the workdir: :func:`output_folder`)."""
   import jax
 
-  from capsjax.common import files, precision
+  from capsjax.common import files
+  from capsjax.config import precision
   from capsjax.runs import predictions, reporting
   from capsjax.training import restoring, run, run_figures
   from capsjax.evaluators.splits import shift_table
   from capsjax.training.setup import Setup
 
-  config = restoring.load_config(workdir, checkpoint, data_dir)
-  output = output_folder(workdir, output)
   if max_shift < 0:
     raise UsageError(f"--max_shift={max_shift}: use 0 (no shifted test sets) or more pixels.")
-  if max_shift:
-    config.evals[SHIFTED] = {"type": "shifted", "split": "test", "max_shift": max_shift}
+  shifted = {SHIFTED: {"type": "shifted", "split": "test", "max_shift": max_shift}}
+  config = restoring.load_config(workdir, checkpoint, data_dir, shifted if max_shift else None)
+  output = output_folder(workdir, output)
   # Everything evaluated and drawn in the run's matmul precision.
   with precision.scope(config):
     restored = restoring.restore(workdir, Setup(config), checkpoint)
@@ -165,7 +165,8 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
   import ml_collections
 
   from capsjax import evaluators
-  from capsjax.common import files, precision
+  from capsjax.common import files
+  from capsjax.config import precision
   from capsjax.runs import reporting
   from capsjax.training import restoring
   from capsjax.training.setup import Setup

@@ -147,7 +147,7 @@ def point_name(setting: dict, seed: int) -> str:
 
 def load_config_file(spec: str, experiment_path: str | None = None):
   """``get_config(variant)`` of ``PATH[:variant]``, the path resolved as BASE_CONFIG is."""
-  from capsjax.runs import runconfig
+  from capsjax.config import runconfig
 
   path, _, variant = spec.partition(":")
   roots = [REPO] + ([pathlib.Path(experiment_path).resolve().parent] if experiment_path else [])
@@ -163,7 +163,7 @@ def point_config(base, point: "Point", command_line: dict):
   overrides = dict(point.overrides)
   spec = overrides.pop(CONFIG_KEY, None)
   if spec is not None:
-    from capsjax.training import schema
+    from capsjax.config import schema
 
     base = apply_overrides(load_config_file(spec), command_line)
     try:
@@ -176,7 +176,7 @@ def point_config(base, point: "Point", command_line: dict):
 def apply_overrides(config, overrides: dict, seed: int | None = None):
   """A copy of ``config`` with the point's dotted-key values (a section the config leaves out
   is made: a key nobody declared is refused when the config is resolved,
-  :func:`capsjax.training.schema.resolve_config`) and ``seed`` (None: the config's)."""
+  :func:`capsjax.config.schema.resolve_config`) and ``seed`` (None: the config's)."""
   config = config.copy_and_resolve_references()
   with config.unlocked():
     for key, value in overrides.items():
@@ -410,7 +410,8 @@ def main(argv):
     if f.collect.value:
       collect(points, workdir, **report)
       return
-    from capsjax.training import schema, vectorize
+    from capsjax.config import schema
+    from capsjax.training import vectorize
 
     min_runs = 2 if f.vectorize.value else None
     if f.vectorize.value is None:

@@ -40,12 +40,13 @@ from typing import Sequence
 
 import ml_collections
 
-from capsjax.common import precision
+from capsjax.config import precision
 from capsjax.common.errors import NonFiniteLossError
 from capsjax.runs import lost_peer, preemption, workdirs
 from capsjax.runs.reporting import is_finished, log
 from capsjax.training import run as run_lib
-from capsjax.training import inflight, memory, schema, train_step, vectorize
+from capsjax.training import inflight, memory, train_step, vectorize
+from capsjax.config import schema
 from capsjax.training.setup import Setup
 
 
@@ -58,7 +59,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   (:class:`capsjax.common.errors.NonFiniteLossError`, :class:`capsjax.runs.workdirs.WorkdirBusy`,
   :class:`capsjax.training.memory.OutOfMemory`, ...).
   """
-  config = schema.resolve_config(config)  # Every setting checked before anything runs.
+  config = schema.as_resolved(config)  # Every setting checked before anything runs.
   with memory.advice_on_allocation_failure(config):
     (outcome,) = train_and_evaluate_group([config], [workdir], vectorised=False)
   if isinstance(outcome, BaseException):
@@ -85,7 +86,7 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
   once held: a sweep's workers look before they hold). A stop signal saves every run and
   raises :class:`capsjax.runs.preemption.Preempted`.
   """
-  configs = [schema.resolve_config(c) for c in configs]  # Checked before anything runs.
+  configs = [schema.as_resolved(c) for c in configs]  # Checked before anything runs.
   vectorised = len(configs) > 1 if vectorised is None else vectorised
   if not vectorised and len(configs) != 1:
     raise ValueError(f"Only one run trains unvectorised; got {len(configs)}.")

@@ -39,7 +39,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from capsjax.common import config_args
-from capsjax.runs.runconfig import import_config_file
+from capsjax.config.runconfig import import_config_file
 
 _here = pathlib.Path(__file__)
 mnist = import_config_file(_here.with_name("mnist.py"))

@@ -9,7 +9,7 @@ import pathlib
 import ml_collections
 from ml_collections import config_dict
 
-from capsjax.runs.runconfig import import_config_file
+from capsjax.config.runconfig import import_config_file
 
 mnist = import_config_file(pathlib.Path(__file__).with_name("mnist.py"))
 

@@ -53,7 +53,7 @@ def make_config(*, smoke: bool = False, official: bool = False) -> ml_collection
 
   Each section is built by its own function below with the paper's text's values; a setting it
   leaves out takes the default declared beside the code that reads it (the paper's value, or
-  for what the paper leaves open the usual one: ``python -m capsjax.training.schema`` lists
+  for what the paper leaves open the usual one: ``python -m capsjax.config.schema`` lists
   them all, docs/config_keys.md). :func:`set_official` (the default of :func:`get_config`)
   changes those the authors' code has otherwise, and :func:`set_smoke` shrinks the model and
   the run for tests."""

@@ -25,7 +25,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from capsjax.common import config_args
-from capsjax.runs.runconfig import import_config_file
+from capsjax.config.runconfig import import_config_file
 
 mnist = import_config_file(pathlib.Path(__file__).with_name("mnist.py"))
 

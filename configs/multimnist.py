@@ -46,7 +46,7 @@ import pathlib
 import ml_collections
 
 from capsjax.common import config_args
-from capsjax.runs.runconfig import import_config_file
+from capsjax.config.runconfig import import_config_file
 
 _here = pathlib.Path(__file__)
 mnist = import_config_file(_here.with_name("mnist.py"))

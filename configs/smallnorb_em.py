@@ -30,7 +30,7 @@ import pathlib
 import ml_collections
 
 from capsjax.common import config_args
-from capsjax.runs.runconfig import import_config_file
+from capsjax.config.runconfig import import_config_file
 
 _here = pathlib.Path(__file__)
 smallnorb = import_config_file(_here.with_name("smallnorb.py"))

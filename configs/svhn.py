@@ -26,7 +26,7 @@ import pathlib
 import ml_collections
 
 from capsjax.common import config_args
-from capsjax.runs.runconfig import import_config_file
+from capsjax.config.runconfig import import_config_file
 
 images = import_config_file(pathlib.Path(__file__).with_name("images.py"))
 

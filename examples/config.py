@@ -28,7 +28,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from capsjax.common import config_args
-from capsjax.runs.runconfig import import_config_file
+from capsjax.config.runconfig import import_config_file
 
 _HERE = pathlib.Path(__file__).resolve().parent
 mnist = import_config_file(_HERE.parent / "configs" / "mnist.py")

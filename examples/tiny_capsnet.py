@@ -24,7 +24,7 @@ from flax import nnx
 
 from capsjax import routing
 from capsjax.common.errors import UsageError
-from capsjax.common.settings import POSITIVE, Setting
+from capsjax.config.settings import POSITIVE, Setting
 from capsjax.models import SHAPE_SETTINGS, Outputs, capsule_layers, layers
 
 _SIZE = dict(kind=int, check=POSITIVE)

@@ -97,7 +97,7 @@ def table(rows: list[dict]) -> str:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  from capsjax.common import precision
+  from capsjax.config import precision
   from capsjax.runs import cli
 
   config = cli.config_from_flag(_CONFIG)

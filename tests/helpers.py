@@ -106,7 +106,7 @@ def assert_trained(workdir) -> None:
   several, not all equal. A run
   that only stepped its counter (a zero learning rate, a loss cut off from the parameters)
   fails; a finite test loss alone would not."""
-  from capsjax.runs import runconfig
+  from capsjax.config import runconfig
   from capsjax.training import tasks
 
   config = runconfig.load(str(workdir))
@@ -316,7 +316,8 @@ def final_state(workdir):
   """The train state of the latest checkpoint, as NumPy, through capsjax's own restore."""
   import jax
 
-  from capsjax.runs import checkpointing, runconfig
+  from capsjax.config import runconfig
+  from capsjax.runs import checkpointing
   from capsjax.training.setup import Setup
 
   setup = Setup(runconfig.load(str(workdir)))
@@ -334,11 +335,12 @@ def free_port() -> int:
 
 def resolved(config):
   """``config`` resolved as a run resolves it (every default filled in, ``model.image_shape``
-  and ``num_classes`` from its dataset: :func:`capsjax.training.schema.resolve_config`). To
-  switch router afterwards, replace the section: ``c.model.routing = {"name": "uniform"}``."""
-  from capsjax.training import schema
+  and ``num_classes`` from its dataset: :func:`capsjax.config.schema.resolve_config`), as a
+  mutable copy (the resolved config itself is frozen). To switch router afterwards, replace
+  the section: ``c.model.routing = {"name": "uniform"}``."""
+  from capsjax.config import schema
 
-  return schema.resolve_config(config)
+  return schema.resolve_config(config).as_configdict()
 
 
 def abstract_model(config):

@@ -22,7 +22,8 @@ import foolbox
 import mnist
 from capsjax import evaluators, train
 from capsjax.evaluators import foolbox_attacks
-from capsjax.runs import checkpointing, runconfig
+from capsjax.runs import checkpointing
+from capsjax.config import runconfig
 from capsjax.training.setup import Setup
 from helpers import run_in_process, shared_run, write_idx_dataset
 

@@ -12,10 +12,11 @@ import ml_collections
 import pytest
 
 from capsjax import datasets, evaluators, models, routing
-from capsjax.common import settings
+from capsjax.config import settings
 from capsjax.common.errors import UsageError
-from capsjax.runs import runconfig
-from capsjax.training import optimizers, schema
+from capsjax.config import runconfig
+from capsjax.training import optimizers
+from capsjax.config import schema
 
 from tests.helpers import REPO
 

@@ -10,7 +10,7 @@ import affnist
 import mnist_baseline
 from capsjax import models
 from capsjax.common.errors import UsageError
-from capsjax.training import schema
+from capsjax.config import schema
 from capsjax.models.baseline_cnn import BaselineCNN
 from helpers import abstract_model
 

@@ -6,7 +6,7 @@ import pathlib
 import pytest
 
 from capsjax.common import config_args
-from capsjax.runs import runconfig
+from capsjax.config import runconfig
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 

@@ -98,7 +98,7 @@ def test_image_configs_train_end_to_end_on_mock_data(tmp_path, name):
   with tfds.testing.mock_data(num_examples=64):
     assert_trained(tmp_path / name)
   # The final checkpoint, restored and evaluated again, gives the summary's test accuracy.
-  from capsjax.runs import runconfig
+  from capsjax.config import runconfig
   from capsjax.training.setup import Setup
 
   with tfds.testing.mock_data(num_examples=64):

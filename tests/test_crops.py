@@ -68,7 +68,7 @@ def test_smallnorb_em_trains_on_mock_data_and_its_centre_crop_is_the_test_set(tm
   # The averaged accuracy by hand: each crop scored on its own (an evaluator of that one
   # offset), the scores summed over the crops, the argmax against the labels.
   from capsjax import evaluators
-  from capsjax.runs import runconfig
+  from capsjax.config import runconfig
   from helpers import final_state
 
   with tfds.testing.mock_data(num_examples=64):

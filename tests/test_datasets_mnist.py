@@ -8,7 +8,7 @@ import affnist
 import mnist
 from capsjax import datasets
 from capsjax.common.errors import UsageError
-from capsjax.training import schema
+from capsjax.config import schema
 from helpers import write_idx_dataset
 
 

@@ -14,7 +14,7 @@ from flax import nnx
 from capsjax import models, train
 from capsjax.common.errors import UsageError
 from capsjax.models import em_capsnet, losses
-from capsjax.runs.runconfig import import_config_file
+from capsjax.config.runconfig import import_config_file
 from helpers import assert_trained, check_directional_derivatives, em_smoke_run, read_summary
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -88,7 +88,7 @@ def test_weight_decay_covers_the_weights_not_the_biases():
 def test_bad_settings_are_refused_naming_the_key():
   import em_mnist  # configs/, on the path in conftest.
 
-  from capsjax.training import schema
+  from capsjax.config import schema
 
   for key, value, message in (
       ("conv_caps.normalisation", "stride", "normalisation='stride' is out of range"),

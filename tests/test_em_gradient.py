@@ -151,7 +151,7 @@ def test_diagnostics_come_from_the_same_loop_and_the_old_setting_is_refused():
   plain = em.em_routing(*args, settings=CODE, normalise=softmax_over_parents)
   np.testing.assert_allclose(plain.activations, result.activations, rtol=1e-6)
   np.testing.assert_allclose(plain.poses, result.poses, rtol=1e-6, atol=1e-7)
-  # EM's gradient setting (until 2026-11-29; old workdirs drop it: capsjax/runs/migrations.py).
+  # EM's gradient setting (until 2026-11-29; old workdirs drop it: capsjax/config/migrations.py).
   assert "gradient" not in em.SETTINGS
   with pytest.raises(UsageError, match="routing.gradient is not a setting of router 'em'"):
     routing.resolve({"name": "em", "gradient": "analytic"})

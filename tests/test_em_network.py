@@ -25,7 +25,7 @@ from capsjax import routing
 from capsjax.models import em_capsnet
 from capsjax.routing import em
 from capsjax.routing import variational_bayes as vb
-from capsjax.runs.runconfig import import_config_file
+from capsjax.config.runconfig import import_config_file
 from test_em_routing import np_conv_votes, np_em, np_groups, np_normalise, np_softmax
 from test_vb_routing import np_vb, np_vb_positions
 

@@ -13,7 +13,7 @@ from flax import nnx
 import mnist
 from capsjax import train
 from capsjax.common.errors import UsageError
-from capsjax.runs import runconfig
+from capsjax.config import runconfig
 from capsjax.training import ensemble, tasks
 from helpers import run_in_process
 

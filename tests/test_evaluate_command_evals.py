@@ -57,7 +57,7 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
   # The numbers: the adversarial evaluation built in this process on the run's final
   # parameters (restored here) with the settings given on the command line.
   from capsjax import evaluators
-  from capsjax.runs import runconfig
+  from capsjax.config import runconfig
   from capsjax.training.setup import Setup
   from helpers import final_state
 

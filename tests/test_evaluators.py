@@ -188,7 +188,7 @@ def test_a_setting_left_out_or_none_is_its_declared_default():
 
 def test_every_built_in_evaluator_declares_its_settings_beside_its_code():
   """Each registered evaluator class declares every setting it reads, as a Setting."""
-  from capsjax.common.settings import Setting
+  from capsjax.config.settings import Setting
 
   for name in evaluators.types():
     table = evaluators.EVALUATORS.get(name).SETTINGS

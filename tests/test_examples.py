@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from capsjax import train
-from capsjax.runs import runconfig
+from capsjax.config import runconfig
 from helpers import REPO, read_summary, run_main, write_idx_dataset
 
 EXAMPLES = REPO / "examples"

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax.routing import dynamic
-from capsjax.runs.runconfig import import_config_file
+from capsjax.config.runconfig import import_config_file
 
 written_out = import_config_file(
     pathlib.Path(__file__).resolve().parents[1] / "experiments" / "dynamic_gradient.py")

@@ -14,7 +14,7 @@ import pytest
 
 from capsjax.models import receptive_fields as fields
 from capsjax.routing import em
-from capsjax.runs.runconfig import import_config_file
+from capsjax.config.runconfig import import_config_file
 from helpers import REPO
 
 forms = import_config_file(REPO / "experiments" / "em_loop_forms.py")

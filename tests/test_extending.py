@@ -14,7 +14,7 @@ from tests.helpers import REPO, write_idx_dataset
 ROUTER_MODULE = '''"""A router with one setting: uniform coupling, damped towards zero."""
 import jax.numpy as jnp
 
-from capsjax.common.settings import Setting, between
+from capsjax.config.settings import Setting, between
 from capsjax.routing.core import Router, coupled_parents
 
 SETTINGS = {"damping": Setting(0.5, "Weight taken off the uniform coupling.",
@@ -43,9 +43,9 @@ def test_a_new_router_and_a_new_capsnet_key_in_a_copy_train_two_steps(tmp_path):
   copy = tmp_path / "repo"
   for name in ("capsjax", "configs"):
     shutil.copytree(REPO / name, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
-  # The router: its module, and one line in ROUTERS.
+  # The router: its module, and one line in ROUTERS (capsjax/config/registries.py).
   (copy / "capsjax" / "routing" / "damped.py").write_text(ROUTER_MODULE)
-  edit(copy / "capsjax" / "routing" / "__init__.py",
+  edit(copy / "capsjax" / "config" / "registries.py",
        '    "dynamic": "capsjax.routing.dynamic:ROUTER",\n',
        '    "dynamic": "capsjax.routing.dynamic:ROUTER",\n'
        '    "damped": "capsjax.routing.damped:ROUTER",\n')
@@ -65,7 +65,7 @@ def test_a_new_router_and_a_new_capsnet_key_in_a_copy_train_two_steps(tmp_path):
              TF_CPP_MIN_LOG_LEVEL="3")
   run = lambda *args: subprocess.run([sys.executable, *args], cwd=copy, env=env,
                                      capture_output=True, text=True, timeout=600)
-  listing = run("-m", "capsjax.training.schema")
+  listing = run("-m", "capsjax.config.schema")
   assert listing.returncode == 0, listing.stderr
   assert "`model.routing.damping`" in listing.stdout and "`model.conv1.gain`" in listing.stdout
 

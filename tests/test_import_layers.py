@@ -18,7 +18,8 @@ PACKAGE = REPO / "capsjax"
 # Lowest first. Packages of one layer do not import each other; the commands (capsjax/*.py)
 # sit on top.
 LAYERS = (
-    ("common",),                      # errors, registries, files, config keys, figures, public names
+    ("common",),                      # errors, the registry class, files, figures, public names
+    ("config",),                      # settings, the schema, config files and their history
     ("routing", "runs"),              # pure routing; a run's machinery
     ("models", "datasets", "stats"),  # stats: comparisons, reading what runs/ writes
     ("evaluators",),
@@ -85,9 +86,9 @@ def test_an_upward_import_is_found(tmp_path):
       "  from capsjax.training import monitors\n  return monitors\n")
   (package / "common" / "figures.py").write_text("import capsjax.runs.files\n")
   assert violations(package) == [
-      "capsjax/common/figures.py:1 (common, layer 0) imports capsjax.runs.files (runs, layer 1)",
-      "capsjax/models/head.py:4 (models, layer 2) imports capsjax.training (training, "
-      "layer 4)"]
+      "capsjax/common/figures.py:1 (common, layer 0) imports capsjax.runs.files (runs, layer 2)",
+      "capsjax/models/head.py:4 (models, layer 3) imports capsjax.training (training, "
+      "layer 5)"]
 
 
 CONFIGS = sorted((REPO / "configs").glob("*.py")) + [REPO / "examples" / "config.py"]

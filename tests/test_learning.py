@@ -8,7 +8,7 @@ import pytest
 
 import mnist
 from capsjax import train
-from capsjax.runs.runconfig import import_config_file
+from capsjax.config.runconfig import import_config_file
 from helpers import learning_run, train_on_shapes, write_shapes_dataset
 
 em_mnist = import_config_file(pathlib.Path(__file__).parents[1] / "configs" / "em_mnist.py")

@@ -78,7 +78,7 @@ def test_a_capsule_models_per_run_numbers_are_its_loss_settings_fields():
 
   import ml_collections
 
-  from capsjax.common import per_run
+  from capsjax.config import per_run
   from capsjax.models.capsule_head import CapsuleHead, LossSettings
   from capsjax.models.capsule_model import CapsuleModel
   from capsjax.models.outputs import Outputs

@@ -1,5 +1,5 @@
 """A train step that does not fit in memory is refused before it runs, by name and with what to
-change; the run's records stay as they were (capsjax/training/memory.py, training/config_history.py)."""
+change; the run's records stay as they were (capsjax/training/memory.py, training/history.py)."""
 
 import hashlib
 import json
@@ -9,7 +9,7 @@ import pytest
 
 import mnist
 from capsjax import train
-from capsjax.training import config_history
+from capsjax.config import history
 from capsjax.training import memory
 from helpers import checkpoint_steps, read_summary, resolved, write_idx_dataset
 
@@ -59,11 +59,11 @@ def test_a_kept_config_is_never_overwritten(tmp_path):
   (tmp_path / "config.json").write_text(config.to_json_best_effort())
   for seed in (1, 2):  # Two resumes at step 10 with other settings each time.
     config.seed = seed
-    config_history.record(str(tmp_path), config, resumed_step=10, log=lambda _: None)
+    history.record(str(tmp_path), config, resumed_step=10, log=lambda _: None)
   assert json.loads((tmp_path / "config.before_step_10.json").read_text())["seed"] == 0
   assert json.loads((tmp_path / "config.before_step_10.2.json").read_text())["seed"] == 1
   assert json.loads((tmp_path / "config.json").read_text())["seed"] == 2
-  config_history.record(str(tmp_path), config, resumed_step=10, log=lambda _: None)  # No change.
+  history.record(str(tmp_path), config, resumed_step=10, log=lambda _: None)  # No change.
   assert len(list(tmp_path.glob("config.before_step_10*.json"))) == 2
 
 

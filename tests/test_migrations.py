@@ -1,4 +1,4 @@
-"""One migration chain for every earlier form of config.json (capsjax/runs/migrations.py):
+"""One migration chain for every earlier form of config.json (capsjax/config/migrations.py):
 real files written by earlier versions (tests/data/config_forms/DATE_COMMIT.json, each the
 config.json of a 2-step smoke run of configs/mnist.py:smoke by that commit; em/DATE_COMMIT.json
 of configs/em_mnist.py:smoke) load, resume and are rewritten in this version's form."""
@@ -16,8 +16,9 @@ import mnist
 from capsjax import train
 from capsjax.common import registry
 from capsjax.common.errors import UsageError
-from capsjax.runs import checkpointing, migrations, runconfig
-from capsjax.training import config_history
+from capsjax.runs import checkpointing
+from capsjax.config import migrations, runconfig
+from capsjax.config import history
 from capsjax.training.setup import Setup
 from helpers import em_smoke_run, write_idx_dataset
 
@@ -63,7 +64,7 @@ def test_each_earlier_form_loads_and_resumes_as_the_same_run(form, idx_dir, two_
   assert loaded.model.name == "capsnet" and loaded.model.routing.name == "dynamic"
   assert "gradient" not in loaded.model.routing                # Migrations 2 and 3.
   now = json.loads(Setup(smoke(idx_dir, 3)).config.to_json_best_effort())  # Resolved.
-  assert config_history.config_changes(old, now) == []
+  assert history.config_changes(old, now) == []
   capsys.readouterr()
   summary = train.train_and_evaluate(smoke(idx_dir, 3), str(workdir))
   out = capsys.readouterr().out
@@ -99,7 +100,7 @@ def test_an_em_run_that_recorded_its_gradient_setting_resumes_as_the_same_run(
   loaded = runconfig.load(str(workdir))
   assert loaded.model.routing.name == "em" and "gradient" not in loaded.model.routing
   now = json.loads(Setup(command(9)).config.to_json_best_effort())
-  assert config_history.config_changes(old, now) == []
+  assert history.config_changes(old, now) == []
   capsys.readouterr()
   summary = train.train_and_evaluate(command(9), str(workdir))
   out = capsys.readouterr().out

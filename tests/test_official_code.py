@@ -21,7 +21,7 @@ from capsjax.models import capsule_layers
 from capsjax.models.capsule_head import CapsuleHead, LossSettings
 from capsjax.models.outputs import Outputs
 from capsjax.stats import chosen
-from capsjax.runs.runconfig import flatten
+from capsjax.config.runconfig import flatten
 from capsjax.training import optimizers, tasks
 from helpers import abstract_model, parse_config_flags, resolved, write_idx_dataset
 
@@ -263,7 +263,7 @@ def test_old_loss_configs_read_the_papers_margin_weight():
   old = mnist.get_config("text").loss
   assert "margin_weight" not in old  # Left out: the paper's Eq. 4 sum.
   assert LossSettings.from_config(old).margin_weight == 1.0
-  from capsjax.runs import runconfig
+  from capsjax.config import runconfig
   raw = mnist.get_config("text").to_dict()  # A config.json without a version or the key.
   raw["model"]["name"] = "capsnet"
   assert runconfig.from_raw(raw).loss.margin_weight == 1.0

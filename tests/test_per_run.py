@@ -1,4 +1,4 @@
-"""capsjax/common/per_run.py: a model's per-run numbers as a typed pytree, read from the
+"""capsjax/config/per_run.py: a model's per-run numbers as a typed pytree, read from the
 config and stacked over runs for jax.vmap."""
 
 import jax
@@ -6,7 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from capsjax.common import per_run
+from capsjax.config import per_run
 from capsjax.common.errors import UsageError
 
 

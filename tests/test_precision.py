@@ -1,4 +1,4 @@
-"""config.matmul_precision (capsjax/common/precision.py): the commands compute everything, the
+"""config.matmul_precision (capsjax/config/precision.py): the commands compute everything, the
 backward passes of custom VJPs included, in the run's precision; bad values are refused."""
 
 import jax
@@ -7,7 +7,7 @@ import pytest
 
 import mnist
 from capsjax import evaluate, models, train
-from capsjax.common import precision
+from capsjax.config import precision
 from capsjax.common.errors import UsageError
 from capsjax.routing import core
 from capsjax.training import tasks

@@ -64,7 +64,7 @@ def test_scan_finds_names_in_both_forms():
   # The scan itself: both forms are found, modules are not names.
   names = documented_names()
   assert ("capsjax.models", "Outputs") in names
-  assert ("capsjax.runs.runconfig", "import_config_file") in names
+  assert ("capsjax.config.runconfig", "import_config_file") in names
   assert not any(module == "capsjax" and name == "models" for module, name in names)
 
 

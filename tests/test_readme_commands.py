@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from capsjax.runs import runconfig
+from capsjax.config import runconfig
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "experiments/README.md",
@@ -97,7 +97,7 @@ def config_has_key(config, dotted: str) -> bool:
   (declared beside the code that reads it: the file may leave it out at its default)."""
   from capsjax import sweep
   from capsjax.common.errors import UsageError
-  from capsjax.training import schema
+  from capsjax.config import schema
 
   node = config
   for part in dotted.split("."):

@@ -8,8 +8,9 @@ import pytest
 import mnist
 from capsjax import evaluators
 from capsjax.common.errors import UsageError
-from capsjax.runs import migrations, runconfig
-from capsjax.training import config_history, optimizers, schema, tasks
+from capsjax.config import migrations, runconfig
+from capsjax.training import optimizers, tasks
+from capsjax.config import history, schema
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -20,34 +21,34 @@ def test_config_changes_name_what_a_resume_changes_and_skip_run_length():
   after.train.num_epochs, after.train.eval_every_steps, after.data.dir = 2, 117, "/elsewhere"
   after.eval.batch_size = 100
   after.model.conv_impl = "native"   # How convolutions are computed: the same function.
-  assert config_history.config_changes(before, json.loads(after.to_json_best_effort())) == []
+  assert history.config_changes(before, json.loads(after.to_json_best_effort())) == []
   after.model.routing.iterations, after.optimizer.learning_rate = 1, 2e-3
   after.model.decoder.hidden = (16, 32)
-  assert config_history.config_changes(before, json.loads(after.to_json_best_effort())) == [
+  assert history.config_changes(before, json.loads(after.to_json_best_effort())) == [
       "model.decoder.hidden: [512, 1024] -> [16, 32]",
       "model.routing.iterations: 3 -> 1",
       "optimizer.learning_rate: 0.001 -> 0.002"]
   broken = json.loads(json.dumps(before))  # A config this version cannot resolve: as written.
   del broken["model"]["conv1"]["bias_init"]
-  assert "model.conv1.bias_init: '(unset)' -> 0.0" in config_history.config_changes(
+  assert "model.conv1.bias_init: '(unset)' -> 0.0" in history.config_changes(
       broken, json.loads(after.to_json_best_effort()))
   # An unset router setting is its default: the same setting.
   before["model"]["routing"]["leaky"] = False
-  assert not [c for c in config_history.config_changes(before, json.loads(
+  assert not [c for c in history.config_changes(before, json.loads(
       after.to_json_best_effort())) if "leaky" in c]
   # A key added since, at the value that reproduces the earlier run, is no change ...
   before["model"]["primary"].pop("output_scale", None)
-  changes = config_history.config_changes(before, json.loads(after.to_json_best_effort()))
+  changes = history.config_changes(before, json.loads(after.to_json_best_effort()))
   assert not [c for c in changes if "output_scale" in c]
   after.model.primary.output_scale = 1 / 32  # ... at another value it is, from the value
-  assert "model.primary.output_scale: 1.0 -> 0.03125" in config_history.config_changes(
+  assert "model.primary.output_scale: 1.0 -> 0.03125" in history.config_changes(
       before, json.loads(after.to_json_best_effort()))  # that reproduces the earlier run.
   # A run written before config.matmul_precision computed at JAX's default.
   before.pop("matmul_precision", None)
-  assert not [c for c in config_history.config_changes(
+  assert not [c for c in history.config_changes(
       before, json.loads(after.to_json_best_effort())) if "matmul_precision" in c]
   after.matmul_precision = "float32"
-  assert "matmul_precision: 'default' -> 'float32'" in config_history.config_changes(
+  assert "matmul_precision: 'default' -> 'float32'" in history.config_changes(
       before, json.loads(after.to_json_best_effort()))
 
 
@@ -57,7 +58,7 @@ def test_resume_with_new_seed_warns_of_validation_overlap(tmp_path, capsys, vali
   config.data.validation_size = validation_size
   (tmp_path / "config.json").write_text(config.to_json_best_effort())
   config.seed = 3
-  config_history.record(str(tmp_path), config, resumed_step=10)
+  history.record(str(tmp_path), config, resumed_step=10)
   out = capsys.readouterr().out
   assert "seed: 0 -> 3" in out
   assert ("validation examples overlap" in out) == bool(validation_size)
@@ -102,7 +103,7 @@ def test_the_removed_gradient_setting_is_dropped_on_load(tmp_path):
     assert "gradient" not in loaded.model.routing
     router, settings = routing.resolve(loaded.model.routing)
     assert router.name == "dynamic" and "gradient" not in settings
-    assert config_history.config_changes(old, json.loads(
+    assert history.config_changes(old, json.loads(
         mnist.get_config("smoke").to_json_best_effort())) == []
   em = json.loads(mnist.get_config("smoke").to_json_best_effort())
   em["model"]["routing"].update(name="em", gradient="analytic")

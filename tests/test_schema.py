@@ -1,4 +1,4 @@
-"""capsjax/common/settings.py and capsjax/training/schema.py: settings declared beside their
+"""capsjax/config/settings.py and capsjax/config/schema.py: settings declared beside their
 code, the one resolver, every config file resolved against them, and the generated listing."""
 
 import ast
@@ -7,12 +7,12 @@ import pathlib
 import ml_collections
 import pytest
 
-from capsjax.common import settings
+from capsjax.config import settings
 from capsjax.common.errors import UsageError
-from capsjax.common.settings import REQUIRED, Rule, Setting, between, one_of, usually
+from capsjax.config.settings import REQUIRED, Rule, Setting, between, one_of, usually
 from capsjax.models import capsnet
-from capsjax.runs import runconfig
-from capsjax.training import schema
+from capsjax.config import runconfig
+from capsjax.config import schema
 
 from tests.helpers import REPO
 
@@ -206,11 +206,11 @@ def test_the_scan_finds_an_inline_default():
 
 
 def test_the_docs_listing_is_the_declarations():
-  """docs/config_keys.md is ``python -m capsjax.training.schema``'s output, so it cannot drift
+  """docs/config_keys.md is ``python -m capsjax.config.schema``'s output, so it cannot drift
   from the declarations (regenerate it after declaring a key)."""
   listed = (pathlib.Path(REPO) / "docs" / "config_keys.md").read_text()
   assert listed == schema.listing(), ("docs/config_keys.md is stale: run python -m "
-                                      "capsjax.training.schema > docs/config_keys.md")
+                                      "capsjax.config.schema > docs/config_keys.md")
   for key in ("seed", "train.batch_size", "data.test_limit", "model.conv1.features",
               "loss.margin_weight", "optimizer.learning_rate", "model.routing.iterations",
               "evals.NAME.epsilons"):

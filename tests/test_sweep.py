@@ -11,7 +11,7 @@ import pytest
 import mnist
 from capsjax import sweep
 from capsjax.common.errors import UsageError
-from capsjax.training import schema
+from capsjax.config import schema
 from helpers import REPO, run_in_process, sweep_command, sweep_in_process, write_idx_dataset
 
 

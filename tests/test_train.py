@@ -39,7 +39,7 @@ def test_main_end_to_end(full_run):
   assert summary["config"]["model"]["routing"]["iterations"] == 3
   assert summary["selected_on"] == "final" and "finished" not in summary
   # The test accuracy by hand: the final parameters on all 64 generated test digits.
-  from capsjax.runs import runconfig
+  from capsjax.config import runconfig
   from capsjax.datasets.sources import read_idx
   import glob
   model = abstract_model(runconfig.load(str(workdir)))

@@ -16,7 +16,7 @@ import mnist
 from capsjax import sweep, train
 from capsjax.common.errors import NonFiniteLossError, UsageError
 from capsjax.models.capsule_head import LossSettings
-from capsjax.runs import runconfig
+from capsjax.config import runconfig
 from capsjax import train
 from capsjax.training import train_step, vectorize
 from capsjax.training.setup import Setup

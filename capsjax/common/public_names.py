@@ -39,13 +39,13 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "capsjax.evaluators": ("EVALUATORS", "Evaluator", "SkipEvaluation", "types"),
     "capsjax.common.errors": ("UsageError",),
     "capsjax.common.config_args": ("parse_arg",),
-    "capsjax.common.settings": ("Setting", "REQUIRED", "Rule", "POSITIVE", "NON_NEGATIVE",
+    "capsjax.config.settings": ("Setting", "REQUIRED", "Rule", "POSITIVE", "NON_NEGATIVE",
                                 "at_least", "above", "between", "one_of", "each", "usually"),
-    "capsjax.common.per_run": ("declare", "config_keys", "of_config", "stacked"),
+    "capsjax.config.per_run": ("declare", "config_keys", "of_config", "stacked"),
     "capsjax.common.platform": ("building_for", "target"),  # Exporting a GPU's or TPU's program.
-    "capsjax.runs.runconfig": ("import_config_file", "load"),
+    "capsjax.config.runconfig": ("import_config_file", "load"),
     "capsjax.training.vectorize": ("default_min_runs",),
-    "capsjax.training.schema": ("resolve_config",),
+    "capsjax.config.schema": ("resolve_config",),
     "capsjax.training.evaluation": ("BatchedEval",),   # What Evaluator.batched is.
 }
 
@@ -53,6 +53,25 @@ PUBLIC: dict[str, tuple[str, ...]] = {
 MOVED: dict[tuple[str, str], str] = {
     # Renamed in 0.2.0 so that "run" names a run: what maps functions over evaluation sets.
     ("capsjax.training.evaluation", "EvalRunner"): "capsjax.training.evaluation:BatchedEval",
+    # Moved in 0.2.0 into capsjax.config, the package below everything that reads a config.
+    ("capsjax.common.settings", "Setting"): "capsjax.config.settings:Setting",
+    ("capsjax.common.settings", "REQUIRED"): "capsjax.config.settings:REQUIRED",
+    ("capsjax.common.settings", "Rule"): "capsjax.config.settings:Rule",
+    ("capsjax.common.settings", "POSITIVE"): "capsjax.config.settings:POSITIVE",
+    ("capsjax.common.settings", "NON_NEGATIVE"): "capsjax.config.settings:NON_NEGATIVE",
+    ("capsjax.common.settings", "at_least"): "capsjax.config.settings:at_least",
+    ("capsjax.common.settings", "above"): "capsjax.config.settings:above",
+    ("capsjax.common.settings", "between"): "capsjax.config.settings:between",
+    ("capsjax.common.settings", "one_of"): "capsjax.config.settings:one_of",
+    ("capsjax.common.settings", "each"): "capsjax.config.settings:each",
+    ("capsjax.common.settings", "usually"): "capsjax.config.settings:usually",
+    ("capsjax.runs.runconfig", "import_config_file"): "capsjax.config.runconfig:import_config_file",
+    ("capsjax.runs.runconfig", "load"): "capsjax.config.runconfig:load",
+    ("capsjax.training.schema", "resolve_config"): "capsjax.config.schema:resolve_config",
+    ("capsjax.common.per_run", "declare"): "capsjax.config.per_run:declare",
+    ("capsjax.common.per_run", "config_keys"): "capsjax.config.per_run:config_keys",
+    ("capsjax.common.per_run", "of_config"): "capsjax.config.per_run:of_config",
+    ("capsjax.common.per_run", "stacked"): "capsjax.config.per_run:stacked",
 }
 
 

@@ -11,7 +11,7 @@ reconstruct is the builder's :meth:`Builder.reconstruction_targets` (the clean i
 default).
 
 A builder declares the ``config.data`` keys it reads as ``SETTINGS`` (``{"data.key":
-Setting(...)}``, :mod:`capsjax.common.settings`; those of the files it reads:
+Setting(...)}``, :mod:`capsjax.config.settings`; those of the files it reads:
 ``capsjax.datasets.sources.SETTINGS``) and the rules between them as ``RULES``; a run refuses
 any other key of ``config.data`` and checks every value before anything is compiled. A builder
 without ``SETTINGS`` gets ``config.data`` unchecked.
@@ -31,8 +31,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from capsjax.common import settings
-from capsjax.common.registry import Registry
+from capsjax.config import settings
+from capsjax.config import registries, schema
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,14 +196,7 @@ def to_float(images: jax.Array) -> jax.Array:
   return images.astype(np.float32) / 255.0
 
 
-# name -> "module:Class": one line per dataset.
-DATASETS = Registry("dataset", "config.dataset", {
-    "mnist": "capsjax.datasets.mnist:MNIST",
-    "multimnist": "capsjax.datasets.multimnist:MultiMNIST",
-    "cifar10": "capsjax.datasets.images:CIFAR10",
-    "svhn": "capsjax.datasets.images:SVHN",
-    "smallnorb": "capsjax.datasets.images:SmallNORB",
-}, attribute="name")
+DATASETS = registries.DATASETS  # The table: capsjax/config/registries.py
 
 
 def names() -> tuple[str, ...]:
@@ -211,12 +204,12 @@ def names() -> tuple[str, ...]:
 
 
 def get(config: ml_collections.ConfigDict) -> Builder:
-  """The builder ``config.dataset`` names, constructed from ``config`` with ``config.data``'s
-  settings that the builder declares in effect (their defaults filled in, each value checked:
-  :func:`capsjax.common.settings.read`; a run's config is resolved whole before:
-  :func:`capsjax.training.schema.resolve_config`)."""
+  """The builder ``config.dataset`` names, constructed from ``config``. A resolved config
+  (:func:`capsjax.config.schema.resolve_config`) holds every setting of ``config.data`` in
+  effect; any other has the ones the builder declares read first (their defaults filled in,
+  each value checked: :func:`capsjax.config.settings.read`)."""
   cls = DATASETS.get(config.dataset)
-  if cls.SETTINGS is None:
+  if cls.SETTINGS is None or isinstance(config, schema.ResolvedConfig):
     return cls(config)
   table = {key.split(".", 1)[1]: s for key, s in cls.SETTINGS.items() if key.startswith("data.")}
   config = copy.deepcopy(config)

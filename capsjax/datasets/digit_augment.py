@@ -37,8 +37,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from capsjax.common import settings as settings_lib
-from capsjax.common.settings import Setting, between, one_of
+from capsjax.config import settings as settings_lib
+from capsjax.config.settings import Setting, between, one_of
 
 AMOUNT_STD = 0.33      # The reference's normal(0, .33) for every random amount.
 AMOUNT_MAX = 0.9999    # ... clipped below 1, so no shift reaches past a margin.

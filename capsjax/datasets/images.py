@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax import datasets
-from capsjax.common.settings import NON_NEGATIVE, Setting, one_of
+from capsjax.config.settings import NON_NEGATIVE, Setting, one_of
 from capsjax.common.errors import UsageError
 from capsjax.datasets import sources
 

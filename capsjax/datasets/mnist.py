@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from capsjax import datasets
-from capsjax.common import settings as settings_lib
-from capsjax.common.settings import NON_NEGATIVE, Rule, Setting
+from capsjax.config import settings as settings_lib
+from capsjax.config.settings import NON_NEGATIVE, Rule, Setting
 from capsjax.datasets import augment, digit_augment, sources
 
 # The shifts of the digit datasets (MNIST's and MultiMNIST's ``config.data``).

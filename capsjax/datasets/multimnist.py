@@ -29,7 +29,7 @@ import numpy as np
 
 from capsjax import datasets
 from capsjax.common.errors import UsageError
-from capsjax.common.settings import POSITIVE, Setting
+from capsjax.config.settings import POSITIVE, Setting
 from capsjax.datasets import augment, sources
 from capsjax.datasets.mnist import SHIFT_SETTINGS
 

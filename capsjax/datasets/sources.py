@@ -25,9 +25,9 @@ import urllib.parse
 import ml_collections
 import numpy as np
 
-from capsjax.common import settings
+from capsjax.config import settings
 from capsjax.common.errors import UsageError
-from capsjax.common.settings import NON_NEGATIVE, Setting, one_of
+from capsjax.config.settings import NON_NEGATIVE, Setting, one_of
 from capsjax.datasets import Split, known_files, stream_order
 from capsjax.runs.reporting import log
 
@@ -145,7 +145,7 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
 def values(config) -> types.SimpleNamespace:
   """The settings of :data:`SETTINGS` in ``config`` (``config.data``, resolved or as a config
   file writes it: a researcher's dataset without ``SETTINGS`` hands it over as given), each
-  checked and its default filled in (:func:`capsjax.common.settings.read`)."""
+  checked and its default filled in (:func:`capsjax.config.settings.read`)."""
   table = {key.split(".", 1)[1]: setting for key, setting in SETTINGS.items()}
   return types.SimpleNamespace(**settings.read(config, table, "config.data"))
 

@@ -24,20 +24,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from capsjax.config import run_settings
 from capsjax.common.errors import UsageError
-from capsjax.common.settings import Setting, at_least, one_of
 
-ORDERS = ("permutation", "stream")
-
-# ``config.data``'s order of the training examples, for every dataset (the train step reads it:
-# capsjax/training/train_step.py TrainOrder).
-SETTINGS = {
-    "data.order": Setting("permutation", "\"permutation\": each epoch a fresh one; \"stream\": "
-                          "the official code's stream of shifted copies (MNIST; "
-                          "capsjax/datasets/stream_order.py).", check=one_of(*ORDERS)),
-    "data.stream_window": Setting(5384, "\"stream\"'s shuffle window: the code's queue "
-                                  "(5,000 + 3 x 128).", check=at_least(1)),
-}
+ORDERS = run_settings.ORDERS
+SETTINGS = run_settings.DATA_ORDER  # config.data.order and its window.
 
 
 def batch_positions(key: jax.Array, step: jax.Array, batch_size: int,

@@ -17,7 +17,7 @@ writes them to metrics.jsonl, TensorBoard and ``summary.json["evaluations"]``
 under the evaluation's name. ``config.data.test_limit`` limits every set.
 
 Each evaluator class declares its settings as ``SETTINGS`` (``{key: Setting}``: default,
-meaning, range; :mod:`capsjax.common.settings`), beside its code; a key it does not declare is
+meaning, range; :mod:`capsjax.config.settings`), beside its code; a key it does not declare is
 refused, naming the nearest one, and :meth:`Evaluator.setting` reads the value in effect.
 
 To add an evaluation: a subclass of :class:`Evaluator` in a module, one line in
@@ -35,9 +35,9 @@ import ml_collections
 
 from capsjax import datasets
 from capsjax.common import checks
-from capsjax.common import settings as settings_lib
+from capsjax.config import schema
 from capsjax.common.errors import UsageError
-from capsjax.common.registry import Registry
+from capsjax.config import registries
 from capsjax.runs import predictions
 
 
@@ -67,7 +67,9 @@ class Evaluator:
     :class:`capsjax.training.evaluation.BatchedEval`."""
     self.name, self.settings, self.config = name, settings, config
     self.builder, self.splits, self.batched = builder, splits, batched
-    self._values = resolved_settings(type(self), name, settings)
+    # A resolved config's evaluations (frozen) hold every setting in effect already.
+    self._values = ({k: settings[k] for k in settings if k != "type"} if _resolved(settings)
+                    else resolved_settings(type(self), name, settings))
 
   @property
   def runner(self):
@@ -108,18 +110,7 @@ class Evaluator:
     """Optional figures of this evaluation (after training)."""
 
 
-# type -> "module:Class": one line per evaluator.
-EVALUATORS = Registry("evaluator", "config.evals.NAME.type", {
-    "split": "capsjax.evaluators.splits:SplitEvaluator",
-    "shifted": "capsjax.evaluators.splits:ShiftGridEvaluator",
-    "randomly_shifted": "capsjax.evaluators.splits:RandomlyShiftedEvaluator",
-    "affine_mnist": "capsjax.evaluators.affine:AffineMNISTEvaluator",
-    "affnist": "capsjax.evaluators.affine:AffNISTEvaluator",
-    "adversarial": "capsjax.evaluators.adversarial:AdversarialEvaluator",
-    "reconstruction_detection": "capsjax.evaluators.detection:ReconstructionDetectionEvaluator",
-    "transforms": "capsjax.evaluators.transforms:TransformsEvaluator",
-    "crop_average": "capsjax.evaluators.crops:CropAverageEvaluator",
-}, attribute="type_name")
+EVALUATORS = registries.EVALUATORS  # The table: capsjax/config/registries.py
 
 
 def types() -> tuple[str, ...]:
@@ -134,32 +125,30 @@ def eval_settings(config) -> dict[str, ml_collections.ConfigDict]:
   return {name: evals[name] for name in evals}
 
 
+def _resolved(settings) -> bool:
+  """Whether ``settings`` come from a resolved config (frozen, every setting in effect:
+  :class:`capsjax.config.schema.ResolvedConfig`), or were resolved as one's are."""
+  return isinstance(settings, ml_collections.FrozenConfigDict)
+
+
 def check_types(settings: dict, where: str = "config.evals") -> None:
-  """Raises UsageError for an evaluation whose ``type`` names no evaluator."""
+  """Raises UsageError for an evaluation whose ``type`` names no evaluator class, or whose
+  settings it does not declare or cannot take (those of a resolved config are checked)."""
   for name, s in settings.items():
-    kind = s.get("type")
-    if kind not in EVALUATORS and not (isinstance(kind, str) and ":" in kind):
-      raise UsageError(f"{where}.{name}.type={kind!r} is not a registered evaluator; "
-                       f"use one of {types()}, or name your own as 'module:Class' or "
-                       f"'path/to/file.py:Class'.")
-    cls = EVALUATORS.get(kind)
-    if not (isinstance(cls, type) and issubclass(cls, Evaluator)):
-      raise UsageError(f"{where}.{name}.type={kind!r} is not a subclass of "
+    if _resolved(s):
+      continue
+    cls = schema.evaluator_class(s.get("type"), where, name)
+    if not issubclass(cls, Evaluator):
+      raise UsageError(f"{where}.{name}.type={s.get('type')!r} is not a subclass of "
                        f"capsjax.evaluators.Evaluator.")
     resolved_settings(cls, name, s, where)
 
 
 def resolved_settings(cls: type, name: str, settings, where: str = "config.evals",
                       allow_unusual: bool = False) -> dict[str, Any]:
-  """The settings of evaluation ``name`` of evaluator class ``cls`` in effect
-  (:func:`capsjax.common.settings.resolve` against its ``SETTINGS``; a class that declares
-  none gets them as given). UsageError naming a key it does not declare or a bad value."""
-  given = {k: settings[k] for k in settings if k != "type"}
-  if cls.SETTINGS is None:
-    return given
-  return settings_lib.resolve(given, cls.SETTINGS, f"{where}.{name}",
-                              owner=f"evaluator type {settings.get('type')!r}",
-                              allow_unusual=allow_unusual)
+  """The settings of evaluation ``name`` of evaluator class ``cls`` in effect:
+  :func:`capsjax.config.schema.resolve_evaluation`."""
+  return schema.resolve_evaluation(cls, name, settings, where, allow_unusual)
 
 
 def validate(config) -> None:
@@ -191,5 +180,7 @@ def build_all(config, builder, splits: dict, batched,
   validate(config)
   settings = eval_settings(config)
   if len(splits.get("validation", ())) and "validation" not in settings:
-    settings["validation"] = ml_collections.ConfigDict({"type": "split", "split": "validation"})
+    validation = {"type": "split", "split": "validation"}
+    settings["validation"] = ml_collections.FrozenConfigDict({"type": "split", **resolved_settings(
+        EVALUATORS.get("split"), "validation", validation)})
   return build(settings, config, builder, splits, batched, log)

@@ -67,7 +67,7 @@ from absl import logging
 
 from capsjax import evaluators
 from capsjax.common import checks, figures
-from capsjax.common.settings import NON_NEGATIVE, Setting, at_least, each, one_of
+from capsjax.config.settings import NON_NEGATIVE, Setting, at_least, each, one_of
 from capsjax.common.errors import UsageError
 from capsjax.evaluators import attacks, foolbox_attacks
 

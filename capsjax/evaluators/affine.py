@@ -9,7 +9,7 @@ import numpy as np
 
 from capsjax import datasets, evaluators
 from capsjax.common import figures
-from capsjax.common.settings import POSITIVE, Setting, at_least
+from capsjax.config.settings import POSITIVE, Setting, at_least
 from capsjax.common.errors import UsageError
 from capsjax.datasets import affine, affnist
 

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from capsjax import evaluators
-from capsjax.common.settings import NON_NEGATIVE, Setting
+from capsjax.config.settings import NON_NEGATIVE, Setting
 from capsjax.common.errors import UsageError
 from capsjax.models import metrics
 from capsjax.runs import reporting

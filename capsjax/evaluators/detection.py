@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax.common import figures
-from capsjax.common.settings import NON_NEGATIVE, Setting, between
+from capsjax.config.settings import NON_NEGATIVE, Setting, between
 from capsjax.common.errors import UsageError
 from capsjax.evaluators.adversarial import AdversarialEvaluator
 

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 from capsjax import datasets, evaluators
-from capsjax.common.settings import NON_NEGATIVE, Setting
+from capsjax.config.settings import NON_NEGATIVE, Setting
 from capsjax.common.errors import UsageError
 from capsjax.datasets import augment
 from capsjax.runs import predictions, reporting

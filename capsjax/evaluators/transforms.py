@@ -39,7 +39,7 @@ import numpy as np
 
 from capsjax import datasets, evaluators
 from capsjax.common import figures
-from capsjax.common.settings import NON_NEGATIVE, POSITIVE, Setting, between, each
+from capsjax.config.settings import NON_NEGATIVE, POSITIVE, Setting, between, each
 from capsjax.common.errors import UsageError
 from capsjax.datasets import affine
 from capsjax.runs import reporting

@@ -23,7 +23,7 @@ Optional, declared by the model and checked at the start of a run:
 
   ``Model.SETTINGS``, ``Model.RULES`` and ``Model.router_sections``
       the config keys it reads (``{"model.conv1.features": Setting(...), "loss.m_plus": ...}``,
-      full dotted keys: :mod:`capsjax.common.settings`), the rules between them, and the
+      full dotted keys: :mod:`capsjax.config.settings`), the rules between them, and the
       sections that name a router (``("model.routing",)``, each resolved against the chosen
       router's own settings). A run refuses a key of ``config.model`` (and ``config.loss``)
       the model does not declare, fills in the defaults and checks every value before anything
@@ -52,7 +52,7 @@ Optional, declared by the model and checked at the start of a run:
       (:mod:`capsjax.training.vectorize`): the settings declared initialisation-only (read
       only to draw the initial parameters; a model without ``SETTINGS`` may list their keys
       as ``init_only_settings``, ``*`` matching one part), and a dataclass of the numbers its loss reads
-      (:mod:`capsjax.common.per_run`): a model that declares one takes ``loss(...,
+      (:mod:`capsjax.config.per_run`): a model that declares one takes ``loss(...,
       numbers=None)``, one run's instance in a vectorised step (None elsewhere: the config's).
       Runs that differ in any undeclared setting train apart.
 
@@ -76,8 +76,8 @@ import ml_collections
 from flax import nnx
 
 from capsjax.common.errors import UsageError
-from capsjax.common.registry import Registry
-from capsjax.common.settings import POSITIVE, Setting
+from capsjax.config import registries
+from capsjax.config.settings import POSITIVE, Setting
 from capsjax.models.outputs import SCORE_KINDS, Outputs
 
 # The data's shape, which every model reads: unset, the dataset's (filled in when a run's config
@@ -91,13 +91,7 @@ SHAPE_SETTINGS = {
 # What a model may declare in ``capabilities()``.
 CAPABILITIES = ("reconstruction", "routing_diagnostics", "saturation", "votes")
 
-# name -> "module:Class": one line per model.
-MODELS = Registry("model", "config.model.name", {
-    "capsnet": "capsjax.models.capsnet:CapsNet",
-    "baseline_cnn": "capsjax.models.baseline_cnn:BaselineCNN",
-    "efficient_capsnet": "capsjax.models.efficient_capsnet:EfficientCapsNet",
-    "em_capsnet": "capsjax.models.em_capsnet:EMCapsNet",
-})
+MODELS = registries.MODELS  # The table: capsjax/config/registries.py
 
 
 def get(config: ml_collections.ConfigDict) -> type[nnx.Module]:

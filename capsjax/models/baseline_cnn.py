@@ -21,8 +21,8 @@ import optax
 from flax import nnx
 
 from capsjax.common.errors import UsageError
-from capsjax.common.settings import NON_NEGATIVE, POSITIVE, Setting, at_least, between, each
-from capsjax.common.settings import one_of
+from capsjax.config.settings import NON_NEGATIVE, POSITIVE, Setting, at_least, between, each
+from capsjax.config.settings import one_of
 from capsjax.models import SHAPE_SETTINGS, layers, losses, metrics
 from capsjax.models.outputs import Outputs
 

@@ -14,7 +14,7 @@ from flax import nnx
 
 from capsjax import routing
 from capsjax.common.errors import UsageError
-from capsjax.common.settings import NON_NEGATIVE, POSITIVE, Setting
+from capsjax.config.settings import NON_NEGATIVE, POSITIVE, Setting
 from capsjax.models import SHAPE_SETTINGS, capsule_head, capsule_layers, capsule_model, layers
 from capsjax.models.capsule_head import LossSettings, check_scores  # noqa: F401 (re-exported)
 from capsjax.routing.core import SQUASH_EPSILON
@@ -66,7 +66,7 @@ def class_bias(config: ml_collections.ConfigDict, router) -> bool:
 def validate_model_config(config: ml_collections.ConfigDict) -> None:
   """Raises UsageError (a ValueError) naming the config key for settings that cannot work.
   Reads ``config`` (``config.model``) only."""
-  router, _ = routing.resolve(config.routing)
+  router, _ = routing.chosen(config.routing)
   check_scores(config, router)
   if class_bias(config, router) and not router.uses_parent_bias:
     raise UsageError(f"config.model.class_capsules.use_bias adds a bias to s_j, which router "
@@ -107,7 +107,7 @@ class CapsNet(capsule_model.CapsuleModel):
   def resolve_config(config: ml_collections.ConfigDict) -> None:
     """``class_capsules.use_bias`` as it is in effect where left unset (:func:`class_bias`)."""
     if config.class_capsules.use_bias is None:
-      config.class_capsules.use_bias = class_bias(config, routing.resolve(config.routing)[0])
+      config.class_capsules.use_bias = class_bias(config, routing.get(config.routing.name))
 
   def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs,
                loss: LossSettings | None = None):
@@ -116,7 +116,7 @@ class CapsNet(capsule_model.CapsuleModel):
     dtype = layers.COMPUTE_DTYPES[config.compute_dtype]
     padding = config.padding
     channels = config.image_shape[2]
-    router, settings = routing.resolve(config.routing)
+    router, settings = routing.chosen(config.routing)
     # The primary capsules squash with the router's epsilon, or Eq. 1's where it has none.
     squash_epsilon = (settings["squash_epsilon"] if "squash_epsilon" in settings
                       else SQUASH_EPSILON.default)

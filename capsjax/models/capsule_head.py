@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from capsjax import routing
-from capsjax.common import per_run
+from capsjax.config import per_run
 from capsjax.common.errors import UsageError
-from capsjax.common.settings import NON_NEGATIVE, Rule, Setting, between, one_of, usually
+from capsjax.config.settings import NON_NEGATIVE, Rule, Setting, between, one_of, usually
 from capsjax.models import losses, metrics
 from capsjax.models.capsule_layers import Capsules, ClassCapsules
 from capsjax.models.layers import Decoder
@@ -39,7 +39,7 @@ class LossSettings:
   the margin loss's own weight (1: Eq. 4 summed over the classes; the official code's 0.05 is
   its 0.5 x a mean over the 10 classes).
 
-  The capsule models' per-run numbers (:mod:`capsjax.common.per_run`): a pytree whose fields
+  The capsule models' per-run numbers (:mod:`capsjax.config.per_run`): a pytree whose fields
   a vectorised sweep's runs may differ in, each run's handed to :meth:`CapsuleHead.loss`. Its
   fields' settings (default, meaning, range) are :data:`LOSS_SETTINGS`."""
   m_plus: float = 0.9

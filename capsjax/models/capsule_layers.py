@@ -271,7 +271,8 @@ class ClassCapsules(nnx.Module):
     weight_shape, self.vote_fn = VOTES[votes] if isinstance(votes, str) else votes
     if routing is None:
       routing = {"name": "dynamic", **routing_lib.get("dynamic").defaults}
-    router, self.routing_items = split_routing(routing)
+    self.router, self.routing_items = split_routing(routing)
+    router = self.router
     self.router_name = router.name
     if use_bias and not router.uses_parent_bias:
       raise UsageError(f"config.model.class_capsules.use_bias adds a bias to s_j, which router "
@@ -285,10 +286,6 @@ class ClassCapsules(nnx.Module):
         router, in_caps, in_dim, out_caps, out_dim, self.routing_settings, rngs))
     check_routing_norms(routing_norms, router)
     self.norms = nnx.data(RoutingNorms(out_caps, rngs=rngs) if routing_norms else None)
-
-  @property
-  def router(self) -> routing_lib.Router:
-    return routing_lib.get(self.router_name)
 
   @property
   def routing_settings(self) -> dict:

@@ -27,7 +27,6 @@ import jax
 import ml_collections
 from flax import nnx
 
-from capsjax import routing
 from capsjax.models.capsule_head import CapsuleHead, LossSettings
 from capsjax.models.capsule_layers import Capsules, ClassCapsules
 from capsjax.models.layers import Decoder
@@ -48,7 +47,7 @@ class CapsuleModel(nnx.Module):
   head: CapsuleHead
   saturation_settings: tuple[str, ...] = ()
   # The numbers a vectorised sweep's runs may differ in, each run's handed to the loss
-  # (capsjax/common/per_run.py).
+  # (capsjax/config/per_run.py).
   per_run_numbers: type = LossSettings
   init_only_settings: tuple[str, ...] = ()
 

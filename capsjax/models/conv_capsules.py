@@ -67,7 +67,7 @@ class ConvCapsules(nnx.Module):
     self.router_params = nnx.data(router_parameters(
         router, in_types * kernel * kernel, dim, out_types, dim, dict(self.settings_items),
         rngs))
-    self.router_name = router.name
+    self.router, self.router_name = router, router.name
     self.kernel, self.stride, self.pose_size = kernel, stride, pose_size
     self.normalisation = normalisation
     self.norms = nnx.data(RoutingNorms(out_types, rngs=rngs) if routing_norms else None)
@@ -99,7 +99,7 @@ class ConvCapsules(nnx.Module):
     params = parameter_values(self.router_params)
     settings = dict(self.settings_items)
     out_types = votes.shape[2]
-    router = routing_lib.get(self.router_name)
+    router = self.router
     if router.route_layer is not None:
       grid = fields.ReceptiveFieldGrid(i, k, s, oh, ow)
       layer = routing_lib.ConvLayer(
@@ -128,7 +128,7 @@ class ConvCapsules(nnx.Module):
     children = fields.receptive_fields(poses, self.kernel, self.stride)  # (b,oh,ow,k,k,i,d)
     children = jnp.moveaxis(children, 5, 3).reshape(b * positions, n, d)
     field_activations = child_activations[:, :, 0].transpose(0, 2, 1).reshape(b * positions, n)
-    result = routing_lib.get(self.router_name).route(
+    result = self.router.route(
         field_votes, inputs=children, activations=field_activations, params=params, rng=rng,
         settings=settings, train=train, diagnostics=diagnostics)
     parents = result.capsules.reshape(b, positions, o, d).transpose(0, 2, 1, 3)

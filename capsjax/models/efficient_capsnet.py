@@ -42,7 +42,7 @@ from flax import nnx
 
 from capsjax import routing
 from capsjax.common.errors import UsageError
-from capsjax.common.settings import POSITIVE, Setting, at_least, between, each, one_of
+from capsjax.config.settings import POSITIVE, Setting, at_least, between, each, one_of
 from capsjax.models import SHAPE_SETTINGS, capsule_head, capsule_layers, capsule_model, layers
 from capsjax.models.capsule_head import LossSettings, check_scores
 
@@ -105,7 +105,7 @@ def backbone_grid(config: ml_collections.ConfigDict) -> tuple[int, int]:
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Raises UsageError naming the ``config.model`` key that cannot work. Reads ``config``
   (``config.model``) only."""
-  router, _ = routing.resolve(config.routing)
+  router, _ = routing.chosen(config.routing)
   convs = config.convs
   lengths = {len(tuple(convs[k])) for k in ("features", "kernel_sizes", "strides")}
   if len(lengths) != 1 or not tuple(convs.features):
@@ -165,7 +165,7 @@ class EfficientCapsNet(capsule_model.CapsuleModel):
     """``config`` is ``config.model`` (``configs/efficient_capsnet.py``)."""
     validate_config(config)
     dtype = layers.COMPUTE_DTYPES[config.compute_dtype]
-    router, settings = routing.resolve(config.routing)
+    router, settings = routing.chosen(config.routing)
     convs, bn = config.convs, config.batch_norm
     channels = [config.image_shape[2], *convs.features]
     self.convs = nnx.List([

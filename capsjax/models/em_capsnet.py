@@ -51,9 +51,9 @@ import ml_collections
 from flax import nnx
 
 from capsjax import routing
-from capsjax.common import settings as settings_lib
+from capsjax.config import settings as settings_lib
 from capsjax.common.errors import UsageError
-from capsjax.common.settings import NON_NEGATIVE, POSITIVE, Setting, at_least, each, one_of
+from capsjax.config.settings import NON_NEGATIVE, POSITIVE, Setting, at_least, each, one_of
 from capsjax.models import SHAPE_SETTINGS, capsule_layers, conv_capsules, layers, losses, metrics
 from capsjax.models import receptive_fields as fields
 from capsjax.models.outputs import Outputs
@@ -132,7 +132,7 @@ def grids(config: ml_collections.ConfigDict) -> list[int]:
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Raises UsageError naming the ``config.model`` key that cannot work."""
-  router, settings = routing.resolve(config.routing)
+  router, settings = routing.chosen(config.routing)
   caps = config.conv_caps
   n = len(tuple(caps.types))
   if n != len(tuple(caps.kernel_sizes)) or n != len(tuple(caps.strides)):
@@ -156,7 +156,7 @@ class EMCapsNet(nnx.Module):
                loss: ml_collections.ConfigDict | None = None):
     """``config`` is ``config.model`` (``configs/em_mnist.py``); ``loss`` is ``config.loss``."""
     validate_config(config)
-    router, class_settings = routing.resolve(config.routing)
+    router, class_settings = routing.chosen(config.routing)
     conv_settings = conv_routing_settings(config, class_settings, router)
     norms = router.parent_batch_norms  # The VB authors' batch norms of the parents.
     pose = config.pose_size
@@ -285,6 +285,9 @@ def default_loss() -> ml_collections.ConfigDict:
 
 def resolved_loss(loss) -> dict:
   """``config.loss`` (None: none) with its defaults filled in; UsageError naming a key that
-  cannot work (:func:`capsjax.common.settings.resolve`)."""
+  cannot work (:func:`capsjax.config.settings.resolve`). A resolved config's (frozen) holds
+  them all already."""
   given = {} if loss is None else {k: loss[k] for k in loss}
+  if isinstance(loss, ml_collections.FrozenConfigDict):
+    return given
   return settings_lib.resolve(given, LOSS_SETTINGS, "config.loss", owner="em_capsnet's loss")

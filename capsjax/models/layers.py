@@ -15,7 +15,7 @@ from flax import nnx
 
 from capsjax.common import platform
 from capsjax.common.errors import UsageError
-from capsjax.common.settings import NON_NEGATIVE, POSITIVE, Setting, at_least, each, one_of
+from capsjax.config.settings import NON_NEGATIVE, POSITIVE, Setting, at_least, each, one_of
 from capsjax.models import winograd
 
 CONV_IMPLS = ("auto", "native", "polyphase", "im2col", "winograd", "winograd4")

@@ -15,18 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from capsjax.common.settings import NON_NEGATIVE, Setting, between
+from capsjax.config import run_settings
 from capsjax.models.metrics import SATURATED_LENGTH
 
-# ``config.train.saturation_warning``, of the models that create the watch.
-SETTINGS = {
-    "train.saturation_warning.fraction": Setting(
-        0.9, "Warn when this share of the class capsules is longer than 0.95 ...",
-        check=between(0, 1), neutral=True),
-    "train.saturation_warning.steps": Setting(
-        100, "... for this many consecutive steps (0: never).", check=NON_NEGATIVE,
-        neutral=True),
-}
+SETTINGS = run_settings.SATURATION_WARNING  # config.train.saturation_warning.
 
 
 class SaturationWatch:

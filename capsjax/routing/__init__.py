@@ -57,14 +57,13 @@ To add a router: a module with ``ROUTER = Router(...)`` (:class:`Router`) and on
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import ml_collections
 
-from capsjax.common import settings as settings_lib
+from capsjax.config import schema
 from capsjax.common.errors import UsageError
-from capsjax.common.registry import Registry
+from capsjax.config import registries
 from capsjax.routing.core import (ConvLayer, ParamSpec, Router, RoutingResult, capsule_votes,
                                   coupled_parents, coupling_statistics, exp_squash,
                                   matrix_votes, safe_norm, squash)
@@ -72,29 +71,19 @@ from capsjax.routing.dynamic import (SOFTMAX_AXES, RoutingTrace, coupling_coeffi
                                      dynamic_routing, routing_diagnostics,
                                      routing_diagnostics_per_example)
 
-# name -> "module:ROUTER": one line per router.
-ROUTERS = Registry("router", "config.model.routing.name", {
-    "dynamic": "capsjax.routing.dynamic:ROUTER",
-    "uniform": "capsjax.routing.uniform:ROUTER",
-    "random": "capsjax.routing.random_coupling:ROUTER",
-    "self_attention": "capsjax.routing.self_attention:ROUTER",
-    "inverted_dot_product": "capsjax.routing.inverted_dot_product:ROUTER",
-    "self_routing": "capsjax.routing.self_routing:ROUTER",
-    "em": "capsjax.routing.em:ROUTER",
-    "variational_bayes": "capsjax.routing.variational_bayes:ROUTER",
-})
-DEFAULT = "dynamic"   # The paper's.
+ROUTERS = registries.ROUTERS  # The table: capsjax/config/registries.py
+DEFAULT = schema.DEFAULT_ROUTER   # The paper's: dynamic routing.
 
 
 def get(name: str) -> Router:
   """The router registered as ``name``, or a researcher's own named by import path
   (``"my_routers:ROUTER"``, ``"path/to/file.py:ROUTER"``; its ``name`` becomes that path, so
   that a run's config.json names it); UsageError naming the choices if none."""
-  router = ROUTERS.get(name)
+  router = schema.router(name)
   if not isinstance(router, Router):
     raise UsageError(f"config.model.routing.name={name!r} is not a capsjax.routing.Router "
                      f"(got {type(router).__name__}).")
-  return router if router.name == name else dataclasses.replace(router, name=name)
+  return router
 
 
 def all_settings() -> dict[str, list[str]]:
@@ -108,23 +97,18 @@ def all_settings() -> dict[str, list[str]]:
 
 def resolve(config, *, allow_unusual: bool = False) -> tuple[Router, dict[str, Any]]:
   """The router of ``config`` (``config.model.routing``, a ConfigDict or dict) and its
-  settings with the defaults filled in (:func:`capsjax.common.settings.resolve`).
+  settings with the defaults filled in: :func:`capsjax.config.schema.resolve_routing`, which
+  resolving a run's config does (a model reads its resolved section, and resolves nothing)."""
+  return schema.resolve_routing(config, allow_unusual=allow_unusual)
 
-  Raises UsageError naming the key for an unknown router, a misspelled setting, a setting the
-  chosen router does not have (set, i.e. not None: another router's unset one is let be), and
-  values out of a setting's range or that the router cannot use with the others. An unset
-  ``name`` is the default router (dynamic routing).
-  """
-  given = {k: config[k] for k in config}
-  name = given.pop("name", None) or DEFAULT
-  router = get(name)
-  elsewhere = {key: f"router {', '.join(map(repr, owners))}"
-               for key, owners in all_settings().items() if key not in router.settings}
-  settings = settings_lib.resolve(given, router.settings, "config.model.routing",
-                                  owner=f"router {name!r}", elsewhere=elsewhere,
-                                  allow_unusual=allow_unusual)
-  router.check(settings)
-  return router, settings
+
+def chosen(section) -> tuple[Router, dict[str, Any]]:
+  """The router of a routing section (``config.model.routing``) and its settings: a resolved
+  config's section (frozen: :class:`capsjax.config.schema.ResolvedConfig`) as it is, every
+  setting in effect; any other resolved first (:func:`resolve`)."""
+  if isinstance(section, ml_collections.FrozenConfigDict):
+    return get(section.name), {k: section[k] for k in section if k != "name"}
+  return resolve(section)
 
 
 def fill(config: ml_collections.ConfigDict) -> tuple[Router, dict[str, Any]]:
@@ -140,7 +124,7 @@ def fill(config: ml_collections.ConfigDict) -> tuple[Router, dict[str, Any]]:
 
 __all__ = [
     "DEFAULT", "ROUTERS", "SOFTMAX_AXES", "ConvLayer", "ParamSpec", "Router", "RoutingResult",
-    "RoutingTrace", "all_settings", "capsule_votes", "coupled_parents",
+    "RoutingTrace", "all_settings", "capsule_votes", "chosen", "coupled_parents",
     "coupling_coefficients", "coupling_statistics", "dynamic_routing", "exp_squash", "fill",
     "get", "matrix_votes", "resolve", "routing_diagnostics", "routing_diagnostics_per_example",
     "safe_norm", "squash",

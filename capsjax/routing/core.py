@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from capsjax.common.settings import NON_NEGATIVE, Setting, at_least, declared
+from capsjax.config.settings import NON_NEGATIVE, Setting, at_least, declared
 
 
 def safe_norm(x: jax.Array, axis: int = -1, epsilon: float = 0.0,
@@ -262,13 +262,17 @@ class ParamSpec:
     return self.init(key, self.shape)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Router:
   """A routing algorithm, as registered in :data:`capsjax.routing.ROUTERS`.
 
+  Its ``name`` is what it is: two routers of one name are equal and hash alike, so that a
+  layer holds its router itself, static in NNX's graph definition (its ``settings`` table is
+  not hashable).
+
   Attributes:
     name: its registered name (``config.model.routing.name``).
-    settings: each setting it reads, declared (``{key: capsjax.common.settings.Setting}``:
+    settings: each setting it reads, declared (``{key: capsjax.config.settings.Setting}``:
       default, meaning, range; a plain value is taken as the default): what
       ``config.model.routing`` may set for it.
     route: ``route(votes, *, inputs, activations, params, rng, settings, train,
@@ -311,6 +315,12 @@ class Router:
   activation_logits: bool = False
   parent_batch_norms: bool = False
   conv_layer_settings: tuple[str, ...] = ()
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, Router) and other.name == self.name
+
+  def __hash__(self) -> int:
+    return hash(("Router", self.name))
 
   @property
   def declared(self) -> dict[str, Setting]:

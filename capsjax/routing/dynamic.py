@@ -22,7 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from capsjax.common.settings import Setting, one_of
+from capsjax.config.settings import Setting, one_of
 from capsjax.routing import dynamic_arithmetic
 from capsjax.routing.core import (SQUASH_EPSILON, Router, RoutingResult, coupling_statistics,
                                   iterations_setting, safe_norm)

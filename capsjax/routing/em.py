@@ -78,7 +78,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from capsjax.common.settings import POSITIVE, Setting, between
+from capsjax.config.settings import POSITIVE, Setting, between
 from capsjax.routing import em_arithmetic
 from capsjax.routing.core import (ConvLayer, ParamSpec, Router, RoutingResult, check_iterations,
                                   iterations_setting)

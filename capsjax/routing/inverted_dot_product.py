@@ -44,7 +44,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from capsjax.common.settings import POSITIVE, Setting, one_of
+from capsjax.config.settings import POSITIVE, Setting, one_of
 from capsjax.routing.core import (ParamSpec, Router, RoutingResult, coupling_statistics,
                                   iterations_setting, per_iteration, safe_norm)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import jax
 
-from capsjax.common.settings import NON_NEGATIVE, Setting
+from capsjax.config.settings import NON_NEGATIVE, Setting
 from capsjax.routing.core import SQUASH_EPSILON, Router, RoutingResult, coupled_parents
 
 SETTINGS = {

@@ -71,7 +71,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import digamma
 
-from capsjax.common.settings import POSITIVE, Setting, above, one_of
+from capsjax.config.settings import POSITIVE, Setting, above, one_of
 from capsjax.routing.core import (ConvLayer, Router, RoutingResult, check_iterations,
                                   iterations_setting)
 from capsjax.routing.em import parameters

@@ -1,5 +1,5 @@
 """Every earlier layout of a checkpoint's train state, and how each becomes this version's, in
-one place beside the config.json chain (:mod:`capsjax.runs.migrations`).
+one place beside the config.json chain (:mod:`capsjax.config.migrations`).
 
 A checkpoint is restored in this version's layout first; where that fails,
 :meth:`capsjax.runs.checkpointing.Checkpointer.restore` tries the layouts of :func:`older_forms`

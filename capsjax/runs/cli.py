@@ -108,7 +108,7 @@ def missing_override(argv: list[str]) -> tuple[str, str, str] | None:
   the file of ``--FLAG`` lacks; ``hint`` is `` Did you mean --config.train.num_steps?`` (keys
   of any section that end the same way, else the closest spellings) or "". None when every
   key exists or a file cannot be read."""
-  from capsjax.runs import runconfig
+  from capsjax.config import runconfig
 
   for family in CONFIG_FLAGS:
     prefix = f"--{family}."
@@ -139,7 +139,7 @@ def define_config_file(name: str, default: str | None, help_string: str,
   """A config-file flag (``--NAME=FILE[:variant]``) whose ``--NAME.KEY=VALUE`` overrides may
   set any key, also one the file leaves out (a router's setting it keeps at its default): the
   config is resolved before anything runs, which refuses a key nobody declared, naming the
-  nearest one (:func:`capsjax.training.schema.resolve_config`)."""
+  nearest one (:func:`capsjax.config.schema.resolve_config`)."""
   return config_flags.DEFINE_config_file(name, default, help_string, lock_config=False,
                                          accept_new_attributes=True, sys_argv=argv,
                                          flag_values=flag_values)

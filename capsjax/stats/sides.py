@@ -3,7 +3,7 @@
 A comparison says what it compared: each side's model, data, budget (steps, epochs), the
 examples each run evaluated and its accuracy on them beside chance, the settings in which the
 two sides differ (from their ``config.json``, resolved and without the settings declared
-neutral: :func:`capsjax.training.config_history.config_changes`, which the callers hand in),
+neutral: :func:`capsjax.config.history.config_changes`, which the callers hand in),
 and the examples each seed pair shares. It warns where
 
 - the sides differ in more than the setting compared (a sweep's swept keys, the settings of
@@ -25,7 +25,7 @@ import os
 import numpy as np
 
 from capsjax.common import files
-from capsjax.runs import runconfig
+from capsjax.config import runconfig
 from capsjax.runs.predictions import Predictions
 from capsjax.stats import spread
 

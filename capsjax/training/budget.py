@@ -6,27 +6,10 @@ import dataclasses
 
 import ml_collections
 
+from capsjax.config import run_settings
 from capsjax.common.errors import UsageError
-from capsjax.common.settings import NON_NEGATIVE, Setting, at_least
 
-_COUNT = dict(kind=int, check=at_least(1))
-# ``config.train``'s length and cadence: what the budget reads. How often a run logs, evaluates
-# and checkpoints may change when it resumes (``neutral``); its length too.
-SETTINGS = {
-    "train.batch_size": Setting(meaning="Examples per step, over all devices.", **_COUNT),
-    "train.num_steps": Setting(None, "Total steps; unset: num_epochs decides.",
-                               kind=int | None, check=NON_NEGATIVE, neutral=True),
-    "train.num_epochs": Setting(kind=int, meaning="Epochs of the training split (when "
-                                "num_steps is unset).", check=NON_NEGATIVE, neutral=True),
-    "train.log_every_steps": Setting(meaning="Train metrics logged every N steps.",
-                                     neutral=True, **_COUNT),
-    "train.eval_every_steps": Setting(kind=int, meaning="Evaluate every N steps (0: at each "
-                                      "epoch's end).", check=NON_NEGATIVE, neutral=True),
-    "train.checkpoint_every_steps": Setting(meaning="Checkpoint every N steps.", neutral=True,
-                                            **_COUNT),
-    "train.steps_per_dispatch": Setting(1, ">1: lax.scan over this many steps per call (fewer "
-                                        "dispatches of small steps).", neutral=True, **_COUNT),
-}
+SETTINGS = run_settings.BUDGET  # config.train's length and cadence.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +71,7 @@ class Budget:
 def validate_train_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
   """Raises UsageError, naming the key, for batch sizes that cannot be split over
   ``num_devices`` devices (each setting's own range is checked when the config is resolved:
-  :func:`capsjax.training.schema.resolve_config`)."""
+  :func:`capsjax.config.schema.resolve_config`)."""
   t = config.train
   for key, value in (("config.train.batch_size", t.batch_size),
                      ("config.eval.batch_size", config.eval.batch_size)):

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from capsjax.common import precision
+from capsjax.config import precision
 from capsjax.common.errors import UsageError
 
 # What members must share to be averaged over one test set.

@@ -29,13 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from capsjax.config import run_settings
 from capsjax import datasets
 from capsjax.common import platform, public_names
-from capsjax.common.settings import Setting, at_least
 from capsjax.training import inflight
 
-SETTINGS = {"eval.batch_size": Setting(kind=int, meaning="Examples per evaluation batch.",
-                                       check=at_least(1), neutral=True)}
+SETTINGS = run_settings.EVALUATION  # config.eval.batch_size.
 
 
 def replicated_array(x: np.ndarray, sharding: NamedSharding) -> jax.Array:

@@ -22,8 +22,9 @@ from typing import Any
 import ml_collections
 
 from capsjax.common import files
-from capsjax.runs import checkpointing, runconfig
-from capsjax.training import schema
+from capsjax.runs import checkpointing
+from capsjax.config import runconfig
+from capsjax.config import schema
 from capsjax.training.setup import Setup, check_no_test_selection
 
 SELECTED_ON = ("final", "validation", "test", "step N")
@@ -39,15 +40,17 @@ class Restored:
   selected_on: str
 
 
-def load_config(workdir: str, checkpoint: str = "latest",
-                data_dir: str | None = None) -> ml_collections.ConfigDict:
-  """The run's ``config.json`` as a resolved config (:func:`capsjax.training.schema.
-  resolve_config`), with ``data.dir`` replaced by ``data_dir`` when given; UsageError for
-  ``--checkpoint=best`` of a run without a validation split (a best checkpoint would be chosen
-  on the test set)."""
+def load_config(workdir: str, checkpoint: str = "latest", data_dir: str | None = None,
+                add_evals: dict | None = None) -> ml_collections.ConfigDict:
+  """The run's ``config.json`` as a resolved config (:func:`capsjax.config.schema.
+  resolve_config`), with ``data.dir`` replaced by ``data_dir`` when given and the evaluations
+  ``add_evals`` (``{name: settings}``) added; UsageError for ``--checkpoint=best`` of a run
+  without a validation split (a best checkpoint would be chosen on the test set)."""
   config = runconfig.load(workdir)
   if data_dir:
     config.data.dir = data_dir
+  for name, settings in (add_evals or {}).items():
+    config.evals[name] = settings
   config = schema.resolve_config(config)
   check_no_test_selection(config, checkpoint)
   return config

@@ -22,28 +22,20 @@ from typing import Callable
 import jax
 import numpy as np
 
+from capsjax.config import run_settings
 from capsjax.common import checks, files
 from capsjax.common.errors import UsageError
-from capsjax.common.settings import Setting, at_least, between
 from capsjax.runs import (checkpointing, hardware, lost_peer, predictions, preemption,
                           reporting)
 from capsjax.runs.reporting import log
 from capsjax.stats import chosen
-from capsjax.training import config_history, run_figures
-from capsjax.training.setup import Setup
+from capsjax.training import run_figures
+from capsjax.config import history
+from capsjax.training.setup import Setup, check_same_model
 from capsjax.training.train_log import TrainLog
 
 
-# ``config.train``'s records a run keeps and how it stops; a resumed run may change them.
-SETTINGS = {
-    "train.keep_checkpoints": Setting(kind=int, meaning="The latest N kept; the best by "
-                                      "accuracy as well.", check=at_least(1), neutral=True),
-    "train.stop_at_accuracy": Setting(None, "Stop once the selection set (validation, else "
-                                      "test) reaches it.", kind=float | None,
-                                      check=between(0, 1, open_low=True), neutral=True),
-    "train.eval_during": Setting((), "config.evals names also run whenever validation is "
-                                 "(curves; never to choose).", kind=tuple | str, neutral=True),
-}
+SETTINGS = run_settings.RECORDS  # config.train's records and how a run stops.
 
 
 class Run:
@@ -132,7 +124,7 @@ class Run:
     """``config.json`` (and the earlier one kept) once a step has run with these settings:
     a run that fails at its first step (out of memory, say) leaves the record as it was."""
     if not self.config_recorded and jax.process_index() == 0:
-      config_history.record(self.workdir, self.setup.config, self.resumed_step, log=log,
+      history.record(self.workdir, self.setup.config, self.resumed_step, log=log,
                        announce=False)
     self.config_recorded = True
 
@@ -276,11 +268,11 @@ def init_or_restore(setup: Setup, ckpt, workdir: str):
   """The newest checkpoint of ``ckpt`` that restores (damaged newer ones are reported and
   moved aside), else fresh parameters; and whether it had already reached
   ``train.stop_at_accuracy``, and the step restored (None: fresh). Warns of changed settings
-  (:func:`capsjax.training.config_history.announce_changes`); :meth:`Run.record_config` writes them
+  (:func:`capsjax.config.history.announce_changes`); :meth:`Run.record_config` writes them
   once a step has run."""
   config, budget = setup.config, setup.budget
   if ckpt.all_steps():
-    config_history.check_same_model(setup, workdir)
+    check_same_model(setup, workdir)
   restored = setup.restore(ckpt, move_aside=jax.process_index() == 0)
   if jax.process_count() > 1:  # Process 0 may have moved damaged checkpoints aside.
     from jax.experimental import multihost_utils
@@ -302,7 +294,7 @@ def init_or_restore(setup: Setup, ckpt, workdir: str):
     if jax.process_index() == 0:
       _truncate_metrics(workdir, latest)
   if jax.process_index() == 0:
-    config_history.announce_changes(workdir, config, latest, log=log)
+    history.announce_changes(workdir, config, latest, log=log)
   return state, reached, latest
 
 

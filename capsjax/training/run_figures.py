@@ -14,16 +14,11 @@ import jax
 import numpy as np
 from flax import nnx
 
+from capsjax.config import run_settings
 from capsjax.common import figures
-from capsjax.common.settings import NON_NEGATIVE, Setting
 from capsjax.runs import reporting
 
-# ``config.eval``'s figures; a resumed run may change them.
-SETTINGS = {
-    "eval.figures": Setting(True, "Draw the run's figures after training.", neutral=True),
-    "eval.num_figure_examples": Setting(8, "Examples in each figure of examples.",
-                                        check=NON_NEGATIVE, neutral=True),
-}
+SETTINGS = run_settings.FIGURES  # config.eval's figures.
 
 
 def draw_figures(workdir: str, task, variables, test_split, evaluations: dict,

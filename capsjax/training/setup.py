@@ -15,6 +15,7 @@ jitted, data-parallel batches.
 
 from __future__ import annotations
 
+import json
 from typing import Callable
 
 import jax
@@ -24,6 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from capsjax import datasets, evaluators
 from capsjax.common import platform
 from capsjax.common.errors import UsageError
+from capsjax.config import history, runconfig
 from capsjax.runs import checkpoint_forms, reporting
 from capsjax.training import budget, optimizers, train_step
 from capsjax.training.evaluation import BatchedEval, put_on_devices
@@ -132,3 +134,32 @@ def check_no_test_selection(config, which: str) -> None:
         "validation_size=0), so a best checkpoint would be chosen on the test set. Use "
         "--checkpoint=latest (the final one, the default) or a step number; to select on "
         "validation, train with --config.data.validation_size=10000 (the paper's).")
+
+
+def check_same_model(setup, workdir: str) -> None:
+  """Raises UsageError when the checkpoints in ``workdir`` cannot hold ``setup``'s train
+  state: the run there trained a model (or optimiser) of other shapes. The message names the
+  settings that differ from its ``config.json``. Without a readable earlier config there is
+  nothing to compare, and the restore reports what it finds."""
+  earlier_raw = runconfig.read_raw(workdir)
+  if earlier_raw is None:
+    return
+  try:
+    earlier = runconfig.from_raw(earlier_raw)
+    task = Task.from_config(earlier)
+    tx = optimizers.build(earlier.optimizer).tx
+    before = jax.eval_shape(lambda: train_step.init_state(task, tx))
+  except Exception:  # A config this version cannot build: let the restore speak.
+    return
+  now = setup.abstract_state()
+  shapes = lambda tree: jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), tree)
+  if (jax.tree.structure(before) == jax.tree.structure(now)
+      and shapes(before) == shapes(now)):
+    return
+  changes = history.config_changes(earlier_raw, json.loads(setup.config.to_json_best_effort()))
+  raise UsageError(
+      f"{workdir} holds a run of another model: its checkpoints do not fit this config's "
+      f"parameters or optimiser state. Settings that differ from its config.json: "
+      f"{'; '.join(changes) or '(none written there; the code that builds the model changed)'}."
+      " Use a new --workdir for this config, or rerun with that run's settings to go on "
+      "with it.")

@@ -41,7 +41,7 @@ def config_label(spec: str) -> str:
 
 def value_in_effect(run_config: dict | None, key: str) -> str:
   """The value of dotted ``key`` in a run's saved config, its router and optimiser defaults
-  filled in (:func:`capsjax.training.config_history.comparable`); "" where the run has none (the setting
+  filled in (:func:`capsjax.config.history.comparable`); "" where the run has none (the setting
   does not apply, or no config.json)."""
   if run_config is None or key == CONFIG_KEY:
     return ""
@@ -93,8 +93,8 @@ def collect(points: list, workdir: str, tables: dict | None = None,
   other row is compared with, seed by seed on the same test examples
   (:func:`paired_table`).
   """
-  from capsjax.runs import migrations, runconfig
-  from capsjax.training import config_history
+  from capsjax.config import migrations, runconfig
+  from capsjax.config import history
 
   keys = list(dict.fromkeys(k for p in points for k in p.overrides))
   rows, missing, evaluations = [], [], {}
@@ -106,7 +106,7 @@ def collect(points: list, workdir: str, tables: dict | None = None,
     with open(path) as f:
       summary = json.load(f)
     run_config = runconfig.read_raw(os.path.join(workdir, point.name))
-    run_config = (config_history.comparable(migrations.migrate(run_config))
+    run_config = (history.comparable(migrations.migrate(run_config))
                   if run_config is not None else None)
     row = {"run": point.name, "seed": point.seed}
     for k in keys:
@@ -159,9 +159,9 @@ BUDGET_KEYS = ("train.num_steps", "train.num_epochs", "train.stop_at_accuracy")
 def differing_settings(workdir_a: str, workdir_b: str) -> list[str]:
   """``"key: A's -> B's"`` for each setting in which two runs' ``config.json`` differ, both
   resolved, their seeds and the settings declared neutral but the budget's left out
-  (:func:`capsjax.training.config_history.config_changes`); none where either has none."""
-  from capsjax.runs import migrations, runconfig
-  from capsjax.training import config_history
+  (:func:`capsjax.config.history.config_changes`); none where either has none."""
+  from capsjax.config import migrations, runconfig
+  from capsjax.config import history
 
   raw_a, raw_b = (runconfig.read_raw(w) for w in (workdir_a, workdir_b))
   if raw_a is None or raw_b is None:
@@ -170,7 +170,7 @@ def differing_settings(workdir_a: str, workdir_b: str) -> list[str]:
   flat_a, flat_b = runconfig.flatten(migrations.migrate(raw_a)), runconfig.flatten(raw_b)
   budget = [f"{key}: {flat_a.get(key, '(unset)')!r} -> {flat_b.get(key, '(unset)')!r}"
             for key in BUDGET_KEYS if flat_a.get(key, "(unset)") != flat_b.get(key, "(unset)")]
-  return sorted(budget + [line for line in config_history.config_changes(raw_a, raw_b)
+  return sorted(budget + [line for line in history.config_changes(raw_a, raw_b)
                           if not line.startswith("seed:")])
 
 

@@ -2,7 +2,7 @@
 the one forward function every caller uses.
 
 ``Task.from_config(config)`` resolves the config (a copy with every default filled in and
-every value checked: :func:`capsjax.training.schema.resolve_config`; the caller's config is
+every value checked: :func:`capsjax.config.schema.resolve_config`; the caller's config is
 never written),
 looks the dataset and the model up in their registries (``config.dataset``,
 ``config.model.name``, a registered name or an import path), builds the model's graph once
@@ -26,7 +26,7 @@ from capsjax import datasets, models
 from capsjax.common.errors import UsageError
 from capsjax.datasets import stream_order
 from capsjax.models import metrics
-from capsjax.training import schema
+from capsjax.config import schema
 
 
 Forward = models.Forward  # What :meth:`Task.forward` returns (capsjax.models.Forward).
@@ -57,10 +57,10 @@ class Task:
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> "Task":
-    """The task of ``config``, resolved (:func:`capsjax.training.schema.resolve_config`: every
+    """The task of ``config``, resolved (:func:`capsjax.config.schema.resolve_config`: every
     default filled in, ``config.model.image_shape`` and ``num_classes`` from the dataset);
     raises UsageError naming the key of a setting that cannot run."""
-    config = schema.resolve_config(config)
+    config = schema.as_resolved(config)
     dataset = datasets.get(config)
     stream_order.check(config, dataset.stream_copies(), config.dataset)
     task = cls(config, dataset, models.get(config))
@@ -123,7 +123,7 @@ class Task:
       rng: the key of training noise (dropout, random routing).
       step: the training step, for losses with schedules.
       numbers: one run's per-run numbers in a vectorised step (the model's
-        ``per_run_numbers``: :mod:`capsjax.common.per_run`), or None: the config's.
+        ``per_run_numbers``: :mod:`capsjax.config.per_run`), or None: the config's.
     """
     return models.forward(self.graphdef, variables, self.complete_batch(batch), train=train,
                           rng=rng, step=step, numbers=numbers)

@@ -19,7 +19,7 @@ gradient, the update and the metrics; for one run, or several mapped over a lead
   dispatch through ``lax.scan``.
 * **One run or several** (:class:`Step`): the same step, jitted as it is for one run (its
   numbers compiled in) or through ``jax.vmap`` over the runs of one program (each run's state
-  stacked, and the model's per-run numbers: :mod:`capsjax.common.per_run`), compiled once per
+  stacked, and the model's per-run numbers: :mod:`capsjax.config.per_run`), compiled once per
   shape with its memory checked first (:mod:`capsjax.training.memory`).
 """
 
@@ -35,17 +35,15 @@ import optax
 from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from capsjax.config import run_settings
 from capsjax import models
-from capsjax.common import per_run
-from capsjax.common.settings import Setting
+from capsjax.config import per_run
 from capsjax.datasets import augment, stream_order
 from capsjax.training import memory
 from capsjax.training.tasks import Task
 
-# The run's seed, and the order of its training examples (``data.order``: declared with the
-# stream it names, capsjax/datasets/stream_order.py).
-SETTINGS = {"seed": Setting(0, "The run's seed: initialisation, data order, augmentation."),
-            **stream_order.SETTINGS}
+# The run's seed, and the order of its training examples.
+SETTINGS = {**run_settings.SEED, **run_settings.DATA_ORDER}
 
 
 @struct.dataclass
@@ -161,7 +159,7 @@ def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
   function (not jitted: :class:`Step` maps it over runs or not, and jits it).
 
   ``numbers``: one run's per-run numbers in a vectorised program, an instance of the model's
-  ``per_run_numbers`` (:mod:`capsjax.common.per_run`) handed to its loss; None: the
+  ``per_run_numbers`` (:mod:`capsjax.config.per_run`) handed to its loss; None: the
   config's. The optimiser's per-run numbers (the peak learning rate) are in ``state``'s
   optimiser state.
 

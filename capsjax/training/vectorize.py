@@ -12,7 +12,7 @@ in a single run.
 declared rules; nothing is guessed from the program:
 
 * ``seed`` never splits a group: each run is initialised and draws its batches from its own;
-* a per-run number (:mod:`capsjax.common.per_run`) never splits a group: the optimiser's
+* a per-run number (:mod:`capsjax.config.per_run`) never splits a group: the optimiser's
   (:data:`capsjax.training.optimizers.PER_RUN_KEYS`, the peak learning rate: each run's
   state holds its own) and the fields of the model class's ``per_run_numbers`` (the capsule
   head's loss weights and margins: the step maps over one instance per run);
@@ -37,8 +37,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from capsjax.common import per_run, platform, settings
-from capsjax.runs.runconfig import flatten
+from capsjax.common import platform, settings
+from capsjax.config import per_run
+from capsjax.config.runconfig import flatten
 from capsjax.training import optimizers
 from capsjax.training.setup import Setup
 

@@ -12,7 +12,7 @@ import numpy as np
 from flax import nnx
 
 from capsjax import datasets
-from capsjax.common.settings import Setting
+from capsjax.config.settings import Setting
 from capsjax.datasets import mnist
 from capsjax.models import Outputs
 

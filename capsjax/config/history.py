@@ -1,6 +1,6 @@
 """What a resumed run changed: its settings against the ``config.json`` it wrote before
 (announced at the start, recorded once a step has run with them, the earlier file kept), and
-the refusal of a workdir whose checkpoints hold another model.
+the settings a run may change on a resume.
 
 Configs are compared resolved (:func:`comparable`): an unset setting and its default are the
 same setting. Settings declared ``neutral`` (how often a run logs or checkpoints, where its
@@ -12,15 +12,12 @@ from __future__ import annotations
 import json
 import os
 
-import jax
 import ml_collections
 
-from capsjax import routing
 from capsjax.common import files
 from capsjax.common.errors import UsageError
-from capsjax.runs import migrations, runconfig
-from capsjax.runs.runconfig import flatten
-from capsjax.training import optimizers, schema, tasks, train_step
+from capsjax.config import migrations, optimizer, runconfig, schema
+from capsjax.config.runconfig import flatten
 
 def config_changes(before: dict, after: dict) -> list[str]:
   """``"key: old -> new"`` for each setting (dotted key) that differs between two configs as
@@ -41,12 +38,12 @@ def config_changes(before: dict, after: dict) -> list[str]:
 
 def comparable(raw: dict) -> dict:
   """A config as JSON, resolved (every default filled in:
-  :func:`capsjax.training.schema.resolve_config`), so that an unset setting and its default
+  :func:`capsjax.config.schema.resolve_config`), so that an unset setting and its default
   are the same setting; as written where this version cannot resolve it."""
   raw = json.loads(json.dumps(raw))
   try:
     config = schema.resolve_config(ml_collections.ConfigDict(runconfig.tuples(raw)))
-  except Exception:  # Not whole, or another version's: its registries' sections resolved alone.
+  except UsageError:  # Not whole, or another version's: its registries' sections resolved alone.
     return _sections_resolved(raw)
   return json.loads(config.to_json_best_effort())
 
@@ -56,13 +53,13 @@ def _sections_resolved(raw: dict) -> dict:
   written (a config this version cannot resolve whole)."""
   if isinstance(raw.get("optimizer"), dict):
     try:
-      raw["optimizer"] = optimizers.resolve(raw["optimizer"])
+      raw["optimizer"] = optimizer.resolve(raw["optimizer"])
     except UsageError:
       pass
   section = raw.get("model", {}).get("routing")
   if isinstance(section, dict):
     try:
-      router, settings = routing.resolve(section)
+      router, settings = schema.resolve_routing(section)
       raw["model"]["routing"] = {"name": router.name, **settings}
     except UsageError:
       pass
@@ -113,32 +110,3 @@ def record(workdir: str, config, resumed_step: int | None, log=print,
   with files.atomic_write(os.path.join(workdir, "config.json"),
                           what="the config history (the run's config)") as f:
     json.dump(migrations.versioned(json.loads(config.to_json_best_effort())), f, indent=2)
-
-
-def check_same_model(setup, workdir: str) -> None:
-  """Raises UsageError when the checkpoints in ``workdir`` cannot hold ``setup``'s train
-  state: the run there trained a model (or optimiser) of other shapes. The message names the
-  settings that differ from its ``config.json``. Without a readable earlier config there is
-  nothing to compare, and the restore reports what it finds."""
-  earlier_raw = runconfig.read_raw(workdir)
-  if earlier_raw is None:
-    return
-  try:
-    earlier = runconfig.from_raw(earlier_raw)
-    task = tasks.Task.from_config(earlier)
-    tx = optimizers.build(earlier.optimizer).tx
-    before = jax.eval_shape(lambda: train_step.init_state(task, tx))
-  except Exception:  # A config this version cannot build: let the restore speak.
-    return
-  now = setup.abstract_state()
-  shapes = lambda tree: jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), tree)
-  if (jax.tree.structure(before) == jax.tree.structure(now)
-      and shapes(before) == shapes(now)):
-    return
-  changes = config_changes(earlier_raw, json.loads(setup.config.to_json_best_effort()))
-  raise UsageError(
-      f"{workdir} holds a run of another model: its checkpoints do not fit this config's "
-      f"parameters or optimiser state. Settings that differ from its config.json: "
-      f"{'; '.join(changes) or '(none written there; the code that builds the model changed)'}."
-      " Use a new --workdir for this config, or rerun with that run's settings to go on "
-      "with it.")

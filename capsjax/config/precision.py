@@ -19,17 +19,11 @@ import contextlib
 import jax
 import ml_collections
 
-from capsjax.common import settings
+from capsjax.config import run_settings
+from capsjax.config import settings
 
-# capsjax's names for JAX's ``jax_default_matmul_precision`` values: "default" leaves JAX's
-# own default (the device's fastest); the others are JAX's names, from the most precise.
-PRECISIONS = ("default", "float32", "tensorfloat32", "bfloat16")
-
-
-SETTINGS = {"matmul_precision": settings.Setting(
-    "default", "Float32 matmuls and convolutions: JAX's default (TF32 on recent GPUs), "
-    "\"float32\" (as the authors' code ran), \"tensorfloat32\", \"bfloat16\".",
-    check=settings.one_of(*PRECISIONS))}
+PRECISIONS = run_settings.PRECISIONS  # capsjax's names for JAX's precisions.
+SETTINGS = run_settings.MATMUL_PRECISION
 
 
 def of(config: ml_collections.ConfigDict) -> str:
