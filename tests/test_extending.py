@@ -1,5 +1,5 @@
 """docs/extending.md's two changes, made in a copy of the package: a new built-in router (its
-module and one registry line) and a new optional key on CapsNet (one file); the copy lists
+module alone) and a new optional key on CapsNet (one file); the copy lists
 both, refuses a misspelt one and trains two steps with them."""
 
 import json
@@ -43,12 +43,8 @@ def test_a_new_router_and_a_new_capsnet_key_in_a_copy_train_two_steps(tmp_path):
   copy = tmp_path / "repo"
   for name in ("capsjax", "configs"):
     shutil.copytree(REPO / name, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
-  # The router: its module, and one line in ROUTERS (capsjax/config/registries.py).
+  # The router: its module, and nothing else (the registry reads the package's files).
   (copy / "capsjax" / "routing" / "damped.py").write_text(ROUTER_MODULE)
-  edit(copy / "capsjax" / "config" / "registries.py",
-       '    "dynamic": "capsjax.routing.dynamic:ROUTER",\n',
-       '    "dynamic": "capsjax.routing.dynamic:ROUTER",\n'
-       '    "damped": "capsjax.routing.damped:ROUTER",\n')
   # The key: one entry in CapsNet's SETTINGS, and the code that reads it.
   capsnet = copy / "capsjax" / "models" / "capsnet.py"
   edit(capsnet, '    **layers.conv_settings("model.conv1", "Conv1"),\n',

@@ -87,9 +87,23 @@ def test_changelog_lists_every_moved_name():
     assert f"{module}.{name}" in changelog
 
 
-def test_docs_code_names_every_module():
+def registered_modules() -> set[str]:
+  """The modules that register a model, dataset, router or evaluator: the listing of their
+  settings (docs/config_keys.md) and their own docstrings say what they are."""
+  from capsjax.config import registries
+
+  return {entry.split(":")[0] for registry in (registries.MODELS, registries.DATASETS,
+                                                registries.ROUTERS, registries.EVALUATORS)
+          for entry in registry.entries.values()}
+
+
+def test_docs_code_names_every_module_but_the_registered_ones():
   code = (REPO / "docs" / "code.md").read_text()
+  registered = registered_modules()
+  assert {"capsjax.routing.dynamic", "capsjax.models.capsnet", "capsjax.datasets.images",
+          "capsjax.evaluators.splits"} <= registered
   missing = [str(path.relative_to(REPO)) for path in sorted((REPO / "capsjax").rglob("*.py"))
              if path.name != "__init__.py"
+             and ".".join(path.relative_to(REPO).with_suffix("").parts) not in registered
              and not re.search(rf"(?<![\w]){re.escape(path.name)}\b", code)]
   assert not missing, f"docs/code.md does not say what these modules are: {missing}"

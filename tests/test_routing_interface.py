@@ -93,7 +93,7 @@ def test_uniform_is_one_iteration_of_dynamic_routing_and_the_mean_vote_squashed(
                              rtol=1e-6)
 
 
-def test_random_coupling_is_a_softmax_of_gaussian_logits_fresh_in_training_fixed_at_eval():
+def test_random_is_a_softmax_of_gaussian_logits_fresh_in_training_fixed_at_eval():
   votes, children = _inputs()
   key = jax.random.PRNGKey(3)
   got = _route("random", votes, children, overrides={"logit_scale": 2.0}, rng=key, train=True)

@@ -1,15 +1,16 @@
-"""Registries: a table of names to classes, the same for models, datasets and evaluators.
+"""Registries: names to classes (or routers), the same for models, datasets, routers and
+evaluators (:mod:`capsjax.config.registries`).
 
-Each package keeps one table in its ``__init__.py``, name -> ``"module:Class"``, e.g.::
+A registry reads its entries from its package's files, without importing them: a module of
+the package registers by a top-level assignment to the registry's export name, under the
+module's own name, or to the plural for several under names of their own::
 
-    MODELS = Registry("model", "config.model.name", {
-        "capsnet": "capsjax.models.capsnet:CapsNet",
-        "baseline_cnn": "capsjax.models.baseline_cnn:BaselineCNN",
-    })
+    MODEL = CapsNet                                  # capsjax/models/capsnet.py: "capsnet"
+    DATASETS = {"cifar10": CIFAR10, "svhn": SVHN}    # capsjax/datasets/images.py
 
-Adding one is one file (the class) plus one line in that table. A class is imported when
-it is first asked for, so a module that fails to import breaks only the configs that use it,
-and the command lines start without importing every model and dataset.
+So adding one is one file: nothing else to edit. An entry is imported when it is first asked
+for, so a module that fails to import breaks only the configs that use it, and the command
+lines start without importing every model and dataset.
 
 A researcher's own class needs no line in a table: the config names it by import path,
 ``"package.module:Class"`` (importable from the working directory or ``PYTHONPATH``) or
@@ -20,27 +21,41 @@ registered one.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.util
 import os
+import pathlib
 import sys
 import types
 
 
 class Registry:
-  """Names to classes, imported on first use.
+  """Names to classes, read from a package's files and imported on first use.
 
   Args:
     kind: what the entries are ("model"), for messages.
     key: the config key that names one ("config.model.name"), for messages.
-    entries: name -> ``"package.module:Class"``.
+    package: the package whose modules register (``"capsjax.models"``).
+    export: the name a module assigns to register one entry under its own name (``"MODEL"``);
+      the plural (``"MODELS"``), a dict literal, registers several under its keys.
     attribute: set on each class as it is loaded to the name it is registered under (e.g.
       a dataset builder's ``name``), when given.
   """
 
-  def __init__(self, kind: str, key: str, entries: dict[str, str], attribute: str | None = None):
-    self.kind, self.key, self.entries, self.attribute = kind, key, dict(entries), attribute
+  def __init__(self, kind: str, key: str, package: str, export: str,
+               attribute: str | None = None):
+    self.kind, self.key, self.package, self.export = kind, key, package, export
+    self.attribute = attribute
+    self._entries: dict[str, str] | None = None
+
+  @property
+  def entries(self) -> dict[str, str]:
+    """name -> ``"package.module:EXPORT"`` (or ``"...:EXPORTS[name]"``), read once."""
+    if self._entries is None:
+      self._entries = registered(self.package, self.export)
+    return self._entries
 
   def names(self) -> tuple[str, ...]:
     return tuple(sorted(self.entries))
@@ -58,13 +73,40 @@ class Registry:
                        f"{self.names()}, or name your own as 'module:Class' or "
                        f"'path/to/file.py:Class'.")
     module_name, _, attr = self.entries.get(name, name).partition(":")
+    attr, _, item = attr.partition("[")
     module = import_module(module_name, f"{self.key}={name!r}")
     if not hasattr(module, attr):
       raise UsageError(f"{self.key}={name!r}: {module_name} has no {attr!r}.")
     cls = getattr(module, attr)
+    if item:
+      cls = cls[item.rstrip("]")]
     if self.attribute:
       setattr(cls, self.attribute, name)
     return cls
+
+
+def registered(package: str, export: str) -> dict[str, str]:
+  """The entries the modules of ``package`` register (see the module docstring), read from
+  their source (nothing is imported but the package's parent)."""
+  spec = importlib.util.find_spec(package)
+  entries = {}
+  for folder in spec.submodule_search_locations:
+    for path in sorted(pathlib.Path(folder).glob("*.py")):
+      if path.name == "__init__.py":
+        continue
+      module = f"{package}.{path.stem}"
+      for node in ast.parse(path.read_text(), str(path)).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+            else None
+        if not isinstance(target, ast.Name):
+          continue
+        if target.id == export:
+          entries[path.stem] = f"{module}:{export}"
+        elif target.id == export + "S" and isinstance(node.value, ast.Dict):
+          for key in node.value.keys:
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+              entries[key.value] = f"{module}:{export}S[{key.value}]"
+  return entries
 
 
 def import_module(name: str, what: str) -> types.ModuleType:

@@ -16,9 +16,9 @@ Setting(...)}``, :mod:`capsjax.config.settings`; those of the files it reads:
 any other key of ``config.data`` and checks every value before anything is compiled. A builder
 without ``SETTINGS`` gets ``config.data`` unchecked.
 
-To add a dataset: write a module with a Builder subclass, add one line to
-:data:`DATASETS` (``"name": "module:Class"``), and write a config file that sets
-``config.dataset = "name"``. The train loop does not change.
+To add a dataset: write a module ``capsjax/datasets/NAME.py`` with a Builder subclass and
+``DATASET = TheBuilder`` (:data:`DATASETS` finds it by itself: :mod:`capsjax.config.registries`),
+and a config file that sets ``config.dataset = "NAME"``. The train loop does not change.
 """
 
 from __future__ import annotations

@@ -285,3 +285,7 @@ class SmallNORB(TFDSImages):
       return super().load()
     key, familiar = FAMILIAR_VIEWPOINTS[self.viewpoint_split]
     return self._load(partition=((key,), familiar, NOVEL_SPLIT))
+
+
+# Registered under these names in the config (capsjax/config/registries.py).
+DATASETS = {"cifar10": CIFAR10, "svhn": SVHN, "smallnorb": SmallNORB}

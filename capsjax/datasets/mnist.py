@@ -102,3 +102,7 @@ class MNIST(datasets.Builder):
     shifts = jnp.stack([copies % side - self.shift, copies // side - self.shift], axis=-1)
     return {"images": augment.shift_by(images, shifts, self.shift),
             "labels": examples["labels"][indices]}
+
+
+# Registered (capsjax/config/registries.py): this module's name in the config.
+DATASET = MNIST

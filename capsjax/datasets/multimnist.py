@@ -160,3 +160,7 @@ class MultiMNIST(datasets.Builder):
   def _batch(first, second, labels) -> dict:
     return {"images": datasets.to_float(merge(first, second)), "labels": labels,
             "digit_images": datasets.to_float(jnp.stack([first, second], axis=1))}
+
+
+# Registered (capsjax/config/registries.py): this module's name in the config.
+DATASET = MultiMNIST

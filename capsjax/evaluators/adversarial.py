@@ -300,3 +300,7 @@ class AdversarialEvaluator(evaluators.Evaluator):
 
 def _describe(result: dict) -> str:
   return ", ".join(f"{k}={v:.3f}" for k, v in result.items() if k.endswith("accuracy"))
+
+
+# Registered (capsjax/config/registries.py): this module's name in the config.
+EVALUATOR = AdversarialEvaluator

@@ -99,3 +99,7 @@ class AffNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
 
   def run(self, params) -> dict:
     return self.batched.evaluate(params, self.set)
+
+
+# Registered under these names in the config (capsjax/config/registries.py).
+EVALUATORS = {"affine_mnist": AffineMNISTEvaluator, "affnist": AffNISTEvaluator}

@@ -75,3 +75,7 @@ class CropAverageEvaluator(evaluators.Evaluator):
     return {"accuracy": accuracy, "error": 1.0 - accuracy, **result,
             "crops": len(self.offsets), "chance": metrics.chance_levels(self.num_classes)[
                 "accuracy"]}
+
+
+# Registered under these names in the config (capsjax/config/registries.py).
+EVALUATORS = {"crop_average": CropAverageEvaluator}

@@ -145,3 +145,7 @@ class ReconstructionDetectionEvaluator(AdversarialEvaluator):
         self.last_result["threshold"],
         f"{self.name}: {self.num_examples} test images; threshold = validation "
         f"{self.percentile:g}th percentile")
+
+
+# Registered under these names in the config (capsjax/config/registries.py).
+EVALUATORS = {"reconstruction_detection": ReconstructionDetectionEvaluator}

@@ -125,3 +125,8 @@ class RandomlyShiftedEvaluator(evaluators.Evaluator):
 
   def run(self, params) -> dict:
     return self.batched.evaluate(params, self.set)
+
+
+# Registered under these names in the config (capsjax/config/registries.py).
+EVALUATORS = {"split": SplitEvaluator, "shifted": ShiftGridEvaluator,
+              "randomly_shifted": RandomlyShiftedEvaluator}

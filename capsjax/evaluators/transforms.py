@@ -141,3 +141,7 @@ class TransformsEvaluator(evaluators.Evaluator):
     figures.save_transform_curves(
         os.path.join(workdir, f"{self.name}_curves.png"), curves, self.chance, self.familiar,
         f"{self.name}: {self.num_examples} test images each")
+
+
+# Registered (capsjax/config/registries.py): this module's name in the config.
+EVALUATOR = TransformsEvaluator

@@ -60,9 +60,10 @@ Variables that are not ``nnx.Param`` (BatchNorm statistics) are the model's stat
 step keeps what ``apply(train=True)`` writes to them (:mod:`capsjax.training.train_step`), and
 evaluation merges them back with the parameters.
 
-To add a model: a module with such a class, and one line in :data:`MODELS`
-(:class:`capsjax.common.registry.Registry`), or none: name it by import path in the config
-(``examples/tiny_capsnet.py`` is a runnable example).
+To add a model: a module ``capsjax/models/NAME.py`` with such a class and ``MODEL = TheClass``,
+which :data:`MODELS` finds by itself (:mod:`capsjax.config.registries`); or, without touching
+capsjax, name it by import path in the config (``examples/tiny_capsnet.py`` is a runnable
+example).
 """
 
 from __future__ import annotations

@@ -161,3 +161,7 @@ class BaselineCNN(nnx.Module):
 
   def metrics(self, outputs: Outputs, batch: dict) -> dict:
     return metrics.label_sets_correct(outputs.scores, batch["labels"])
+
+
+# Registered (capsjax/config/registries.py): this module's name in the config.
+MODEL = BaselineCNN

@@ -163,3 +163,7 @@ class CapsNet(capsule_model.CapsuleModel):
     (poses ``(batch, in_caps, in_dim)`` and their lengths)."""
     del train
     return self.primary_capsules(jax.nn.relu(self.conv1(images)))
+
+
+# Registered (capsjax/config/registries.py): this module's name in the config.
+MODEL = CapsNet

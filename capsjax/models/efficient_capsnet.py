@@ -217,3 +217,7 @@ class EfficientCapsNet(capsule_model.CapsuleModel):
       else:
         x = jax.nn.relu(norm(x, use_running_average=not train))
     return self.primary_capsules(x)
+
+
+# Registered (capsjax/config/registries.py): this module's name in the config.
+MODEL = EfficientCapsNet

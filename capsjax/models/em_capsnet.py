@@ -291,3 +291,7 @@ def resolved_loss(loss) -> dict:
   if isinstance(loss, ml_collections.FrozenConfigDict):
     return given
   return settings_lib.resolve(given, LOSS_SETTINGS, "config.loss", owner="em_capsnet's loss")
+
+
+# Registered (capsjax/config/registries.py): this module's name in the config.
+MODEL = EMCapsNet

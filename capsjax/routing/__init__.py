@@ -50,8 +50,9 @@ effect). A setting that is misspelled, or set for a router that does not have it
 refused naming it and the router's settings, so ``--config.model.routing.name=uniform`` alone
 switches router, and ``--config.model.routing.iterations=1`` keeps its meaning.
 
-To add a router: a module with ``ROUTER = Router(...)`` (:class:`Router`) and one line in
-:data:`ROUTERS`; or, without touching capsjax, name it by import path in the config
+To add a router: a module ``capsjax/routing/NAME.py`` with ``ROUTER = Router(name="NAME", ...)``
+(:class:`Router`), which :data:`ROUTERS` finds by itself (:mod:`capsjax.config.registries`); or,
+without touching capsjax, name it by import path in the config
 (``--config.model.routing.name=examples/my_router.py:ROUTER``).
 """
 

@@ -1,0 +1,63 @@
+"""capsjax/common/registry.py: a registry reads its entries from its package's files, without
+importing them, and imports an entry when it is asked for."""
+
+import sys
+
+import pytest
+
+from capsjax.common.errors import UsageError
+from capsjax.common.registry import Registry, registered
+from capsjax.config import registries
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+  """A package ``plugs`` on sys.path with a module of each kind; removed after the test."""
+  root = tmp_path / "plugs"
+  root.mkdir()
+  (root / "__init__.py").write_text("")
+  (root / "alpha.py").write_text("class Alpha:\n  pass\n\n\nTHING = Alpha\n")
+  (root / "pair.py").write_text(
+      "class B:\n  pass\n\n\nclass C:\n  pass\n\n\nTHINGS = {'bee': B, 'sea': C}\n")
+  (root / "helper.py").write_text("def make():\n  THING = 1\n  return THING\n")
+  (root / "broken.py").write_text("import no_such_module_anywhere\n\nTHING = 1\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  yield "plugs"
+  for name in [m for m in sys.modules if m == "plugs" or m.startswith("plugs.")]:
+    del sys.modules[name]
+
+
+def test_a_module_registers_under_its_name_or_the_plurals_keys(package):
+  assert registered(package, "THING") == {
+      "alpha": "plugs.alpha:THING", "broken": "plugs.broken:THING",
+      "bee": "plugs.pair:THINGS[bee]", "sea": "plugs.pair:THINGS[sea]"}
+  # Read from the files: nothing of the package's modules was imported.
+  assert not any(m.startswith("plugs.") for m in sys.modules)
+
+
+def test_an_entry_is_imported_when_asked_for_and_a_broken_one_breaks_only_itself(package):
+  things = Registry("thing", "config.thing", package, "THING", attribute="label")
+  assert things.names() == ("alpha", "bee", "broken", "sea")
+  bee = things.get("bee")
+  assert bee.__name__ == "B" and bee.label == "bee"
+  assert things.get("alpha").__name__ == "Alpha"
+  assert "plugs.broken" not in sys.modules
+  with pytest.raises(ModuleNotFoundError):
+    things.get("broken")
+  with pytest.raises(UsageError, match=r"config.thing='helper' is not a registered thing; "
+                                       r"use one of \('alpha', 'bee', 'broken', 'sea'\)"):
+    things.get("helper")
+
+
+def test_capsjaxs_registries_hold_the_paper_setups_and_every_builtin():
+  assert registries.ROUTERS.names() == (
+      "dynamic", "em", "inverted_dot_product", "random", "self_attention", "self_routing",
+      "uniform", "variational_bayes")
+  assert registries.MODELS.names() == ("baseline_cnn", "capsnet", "efficient_capsnet",
+                                       "em_capsnet")
+  assert registries.DATASETS.names() == ("cifar10", "mnist", "multimnist", "smallnorb", "svhn")
+  assert registries.EVALUATORS.names() == (
+      "adversarial", "affine_mnist", "affnist", "crop_average", "randomly_shifted",
+      "reconstruction_detection", "shifted", "split", "transforms")
+  for name in registries.ROUTERS.names():  # Each file's router carries the file's name.
+    assert registries.ROUTERS.get(name).name == name
