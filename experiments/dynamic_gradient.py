@@ -2,7 +2,7 @@
 router (:func:`capsjax.routing.dynamic.dynamic_routing`): the same forward, with a
 ``custom_vjp`` over all the iterations that reads the votes once per product the chain rule
 needs and writes their cotangent once. Its forward is the router's
-(:func:`capsjax.routing.dynamic_arithmetic.procedure_1`); only the backward pass is here.
+(:func:`capsjax.routing.dynamic.procedure_1`); only the backward pass is here.
 
     python experiments/dynamic_gradient.py [--batches=128,16] [--calls=10]
 
@@ -58,7 +58,7 @@ import numpy as np
 
 from capsjax.routing import dynamic
 from capsjax.routing.core import squash
-from capsjax.routing.dynamic_arithmetic import (agreement, preactivation, procedure_1,
+from capsjax.routing.dynamic import (agreement, preactivation, procedure_1,
                                                 uniform_coupling)
 
 

@@ -29,6 +29,7 @@ import os
 import pathlib
 import sys
 import types
+from capsjax.common.errors import UsageError
 
 
 class Registry:
@@ -66,8 +67,6 @@ class Registry:
   def get(self, name: str) -> type:
     """The class registered as ``name``, or named by its import path (``"module:Class"``,
     ``"file.py:Class"``); UsageError naming the key and the choices if none."""
-    from capsjax.common.errors import UsageError
-
     if not isinstance(name, str) or (name not in self.entries and ":" not in name):
       raise UsageError(f"{self.key}={name!r} is not a registered {self.kind}; use one of "
                        f"{self.names()}, or name your own as 'module:Class' or "
@@ -112,8 +111,6 @@ def registered(package: str, export: str) -> dict[str, str]:
 def import_module(name: str, what: str) -> types.ModuleType:
   """Module ``name`` (dotted), or the Python file ``name`` (ending in ``.py``, loaded once per
   process); UsageError saying ``what`` asked for it when it cannot be found."""
-  from capsjax.common.errors import UsageError
-
   if not name.endswith(".py"):
     try:
       return importlib.import_module(name)

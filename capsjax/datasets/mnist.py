@@ -55,7 +55,9 @@ class MNIST(datasets.Builder):
     self.pad, self.shift = int(d.pad), int(d.shift_pixels)
     settings_lib.check_rules(SHIFT_RULES, {"data.pad": self.pad,
                                            "data.shift_pixels": self.shift})
-    self.digit_augment = digit_augment.Settings.from_config(d)
+    augmentation = digit_augment.Settings.from_config(d)
+    # Efficient-CapsNet's augmentation, or None: decided here, not in every traced step.
+    self.digit_augment = augmentation if augmentation.active else None
     h, w, c = self.FILE_SHAPE
     self.info = datasets.DatasetInfo((h + 2 * self.pad, w + 2 * self.pad, c), self.NUM_CLASSES)
 
@@ -78,7 +80,7 @@ class MNIST(datasets.Builder):
     """``(images, key)``: the train digits ``indices`` as floats, through Efficient-CapsNet's
     augmentation where it is set, and the key left for the shifts."""
     images = datasets.to_float(examples["images"][indices])
-    if self.digit_augment.active:
+    if self.digit_augment is not None:
       digit_key, key = jax.random.split(key)
       images = digit_augment.augment(digit_key, images, self.digit_augment)
     return images, key

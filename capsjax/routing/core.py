@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from capsjax.config.settings import NON_NEGATIVE, Setting, at_least, declared
+from capsjax.common import checks
 
 
 def safe_norm(x: jax.Array, axis: int = -1, epsilon: float = 0.0,
@@ -183,8 +184,6 @@ SQUASH_EPSILON = Setting(0.0, "Eq. 1's epsilon: 0 is Eq. 1 exactly; public code 
 
 def check_iterations(value) -> None:
   """UsageError unless ``config.model.routing.iterations`` is an integer >= 1."""
-  from capsjax.common import checks
-
   checks.count(value, "config.model.routing.iterations", minimum=1)
 
 

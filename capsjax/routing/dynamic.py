@@ -13,19 +13,27 @@ Shapes used throughout:
 
 The votes are the only large tensor: nothing here forms an array of size
 batch x in_caps x out_caps x out_dim x in_dim.
+
+Procedure 1 itself (:func:`procedure_1`) is written once, on parent-major votes
+``(batch, out_caps, out_dim, in_caps)`` (logits and coupling ``(batch, out_caps, in_caps)``):
+both products with the votes are then batched matrix-vector products over
+``(batch, out_caps)`` with no transpose of the votes between iterations (on XLA:CPU the faster
+layout). :func:`dynamic_routing` calls it, differentiated by JAX; so does the written-out
+backward pass that ``experiments/dynamic_gradient.py`` measures against it (its custom VJP
+runs :func:`procedure_1` forward and uses :func:`preactivation` and :func:`agreement` as each
+other's transposes).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from capsjax.config.settings import Setting, one_of
-from capsjax.routing import dynamic_arithmetic
 from capsjax.routing.core import (SQUASH_EPSILON, Router, RoutingResult, coupling_statistics,
-                                  iterations_setting, safe_norm)
+                                  iterations_setting, safe_norm, squash)
 
 SOFTMAX_AXES = ("output", "input")
 
@@ -66,6 +74,102 @@ def _softmax_axis_index(softmax_axis: str) -> int:
   if softmax_axis == "input":
     return 1
   raise ValueError(f"softmax_axis must be one of {SOFTMAX_AXES}, got {softmax_axis!r}.")
+
+
+# --- Procedure 1 on parent-major votes ---------------------------------------------------
+
+def preactivation(votes: jax.Array, coupling: jax.Array) -> jax.Array:
+  """Eq. 2, ``s_j = sum_i c_ij u_hat_{j|i}``: ``(b, j, d, i)``, ``(b, j, i)`` -> ``(b, j, d)``."""
+  return jnp.einsum("bjdi,bji->bjd", votes, coupling)
+
+
+def agreement(votes: jax.Array, parents: jax.Array) -> jax.Array:
+  """Procedure 1, line 7, ``u_hat_{j|i} . v_j``: ``(b, j, d, i)``, ``(b, j, d)`` ->
+  ``(b, j, i)``."""
+  return jnp.einsum("bjdi,bjd->bji", votes, parents)
+
+
+def uniform_coupling(votes: jax.Array, uniform: float) -> jax.Array:
+  """The first iteration's coupling (``b = 0``), ``(b, j, i)`` all ``uniform``: written as a
+  constant, XLA need not constant-fold a softmax over a whole array (seconds)."""
+  return jnp.full(votes.shape[:2] + votes.shape[3:], uniform, votes.dtype)
+
+
+def procedure_1(votes: jax.Array, *, iterations: int,
+                normalise: Callable[[jax.Array], jax.Array], uniform: float,
+                bias: jax.Array | None = None, squash_epsilon: float = 0.0,
+                routed_votes: jax.Array | None = None,
+                observe: Callable[..., Any] | None = None, observed: Any = None,
+                python_loop: bool = False):
+  """Routing-by-agreement (Procedure 1)::
+
+      b <- 0
+      for t = 0 .. r-1:
+        c_t <- normalise(b)                      # Line 4 (uniform for t = 0)
+        s_t <- sum_i c_t u_hat (+ bias)          # Line 5, Eq. 2
+        v_t <- squash(s_t)                       # Line 6, Eq. 1
+        b   <- b + u_hat . v_t                   # Line 7 (t < r-1)
+
+  Args:
+    votes: u_hat, parent-major ``(batch, out_caps, out_dim, in_caps)``.
+    iterations: r >= 1, a Python int (static bounds: the loop stays reverse-differentiable).
+    normalise: logits ``(batch, out_caps, in_caps)`` -> coupling (the softmax over the chosen
+      axis, leaky or not).
+    uniform: the first iteration's coupling, ``normalise`` of zeros.
+    bias: ``(out_caps, out_dim)`` added to every ``s_t``, or None.
+    squash_epsilon: see :func:`capsjax.routing.core.squash`.
+    routed_votes: the votes that the iterations before the last route with (default
+      ``votes``); ``stop_gradient(votes)`` gives the switch ``stop_gradient``: only the last
+      ``s_t`` sees the votes themselves.
+    observe: ``observe(observed, t, b_t, c_t, s_t) -> observed``, called at each iteration
+      with the logits it started from (zeros for t = 0), its coupling and ``s_t`` (a trace
+      for diagnostics, or the residuals of a backward pass); ``t`` may be traced.
+    observed: what ``observe`` starts from (arrays of fixed shapes, unless ``python_loop``).
+    python_loop: run the iterations as a Python loop instead of ``fori_loop``, so that
+      ``observe`` sees each ``t`` as an int and may keep what it is given in a list (the
+      residuals of experiments/dynamic_gradient.py's backward pass: no arrays to write them
+      into).
+
+  Returns:
+    The parents v_{r-1}, ``(batch, out_caps, out_dim)``, and ``observed``.
+  """
+  routed_votes = votes if routed_votes is None else routed_votes
+
+  def s_of(coupling, votes_):
+    s = preactivation(votes_, coupling)
+    return s if bias is None else s + bias
+
+  def note(observed, t, logits, coupling, s):
+    return observed if observe is None else observe(observed, t, logits, coupling, s)
+
+  def iteration(t, observed, logits, coupling):
+    """Lines 5-7: the next logits."""
+    s = s_of(coupling, routed_votes)
+    observed = note(observed, t, logits, coupling, s)
+    return logits + agreement(routed_votes, squash(s, epsilon=squash_epsilon)), observed
+
+  logits = jnp.zeros(votes.shape[:2] + votes.shape[3:], votes.dtype)
+  coupling = uniform_coupling(votes, uniform)
+  if iterations > 1:
+    logits, observed = iteration(0, observed, logits, coupling)
+
+  def intermediate_iteration(t, carry):
+    logits, observed = carry
+    return iteration(t, observed, logits, normalise(logits))
+
+  # Unrolled: a rolled loop stacks per-iteration residuals for the gradient, which XLA:CPU
+  # ran slower; r is small.
+  if python_loop:
+    for t in range(1, iterations - 1):
+      logits, observed = intermediate_iteration(t, (logits, observed))
+  else:
+    logits, observed = jax.lax.fori_loop(1, iterations - 1, intermediate_iteration,
+                                         (logits, observed), unroll=True)
+  if iterations > 1:
+    coupling = normalise(logits)
+  s = s_of(coupling, votes)
+  observed = note(observed, iterations - 1, logits, coupling, s)
+  return squash(s, epsilon=squash_epsilon), observed
 
 
 class RoutingTrace(NamedTuple):
@@ -131,7 +235,7 @@ def dynamic_routing(votes: jax.Array,
   if votes.ndim != 4:
     raise ValueError("votes must have shape (batch, in_caps, out_caps, out_dim), "
                      f"got shape {votes.shape}.")
-  # Inside, everything is parent-major (capsjax/routing/dynamic_arithmetic.py); XLA folds
+  # Inside, everything is parent-major (:func:`procedure_1`); XLA folds
   # the one transpose here into the einsum that made the votes.
   _softmax_axis_index(softmax_axis)  # Validates early with a clear message.
   softmax_index = {"output": 1, "input": 2}[softmax_axis]
@@ -153,7 +257,7 @@ def dynamic_routing(votes: jax.Array,
     trace = RoutingTrace(logits=empty, coupling=empty,
                          preactivation_norm=jnp.zeros((num_iterations, batch, out_caps),
                                                       votes.dtype))
-  outputs, trace = dynamic_arithmetic.procedure_1(
+  outputs, trace = procedure_1(
       votes, iterations=num_iterations, normalise=normalise, uniform=uniform, bias=bias,
       squash_epsilon=squash_epsilon, observe=record if return_trace else None, observed=trace,
       routed_votes=jax.lax.stop_gradient(votes) if stop_gradient else votes)

@@ -21,6 +21,9 @@ from ml_collections import config_flags
 from capsjax.common.errors import NonFiniteLossError, UsageError
 from capsjax.common import files
 from capsjax.runs import hostmemory
+from capsjax.config import runconfig
+from capsjax.runs import lost_peer
+from capsjax.runs.preemption import Preempted
 
 
 # The repository's configs/: capsjax/runs/cli.py -> the repository root.
@@ -108,8 +111,6 @@ def missing_override(argv: list[str]) -> tuple[str, str, str] | None:
   the file of ``--FLAG`` lacks; ``hint`` is `` Did you mean --config.train.num_steps?`` (keys
   of any section that end the same way, else the closest spellings) or "". None when every
   key exists or a file cannot be read."""
-  from capsjax.config import runconfig
-
   for family in CONFIG_FLAGS:
     prefix = f"--{family}."
     asked = [a.split("=", 1)[0][len(prefix):] for a in argv if a.startswith(prefix)]
@@ -198,9 +199,6 @@ def clear_errors():
   non-finite loss (exit 1), a stop by a signal after saving (exit 128 + the signal's number,
   as if the signal had ended it), a process of a multi-process run lost (exit 75:
   :mod:`capsjax.runs.lost_peer`). Every other error surfaces unchanged."""
-  from capsjax.runs import lost_peer
-  from capsjax.runs.preemption import Preempted
-
   try:
     yield
   except UsageError as e:

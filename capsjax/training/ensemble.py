@@ -16,8 +16,15 @@ import os
 
 import numpy as np
 
-from capsjax.config import precision
+from capsjax import evaluators
+from capsjax.common import files
 from capsjax.common.errors import UsageError
+from capsjax.config import precision
+from capsjax.models import metrics
+from capsjax.runs import workdirs
+from capsjax.runs.reporting import chance_text, is_finished, log
+from capsjax.training import restoring
+from capsjax.training.setup import Setup
 
 # What members must share to be averaged over one test set.
 MUST_MATCH = (("dataset",), ("model", "num_classes"), ("model", "image_shape"))
@@ -26,8 +33,6 @@ MUST_MATCH = (("dataset",), ("model", "num_classes"), ("model", "image_shape"))
 def members_of(paths: list[str]) -> tuple[list[str], str]:
   """The run directories, and where ensemble.json goes: one sweep directory gives its
   finished runs and itself; a list gives itself and the runs' common parent."""
-  from capsjax.runs.reporting import is_finished
-
   paths = [os.path.abspath(p) for p in paths if p]
   if len(paths) == 1 and not os.path.exists(os.path.join(paths[0], "config.json")):
     if not os.path.isdir(paths[0]):
@@ -64,12 +69,6 @@ def member_scores(members: list[str], checkpoint: str = "latest",
                   data_dir: str | None = None) -> tuple[list[np.ndarray], np.ndarray, list]:
   """Each member's class scores on the (shared) test set, the labels, and per member its
   ``{"workdir", "checkpoint_step", "selected_on", "accuracy"}``."""
-  from capsjax import evaluators
-  from capsjax.models import metrics
-  from capsjax.runs.reporting import log
-  from capsjax.training import restoring
-  from capsjax.training.setup import Setup
-
   configs = []
   for member in members:
     try:
@@ -101,12 +100,6 @@ def evaluate_ensemble(paths: list[str], checkpoint: str = "latest", data_dir: st
                       output: str | None = None) -> dict:
   """Evaluates the runs in ``paths`` as one ensemble; returns what ensemble.json holds."""
   import jax
-
-  from capsjax.models import metrics
-
-  from capsjax.common import files
-  from capsjax.runs import workdirs
-  from capsjax.runs.reporting import chance_text, log
 
   members, default_output = members_of(paths)
   folder = output or default_output

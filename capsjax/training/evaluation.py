@@ -33,6 +33,7 @@ from capsjax.config import run_settings
 from capsjax import datasets
 from capsjax.common import platform, public_names
 from capsjax.training import inflight
+from capsjax.runs import reporting
 
 SETTINGS = run_settings.EVALUATION  # config.eval.batch_size.
 
@@ -88,7 +89,6 @@ def _show_progress(label: str | None, done: int, total: int, values) -> None:
   terminal, about every quarter of the set in a log."""
   if label is None or jax.process_index() != 0:
     return
-  from capsjax.runs import reporting
 
   every = 1 if reporting.is_terminal(sys.stderr) else max(1, -(-total // 4))
   if done % every == 0 or done == total:

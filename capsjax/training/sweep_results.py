@@ -14,9 +14,13 @@ import json
 import os
 import pathlib
 
-from capsjax.common import files
+from capsjax.common import figures, files
+from capsjax.common.errors import UsageError
+from capsjax.config import history, migrations, runconfig
+from capsjax.runs import predictions
 from capsjax.runs.reporting import chance_text, is_finished
-from capsjax.stats import spread
+from capsjax.stats import matched as matched_lib
+from capsjax.stats import paired, sides, spread
 
 RESULT_COLUMNS = ("test_accuracy", "test_error", "test_loss", "step", "selected_on",
                   "train_images_per_second", "num_params")
@@ -93,9 +97,6 @@ def collect(points: list, workdir: str, tables: dict | None = None,
   other row is compared with, seed by seed on the same test examples
   (:func:`paired_table`).
   """
-  from capsjax.config import migrations, runconfig
-  from capsjax.config import history
-
   keys = list(dict.fromkeys(k for p in points for k in p.overrides))
   rows, missing, evaluations = [], [], {}
   for point in points:
@@ -139,8 +140,6 @@ def collect(points: list, workdir: str, tables: dict | None = None,
     if paired_reference:
       f.write("\n" + paired_table(rows, keys, workdir, paired_reference))
     if matched:
-      from capsjax.stats import matched as matched_lib
-
       finished = {row["run"]: os.path.join(workdir, row["run"]) for row in rows}
       f.write("\n" + matched_lib.matched_table(finished, **matched))
     if missing:
@@ -160,9 +159,6 @@ def differing_settings(workdir_a: str, workdir_b: str) -> list[str]:
   """``"key: A's -> B's"`` for each setting in which two runs' ``config.json`` differ, both
   resolved, their seeds and the settings declared neutral but the budget's left out
   (:func:`capsjax.config.history.config_changes`); none where either has none."""
-  from capsjax.config import migrations, runconfig
-  from capsjax.config import history
-
   raw_a, raw_b = (runconfig.read_raw(w) for w in (workdir_a, workdir_b))
   if raw_a is None or raw_b is None:
     return []
@@ -180,10 +176,6 @@ def paired_table(rows: list[dict], keys: list[str], workdir: str, reference: dic
   the two verdicts (these trained models; the setup) and the seed pairs the difference needs
   (:mod:`capsjax.stats.paired`), and the warnings of :mod:`capsjax.stats.sides`. A setting
   whose runs kept no predictions (before 2026-11-28) says so."""
-  from capsjax.common.errors import UsageError
-  from capsjax.runs import predictions
-  from capsjax.stats import paired, sides
-
   shown = {k: config_label(v) if k == CONFIG_KEY else format_value(v)
            for k, v in reference.items()}
   groups = _group(rows, keys)
@@ -331,7 +323,6 @@ def _plot(groups: list[dict], keys: list[str], workdir: str) -> None:
   drawn as markers side by side. The error axis is logarithmic when the errors span more than a factor of ten."""
   if not groups:
     return
-  from capsjax.common import figures
 
   plt = figures.pyplot()  # On the Agg backend.
 
