@@ -174,13 +174,13 @@ def declared(dataset_class: type, model_class: type) -> tuple[dict[str, Setting]
   return table, rules
 
 
-def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A resolved copy of ``config`` (``config`` itself is not written): every setting in effect,
-  the model's ``image_shape`` and ``num_classes`` from the dataset, and what the model derives
-  (its ``resolve_config``). Raises UsageError, one line naming the key, for a key nobody
+def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
+  """A resolved copy of ``config`` (``config`` itself is not written), frozen: every setting
+  in effect, the model's ``image_shape`` and ``num_classes`` from the dataset, and what the
+  model derives (its ``resolve_config``). Raises UsageError, one line naming the key, for a key nobody
   declared, a required key left unset, a value of the wrong type, out of range or against a
   rule, and settings the dataset, model, router, optimiser or an evaluation cannot use
-  together. Resolving a resolved config gives it back."""
+  together. Resolving a resolved config gives an equal one."""
   raw = copy.deepcopy(config.to_dict() if hasattr(config, "to_dict") else dict(config))
   top = {key: settings_lib.check_value(f"config.{key}", TOP[key],
                                        _section(raw, key)) for key in TOP}
@@ -197,24 +197,13 @@ def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
                                                ("model.", model_class), ("loss.", model_class))
                     if getattr(cls, "SETTINGS", None) is None)
   flat = settings_lib.flatten(raw)
-  given = {}
-  for key, value in flat.items():
-    if key in table:
-      continue
-    if key.startswith(unchecked):
-      given[key] = value
-      continue
-    close = settings_lib.nearest(key, table)
-    hint = f"; did you mean config.{close}?" if close else ""
-    raise UsageError(f"config.{key} is not a setting of "
-                     f"{_owner(key, top['dataset'], top['model.name'])}{hint}")
-  values = {key: settings_lib.check_value(f"config.{key}", setting, flat.get(key),
-                                          allow_unusual)
-            for key, setting in table.items()}
+  owner_of = lambda key: _owner(key, top["dataset"], top["model.name"])
+  values = settings_lib.resolve(flat, table, "config", allow_unusual=allow_unusual,
+                                owner_of=owner_of, unchecked=unchecked)
   values.update(top)
   settings_lib.check_rules(rules, values, allow_unusual)
 
-  resolved = unflatten({**values, **given})
+  resolved = unflatten(values)
   resolved[OPTIMIZER] = optimizer_settings.resolve(optimizer, allow_unusual=allow_unusual)
   for path, section in routed.items():
     chosen, settings = resolve_routing(section or {}, allow_unusual=allow_unusual)

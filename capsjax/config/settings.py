@@ -1,7 +1,6 @@
-"""Settings, declared beside the code that reads them, and the one function that resolves them.
+"""Settings, declared once each, and the one function that resolves them.
 
-Every key a config may hold is declared once, next to the code that reads it, as a
-:class:`Setting`: its default (or :data:`REQUIRED`: every config file sets it), what it
+Every key a config may hold is declared once, as a :class:`Setting`: its default (or :data:`REQUIRED`: every config file sets it), what it
 means, its type and the values it may take. The tables (``{key: Setting}``, keys relative to
 their section) are:
 
@@ -9,15 +8,16 @@ their section) are:
 * an evaluator class's ``SETTINGS`` (``config.evals.NAME``; :mod:`capsjax.evaluators`),
 * a model class's ``SETTINGS`` (``config.model`` and the model's ``config.loss``),
 * a dataset builder's ``SETTINGS`` (``config.data``),
-* the optimisers' and schedules' (``config.optimizer``; ``capsjax/training/optimizers.py``),
-* the run's own (``seed``, ``train``, ``eval``: ``capsjax/config/schema.py``).
+* the optimisers' and schedules' (``config.optimizer``; :mod:`capsjax.config.optimizer`),
+* the run's own (``seed``, ``train``, ``eval``, ...: :mod:`capsjax.config.run_settings`).
 
 :func:`resolve` is the one resolver: it fills in the defaults, and refuses a key nobody
 declared (naming the nearest declared one), a value of the wrong type or outside its range,
 and a required key left unset, each as one line naming the key (a
-:class:`capsjax.common.errors.UsageError`). :func:`capsjax.config.schema.resolve_config`
-runs it over a whole config, before anything is compiled, and ``python -m
-capsjax.config.schema`` lists every table (docs/config_keys.md).
+:class:`capsjax.common.errors.UsageError`); :func:`read` is it over a table's own keys of a
+section. :func:`capsjax.config.schema.resolve_config` runs it over a whole config, once per
+command before anything is compiled, and ``python -m capsjax.config.schema`` lists every table
+(docs/config_keys.md).
 
 A value that is legal but almost surely a mistake (a negative loss weight, m+ <= m-) is
 refused too, unless the config sets ``allow_unusual=True``: such a check is marked
@@ -245,21 +245,31 @@ def check_value(where: str, setting: Setting, value, allow_unusual: bool = False
 
 def resolve(values: Mapping[str, Any], table: Mapping[str, Any], where: str, *,
             owner: str = "", elsewhere: Mapping[str, str] | None = None,
-            allow_unusual: bool = False) -> dict[str, Any]:
+            allow_unusual: bool = False, owner_of: Callable[[str], str] | None = None,
+            unchecked: tuple[str, ...] = ()) -> dict[str, Any]:
   """The settings of one section in effect: every key of ``table`` (``{key: Setting}``, keys
   relative to the section ``where``, e.g. ``"config.model.routing"``) with its value in
-  ``values`` (flat, the same relative keys) or its default.
+  ``values`` (flat, the same relative keys) or its default. The one resolver: a router's,
+  an optimiser's, an evaluation's and a whole run config's settings
+  (:func:`capsjax.config.schema.resolve_config`) all come through it.
 
   Raises UsageError, one line naming the key: for a key of ``values`` that ``table`` does not
   declare (with the nearest declared key; ``elsewhere`` maps keys that other choices declare
   to their owner, e.g. another router's setting, which may be present only unset); for a
   required key left unset; for a value of the wrong type or out of range (:func:`check_value`).
-  ``owner`` names the table in messages (``"router 'dynamic'"``).
+  ``owner`` names the table in messages (``"router 'dynamic'"``); ``owner_of(key)``, where
+  given, names the owner of each key instead (a whole config's: ``"model 'capsnet'"``), and
+  the message then lists no settings. Keys that start with one of ``unchecked`` (a section
+  whose class declares no settings) are taken as given, unchecked.
   """
   table = declared(table)
   elsewhere = elsewhere or {}
+  given = {}
   for key, value in values.items():
     if key in table:
+      continue
+    if unchecked and key.startswith(unchecked):
+      given[key] = value
       continue
     if key in elsewhere:
       if value is None:
@@ -268,21 +278,22 @@ def resolve(values: Mapping[str, Any], table: Mapping[str, Any], where: str, *,
                        f"{elsewhere[key]}'s); leave it unset, or choose that one.")
     close = nearest(key, table)
     hint = f"; did you mean {where}.{close}?" if close else ""
+    if owner_of is not None:
+      raise UsageError(f"{where}.{key} is not a setting of {owner_of(key)}{hint}")
     raise UsageError(f"{where}.{key} is not a setting of {owner or where}{hint} (its "
                      f"settings: {', '.join(sorted(table)) or 'none'}).")
-  return {key: check_value(f"{where}.{key}", setting, values.get(key), allow_unusual)
-          for key, setting in table.items()}
+  return {**{key: check_value(f"{where}.{key}", setting, values.get(key), allow_unusual)
+             for key, setting in table.items()}, **given}
 
 
 def read(section, table: Mapping[str, Any], where: str, allow_unusual: bool = False
          ) -> dict[str, Any]:
   """The settings of ``table`` (keys relative to ``section``, e.g. ``"shift_pixels"``) in effect
-  in ``section`` (a config node, or None: absent), checked as :func:`resolve` checks them;
-  other keys of ``section`` are not this table's business (a dataset's ``config.data`` holds
-  those of its sources too)."""
-  return {key: check_value(f"{where}.{key}", setting,
-                           None if section is None else section.get(key), allow_unusual)
-          for key, setting in declared(table).items()}
+  in ``section`` (a config node, or None: absent), as :func:`resolve` gives them; other keys of
+  ``section`` are not this table's business (a dataset's ``config.data`` holds those of its
+  sources too), so they are not looked at."""
+  values = {key: None if section is None else section.get(key) for key in declared(table)}
+  return resolve(values, table, where, allow_unusual=allow_unusual)
 
 
 def flatten(tree: Mapping, prefix: str = "", stop: Callable[[str], bool] = lambda k: False
