@@ -80,7 +80,7 @@ def test_a_capsule_models_per_run_numbers_are_its_loss_settings_fields():
 
   from capsjax.config import per_run
   from capsjax.models.capsule_head import CapsuleHead, LossSettings
-  from capsjax.models.capsule_model import CapsuleModel
+  from capsjax.models.capsule_head import CapsuleModel
   from capsjax.models.outputs import Outputs
 
   fields = [f.name for f in dataclasses.fields(LossSettings)]

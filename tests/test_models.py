@@ -276,13 +276,13 @@ def test_a_batch_without_reconstruction_targets_is_refused_not_reconstructed_fro
   assert np.all(np.asarray(parts["reconstruction_loss"]) > 0)
 
 
-def test_capsule_models_hold_the_head_and_take_the_interface_from_capsule_model():
+def test_capsule_models_hold_the_head_and_take_the_interface_from_capsule_model_class():
   """The head by composition: no model copies the head's functions (issue 47 item 2); the
   model's loss and metrics are the head's, on the model's own layers."""
-  from capsjax.models import capsule_head, capsule_model, efficient_capsnet
+  from capsjax.models import capsule_head, efficient_capsnet
 
   for cls in (capsnet.CapsNet, efficient_capsnet.EfficientCapsNet):
-    assert issubclass(cls, capsule_model.CapsuleModel)
+    assert issubclass(cls, capsule_head.CapsuleModel)
     assert not {"__call__", "apply", "loss", "metrics", "decode"} & set(vars(cls)), cls
   model = capsnet.CapsNet(smoke_config(), rngs=nnx.Rngs(0))
   assert isinstance(model.head, capsule_head.CapsuleHead)

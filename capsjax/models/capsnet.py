@@ -15,7 +15,7 @@ from flax import nnx
 from capsjax import routing
 from capsjax.common.errors import UsageError
 from capsjax.config.settings import NON_NEGATIVE, POSITIVE, Setting
-from capsjax.models import SHAPE_SETTINGS, capsule_head, capsule_layers, capsule_model, layers
+from capsjax.models import SHAPE_SETTINGS, capsule_head, capsule_layers, layers
 from capsjax.models.capsule_head import LossSettings, check_scores  # noqa: F401 (re-exported)
 from capsjax.routing.core import SQUASH_EPSILON
 
@@ -91,7 +91,7 @@ def primary_grid(config: ml_collections.ConfigDict) -> tuple[int, int]:
   return size[0], size[1]
 
 
-class CapsNet(capsule_model.CapsuleModel):
+class CapsNet(capsule_head.CapsuleModel):
   """Conv1 -> PrimaryCaps -> class capsules (routing) [-> decoder].
 
   Every size comes from ``config`` (``config.model`` of the configs in

@@ -43,7 +43,7 @@ from flax import nnx
 from capsjax import routing
 from capsjax.common.errors import UsageError
 from capsjax.config.settings import POSITIVE, Setting, at_least, between, each, one_of
-from capsjax.models import SHAPE_SETTINGS, capsule_head, capsule_layers, capsule_model, layers
+from capsjax.models import SHAPE_SETTINGS, capsule_head, capsule_layers, layers
 from capsjax.models.capsule_head import LossSettings, check_scores
 
 POSITIONS = ("after_relu", "before_relu")
@@ -153,7 +153,7 @@ class DepthwisePrimaryCapsules(nnx.Module):
     return capsule_layers.vector_capsules(routing.exp_squash(x.reshape(x.shape[0], -1, self.dim)))
 
 
-class EfficientCapsNet(capsule_model.CapsuleModel):
+class EfficientCapsNet(capsule_head.CapsuleModel):
   """Convolutions with BatchNorm -> depthwise primary capsules -> class capsules [-> decoder].
 
   The BatchNorm statistics are model state (``nnx.BatchStat``): the train step updates them
