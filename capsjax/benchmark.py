@@ -35,8 +35,14 @@ import types
 
 from absl import app, flags, logging
 
+from capsjax import datasets
 from capsjax.common.errors import UsageError
+from capsjax.config import precision, schema
+from capsjax.perf import costs, layer_profile, rates
 from capsjax.runs import cli
+from capsjax.training import memory, train_step
+from capsjax.training.setup import Setup
+from capsjax.training.tasks import Task
 
 # The command's flags (define_flags), once it runs.
 FLAGS: types.SimpleNamespace | None = None
@@ -78,9 +84,6 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
   ``layer_profile``, the rows of :func:`capsjax.perf.layer_profile.layer_table` (and
   ``layer_profile_table``, their markdown). Everything, the matmul rate included, in
   ``config.matmul_precision``."""
-  from capsjax.config import precision
-  from capsjax.config import schema
-
   config = schema.as_resolved(config)  # Every setting checked before anything runs.
   with precision.scope(config):
     report = _measure(config, min_seconds, matmul_size, profile_depth, copy_mb)
@@ -89,8 +92,6 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
 
 def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
   import jax
-
-  from capsjax.perf import costs, rates
 
   devices = jax.devices()
   batch, num_steps = config.train.batch_size, config.train.steps_per_dispatch
@@ -172,8 +173,6 @@ def _compile(setup, train_step, state, examples, shared, num_steps: int,
   computation is the same)."""
   import contextlib
 
-  from capsjax.perf import layer_profile
-
   start = time.perf_counter()
   scopes = (layer_profile.module_scopes(setup.task.model_class, setup.task.abstract_model)
             if profile_depth else contextlib.nullcontext())
@@ -186,8 +185,6 @@ def _profile(train_once, compiled, traffic, depth: int, num_steps: int,
              train_seconds: float) -> dict:
   """``launches_per_step`` and the per-layer table (``layer_profile``, and its markdown) of
   three traced calls of ``train_once``."""
-  from capsjax.perf import layer_profile
-
   seconds, launches = layer_profile.trace_ops(train_once, repeats=3)
   rows = layer_profile.layer_table(seconds, layer_profile.op_layers(compiled.as_text(), depth),
                                    per=num_steps, bytes_by_op=traffic.bytes_by_op)
@@ -199,8 +196,6 @@ def _profile(train_once, compiled, traffic, depth: int, num_steps: int,
 def _eval_rate(setup, variables, eval_batch: int, min_seconds: float) -> float:
   """Eval images/s of one evaluation batch of the test split (``variables()``: the current
   parameters)."""
-  from capsjax.perf import rates
-
   eval_set = setup.batched.eval_set(setup.splits["test"].first(eval_batch),
                                      setup.task.dataset.eval_batch)
   seconds = rates.time_repeated(lambda: setup.batched.evaluate(variables(), eval_set),
@@ -213,9 +208,6 @@ def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> 
   step (:class:`capsjax.training.train_step.Step`, vectorised; N=1: the ordinary jitted step),
   ``speedup`` against N=1 (the rate of the same runs one by one), the seconds per dispatch
   and the step's new memory per device; in ``config.matmul_precision``."""
-  from capsjax.config import precision
-  from capsjax.config import schema
-
   config = schema.resolve_config(config)
   with precision.scope(config):
     return _vectorized_rates(config, run_counts, min_seconds)
@@ -223,9 +215,6 @@ def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> 
 
 def _vectorized_rates(config, run_counts: list[int], min_seconds: float) -> list[dict]:
   import jax
-
-  from capsjax.perf import rates
-  from capsjax.training import memory, train_step
 
   batch, num_steps = config.train.batch_size, config.train.steps_per_dispatch
   setup, split, state = _random_data_setup(config)
@@ -261,9 +250,6 @@ def _random_data_setup(config):
   """``(setup, split, state)``: the config's setup loaded with random data of its train
   split's shapes (at least 4 batches, 1,024 examples and an evaluation batch) as both train
   and test, and fresh parameters."""
-  from capsjax.training.setup import Setup
-  from capsjax.training.tasks import Task
-
   dataset = Task.from_config(config).dataset
   split = random_split(dataset, max(4 * config.train.batch_size, 1024, config.eval.batch_size))
   setup = Setup(config, splits={"train": split, "test": dataset.eval_split_like(split)})
@@ -274,8 +260,6 @@ def random_split(builder, num_examples: int):
   """Random bytes and labels of the shapes the builder's train split has (the data are
   not read: benchmarks need no files)."""
   import numpy as np
-
-  from capsjax import datasets
 
   rng = np.random.default_rng(0)
   examples = {}
@@ -302,7 +286,6 @@ def main(argv):
       _print_runs_table(rows)
       return
     if f.profile.value:  # Before any backend starts (layer_profile's docstring says why).
-      from capsjax.perf import layer_profile
       os.environ["XLA_FLAGS"] = layer_profile.without_command_buffers(
           os.environ.get("XLA_FLAGS", ""))
     result = run_benchmark(cli.config_from_flag(f.config), f.seconds.value,

@@ -36,8 +36,12 @@ import types
 
 from absl import flags
 
+from capsjax.common import figures, files
 from capsjax.common.errors import UsageError
-from capsjax.runs import cli
+from capsjax.config import runconfig
+from capsjax.runs import cli, predictions
+from capsjax.stats import paired, sides
+from capsjax.training import sweep_results
 
 FLAGS: types.SimpleNamespace | None = None
 FIGURE_EXAMPLES = 24  # Per side in disagreements.png.
@@ -63,8 +67,6 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
 
 def runs_of(spec: str) -> list[tuple[int, str]]:
   """``[(seed, workdir)]`` of one side (see the module docstring), by seed."""
-  from capsjax.config import runconfig
-
   path, _, setting = spec.partition(":")
   if not os.path.isdir(path):
     raise UsageError(f"{path!r} is not a directory: give a run's workdir or a sweep directory.")
@@ -96,15 +98,11 @@ def runs_of(spec: str) -> list[tuple[int, str]]:
 
 
 def seed_of(workdir: str) -> int:
-  from capsjax.config import runconfig
-
   return int(runconfig.load(workdir).seed)  # Recorded in effect, as every setting.
 
 
 def load_side(spec: str, evaluation: str, which: str) -> list[tuple[int, str, object]]:
   """``[(seed, workdir, Predictions)]`` of one side's runs, by seed."""
-  from capsjax.runs import predictions
-
   name = predictions.RUN_FILE if which == "run" else predictions.EVALUATE_FILE
   found = []
   for seed, workdir in runs_of(spec):
@@ -119,8 +117,6 @@ def load_side(spec: str, evaluation: str, which: str) -> list[tuple[int, str, ob
 def pair_runs(side_a: list, side_b: list) -> tuple[list, list]:
   """``([(label, A's run, B's run)], unpaired seeds)``: two runs are one pair whatever their
   seeds; otherwise the runs of one seed are paired."""
-  from capsjax.stats import paired
-
   if len(side_a) == 1 and len(side_b) == 1:
     return [(paired.pair_label(side_a[0][0], side_b[0][0]), side_a[0], side_b[0])], []
   by_a, by_b = ({run[0]: run for run in side} for side in (side_a, side_b))
@@ -148,9 +144,6 @@ def draw(path: str, a, b, title: str) -> None:
   pair's Predictions), from the images of misclassified examples each run kept, under
   ``title`` (the pair and which side is A)."""
   import numpy as np
-
-  from capsjax.common import figures
-  from capsjax.stats import paired
 
   rows_a, rows_b = paired.aligned(a, b)
   wrong_a, wrong_b = ~a.correct[rows_a], ~b.correct[rows_b]
@@ -185,10 +178,6 @@ def compare_sides(spec_a: str, spec_b: str, evaluation: str = "test", which: str
                   output: str | None = None) -> dict:
   """Compares the two sides, prints the tables and writes them; returns comparison.json's
   data."""
-  from capsjax.common import files
-  from capsjax.stats import paired, sides
-  from capsjax.training import sweep_results
-
   side_a, side_b = (load_side(s, evaluation, which) for s in (spec_a, spec_b))
   pairs, unpaired = pair_runs(side_a, side_b)
   result = paired.compare([(label, a[2], b[2]) for label, a, b in pairs])

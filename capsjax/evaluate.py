@@ -38,8 +38,15 @@ import types
 
 from absl import app, flags, logging
 
+from capsjax import evaluators
+from capsjax.common import files
 from capsjax.common.errors import UsageError
-from capsjax.runs import cli
+from capsjax.config import precision
+from capsjax.evaluators.splits import shift_table
+from capsjax.runs import cli, predictions, reporting, workdirs
+from capsjax.training import ensemble, restoring, run, run_figures
+from capsjax.training.run_figures import JittedModel
+from capsjax.training.setup import Setup
 
 # The command's flags (define_flags), once it runs.
 FLAGS: types.SimpleNamespace | None = None
@@ -86,8 +93,6 @@ def output_folder(workdir: str, output: str | None) -> str:
   one line if it cannot be written to), else the workdir, refused in one line naming
   ``--output`` when no file can be written there (a read-only mount, another user's run).
   Checked before anything is restored or compiled."""
-  from capsjax.runs import workdirs
-
   if output:
     workdirs.check_writable(output, "--output")
     return workdirs.prepare(output, "--output")
@@ -102,13 +107,6 @@ def evaluate_workdir(workdir: str, checkpoint: str = "latest", data_dir: str | N
   """Restores ``checkpoint`` of ``workdir``, runs every evaluation, redraws figures; its
   files go to ``output`` (default: the workdir: :func:`output_folder`)."""
   import jax
-
-  from capsjax.common import files
-  from capsjax.config import precision
-  from capsjax.runs import predictions, reporting
-  from capsjax.training import restoring, run, run_figures
-  from capsjax.evaluators.splits import shift_table
-  from capsjax.training.setup import Setup
 
   if max_shift < 0:
     raise UsageError(f"--max_shift={max_shift}: use 0 (no shifted test sets) or more pixels.")
@@ -164,13 +162,6 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
   import jax
   import ml_collections
 
-  from capsjax import evaluators
-  from capsjax.common import files
-  from capsjax.config import precision
-  from capsjax.runs import reporting
-  from capsjax.training import restoring
-  from capsjax.training.setup import Setup
-
   config = restoring.load_config(workdir, checkpoint, data_dir)
   settings = {name: ml_collections.ConfigDict(evals[name]) for name in evals}
   if not settings:
@@ -197,7 +188,6 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
                              setup.batched, log=reporting.log)
     results = {name: evaluator.run(state.variables) for name, evaluator in built.items()}
     if jax.process_index() == 0:  # Recorded first, then drawn.
-      from capsjax.training.run_figures import JittedModel
 
       stored.update({name: {"checkpoint_step": step, "selected_on": selected_on,
                             "settings": settings[name].to_dict(), "result": result}
@@ -225,8 +215,6 @@ def main(argv):
     if bool(f.workdir.value) == bool(f.ensemble.value):
       raise UsageError("Give --workdir=DIR (one run) or --ensemble=DIR1,DIR2,... (several).")
     if f.ensemble.value:
-      from capsjax.training import ensemble
-
       ensemble.evaluate_ensemble(f.ensemble.value.split(","), f.checkpoint.value,
                                  f.data_dir.value, f.output.value)
     elif f.evals.present:

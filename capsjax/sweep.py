@@ -52,6 +52,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from capsjax.common.errors import NonFiniteLossError, UsageError
+from capsjax.config import runconfig, schema
 from capsjax.runs import cli, preemption, workdirs
 from capsjax.runs.reporting import is_finished
 from capsjax.training.sweep_results import CONFIG_KEY, collect, config_label, format_value
@@ -110,6 +111,9 @@ class Point(NamedTuple):
 
 
 SWEEP_KEYS = ("grid", "points", "seeds")
+# capsjax.training.vectorize.DATA, the pseudo-key of runs whose data differ (here without
+# importing JAX: tests/test_vectorize.py checks the two agree).
+DATA_KEY = "data"
 
 
 def expand(sweep: dict) -> list[Point]:
@@ -147,8 +151,6 @@ def point_name(setting: dict, seed: int) -> str:
 
 def load_config_file(spec: str, experiment_path: str | None = None):
   """``get_config(variant)`` of ``PATH[:variant]``, the path resolved as BASE_CONFIG is."""
-  from capsjax.config import runconfig
-
   path, _, variant = spec.partition(":")
   roots = [REPO] + ([pathlib.Path(experiment_path).resolve().parent] if experiment_path else [])
   for root in roots:
@@ -163,8 +165,6 @@ def point_config(base, point: "Point", command_line: dict):
   overrides = dict(point.overrides)
   spec = overrides.pop(CONFIG_KEY, None)
   if spec is not None:
-    from capsjax.config import schema
-
     base = apply_overrides(load_config_file(spec), command_line)
     try:
       schema.resolve_config(base)
@@ -216,9 +216,9 @@ def train_points(config, points: list[Point], workdir: str, command_line: dict |
   raises :class:`capsjax.runs.preemption.Preempted`; between groups, it stops before the
   next one.
   """
+  # JAX and the models are imported once a point trains, not for --list or --collect.
   from capsjax import train
-  from capsjax.training import memory, vectorize
-  from capsjax.training.setup import Setup
+  from capsjax.training import memory, setup as setup_lib, vectorize
 
   pending = []
   for point in points:
@@ -234,7 +234,7 @@ def train_points(config, points: list[Point], workdir: str, command_line: dict |
     groups = [vectorize.Group((i,)) for i in range(len(pending))]
   else:
     with memory.advice_on_allocation_failure(configs[0], "Loading the runs' data"):
-      setups = [Setup(c) for c in configs]
+      setups = [setup_lib.Setup(c) for c in configs]
     train.share_equal_data(setups)
     groups = vectorize.plan_groups(setups)
     print(describe_groups(groups, pending), flush=True)
@@ -283,7 +283,7 @@ def _train_group(indices: list[int], per_run_keys, configs: list, setups: list,
   """The outcomes (summaries, or what stopped a run alone) of training the runs ``indices``
   of ``configs`` into ``run_dirs``: as one program when there are at least ``max(2,
   min_runs)``, else one by one (each on its setup already loaded, if any)."""
-  from capsjax import train
+  from capsjax import train  # Imported by train_points already: no start time to save here.
   from capsjax.training import memory
 
   if len(indices) >= max(2, min_runs or 2):
@@ -310,8 +310,8 @@ def _tag(point: Point, points: list[Point]) -> str:
 
 def describe_groups(groups, points: list[Point]) -> str:
   """The vectorisation budget: one line per group, its per-run numbers and what set it apart
-  from the others, with why (:mod:`capsjax.training.vectorize`)."""
-  from capsjax.training import vectorize
+  from the others, with why (:mod:`capsjax.training.vectorize`; ``DATA``, the pseudo-key of
+  runs whose data differ, is not named among the keys)."""
   lines = [f"Vectorised: {len(points)} run(s) in {len(groups)} program(s)."]
   for k, group in enumerate(groups):
     names = ", ".join(points[i].name for i in group.indices)
@@ -321,7 +321,7 @@ def describe_groups(groups, points: list[Point]) -> str:
     if group.init_keys:
       notes.append(f"initialisation only: {', '.join(group.init_keys)}")
     for why in dict.fromkeys(why for _, why in group.apart):
-      keys = [key for key, w in group.apart if w == why and key != vectorize.DATA]
+      keys = [key for key, w in group.apart if w == why and key != DATA_KEY]
       notes.append(f"apart by {', '.join(keys)} ({why})" if keys else f"apart: {why}")
     lines.append(f"  program {k + 1}: {len(group.indices)} run(s) [{names}]"
                  + (f"; {'; '.join(notes)}" if notes else ""))
@@ -410,8 +410,7 @@ def main(argv):
     if f.collect.value:
       collect(points, workdir, **report)
       return
-    from capsjax.config import schema
-    from capsjax.training import vectorize
+    from capsjax.training import vectorize  # JAX: not for --list or --collect.
 
     min_runs = 2 if f.vectorize.value else None
     if f.vectorize.value is None:

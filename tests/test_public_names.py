@@ -107,3 +107,24 @@ def test_docs_code_names_every_module_but_the_registered_ones():
              and ".".join(path.relative_to(REPO).with_suffix("").parts) not in registered
              and not re.search(rf"(?<![\w]){re.escape(path.name)}\b", code)]
   assert not missing, f"docs/code.md does not say what these modules are: {missing}"
+
+
+def test_nothing_shipped_imports_a_moved_module_by_its_old_name():
+  """The old modules only serve old code (with a DeprecationWarning): capsjax, its configs,
+  examples, experiments and tests import the new places (found from the syntax trees)."""
+  import ast
+
+  old_modules = {module for module, _ in public_names.MOVED}
+  found = []
+  for folder in ("capsjax", "configs", "examples", "experiments", "tests", "tools"):
+    for path in sorted((REPO / folder).rglob("*.py")):
+      for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+          names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+          names = [a.name for a in node.names]
+        hits = [n for n in names if n in old_modules and n != "capsjax.training.evaluation"]
+        if hits:
+          found.append(f"{path.relative_to(REPO)}:{node.lineno} imports {hits[0]}")
+  assert not found, found

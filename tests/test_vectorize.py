@@ -298,6 +298,7 @@ def test_runs_whose_data_differ_never_share_the_first_runs_data(data_dir, tmp_pa
   groups = vectorize.plan_groups(setups)
   assert [g.indices for g in groups] == [(0, 2), (1,)]
   assert groups[1].apart == ((vectorize.DATA, vectorize.DATA_DIFFER),)
+  assert sweep.DATA_KEY == vectorize.DATA  # The sweep names it without importing vectorize.
   assert "apart: each run's data, loaded from its own config, differ" in sweep.describe_groups(
       groups, sweep.expand({"points": [{}] * 3, "seeds": [0]}))
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from capsjax import datasets
@@ -102,7 +103,7 @@ class MultiMNIST(datasets.Builder):
                            "digit_labels": split.examples["labels"]})
 
   def load(self) -> dict[str, datasets.Split]:
-    data = self.config.data.copy_and_resolve_references()
+    data = ml_collections.ConfigDict(self.config.data)  # A copy (of a frozen one too).
     data.test_limit = 0  # It limits the pairs below, not the digits they are made of.
     digits = sources.load(data, DIGIT_SHAPE, self.info.num_classes, seed=self.config.seed)
     splits = {}

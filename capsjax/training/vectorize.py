@@ -37,8 +37,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from capsjax.common import platform, settings
-from capsjax.config import per_run
+from capsjax.common import platform
+from capsjax.config import per_run, settings
 from capsjax.config.runconfig import flatten
 from capsjax.training import optimizers
 from capsjax.training.setup import Setup
