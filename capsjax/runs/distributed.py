@@ -8,11 +8,15 @@ elsewhere pass ``--coordinator_address=HOST:PORT --num_processes=N
 A process lost to the job (a host preempted or crashed) ends every other one with one line and
 exit status 75 (:mod:`capsjax.runs.lost_peer`); ``--heartbeat_timeout_seconds`` (default
 :data:`HEARTBEAT_TIMEOUT_SECONDS`) is how long a process may go unheard before the others stop.
+For that, a multi-process command runs itself again as a child process, which joins the job and
+trains, and ends as its child ended (:func:`capsjax.runs.lost_peer.supervise`).
 """
 
 import types
 
 from absl import flags
+
+from capsjax.runs import lost_peer
 
 # How long a process may go unheard by JAX's distributed service before the others stop (JAX's
 # default: 100 s). It bounds the wait where no collective fails on the lost process: a survivor
@@ -53,26 +57,31 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> types.SimpleNam
 
 
 def initialize_from_flags() -> None:
-  """``jax.distributed.initialize`` as the flags of :func:`define_flags` ask."""
-  import jax
-
+  """``jax.distributed.initialize`` as the flags of :func:`define_flags` ask (:func:`initialize`);
+  with none of them, only ``--cpu_collectives``."""
   f = FLAGS
-  if f.cpu_collectives.value:
-    jax.config.update("jax_cpu_collectives_implementation", f.cpu_collectives.value)
   timeout = {"heartbeat_timeout_seconds": f.heartbeat_timeout.value}
   if f.coordinator.value or f.num_processes.value:
     initialize(coordinator_address=f.coordinator.value, num_processes=f.num_processes.value,
-               process_id=f.process_id.value, **timeout)
+               process_id=f.process_id.value, cpu_collectives=f.cpu_collectives.value,
+               **timeout)
   elif f.distributed.value:
-    initialize(**timeout)
+    initialize(cpu_collectives=f.cpu_collectives.value, **timeout)
+  elif f.cpu_collectives.value:
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", f.cpu_collectives.value)
 
 
-def initialize(**kwargs) -> None:
-  """``jax.distributed.initialize(**kwargs)``, with a lost process reported in one line
-  (:func:`capsjax.runs.lost_peer.watching`)."""
+def initialize(cpu_collectives: str | None = None, **kwargs) -> None:
+  """``jax.distributed.initialize(**kwargs)`` (with ``cpu_collectives``, e.g. ``gloo``, as JAX's
+  CPU collectives), a lost process reported in one line: the command runs again as a child
+  process that the command's own process supervises (:func:`capsjax.runs.lost_peer.supervise`,
+  before JAX is imported); this returns in the child only."""
+  lost_peer.supervise(kwargs.get("process_id"), kwargs.get("num_processes"))
   import jax
 
-  from capsjax.runs import lost_peer
-
-  with lost_peer.watching():
-    jax.distributed.initialize(**kwargs)
+  if cpu_collectives:
+    jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+  jax.distributed.initialize(**kwargs)
+  lost_peer.joined(jax.process_index(), jax.process_count())
