@@ -271,9 +271,8 @@ class ClassCapsules(nnx.Module):
     weight_shape, self.vote_fn = VOTES[votes] if isinstance(votes, str) else votes
     if routing is None:
       routing = {"name": "dynamic", **routing_lib.get("dynamic").defaults}
-    self.router, self.routing_items = split_routing(routing)
+    self.router, self.routing_items = split_routing(routing)  # Static: the graph holds both.
     router = self.router
-    self.router_name = router.name
     if use_bias and not router.uses_parent_bias:
       raise UsageError(f"config.model.class_capsules.use_bias adds a bias to s_j, which router "
                        f"{router.name!r} does not form; leave it False.")

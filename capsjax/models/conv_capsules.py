@@ -67,7 +67,7 @@ class ConvCapsules(nnx.Module):
     self.router_params = nnx.data(router_parameters(
         router, in_types * kernel * kernel, dim, out_types, dim, dict(self.settings_items),
         rngs))
-    self.router, self.router_name = router, router.name
+    self.router = router
     self.kernel, self.stride, self.pose_size = kernel, stride, pose_size
     self.normalisation = normalisation
     self.norms = nnx.data(RoutingNorms(out_types, rngs=rngs) if routing_norms else None)

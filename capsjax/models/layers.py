@@ -14,7 +14,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from capsjax.common import platform
-from capsjax.common.errors import UsageError
 from capsjax.config.settings import NON_NEGATIVE, POSITIVE, Setting, at_least, each, one_of
 from capsjax.models import winograd
 
@@ -58,16 +57,6 @@ def decoder_settings(init: bool = True) -> dict[str, Setting]:
     table["model.decoder.bias_init"] = Setting(0.0, "The biases' initial value.",
                                                init_only=True)
   return table
-
-
-def check_compute_settings(config) -> None:
-  """Raises UsageError for a ``config.model`` whose conv_impl or compute_dtype is unknown."""
-  if config.conv_impl not in CONV_IMPLS:
-    raise UsageError(f"config.model.conv_impl must be one of {CONV_IMPLS}, "
-                     f"got {config.conv_impl!r}.")
-  if config.compute_dtype not in COMPUTE_DTYPES:
-    raise UsageError(f"config.model.compute_dtype must be one of "
-                     f"{tuple(COMPUTE_DTYPES)}, got {config.compute_dtype!r}.")
 
 
 def same_padding(size: int, kernel_size: int, stride: int) -> tuple[int, int]:
