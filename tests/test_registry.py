@@ -61,3 +61,24 @@ def test_capsjaxs_registries_hold_the_paper_setups_and_every_builtin():
       "reconstruction_detection", "shifted", "split", "transforms")
   for name in registries.ROUTERS.names():  # Each file's router carries the file's name.
     assert registries.ROUTERS.get(name).name == name
+
+
+def test_a_router_is_its_name_so_a_layer_holds_it_in_the_graph():
+  """Routers of one name are equal and hash alike (a layer keeps its router as a static
+  attribute of NNX's graph definition, whose settings table is not hashable); two models built
+  apart have equal graph definitions."""
+  import dataclasses
+
+  from flax import nnx
+
+  from capsjax.routing import core
+  from capsjax.models import capsule_layers
+
+  dynamic = registries.ROUTERS.get("dynamic")
+  copy = dataclasses.replace(dynamic, settings=dict(dynamic.settings))
+  assert copy == dynamic and hash(copy) == hash(dynamic)
+  assert registries.ROUTERS.get("uniform") != dynamic
+  assert isinstance(dynamic, core.Router)
+  layers = [capsule_layers.ClassCapsules(6, 4, 3, 5, rngs=nnx.Rngs(k)) for k in (0, 1)]
+  assert layers[0].router is dynamic
+  assert nnx.graphdef(layers[0]) == nnx.graphdef(layers[1])

@@ -276,3 +276,69 @@ def test_a_model_of_ones_own_without_settings_gets_its_section_unchecked():
       class_dim=4, margin_steps=0, routing=dict(name="uniform")))
   with pytest.raises(UsageError, match=r"config\.model\.margin_steps=0 is out of range"):
     schema.resolve_config(config)
+
+
+def test_a_resolved_config_is_frozen_and_handed_down_as_it_is():
+  """resolve_config gives a ResolvedConfig that nothing can change, as_resolved hands it on as
+  it is (and resolves any other config), and its sections are read, not resolved again."""
+  from capsjax import routing
+  from capsjax.training import optimizers
+
+  raw = _config("mnist", "smoke")
+  resolved = schema.resolve_config(raw)
+  assert isinstance(resolved, schema.ResolvedConfig)
+  assert schema.as_resolved(resolved) is resolved
+  assert not isinstance(raw, schema.ResolvedConfig)  # The caller's config is not written.
+  assert isinstance(schema.as_resolved(raw), schema.ResolvedConfig)
+  with pytest.raises(AttributeError, match="immutable"):
+    resolved.model.class_capsules.dim = 20
+  with pytest.raises(AttributeError, match="immutable"):
+    resolved.seed = 3
+  # Its sections hold every setting in effect: read as they are, with no resolver call.
+  calls = []
+  original = settings.resolve
+  settings.resolve = lambda *a, **k: calls.append(a[2]) or original(*a, **k)
+  try:
+    router, routed = routing.chosen(resolved.model.routing)
+    numbers = settings.read(resolved.data, {"order": Setting("permutation", "")}, "config.data")
+    tx = optimizers.build(resolved.optimizer, 10, 100)
+  finally:
+    settings.resolve = original
+  assert calls == []
+  assert router.name == "dynamic" and routed["iterations"] == resolved.model.routing.iterations
+  assert numbers == {"order": resolved.data.order} and tx is not None
+  # A mutable copy is no longer resolved: handed on, it is resolved again.
+  copy = resolved.as_configdict()
+  copy.seed = 3
+  assert schema.as_resolved(copy).seed == 3
+
+
+def test_a_run_resolves_its_config_once(monkeypatch, capsys, tmp_path, idx_dir):
+  """One command, one resolution: every call of a resolver comes from within the one
+  resolve_config at the command's entry (the run, its task, set-up, evaluations and model)."""
+  from tests.helpers import main_in_process
+
+  entries, outside = [], []
+  original_config, original_resolve = schema.resolve_config, settings.resolve
+  depth = []
+
+  def counted_config(config):
+    entries.append(1)
+    depth.append(1)
+    try:
+      return original_config(config)
+    finally:
+      depth.pop()
+
+  def counted_resolve(*args, **kwargs):
+    if not depth:
+      outside.append(args[2])
+    return original_resolve(*args, **kwargs)
+
+  monkeypatch.setattr(schema, "resolve_config", counted_config)
+  monkeypatch.setattr(settings, "resolve", counted_resolve)
+  result = main_in_process(capsys, tmp_path / "run", "--config.train.num_steps=1",
+                           data_dir=idx_dir)
+  assert result.returncode == 0, result.stderr
+  assert len(entries) == 1
+  assert outside == []

@@ -33,6 +33,8 @@ import difflib
 import types
 from typing import Any, Callable, Mapping
 
+import ml_collections
+
 from capsjax.common.errors import UsageError
 
 
@@ -291,7 +293,11 @@ def read(section, table: Mapping[str, Any], where: str, allow_unusual: bool = Fa
   """The settings of ``table`` (keys relative to ``section``, e.g. ``"shift_pixels"``) in effect
   in ``section`` (a config node, or None: absent), as :func:`resolve` gives them; other keys of
   ``section`` are not this table's business (a dataset's ``config.data`` holds those of its
-  sources too), so they are not looked at."""
+  sources too), so they are not looked at. A section of a resolved config (frozen:
+  :class:`capsjax.config.schema.ResolvedConfig`) holds every one in effect already: its values
+  are read as they are, not resolved again."""
+  if isinstance(section, ml_collections.FrozenConfigDict):
+    return {key: section[key] for key in declared(table)}
   values = {key: None if section is None else section.get(key) for key in declared(table)}
   return resolve(values, table, where, allow_unusual=allow_unusual)
 
