@@ -15,6 +15,7 @@ import errno
 import json
 import logging
 import os
+import pathlib
 import re
 import shutil
 import threading
@@ -320,6 +321,27 @@ def test_training_refuses_a_read_only_workdir_before_loading_anything(idx_dir, t
       f"error: Cannot write a file in --workdir ({workdir}): it is on a read-only filesystem; "
       "choose a --workdir you can write to.")
   assert os.listdir(workdir) == []
+
+
+@pytest.mark.parametrize("where", ["inside_a_file", "proc"])
+def test_a_workdir_that_cannot_be_created_is_refused_in_one_line(where, idx_dir, tmp_path,
+                                                                 capsys):
+  """A folder the filesystem will not make is refused in one line before anything loads: one
+  inside a file, or one procfs will not hold (it answers ENOENT), named where it stopped."""
+  (tmp_path / "a_file").write_text("")
+  if where == "proc" and not os.path.isdir("/proc/self"):
+    pytest.skip("no procfs here")
+  workdir = (tmp_path / "a_file" / "sub" / "run" if where == "inside_a_file"
+             else pathlib.Path("/proc/capsjax-test-probe/run"))
+  with pytest.MonkeyPatch.context() as patch:
+    never_set_up(patch)
+    result = main_in_process(capsys, workdir, data_dir=idx_dir)
+  assert one_line_error(result) == {
+      "inside_a_file": f"error: --workdir={workdir} lies inside the file {tmp_path / 'a_file'}; "
+                       "choose another path.",
+      "proc": f"error: Cannot create --workdir={workdir}: No such file or directory "
+              "(/proc/capsjax-test-probe); choose a --workdir you can write to."}[where]
+  assert (tmp_path / "a_file").read_text() == ""
 
 
 def test_evaluate_writes_a_read_only_run_into_output_or_refuses(saved_run, tmp_path, capsys):

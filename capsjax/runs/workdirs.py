@@ -31,6 +31,17 @@ PROBE_NAME = ".capsjax.write_check"  # Written and removed at once by check_writ
 def prepare(workdir: str, flag: str = "--workdir") -> str:
   """``workdir`` as an absolute path of a writable directory, created if missing."""
   path = os.path.abspath(os.fspath(workdir))
+  _refuse_a_file_in_the_way(path, flag)
+  with files.writing(path, f"the folder {flag}", advice=f"choose a {flag} you can write to"):
+    _make(path, flag)
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise UsageError(f"{flag}={path} is not writable by this user; choose a directory you can "
+                     "write to.")
+  return path
+
+
+def _refuse_a_file_in_the_way(path: str, flag: str) -> None:
+  """UsageError when ``path`` is a file, or lies inside one."""
   if os.path.exists(path) and not os.path.isdir(path):
     raise UsageError(f"{flag}={path} is a file, not a directory; choose another path.")
   parent = path
@@ -38,16 +49,19 @@ def prepare(workdir: str, flag: str = "--workdir") -> str:
     parent = os.path.dirname(parent)
   if not os.path.isdir(parent):
     raise UsageError(f"{flag}={path} lies inside the file {parent}; choose another path.")
+
+
+def _make(path: str, flag: str) -> None:
+  """``os.makedirs(path)``; a folder the filesystem will not make for another reason than a
+  read-only, unpermitted or full one (:func:`capsjax.common.files.writing` names those), such
+  as one that /proc cannot hold (ENOENT), refused in one line naming where it stopped."""
   try:
-    with files.writing(path, f"the folder {flag}", advice=f"choose a {flag} you can write to"):
-      os.makedirs(path, exist_ok=True)
+    os.makedirs(path, exist_ok=True)
   except OSError as e:
-    raise UsageError(f"Cannot create {flag}={path}: {e.strerror}. Choose a directory you can "
-                     "write to.") from e
-  if not os.access(path, os.W_OK | os.X_OK):
-    raise UsageError(f"{flag}={path} is not writable by this user; choose a directory you can "
-                     "write to.")
-  return path
+    if files.write_error(e, path) is not None:
+      raise
+    raise UsageError(f"Cannot create {flag}={path}: {e.strerror} ({e.filename or path}); "
+                     f"choose a {flag} you can write to.") from None
 
 
 def check_writable(folder: str, flag: str = "--workdir", advice: str = "") -> None:
@@ -65,13 +79,12 @@ def check_writable(folder: str, flag: str = "--workdir", advice: str = "") -> No
   while not os.path.exists(parent):  # Created here, removed after, deepest first.
     missing.append(parent)
     parent = os.path.dirname(parent)
-  if not os.path.isdir(parent):
-    return  # A file where a folder should be: prepare() says so.
+  _refuse_a_file_in_the_way(path, flag)
   probe = os.path.join(path, f"{PROBE_NAME}.{socket.gethostname()}.{os.getpid()}")
   advice = advice or f"choose a {flag} you can write to"
   try:
     with files.writing(path, f"a file in {flag}", advice=advice):
-      os.makedirs(path, exist_ok=True)
+      _make(path, flag)
       with open(probe, "w") as f:
         f.write("capsjax checks that it can write here; this file is removed at once.\n")
   finally:
