@@ -72,7 +72,9 @@ def check_writable(folder: str, flag: str = "--workdir", advice: str = "") -> No
   (:class:`~capsjax.common.files.DiskFull`). Writes and removes a small file there (what
   ``os.access`` cannot tell: a read-only mount, root on another user's network share); a
   folder that does not exist yet is created for it and removed again (:func:`prepare` makes
-  it when the run starts). Called before a run loads data or compiles."""
+  it when the run starts), and one that cannot be (inside a file; where /proc holds no
+  folders) is refused as :func:`prepare` refuses it. Called before a run loads data or
+  compiles."""
   path = os.path.abspath(os.fspath(folder))
   missing = []
   parent = path
