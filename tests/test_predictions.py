@@ -1,6 +1,11 @@
 """capsjax/runs/predictions.py: what a run keeps of each example, written and read back;
 Split ids through sampling and the validation hold-out."""
 
+import pathlib
+import struct
+import zipfile
+import zlib
+
 import numpy as np
 import pytest
 
@@ -71,6 +76,29 @@ def test_missing_and_damaged_files_are_usage_errors(tmp_path):
   (tmp_path / "predictions.npz").write_bytes(b"PK\x03\x04 not a zip")
   with pytest.raises(UsageError, match="damaged or not a capsjax predictions file"):
     predictions.read(str(tmp_path / "predictions.npz"))
+
+
+def test_a_file_damaged_inside_is_a_usage_error(tmp_path):
+  """Bytes overwritten in the middle of the compressed arrays, the zip's directory intact
+  (zlib's error while decompressing, not the zip's)."""
+  n = 2000
+  split = split_of(n)
+  rng = np.random.default_rng(0)
+  p = predictions.Predictions.of(split, rng.random((n, 10)), rng.integers(0, 10, n),
+                                 split.examples["labels"])
+  path = str(tmp_path / "predictions.npz")
+  predictions.write(path, {"test": p}, step=1, selected_on="final", source="idx")
+  data = bytearray(pathlib.Path(path).read_bytes())
+  with zipfile.ZipFile(path) as archive:
+    start = archive.getinfo("test/scores.npy").header_offset
+  # The member's deflate stream begins after its local header (30 bytes, its name, its extra
+  # field); a first block of the reserved type 3 is what zlib refuses ("invalid block type").
+  name_length, extra_length = struct.unpack("<HH", data[start + 26:start + 30])
+  data[start + 30 + name_length + extra_length] = 0b111
+  pathlib.Path(path).write_bytes(bytes(data))
+  with pytest.raises(UsageError, match="damaged or not a capsjax predictions file") as raised:
+    predictions.read(path)
+  assert isinstance(raised.value.__cause__, zlib.error)  # What this damage raises inside.
 
 
 def test_ids_follow_examples_through_limits_and_the_validation_split(tmp_path):

@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -143,7 +144,8 @@ def read(path: str) -> tuple[dict[str, Predictions], dict]:
     found = {name: Predictions(**{field: arrays[f"{name}/{field}"] for field in FIELDS},
                                source_size=int(sizes["source_size"]))
              for name, sizes in meta["evaluations"].items()}
-  except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
+  except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile,
+          zlib.error) as e:  # zlib's: bytes damaged inside a compressed array.
     raise UsageError(f"{path} is damaged or not a capsjax predictions file ({type(e).__name__}: "
                      f"{e}). Move it aside and run python -m capsjax.evaluate on its workdir "
                      "to write it again.") from e
