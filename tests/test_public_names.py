@@ -128,3 +128,22 @@ def test_nothing_shipped_imports_a_moved_module_by_its_old_name():
         if hits:
           found.append(f"{path.relative_to(REPO)}:{node.lineno} imports {hits[0]}")
   assert not found, found
+
+
+def test_a_removed_name_is_refused_naming_its_new_place():
+  """0.1.0's README imported PrimaryCapsules from capsjax.models.layers: after the alias
+  expired, the import names where it is now (as NumPy's expired aliases do), and every new
+  place resolves."""
+  with pytest.raises(ImportError, match=re.escape(
+      "capsjax.models.layers.PrimaryCapsules was removed in 0.2.0: import PrimaryCapsules "
+      "from capsjax.models.capsule_layers")):
+    from capsjax.models.layers import PrimaryCapsules  # noqa: F401
+  changelog = (REPO / "CHANGELOG.md").read_text()
+  for (module, name), (target, release) in public_names.REMOVED.items():
+    assert public_names.resolve(target) is not None
+    assert f"`{name}`" in changelog or f"{module}.{name}`" in changelog, (module, name)
+    assert release in changelog
+    with pytest.raises(public_names.RemovedName, match=re.escape(target.split(":")[0])):
+      public_names.module_getattr(module)(name)
+  import capsjax.models.layers as layers
+  assert not hasattr(layers, "NoSuchName")  # Any other name: AttributeError, as before.

@@ -78,6 +78,23 @@ MOVED: dict[tuple[str, str], str] = {
 }
 
 
+# (old module, old name) -> ("new.module:Name", the release that removed it): names whose
+# deprecated alias has expired. Importing one raises :class:`RemovedName`, naming the new place
+# (as NumPy's expired aliases do), not a bare "cannot import name".
+REMOVED: dict[tuple[str, str], tuple[str, str]] = {
+    **{("capsjax.models.layers", name): (f"capsjax.models.capsule_layers:{name}", "0.2.0")
+       for name in ("Capsules", "PrimaryCapsules", "ClassCapsules", "vector_capsules",
+                    "vector_vote_weights", "matrix_vote_weights")},
+    ("capsjax.training.evaluation", "Runner"): ("capsjax.training.evaluation:BatchedEval",
+                                                "0.2.0"),
+}
+
+
+class RemovedName(ImportError):
+  """A name whose deprecated alias has expired (:data:`REMOVED`). An ImportError, so that
+  ``from module import Name`` shows this message rather than Python's own."""
+
+
 def resolve(target: str):
   """The object ``"module:Name"`` names."""
   module, name = target.split(":")
@@ -86,9 +103,15 @@ def resolve(target: str):
 
 def module_getattr(module: str) -> Callable[[str], object]:
   """A module-level ``__getattr__`` for ``module`` that serves its moved names (with a
-  DeprecationWarning naming the new place) and raises AttributeError for any other."""
+  DeprecationWarning naming the new place), refuses its removed ones naming the new place
+  (:class:`RemovedName`) and raises AttributeError for any other."""
 
   def __getattr__(name: str):
+    if (module, name) in REMOVED:
+      target, release = REMOVED[(module, name)]
+      new_module, new_name = target.split(":")
+      raise RemovedName(f"{module}.{name} was removed in {release}: import {new_name} from "
+                        f"{new_module} (CHANGELOG.md).", name=name, path=None)
     target = MOVED.get((module, name))
     if target is None:
       raise AttributeError(f"module {module!r} has no attribute {name!r}")

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from capsjax.common import platform
+from capsjax.common import platform, public_names
 from capsjax.config.settings import NON_NEGATIVE, POSITIVE, Setting, at_least, each, one_of
 from capsjax.models import winograd
 
@@ -295,4 +295,5 @@ class Decoder(nnx.Module):
     return x.reshape(x.shape[0], *self.image_shape)
 
 
-# Names that moved to capsjax.models.capsule_layers, served with a DeprecationWarning.
+# Names that moved to capsjax.models.capsule_layers: removed in 0.2.0, refused naming it.
+__getattr__ = public_names.module_getattr(__name__)
