@@ -2,6 +2,7 @@
 no traceback), and nothing already saved is lost. (A write that fails, at each of a run's
 writes: test_failed_writes.py.)"""
 
+import json
 import pathlib
 
 import pytest
@@ -50,6 +51,25 @@ def test_a_rerun_with_another_models_shapes_names_the_settings(idx_dir, tmp_path
   assert "model.conv1.features: 16 -> 8" in other.stderr and "new --workdir" in other.stderr
   assert "Traceback" not in other.stderr and "strict=False" not in other.stderr
   assert checkpoint_steps(tmp_path) == [4]                # Nothing moved aside.
+
+
+def test_evaluate_on_a_config_json_that_no_longer_fits_its_checkpoints(idx_dir, tmp_path,
+                                                                       capsys):
+  """config.json edited after the run (a model size): one line naming an array, its shapes in
+  the checkpoint and here, and what to do; nothing restored, moved or written."""
+  train.train_and_evaluate(smoke(idx_dir), str(tmp_path))
+  config = json.loads((tmp_path / "config.json").read_text())
+  config["model"]["class_capsules"]["dim"] = 20
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  before = sorted(str(p) for p in tmp_path.rglob("*"))
+  result = run_in_process(capsys, "capsjax.evaluate", f"--workdir={tmp_path}")
+  assert result.returncode == 2
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1, result.stderr
+  assert lines[0].startswith(f"error: The checkpoints in {tmp_path / 'checkpoints'} do not fit "
+                             "this config's model: params.class_capsules.weights has shape ")
+  assert ", 8, " in lines[0] and ", 20, " in lines[0] and "config.json edited" in lines[0]
+  assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
 
 def test_an_experiment_file_that_does_not_import(tmp_path, capsys):

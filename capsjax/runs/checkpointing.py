@@ -144,6 +144,13 @@ def _no_replica_parallel_saves_on_the_cpu() -> ocp.handlers.CheckpointHandlerReg
   return registry
 
 
+def _path(path) -> str:
+  """A tree path as dotted names: ``params.class_capsules.weights`` (dict keys, attributes and
+  indices alike, so that a checkpoint's metadata and the train state name an array the same)."""
+  return ".".join(str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key))))
+                  for key in path)
+
+
 class Checkpointer:
   """Keeps the ``keep`` latest checkpoints and, with ``keep_best``, the best one by the
   ``accuracy`` its save was given (the validation accuracy: runs without a validation split
@@ -260,6 +267,8 @@ class Checkpointer:
     and a UsageError names the directory and what to do.
     """
     steps = sorted(self.all_steps(), reverse=True) if steps is None else list(steps)
+    if steps:
+      self._check_shapes(steps[0], abstract_state)
     failures = []
     for step in steps:
       try:
@@ -285,6 +294,31 @@ class Checkpointer:
                        "They are left as they are. To start this run over, move that folder "
                        "away (or use a new --workdir); to recover, restore it from a backup.")
     return None
+
+  def _check_shapes(self, step: int, abstract_state: Any) -> None:
+    """UsageError naming an array whose shape in checkpoint ``step`` (read from its metadata,
+    nothing restored) differs from ``abstract_state``'s: the config the state was built from
+    is not the one the run trained with (config.json edited after the run, a size changed on
+    the command line). A checkpoint whose metadata cannot be read is left to the restore,
+    which reports it as damaged."""
+    try:
+      stored = self._manager.item_metadata(step)["state"]
+    except (OSError, ValueError, KeyError, TypeError):
+      return
+    shapes = lambda tree: {_path(path): tuple(leaf.shape)
+                           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+                           if getattr(leaf, "shape", None) is not None}
+    stored, wanted = shapes(stored), shapes(abstract_state)
+    differ = [(path, stored[path], shape) for path, shape in wanted.items()
+              if path in stored and stored[path] != shape]
+    if differ:
+      path, old, new = differ[0]
+      more = f" (and {len(differ) - 1} more arrays)" if len(differ) > 1 else ""
+      raise UsageError(
+          f"The checkpoints in {self.directory} do not fit this config's model: {path} has "
+          f"shape {old} in the step-{step} checkpoint but {new} here{more}. The settings "
+          "changed since the run saved them (its config.json edited, or a size given on the "
+          "command line): use the settings the run trained with, or a new --workdir.")
 
   def move_aside(self, step: int) -> str:
     """Moves checkpoint ``step`` out of the manager's sight; returns where it went."""
