@@ -87,3 +87,18 @@ def test_bad_padding_settings(bars_64_16):
   with pytest.raises(UsageError, match=r"image_shape=\(44, 44, 1\) but the dataset 'mnist' "
                                        r"makes images of shape \(40, 40, 1\)"):
     schema.resolve_config(c)
+
+
+def test_samples_of_two_sizes_nest():
+  """data.test_limit's samples: the first N of one fixed permutation, so that runs of two
+  limits share every example of the smaller (a comparison of them is on those)."""
+  from capsjax import datasets
+
+  split = datasets.Split({"images": np.zeros((1000, 2, 2, 1), np.uint8),
+                          "labels": np.arange(1000) % 10})
+  small, large = split.sample(128), split.sample(256)
+  assert len(small) == 128 and len(large) == 256
+  assert set(small.ids.tolist()) <= set(large.ids.tolist())
+  assert (np.diff(large.ids) > 0).all()  # In the split's order.
+  assert split.sample(128).ids.tolist() == small.ids.tolist()  # Fixed.
+  assert split.sample(0) is split and split.sample(1000) is split

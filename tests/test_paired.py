@@ -181,3 +181,17 @@ def test_errors_by_half_are_counted_and_tested():
   assert (first, second) == (3, 1)
   assert p == pytest.approx(scipy.stats.binomtest(3, 4, 0.5).pvalue)
   assert paired.p_text(1e-15) == "p < 1e-12" and paired.p_text(0.25) == "p = 0.25"
+
+
+def test_a_verdict_on_too_few_shared_examples_says_it_cannot_decide():
+  """Five shared examples: even all of them against one side cannot reach p < 0.05 (2/32 =
+  0.0625), so the verdict says how low it could go and how many it takes (six: 2/64)."""
+  a = made([False] * 5)
+  b = made([True] * 5)
+  result = paired.compare([(0, a, b)])
+  assert result.distinct == 5
+  assert result.models_verdict() == ("not separated (p = 0.062; 5 shared examples cannot go "
+                                     "below p = 0.062: 6 are the fewest that can separate at "
+                                     "0.05)")
+  six = paired.compare([(0, made([False] * 6), made([True] * 6))])
+  assert six.models_verdict() == "B lower (p = 0.031)"

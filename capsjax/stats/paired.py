@@ -165,6 +165,8 @@ class Comparison:
     combined_p: the sign-flip test over examples on the summed differences (all seed pairs).
     own: per seed pair, the examples A's run and B's run each evaluated.
     setup: the verdict about the setup (:class:`capsjax.stats.seed_pairs.SetupTest`).
+    distinct: how many examples the seed pairs share in all (each counted once): the
+      sign-flip test over them can go no lower than ``2 / 2**distinct``.
   """
   seeds: list
   counts: list[PairCounts]
@@ -173,6 +175,7 @@ class Comparison:
   combined_p: float
   own: list[tuple[int, int]]
   setup: seed_pairs.SetupTest
+  distinct: int = 0
 
   @property
   def examples(self) -> list[int]:
@@ -183,7 +186,14 @@ class Comparison:
     """The verdict about these trained models: the sign-flip test over digits combined."""
     errors_a = sum(c.errors[0] for c in self.counts)
     errors_b = sum(c.errors[1] for c in self.counts)
-    return verdict(self.combined_p, errors_a - errors_b)
+    text = verdict(self.combined_p, errors_a - errors_b)
+    floor = seed_pairs.smallest_p(self.distinct)
+    if floor >= SIGNIFICANCE:  # Too few examples for any difference to separate.
+      n = self.distinct
+      text = (text[:-1] + f"; {n} shared example{'s' * (n != 1)} cannot go below "
+              f"{p_text(floor)}: {seed_pairs.fewest_pairs()} are the fewest that can "
+              f"separate at {SIGNIFICANCE})")
+    return text
 
   def setup_verdict(self) -> str:
     """The verdict about the setup: the exact sign-flip test over seed pairs, with the
@@ -245,7 +255,7 @@ def compare(pairs: list[tuple[object, Predictions, Predictions]]) -> Comparison:
     wrong_a[k, columns], wrong_b[k, columns], evaluated[k, columns] = a_wrong, b_wrong, True
   return Comparison([label for label, _, _ in pairs], counts, halves, half_size,
                     sign_flip_exact(np.array(list(summed.values()), np.int64)), own,
-                    seed_pairs.SetupTest.of(wrong_a, wrong_b, evaluated))
+                    seed_pairs.SetupTest.of(wrong_a, wrong_b, evaluated), len(summed))
 
 
 def format_p(p: float) -> str:
