@@ -49,16 +49,14 @@ def test_an_entry_is_imported_when_asked_for_and_a_broken_one_breaks_only_itself
     things.get("helper")
 
 
-def test_capsjaxs_registries_hold_the_paper_setups_and_every_builtin():
-  assert registries.ROUTERS.names() == (
-      "dynamic", "em", "inverted_dot_product", "random", "self_attention", "self_routing",
-      "uniform", "variational_bayes")
-  assert registries.MODELS.names() == ("baseline_cnn", "capsnet", "efficient_capsnet",
-                                       "em_capsnet")
-  assert registries.DATASETS.names() == ("cifar10", "mnist", "multimnist", "smallnorb", "svhn")
-  assert registries.EVALUATORS.names() == (
-      "adversarial", "affine_mnist", "affnist", "crop_average", "randomly_shifted",
-      "reconstruction_detection", "shifted", "split", "transforms")
+def test_capsjaxs_registries_hold_the_paper_setups():
+  """The built-ins the paper's experiments and their controls name are found (a superset: a
+  new module registers by itself, and no list here needs editing for it)."""
+  assert set(registries.ROUTERS.names()) >= {"dynamic", "uniform", "random", "em"}
+  assert set(registries.MODELS.names()) >= {"capsnet", "baseline_cnn"}
+  assert set(registries.DATASETS.names()) >= {"mnist", "multimnist", "cifar10", "svhn",
+                                              "smallnorb"}
+  assert set(registries.EVALUATORS.names()) >= {"split", "shifted", "affnist", "affine_mnist"}
   for name in registries.ROUTERS.names():  # Each file's router carries the file's name.
     assert registries.ROUTERS.get(name).name == name
 
