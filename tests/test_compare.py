@@ -256,3 +256,19 @@ def test_a_sweeps_paired_table_gives_both_verdicts_in_the_words_of_compare(tmp_p
                                         "2 seed pairs' spread, a rough estimate)")
   assert found["examples shared per seed pair (A's own, B's own)"] == "40 (40, 40)"
   assert found["warnings"] == "none" and data["warnings"] == []
+
+
+def test_many_settings_that_differ_are_listed_one_per_line():
+  """A CapsNet against the CNN differs in dozens of settings: one per line, sorted; a few stay
+  on one line."""
+  from capsjax.stats import sides
+
+  few = ["model.routing.iterations: 3 -> 1", "loss.reconstruction_weight: 0.0005 -> 0.0"]
+  assert sides.settings_text(few) == [
+      "Settings that differ (A -> B; seeds and settings declared neutral left out): "
+      "model.routing.iterations: 3 -> 1; loss.reconstruction_weight: 0.0005 -> 0.0."]
+  many = [f"model.key{k}: {k} -> {k + 1}" for k in range(9, -1, -1)]
+  text = sides.settings_text(many)
+  assert text[0] == ("Settings that differ (A -> B; seeds and settings declared neutral left "
+                     "out), 10:")
+  assert text[2:-1] == [f"- {line}" for line in sorted(many)]

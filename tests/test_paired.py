@@ -195,3 +195,30 @@ def test_a_verdict_on_too_few_shared_examples_says_it_cannot_decide():
                                      "0.05)")
   six = paired.compare([(0, made([False] * 6), made([True] * 6))])
   assert six.models_verdict() == "B lower (p = 0.031)"
+
+
+def test_one_mean_reads_the_same_in_every_table():
+  """results.md's errors come from float32 accuracies, comparison.md's from counts: the same
+  mean (16.065) read 16.07 in one and 16.06 in the other before."""
+  import numpy as np
+
+  from capsjax.stats import spread
+
+  from_accuracies = [1 - float(np.float32(a)) for a in (0.8394, 0.8393)]
+  from_counts = [1606 / 100, 1607 / 100]
+  assert spread.mean_pm(*spread.mean_std(from_accuracies)) == "16.07 ± 0.01"
+  assert spread.mean_pm(*spread.mean_std(from_counts), scale=1.0) == "16.07 ± 0.01"
+  assert spread.fixed(2.675) == "2.68" and spread.fixed(-0.125) == "-0.13"
+  assert spread.fixed(float("nan")) == "nan"
+
+
+def test_one_seed_pairs_interval_is_named_for_what_it_draws():
+  """With one seed pair the bootstrap draws digits alone: the label says so, not 'over seed
+  pairs and digits'."""
+  a = made([i % 3 != 0 for i in range(30)])
+  b = made([i % 5 != 0 for i in range(30)])
+  one = paired.markdown(paired.compare([(0, a, b)]))
+  assert "(bootstrap over digits alone: one seed pair has no spread over training runs)" in one
+  assert "two-level" not in one
+  two = paired.markdown(paired.compare([(0, a, b), (1, b, a)]))
+  assert "(two-level bootstrap over seed pairs and digits)" in two

@@ -354,6 +354,8 @@ def markdown(result: Comparison, evaluation: str = "test") -> str:
                  f"({test}).")
   setup = result.setup
   per_pair = ", ".join(points(d) for d in setup.differences)
+  drawn = ("two-level bootstrap over seed pairs and digits" if len(setup.differences) > 1 else
+           "bootstrap over digits alone: one seed pair has no spread over training runs")
   lines += [
       "", "The verdicts (capsjax/stats/paired.py and capsjax/stats/seed_pairs.py say why):", "",
       f"- **These trained models** (the {evaluation} digits as the units, the trained runs "
@@ -361,7 +363,7 @@ def markdown(result: Comparison, evaluation: str = "test") -> str:
       f"sign-flip test over digits): {result.models_verdict()}.",
       f"- **The setup** (the training runs as the units): A - B = {points(setup.mean)} points "
       f"(per seed pair: {per_pair}), 95% interval [{points(setup.low)}, {points(setup.high)}] "
-      f"(two-level bootstrap over seed pairs and digits); the exact sign-flip test over the "
+      f"({drawn}); the exact sign-flip test over the "
       f"{len(setup.differences)} seed pair(s): {result.setup_verdict()}.",
       f"- Seed pairs the setup test needs to separate a difference of this size at this "
       f"spread (80% of the time at p < 0.05): {needed_text(setup)}.", "",

@@ -157,6 +157,18 @@ def warnings(a: Side, b: Side, differing: list[str], compared: set[str] | None,
   return found
 
 
+LISTED = 6  # More settings that differ than this are listed one per line.
+
+
+def settings_text(differing: list[str]) -> list[str]:
+  """The settings that differ (``"key: A's -> B's"``): a few on one line; more (a CapsNet
+  against the CNN differs in dozens) one per line, by section."""
+  head = "Settings that differ (A -> B; seeds and settings declared neutral left out)"
+  if len(differing) <= LISTED:
+    return [f"{head}: {'; '.join(differing) if differing else 'none'}."]
+  return [f"{head}, {len(differing)}:", "", *(f"- {line}" for line in sorted(differing)), ""]
+
+
 def markdown(a: Side, b: Side, differing: list[str], own: list[tuple[int, int]],
              shared: list[int], warned: list[str], evaluation: str = "test") -> str:
   """What was compared, as text: a table of the two sides, the settings that differ, the
@@ -175,8 +187,7 @@ def markdown(a: Side, b: Side, differing: list[str], own: list[tuple[int, int]],
       f"{_range(b.examples)} |",
       f"| {evaluation} accuracy (%) on them, mean ± std over runs | {a.accuracy_text()} | "
       f"{b.accuracy_text()} |", "",
-      "Settings that differ (A -> B; seeds and settings declared neutral left out): "
-      + ("; ".join(differing) if differing else "none") + ".",
+      *settings_text(differing),
       f"Examples compared: {_range(shared)} per seed pair, those both runs evaluated (A's own "
       f"{_range(own_a)}, B's own {_range(own_b)}).", ""]
   lines += [f"Warning: {w}" for w in warned]
