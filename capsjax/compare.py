@@ -162,9 +162,26 @@ def draw(path: str, a, b, title: str) -> None:
     captions = [f"#{int(ids[k])} {label_text(a.label[rows_a[k]])}: "
                 f"A {label_text(a.predicted[rows_a[k]])}, B {label_text(b.predicted[rows_b[k]])}"
                 for k in chosen]
-    panels.append((f"{caption} ({int(only.sum())}; id: label: A's and B's predictions)",
-                   images, captions))
+    panels.append((disagreement_heading(caption, int(only.sum()), len(chosen)), images,
+                   captions))
   figures.save_disagreements(path, panels, title=title)
+
+
+def disagreement_heading(caption: str, count: int, shown: int) -> str:
+  """A panel's heading: how many examples, and why fewer are shown where the run did not keep
+  their images (it keeps those of its first ``MAX_WRONG_IMAGES`` misclassified examples, by
+  id) or the panel's limit cuts them."""
+  if not count:
+    return f"{caption}: none"
+  text = f"{caption} ({count}; id: label: A's and B's predictions)"
+  if shown < min(count, FIGURE_EXAMPLES):
+    kept = (f"a run keeps the images of its first {predictions.MAX_WRONG_IMAGES} misclassified "
+            "examples")
+    text += (f": their images were not kept ({kept})" if not shown else
+             f"; {shown} shown, the others' images not kept ({kept})")
+  elif shown < count:
+    text += f"; the first {shown} shown"
+  return text
 
 
 def label_text(value) -> str:

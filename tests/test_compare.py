@@ -272,3 +272,18 @@ def test_many_settings_that_differ_are_listed_one_per_line():
   assert text[0] == ("Settings that differ (A -> B; seeds and settings declared neutral left "
                      "out), 10:")
   assert text[2:-1] == [f"- {line}" for line in sorted(many)]
+
+
+def test_a_disagreements_panel_says_why_it_shows_fewer_than_it_counts():
+  """A run keeps the images of its first 256 misclassified digits: a panel whose digits were
+  not among them says so, not "none" (which it says only where there are none)."""
+  heading = compare.disagreement_heading
+  assert heading("only A wrong", 0, 0) == "only A wrong: none"
+  assert heading("only A wrong", 4, 0) == (
+      "only A wrong (4; id: label: A's and B's predictions): their images were not kept (a run "
+      "keeps the images of its first 256 misclassified examples)")
+  assert heading("only B wrong", 10, 3).endswith(
+      "; 3 shown, the others' images not kept (a run keeps the images of its first 256 "
+      "misclassified examples)")
+  assert heading("only B wrong", 30, compare.FIGURE_EXAMPLES).endswith("; the first 24 shown")
+  assert heading("only B wrong", 5, 5) == "only B wrong (5; id: label: A's and B's predictions)"

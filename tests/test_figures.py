@@ -6,7 +6,7 @@ from capsjax.common import figures
 def _panels(monkeypatch, records):
   drawn = []
   monkeypatch.setattr(figures, "save", lambda fig, path: drawn.append(
-      [ax.get_title() for ax in fig.axes if ax.axison]))
+      [ax.get_title().split("\n")[0] for ax in fig.axes if ax.axison]))
   figures.save_routing_diagnostics("unused.png", records)
   return drawn
 
@@ -25,3 +25,18 @@ def test_one_panel_per_supplied_diagnostic_from_the_last_record_that_has_any(mon
 def test_no_figure_without_routing_diagnostics(monkeypatch):
   assert _panels(monkeypatch, [{"kind": "test", "step": 5, "accuracy": 0.5,
                                 "by_shift": {"1": 0.4}}]) == []
+
+
+def test_a_tiny_change_is_said_and_drawn_as_tiny(monkeypatch):
+  """The trained model's coupling entropy moves 2.3026 -> 2.3010 (0.07%): the title says so
+  and the axis spans at least 2% of the values, not the change alone."""
+  drawn = []
+  monkeypatch.setattr(figures, "save", lambda fig, path: drawn.append(
+      [(ax.get_title(), ax.get_ylim()) for ax in fig.axes if ax.axison]))
+  figures.save_routing_diagnostics("unused.png", [
+      {"kind": "test", "step": 5, "coupling_entropy": [2.3026, 2.3018, 2.3010]}])
+  [[(title, (low, high))]] = drawn
+  assert title == "coupling_entropy\n2.3026 -> 2.301 (-0.069%)"
+  assert high - low >= 0.02 * 2.3010
+  assert figures.change_text([0.1, 0.4]) == "0.1 -> 0.4 (+300%)"
+  assert figures.change_text([0.0, 0.5]) == "0 -> 0.5"

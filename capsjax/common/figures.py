@@ -141,9 +141,22 @@ def routing_diagnostic_names(record: dict) -> list[str]:
           and all(isinstance(x, (int, float)) for x in v)]
 
 
+def change_text(values) -> str:
+  """``2.3026 -> 2.301 (-0.07%)``: a series' first and last values and the change between
+  them relative to the first, so that a figure says how large a change is."""
+  first, last = float(values[0]), float(values[-1])
+  if not first:
+    return f"{first:.5g} -> {last:.5g}"
+  percent = 100 * (last - first) / abs(first)
+  return f"{first:.5g} -> {last:.5g} ({percent:+.0f}%)" if abs(percent) >= 10 else (
+      f"{first:.5g} -> {last:.5g} ({percent:+.2g}%)")
+
+
 def save_routing_diagnostics(path: str, records: list[dict]) -> None:
   """One panel per routing diagnostic the router supplied (cf. Fig. A.1), over its
-  iterations, from the last evaluation record that has any; nothing if none has."""
+  iterations, from the last evaluation record that has any; nothing if none has. Each panel's
+  title gives its first and last values and the change between them, and its axis spans at
+  least 2% of the values, so that a tiny change looks tiny."""
   rows = [r for r in records if routing_diagnostic_names(r)]
   if not rows:
     return
@@ -156,7 +169,12 @@ def save_routing_diagnostics(path: str, records: list[dict]) -> None:
     values = last[name]
     iters = np.arange(1, len(values) + 1)
     ax.plot(iters, values, "o-")
-    ax.set(xlabel="routing iteration", ylabel=DIAGNOSTIC_LABELS.get(name, name), title=name)
+    ax.set(xlabel="routing iteration", ylabel=DIAGNOSTIC_LABELS.get(name, name),
+           title=f"{name}\n{change_text(values)}")
+    low, high = min(values), max(values)
+    pad = max(0.01 * max(abs(low), abs(high)), 0.05 * (high - low))
+    if pad > 0:  # A change of 0.07% drawn as one, not stretched over the whole axis.
+      ax.set_ylim(low - pad, high + pad)
     ax.set_xticks(iters)
     ax.grid(alpha=0.3)
   for ax in axes.ravel()[len(names):]:
@@ -272,7 +290,8 @@ def save_transform_curves(path: str, curves: dict[str, tuple], chance: float,
 def save_disagreements(path: str, panels: list[tuple[str, np.ndarray, list[str]]],
                        per_row: int = 8, title: str | None = None) -> None:
   """Examples two setups disagree on: ``panels`` is ``[(heading, images, captions)]``, each
-  panel's images in rows of ``per_row`` under its heading (an empty panel says so), all under
+  panel's images in rows of ``per_row`` under its heading (an empty panel's heading says why),
+  all under
   ``title`` (which runs, which side is A)."""
   rows = [max(1, -(-len(images) // per_row)) for _, images, _ in panels]
   fig, axes = pyplot().subplots(sum(rows), per_row,
@@ -286,9 +305,8 @@ def save_disagreements(path: str, panels: list[tuple[str, np.ndarray, list[str]]
         ax.set_title(captions[k], fontsize=7)
       else:
         ax.axis("off")
-    axes[top, 0].text(0, 1.35 if len(images) else 0.5, heading if len(images) else
-                      f"{heading}: none", transform=axes[top, 0].transAxes, fontsize=9,
-                      ha="left", va="bottom")
+    axes[top, 0].text(0, 1.35 if len(images) else 0.5, heading,
+                      transform=axes[top, 0].transAxes, fontsize=9, ha="left", va="bottom")
     top += n_rows
   fig.subplots_adjust(hspace=0.9, top=1 - 0.9 / (1.5 * sum(rows) + 0.6) if title else None)
   if title:
