@@ -1,6 +1,6 @@
 """notebooks/tour.ipynb runs from top to bottom, so that it cannot rot.
 
-It runs here on generated digits (`MNIST_DIR` points at no files), with fewer train steps
+It runs here on generated digits (`MNIST_DIR` unset), with fewer train steps
 than its saved outputs (`CAPSJAX_TOUR_STEPS`) and on 64 generated train digits
 (`CAPSJAX_TOUR_DIGITS`; 16 test): what it shows is checked, not how well the tiny model learns.
 Other tests train the smoke config on 64 digits too (tests/test_sweep.py's sweep of 1 and 3
@@ -32,7 +32,7 @@ def test_the_tour_runs_on_generated_digits(tmp_path, monkeypatch):
   monkeypatch.setenv("CAPSJAX_TOUR_DIR", str(tmp_path / "tour"))
   monkeypatch.setenv("CAPSJAX_TOUR_STEPS", "10")
   monkeypatch.setenv("CAPSJAX_TOUR_DIGITS", "64")
-  monkeypatch.setenv("MNIST_DIR", str(tmp_path / "no_mnist_here"))
+  monkeypatch.delenv("MNIST_DIR", raising=False)  # Unset: generated digits, and said so.
   notebook = nbformat.read(TOUR, as_version=4)
   nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
                           resources={"metadata": {"path": str(TOUR.parent)}}).execute()
@@ -63,3 +63,28 @@ def test_the_saved_tour_shows_its_outputs():
   assert "chance 10%" in printed and "**The setup**" in printed
   images = sum("image/png" in o.get("data", {}) for c in code for o in c.outputs)
   assert images >= 5  # Reconstructions, Figure 4, two of the couplings, the disagreements.
+
+
+def test_a_wrong_mnist_dir_stops_the_tour_saying_so(tmp_path, monkeypatch):
+  """MNIST_DIR naming a folder without the MNIST files stops at the data cell, naming the
+  folder and the files, rather than training on generated digits without a word."""
+  monkeypatch.setenv("CAPSJAX_TOUR_DIR", str(tmp_path / "tour"))
+  monkeypatch.setenv("MNIST_DIR", str(tmp_path / "no_mnist_here"))
+  notebook = nbformat.read(TOUR, as_version=4)
+  with pytest.raises(nbclient.exceptions.CellExecutionError) as stopped:
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(TOUR.parent)}}).execute()
+  assert f"MNIST_DIR={tmp_path / 'no_mnist_here'} holds no train-images-idx3-ubyte" in str(
+      stopped.value)
+  assert not (tmp_path / "tour" / "run").exists()  # Nothing trained.
+
+
+def test_the_notebook_extra_brings_jupyter():
+  """The notebook's own instructions: `pip install -e ".[notebook]"`, then `jupyter notebook`."""
+  import tomllib
+
+  extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+      "optional-dependencies"]
+  assert any(r.startswith("notebook") for r in extras["notebook"])
+  intro = "".join(nbformat.read(TOUR, as_version=4).cells[0].source)
+  assert 'pip install -e ".[notebook]"' in intro and "MNIST_DIR=/path/to/mnist jupyter" in intro
