@@ -5,7 +5,8 @@
       python experiments/conv_formulations.py --batch_size=128 --forms=native,im2col
 
 Not a sweep: the measurements behind ``capsjax.models.layers.conv2d``'s ``"auto"`` choice on
-CPU (docs/performance.md, "XLA:CPU's convolutions against oneDNN's"). For each of the four
+CPU (docs/notes/performance_log.md, "Efficient-CapsNet against Keras 3, and XLA:CPU's
+convolutions against oneDNN's"). For each of the four
 convolutions of the backbone (28x28x1 -> 32@5x5 -> 64@3x3 -> 64@3x3 -> 128@3x3 stride 2, VALID),
 the median over repeats of the jitted forward and of the gradient of ``sum(sin(conv(x, w)))``
 with respect to input and kernel, per form:

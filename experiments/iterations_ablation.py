@@ -4,7 +4,7 @@ as an ablation that claims the setup (docs/sweeps.md: a file to copy for your ow
 Question: is the paper's setting (3 iterations) better than 1 iteration (a uniform average of
 the votes, no agreement at all) as a way of training CapsNet, not only for one pair of trained
 models? Answer in the paper (Table 1, 3 trials each): 0.29 +- 0.011% against 0.25 +- 0.005%
-with reconstruction; capsjax's Table 1 rows (README, Results): 0.43 +- 0.04 against
+with reconstruction; capsjax's Table 1 rows (README, Reproduction status): 0.43 +- 0.04 against
 0.42 +- 0.05, far too close for 3 seeds to separate. results.md's paired table gives both
 verdicts (these trained models; the setup) and the seed pairs the difference seen needs.
 """

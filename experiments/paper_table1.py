@@ -3,7 +3,7 @@ routing iterations, each with and without the reconstruction loss, 3 seeds each.
 
 The paper's protocol, ``configs/mnist.py`` as it is (since 2026-11-27 with the settings the
 text leaves open as the authors' code has them; ``:text`` runs the paper's text alone, as the
-table of 2026-11-26 in README Results did) and ``configs/mnist_baseline.py`` for the CNN: 50 epochs of batch 128 with random shifts of up to 2 px, Adam at 1e-3 decayed 0.96
+rows of 2026-11-26 did: README, Reproduction status) and ``configs/mnist_baseline.py`` for the CNN: 50 epochs of batch 128 with random shifts of up to 2 px, Adam at 1e-3 decayed 0.96
 every 2000 steps, margin loss + 0.0005 x the summed squared reconstruction error ("without
 reconstruction": weight 0; the decoder is then never trained). The test error is that of the
 final parameters: nothing is chosen on the test set. The paper does not say how its

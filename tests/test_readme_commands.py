@@ -191,6 +191,16 @@ def test_every_doc_page_is_reachable_from_the_readme():
   assert len(readme.splitlines()) <= 150  # A front page; the rest lives in docs/.
 
 
+def test_the_readmes_first_screen_sets_up_and_runs():
+  """The README's first 40 lines, before its results, hold the two set-up commands a fresh
+  machine needs and a command that trains something."""
+  readme = (REPO / "README.md").read_text()
+  first_screen = "\n".join(readme.splitlines()[:40]).split("\n## ")[0]
+  commands = [c.split(" #")[0].strip() for c in shell_commands(first_screen)]
+  assert commands[:2] == ['pip install -e ".[dev]"', "python -m pytest -q"], commands
+  assert any(c.startswith("python -m capsjax.main ") for c in commands[2:]), commands
+
+
 # Every relative link, anchor and section reference: tests/test_doc_links.py.
 
 

@@ -22,9 +22,10 @@ PADDINGS = ("VALID", "SAME")
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 # The settings of these layers that models compose into their own (``model.*``).
-CONV_IMPL = Setting(kind=str, meaning="How convolutions are computed: \"auto\" (native on "
-                    "accelerators, the fastest rewrite on a CPU) | \"native\" | \"im2col\" | "
-                    "\"polyphase\" | \"winograd[4]\" (the same numbers).",
+CONV_IMPL = Setting(kind=str, meaning="How convolutions are computed: \"auto\" (im2col on a "
+                    "CPU; on a GPU polyphase for strided kernels larger than 3x3, native for "
+                    "the rest; native on a TPU) | \"native\" | \"im2col\" | \"polyphase\" | "
+                    "\"winograd[4]\" (the same numbers).",
                     check=one_of(*CONV_IMPLS), neutral=True)
 COMPUTE_DTYPE = Setting(kind=str, meaning="\"bfloat16\": convolutions and decoder in bf16.",
                         check=one_of(*COMPUTE_DTYPES))
@@ -85,7 +86,8 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto",
       a patch matrix and multiply it with the kernel in one 2-D matmul. It
       costs a patch tensor k*k times the output's size, and on XLA:CPU it was
       the fastest for both of the paper's convolutions, forward and gradients
-      (README, Performance, has the timings).
+      (docs/notes/performance_log.md, "On a CPU: measurements and what made the train step
+      fast", has the timings).
     * ``"winograd"`` / ``"winograd4"``: 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) /
       F(4x4, 3x3) (:mod:`capsjax.models.winograd`: 16/36 and 36/144 of the multiplications,
       gradients included); other shapes by im2col.

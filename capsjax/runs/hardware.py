@@ -45,5 +45,5 @@ def cpu_fallback_warning(backend: str, files=ACCELERATOR_FILES) -> str | None:
   what, path, extra = found
   return (f"Warning: this machine has {what} ({path} exists) but JAX found only CPU devices, "
           f"so this run trains on the CPU. Install JAX's accelerator build, e.g. "
-          f"pip install -e \".[{extra}]\" (README, Set up), or set JAX_PLATFORMS=cpu to "
-          "silence this.")
+          f"pip install -e \".[{extra}]\" (README, Install and data), or set "
+          "JAX_PLATFORMS=cpu to silence this.")
