@@ -12,12 +12,12 @@ Variants (keywords after ':', capsjax/common/config_args.py):
             docs/paper_experiments.md lists each difference with file and line): the margin
             loss at 1/20 of Eq. 4's sum, PrimaryCaps' 1/32 coupling and bias, every bias and
             init, TF1's Adam epsilon and the learning-rate floor; 8,215,728 parameters. The
-            code's settings became the default on 2026-11-27: on the code's validation split
+            code's settings became the shipped config's values on 2026-11-27: on the code's validation split
             (the first 10,000 training digits), 3 seeds each at 50 epochs on an H100, their
             validation error was 0.49 ± 0.04% against the text's 0.57 ± 0.02%
             (experiments/paper_table1_official.py:validation). The code's budget (300,000
-            steps) is not the default: --config.train.num_steps=300000.
-  text      the paper's text alone, the default before 2026-11-27 (8,215,568 parameters):
+            steps) is not the shipped config's: --config.train.num_steps=300000.
+  text      the paper's text alone, the shipped config before 2026-11-27 (8,215,568 parameters):
             no biases beyond the convolutions', conv1 at normal(0, 0.05), LeCun PrimaryCaps
             and decoder, Eq. 4 summed over the classes, Adam's epsilon 1e-8 and no floor.
   official  the default, by name (earlier commands run as they did); not with text.

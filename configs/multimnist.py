@@ -19,8 +19,8 @@ added (x 0.0005). The paper's only other change: the learning-rate decay period
 10x longer (20,000 steps). Correct = the two longest capsules are the two labels
 (official criterion); `at_least_one` counts one right. Paper: 5.2% error.
 
-One change from the MNIST setup: W_ij ~ normal(0, 0.03) instead of the official code's
-0.1 (model.class_capsules.init_scale). With 0.1 the class capsules saturate within the
+One change from configs/mnist.py:text besides the paper's: W_ij ~ normal(0, 0.03), not the
+code's 0.1 (model.class_capsules.init_scale). With 0.1 the class capsules saturate within the
 first Adam steps (|v_j| -> 0.975, |s_j| 8-17, where the squash has almost no slope) and
 stay there: accuracy at chance. Chosen on 2,000 validation pairs drawn from 10,000
 training digits held out (never the test set), 300 steps of batch 32, real MNIST files
