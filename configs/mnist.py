@@ -183,6 +183,9 @@ def set_smoke(c: ml_collections.ConfigDict) -> None:
   c.train.log_every_steps = 2
   c.train.checkpoint_every_steps = 4
   c.eval.batch_size = 64
+  # Evaluations during training on 128 examples at most, whatever test_limit: with every test
+  # digit (test_limit=0) they would take longer than the training (docs/sweeps.md).
+  c.eval.during_limit = 128
   c.eval.num_figure_examples = 4
   set_smoke_convolutions(c)
 

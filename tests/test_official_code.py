@@ -257,6 +257,10 @@ def test_comparison_errors_by_hand():
   assert chosen.comparison_errors(records[:2]) == {"min_test_error": 0.10,
                                                        "min_test_error_step": 10}
   assert chosen.comparison_errors([]) == {}
+  # An evaluation on a sample (eval.during_limit) is left out: 0.01 on 128 examples is noise.
+  sampled = [*records, {"kind": "test", "step": 35, "accuracy": 0.99, "error": 0.01,
+                        "examples": 128}]
+  assert chosen.comparison_errors(sampled) == chosen.comparison_errors(records)
 
 
 def test_old_loss_configs_read_the_papers_margin_weight():

@@ -222,3 +222,15 @@ def test_one_seed_pairs_interval_is_named_for_what_it_draws():
   assert "two-level" not in one
   two = paired.markdown(paired.compare([(0, a, b), (1, b, a)]))
   assert "(two-level bootstrap over seed pairs and digits)" in two
+
+
+def test_the_floor_of_a_verdict_on_the_whole_test_set_is_no_overflow():
+  """10,000 shared examples: the smallest p the sign-flip test could give underflows to 0 (an
+  integer 2**10000 once overflowed the float division and ended a sweep's collect)."""
+  from capsjax.stats import seed_pairs
+
+  assert seed_pairs.smallest_p(10_000) == 0.0 and seed_pairs.smallest_p(1) == 1.0
+  assert seed_pairs.smallest_p(6) == 2 / 64
+  a = made([i % 7 != 0 for i in range(10_000)])
+  b = made([i % 5 != 0 for i in range(10_000)])
+  assert paired.compare([(0, a, b)]).models_verdict() == "A lower (p < 1e-12)"

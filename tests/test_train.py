@@ -321,3 +321,29 @@ def test_with_a_validation_split_the_best_checkpoint_is_kept_by_validation(idx_d
   assert found["validation"].correct.mean() == pytest.approx(validation[best])
   np.testing.assert_allclose(evaluation["evaluations"]["validation"]["accuracy"],
                              validation[best])
+
+
+def test_evaluations_during_training_take_their_sample_and_the_end_takes_all(idx_dir, tmp_path,
+                                                                             capsys):
+  """eval.during_limit: each evaluation during training on a fixed sample of 16 of the 64
+  test digits (its records say so), the run's result on all 64; 0, every evaluation on all."""
+  records = {}
+  for limit in (16, 0):
+    workdir = tmp_path / str(limit)
+    result = main_in_process(capsys, workdir, "--config.train.num_steps=4",
+                             "--config.train.eval_every_steps=2", "--config.data.test_limit=0",
+                             f"--config.eval.during_limit={limit}", data_dir=idx_dir)
+    assert result.returncode == 0, result.stderr
+    records[limit] = [r for r in train_records_of(workdir) if r.get("kind") == "test"]
+  sampled = records[16]
+  assert [(r["step"], r.get("examples")) for r in sampled] == [(2, 16), (4, 16), (4, None)]
+  assert [(r["step"], r.get("examples")) for r in records[0]] == [(2, None), (4, None)]
+  summary = read_summary(tmp_path / "16")
+  assert summary["test_accuracy"] == pytest.approx(sampled[-1]["accuracy"])
+  assert summary["test_accuracy"] == pytest.approx(records[0][-1]["accuracy"])
+  assert sampled[-1]["accuracy"] * 64 == pytest.approx(round(sampled[-1]["accuracy"] * 64))
+  assert sampled[0]["accuracy"] * 16 == pytest.approx(round(sampled[0]["accuracy"] * 16))
+
+
+def train_records_of(workdir):
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]

@@ -89,7 +89,11 @@ SATURATION_WARNING = {
 # ``config.eval``: the evaluation's batches (capsjax/training/evaluation.py) and the run's
 # figures (capsjax/training/run_figures.py); a resumed run may change them.
 EVALUATION = {"eval.batch_size": Setting(kind=int, meaning="Examples per evaluation batch.",
-                                         check=at_least(1), neutral=True)}
+                                         check=at_least(1), neutral=True),
+              "eval.during_limit": Setting(0, "Evaluations during training take at most this "
+                                           "many of the watched set's examples (a fixed sample "
+                                           "of those the end evaluates; 0: all).",
+                                           check=NON_NEGATIVE, neutral=True)}
 FIGURES = {
     "eval.figures": Setting(True, "Draw the run's figures after training.", neutral=True),
     "eval.num_figure_examples": Setting(8, "Examples in each figure of examples.",

@@ -60,6 +60,8 @@ class Evaluator:
   # Setting}`` (or ``{key: default}``); any other is refused, so that a misspelled one never
   # runs its default. None: not declared (nothing checked, nothing filled in).
   SETTINGS: ClassVar[dict[str, Any] | None] = None
+  # How many examples a sample of this evaluation holds (:meth:`sampled`); None: not a sample.
+  examples: int | None = None
 
   def __init__(self, name: str, settings: ml_collections.ConfigDict, config, builder,
                splits: dict, batched):
@@ -106,6 +108,13 @@ class Evaluator:
     """:meth:`run`'s metrics and, for evaluations of examples as they are, which class the
     model predicted for each (:class:`capsjax.runs.predictions.Predictions`); None here."""
     return self.run(params), None
+
+  def sampled(self, n: int) -> "Evaluator":
+    """This evaluation on at most ``n`` of its examples, for the evaluations during training
+    (``config.eval.during_limit``): here itself; an evaluator of a split's examples gives a
+    fixed sample of them (:meth:`capsjax.datasets.Split.sample`)."""
+    del n
+    return self
 
   def draw(self, model, workdir: str, writer, step: int) -> None:
     """Optional figures of this evaluation (after training)."""

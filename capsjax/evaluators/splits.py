@@ -3,6 +3,7 @@ at random (a fixed copy)."""
 
 from __future__ import annotations
 
+import copy
 
 import jax
 import numpy as np
@@ -48,6 +49,15 @@ class SplitEvaluator(evaluators.Evaluator):
 
   def run(self, params) -> dict:
     return self.run_and_predict(params)[0]
+
+  def sampled(self, n: int) -> evaluators.Evaluator:
+    """The first ``n`` of a fixed permutation of the examples evaluated (nested in them)."""
+    if not n or n >= len(self.set.host):
+      return self
+    sample = copy.copy(self)
+    sample.set = self.batched.eval_set(self.set.host.sample(n), self.builder.eval_batch)
+    sample.examples = n
+    return sample
 
   def run_and_predict(self, params) -> tuple[dict, predictions.Predictions]:
     metrics, per_example, outputs = self.batched.evaluate_examples(params, self.set)

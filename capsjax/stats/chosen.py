@@ -18,7 +18,8 @@ beside such a number, :func:`comparison_errors` reads what a run logged during t
     split (``data.validation_size``) and the test set evaluated beside it
     (``train.eval_during=("test",)``).
 
-``summary.json`` holds them under ``comparison_only``; a sweep's ``results.md`` shows them in
+Evaluations during training on a sample (``eval.during_limit``) are left out: only those on
+every example count. ``summary.json`` holds them under ``comparison_only``; a sweep's ``results.md`` shows them in
 columns that say they are for comparison only.
 """
 
@@ -32,7 +33,10 @@ def comparison_errors(records: Iterable[dict]) -> dict:
   records; a key is absent where the run logged too little for it."""
   test, validation = {}, {}
   for record in records:
-    if record.get("kind") in ("test", "validation") and "accuracy" in record:
+    # An evaluation on a sample (eval.during_limit: its record says how many examples) is
+    # no number to set beside a paper's: only those on every example count.
+    if (record.get("kind") in ("test", "validation") and "accuracy" in record
+        and record.get("examples") is None):
       error = record.get("error", 1.0 - record["accuracy"])
       (test if record["kind"] == "test" else validation)[int(record["step"])] = (
           float(error), float(record["accuracy"]))

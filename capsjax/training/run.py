@@ -79,6 +79,9 @@ class Run:
       if unknown := [n for n in self.recorded if n not in self.evals]:
         raise UsageError(f"config.train.eval_during names {unknown}, which config.evals "
                          f"does not hold (it has {sorted(self.evals)}).")
+      # What runs during training: each on at most config.eval.during_limit examples.
+      self.during = {name: self.evals[name].sampled(config.eval.during_limit)
+                     for name in (self.watched, *self.recorded)}
       if announce:
         log(banner(setup, self.evals, self._state.params))
         log(hardware.describe())
@@ -147,12 +150,9 @@ class Run:
     if budget.eval_due(step):
       variables = get().variables
       self.results, self.predictions = {}, {}
-      self.evaluate(self.watched, variables)
-      self.progress.evaluation(self.watched, step, self.results[self.watched])
-      accuracy = self.results[self.watched]["accuracy"]
-      for name in self.recorded:
-        self.evaluate(name, variables)
-        self.progress.evaluation(name, step, self.results[name])
+      measured = {name: self.evaluate_during(name, variables)
+                  for name in (self.watched, *self.recorded)}
+      accuracy = measured[self.watched]["accuracy"]
       self.reached = target_reached(self.setup.config, accuracy,
                                     f"{self.watched} accuracy at step {step}")
     if budget.checkpoint_due(step):  # Ranked for the best checkpoint on validation only.
@@ -160,6 +160,19 @@ class Run:
       self.ckpt.save(step, get(), budget.meta(step, accuracy),
                      {checkpointing.BEST_METRIC: accuracy} if best else None)
     self.progress.restart_timer(step)
+
+  def evaluate_during(self, name: str, variables) -> dict:
+    """Evaluation ``name`` during training, logged: on all its examples (then also the
+    result, :meth:`evaluate`), or on its sample (``config.eval.during_limit``), whose metrics
+    say how many examples (``examples``) and are never the result."""
+    evaluator = self.during[name]
+    if evaluator is self.evals[name]:
+      self.evaluate(name, variables)
+      metrics = self.results[name]
+    else:
+      metrics = {**evaluator.run(variables), "examples": evaluator.examples}
+    self.progress.evaluation(name, self.step, metrics)
+    return metrics
 
   def evaluate(self, name: str, variables) -> None:
     """Runs evaluation ``name`` into :attr:`results` (and :attr:`predictions`, where it keeps

@@ -90,7 +90,9 @@ class TrainLog:
     if self.writer is not None:
       self.writer.write(name, step, metrics)
       self.bar.message(f"step {step}: {name} accuracy {100 * metrics['accuracy']:.2f}%"
-                       + (f", loss {metrics['loss']:.4f}" if "loss" in metrics else ""))
+                       + (f", loss {metrics['loss']:.4f}" if "loss" in metrics else "")
+                       + (f" (on {metrics['examples']:,} of its examples)"
+                          if "examples" in metrics else ""))
       self.writer.flush()
 
   def restart_timer(self, step: int) -> None:
