@@ -146,7 +146,9 @@ def read(path: str) -> tuple[dict[str, Predictions], dict]:
              for name, sizes in meta["evaluations"].items()}
   except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile,
           zlib.error) as e:  # zlib's: bytes damaged inside a compressed array.
-    raise UsageError(f"{path} is damaged or not a capsjax predictions file ({type(e).__name__}: "
-                     f"{e}). Move it aside and run python -m capsjax.evaluate on its workdir "
-                     "to write it again.") from e
+    kind = type(e).__name__ if type(e).__module__ == "builtins" else (
+        f"{type(e).__module__}.{type(e).__name__}")  # zlib.error, zipfile.BadZipFile.
+    raise UsageError(f"{path} is damaged or not a capsjax predictions file ({kind}: {e}). Move "
+                     "it aside and run python -m capsjax.evaluate on its workdir to write it "
+                     "again.") from e
   return found, meta
