@@ -89,10 +89,7 @@ def resolve_routing(section, *, allow_unusual: bool = False):
   given = {k: section[k] for k in section}
   name = given.pop("name", None) or DEFAULT_ROUTER
   chosen = router(name)
-  owners: dict[str, list[str]] = {}
-  for other in registries.ROUTERS.names():
-    for key in router(other).settings:
-      owners.setdefault(key, []).append(other)
+  owners = router_settings()
   elsewhere = {key: f"router {', '.join(map(repr, names))}"
                for key, names in owners.items() if key not in chosen.settings}
   settings = settings_lib.resolve(given, chosen.settings, "config.model.routing",
@@ -103,6 +100,15 @@ def resolve_routing(section, *, allow_unusual: bool = False):
 
 
 DEFAULT_ROUTER = "dynamic"  # The paper's.
+
+
+def router_settings() -> dict[str, list[str]]:
+  """Every setting any registered router has -> the routers that have it."""
+  owners: dict[str, list[str]] = {}
+  for name in registries.ROUTERS.names():
+    for key in router(name).settings:
+      owners.setdefault(key, []).append(name)
+  return owners
 
 
 def evaluator_class(kind, where: str = "config.evals", name: str = "NAME") -> type:

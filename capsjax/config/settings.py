@@ -288,6 +288,13 @@ def resolve(values: Mapping[str, Any], table: Mapping[str, Any], where: str, *,
              for key, setting in table.items()}, **given}
 
 
+def in_effect(section) -> bool:
+  """Whether ``section`` is part of a resolved config (frozen:
+  :class:`capsjax.config.schema.ResolvedConfig`), so that it holds every setting in effect
+  already and is read as it is, never resolved again."""
+  return isinstance(section, ml_collections.FrozenConfigDict)
+
+
 def read(section, table: Mapping[str, Any], where: str, allow_unusual: bool = False
          ) -> dict[str, Any]:
   """The settings of ``table`` (keys relative to ``section``, e.g. ``"shift_pixels"``) in effect
@@ -296,7 +303,7 @@ def read(section, table: Mapping[str, Any], where: str, allow_unusual: bool = Fa
   sources too), so they are not looked at. A section of a resolved config (frozen:
   :class:`capsjax.config.schema.ResolvedConfig`) holds every one in effect already: its values
   are read as they are, not resolved again."""
-  if isinstance(section, ml_collections.FrozenConfigDict):
+  if in_effect(section):
     return {key: section[key] for key in declared(table)}
   values = {key: None if section is None else section.get(key) for key in declared(table)}
   return resolve(values, table, where, allow_unusual=allow_unusual)

@@ -37,6 +37,7 @@ import ml_collections
 from capsjax import datasets
 from capsjax.common import checks
 from capsjax.config import schema
+from capsjax.config import settings as settings_lib
 from capsjax.common.errors import UsageError
 from capsjax.config import registries
 from capsjax.runs import predictions
@@ -138,7 +139,7 @@ def eval_settings(config) -> dict[str, ml_collections.ConfigDict]:
 def _resolved(settings) -> bool:
   """Whether ``settings`` come from a resolved config (frozen, every setting in effect:
   :class:`capsjax.config.schema.ResolvedConfig`), or were resolved as one's are."""
-  return isinstance(settings, ml_collections.FrozenConfigDict)
+  return settings_lib.in_effect(settings)
 
 
 def check_types(settings: dict, where: str = "config.evals") -> None:

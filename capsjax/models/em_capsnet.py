@@ -288,7 +288,7 @@ def resolved_loss(loss) -> dict:
   cannot work (:func:`capsjax.config.settings.resolve`). A resolved config's (frozen) holds
   them all already."""
   given = {} if loss is None else {k: loss[k] for k in loss}
-  if isinstance(loss, ml_collections.FrozenConfigDict):
+  if settings_lib.in_effect(loss):
     return given
   return settings_lib.resolve(given, LOSS_SETTINGS, "config.loss", owner="em_capsnet's loss")
 

@@ -63,6 +63,7 @@ from typing import Any
 import ml_collections
 
 from capsjax.config import schema
+from capsjax.config import settings as settings_lib
 from capsjax.common.errors import UsageError
 from capsjax.config import registries
 from capsjax.routing.core import (ConvLayer, ParamSpec, Router, RoutingResult, capsule_votes,
@@ -88,12 +89,9 @@ def get(name: str) -> Router:
 
 
 def all_settings() -> dict[str, list[str]]:
-  """Every setting any registered router has -> the routers that have it."""
-  table: dict[str, list[str]] = {}
-  for name in ROUTERS.names():
-    for key in get(name).settings:
-      table.setdefault(key, []).append(name)
-  return table
+  """Every setting any registered router has -> the routers that have it
+  (:func:`capsjax.config.schema.router_settings`)."""
+  return schema.router_settings()
 
 
 def resolve(config, *, allow_unusual: bool = False) -> tuple[Router, dict[str, Any]]:
@@ -107,7 +105,7 @@ def chosen(section) -> tuple[Router, dict[str, Any]]:
   """The router of a routing section (``config.model.routing``) and its settings: a resolved
   config's section (frozen: :class:`capsjax.config.schema.ResolvedConfig`) as it is, every
   setting in effect; any other resolved first (:func:`resolve`)."""
-  if isinstance(section, ml_collections.FrozenConfigDict):
+  if settings_lib.in_effect(section):
     return get(section.name), {k: section[k] for k in section if k != "name"}
   return resolve(section)
 

@@ -16,6 +16,7 @@ import ml_collections
 import optax
 
 from capsjax.common.errors import UsageError
+from capsjax.config import settings as settings_lib
 # The settings' tables and resolver, where the config's schema reads them (re-exported).
 from capsjax.config.optimizer import (COMMON, EPOCH_TWINS, OPTIMIZERS,  # noqa: F401
                                       SCHEDULES, declared, resolve)
@@ -148,8 +149,7 @@ def build(config: ml_collections.ConfigDict, steps_per_epoch: int | None = None,
   in the optimiser state (``optax.inject_hyperparams``), so that runs of one program may
   differ in it. A resolved config's section (frozen) holds every setting in effect; any
   other is resolved first."""
-  settings = (dict(config) if isinstance(config, ml_collections.FrozenConfigDict)
-              else resolve(config))
+  settings = dict(config) if settings_lib.in_effect(config) else resolve(config)
 
   def at(learning_rate) -> optax.GradientTransformation:
     # The schedule of this peak; the same arithmetic whether the peak is a number or state.
