@@ -63,7 +63,7 @@ def make_config(*, smoke: bool = False, official: bool = False) -> ml_collection
   c.data = data_config()
   c.model = model_config()
   # The margin loss, Eq. 4 (m+ 0.9, m- 0.1, lambda 0.5) summed over the classes, plus 0.0005
-  # x the SUM of squared pixel errors: the declared defaults (capsjax/models/capsule_head.py
+  # x the SUM of squared pixel errors: the declared defaults (capsjax/models/head_settings.py
   # LOSS_SETTINGS). The official code weighs the margin loss by 0.05 (:func:`set_official`).
   c.loss = ml_collections.ConfigDict()
   # The paper's Adam at 1e-3 decayed 0.96 every 2000 steps: the declared defaults

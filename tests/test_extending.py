@@ -51,11 +51,10 @@ def test_a_new_router_and_a_new_capsnet_key_in_a_copy_train_two_steps(tmp_path):
        '    **layers.conv_settings("model.conv1", "Conv1"),\n'
        '    "model.conv1.gain": Setting(1.0, "The images times this before Conv1.",\n'
        '                                check=POSITIVE),\n')
-  edit(capsnet, "    self.head = capsule_head.CapsuleHead.from_config(config, router, loss)\n",
-       "    self.head = capsule_head.CapsuleHead.from_config(config, router, loss)\n"
-       "    self.gain = config.conv1.gain\n")
-  edit(capsnet, "    return self.primary_capsules(jax.nn.relu(self.conv1(images)))\n",
-       "    return self.primary_capsules(jax.nn.relu(self.conv1(images * self.gain)))\n")
+  edit(capsnet, "    self.init_head(config, router, loss)\n",
+       "    self.init_head(config, router, loss)\n    self.gain = config.conv1.gain\n")
+  edit(capsnet, "jax.nn.relu(self.conv1(images))  # Conv1",
+       "jax.nn.relu(self.conv1(images * self.gain))  # Conv1")
 
   env = dict(os.environ, PYTHONPATH=str(copy), JAX_NUM_CPU_DEVICES="1",
              TF_CPP_MIN_LOG_LEVEL="3")

@@ -79,8 +79,8 @@ def test_a_capsule_models_per_run_numbers_are_its_loss_settings_fields():
   import ml_collections
 
   from capsjax.config import per_run
-  from capsjax.models.capsule_head import CapsuleHead, LossSettings
-  from capsjax.models.capsule_head import CapsuleModel
+  from capsjax.models.capsnet import CapsuleModel, capsule_loss
+  from capsjax.models.head_settings import LossSettings
   from capsjax.models.outputs import Outputs
 
   fields = [f.name for f in dataclasses.fields(LossSettings)]
@@ -102,8 +102,8 @@ def test_a_capsule_models_per_run_numbers_are_its_loss_settings_fields():
   outputs = Outputs(scores=lengths, predictions=jnp.argmax(lengths, -1),
                     log_probabilities=jnp.log(lengths))
   batch = {"labels": jnp.asarray(rng.integers(0, 10, size=8))}
-  given, _ = CapsuleHead(10, False, True, LossSettings()).loss(outputs, batch, run)
-  own, _ = CapsuleHead(10, False, True, run).loss(outputs, batch)
-  default, _ = CapsuleHead(10, False, True, LossSettings()).loss(outputs, batch)
+  given, _ = capsule_loss(outputs, batch, run, traced=True)
+  own, _ = capsule_loss(outputs, batch, run)
+  default, _ = capsule_loss(outputs, batch, LossSettings())
   np.testing.assert_allclose(given, own, rtol=1e-6)
   assert not np.allclose(given, default, rtol=1e-2)

@@ -276,24 +276,26 @@ def test_a_batch_without_reconstruction_targets_is_refused_not_reconstructed_fro
   assert np.all(np.asarray(parts["reconstruction_loss"]) > 0)
 
 
-def test_capsule_models_hold_the_head_and_take_the_interface_from_capsule_model_class():
-  """The head by composition: no model copies the head's functions (issue 47 item 2); the
-  model's loss and metrics are the head's, on the model's own layers."""
-  from capsjax.models import capsule_head, efficient_capsnet
+def test_capsnet_writes_its_forward_pass_out_and_shares_the_heads_loss_and_metrics():
+  """CapsNet's __call__ is the paper's order written out (issue 90); it equals the head's
+  composition of its backbone and class capsules, and the loss and metrics are the head's,
+  which Efficient-CapsNet shares without defining any of them."""
+  from capsjax.models import efficient_capsnet
 
   for cls in (capsnet.CapsNet, efficient_capsnet.EfficientCapsNet):
-    assert issubclass(cls, capsule_head.CapsuleModel)
-    assert not {"__call__", "apply", "loss", "metrics", "decode"} & set(vars(cls)), cls
+    assert issubclass(cls, capsnet.CapsuleModel)
+    assert not {"apply", "loss", "metrics", "decode", "classify"} & set(vars(cls)), cls
+  assert "__call__" not in vars(efficient_capsnet.EfficientCapsNet)
   model = capsnet.CapsNet(smoke_config(), rngs=nnx.Rngs(0))
-  assert isinstance(model.head, capsule_head.CapsuleHead)
   images = jax.random.uniform(jax.random.PRNGKey(1), (2, 28, 28, 1))
   batch = {"images": images, "labels": jnp.array([3, 7]), "reconstruction_targets": images}
   out = model.apply(batch, train=True)
-  by_head = model.head.classify(model.primary(images, train=True), model.class_capsules,
-                                model.decoder, batch["labels"], train=True)
-  np.testing.assert_array_equal(np.asarray(out.scores), np.asarray(by_head.scores))
+  composed = capsnet.CapsuleModel.__call__(model, images, batch["labels"], train=True)
+  np.testing.assert_array_equal(np.asarray(out.scores), np.asarray(composed.scores))
+  np.testing.assert_array_equal(np.asarray(out.reconstructions),
+                                np.asarray(composed.reconstructions))
   loss, parts = model.loss(out, batch)
-  head_loss, _ = model.head.loss(out, batch)
+  head_loss, _ = capsnet.capsule_loss(out, batch, model.loss_settings)
   np.testing.assert_array_equal(np.asarray(loss), np.asarray(head_loss))
   assert set(parts) == {"margin_loss", "reconstruction_loss"}
   assert float(jnp.min(parts["reconstruction_loss"])) > 0  # Targets given: reconstructed.

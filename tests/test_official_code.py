@@ -18,7 +18,8 @@ from capsjax import models
 from capsjax.common.errors import UsageError
 from capsjax.datasets import sources
 from capsjax.models import capsule_layers
-from capsjax.models.capsule_head import CapsuleHead, LossSettings
+from capsjax.models.capsnet import capsule_loss
+from capsjax.models.head_settings import LossSettings
 from capsjax.models.outputs import Outputs
 from capsjax.stats import chosen
 from capsjax.config.runconfig import flatten
@@ -39,15 +40,14 @@ def test_margin_weight_of_official_is_the_codes_mean_margin_loss():
   lengths = rng.uniform(0, 1, size=(16, 10)).astype(np.float32)
   labels = rng.integers(0, 10, size=16)
   weight = mnist.get_config("official").loss.margin_weight
-  head = CapsuleHead(10, False, True, LossSettings(margin_weight=weight))
   outputs = Outputs(scores=jnp.asarray(lengths), predictions=jnp.argmax(lengths, -1),
                     log_probabilities=jnp.log(jnp.asarray(lengths)))
-  _, parts = head.loss(outputs, {"labels": jnp.asarray(labels)})
+  _, parts = capsule_loss(outputs, {"labels": jnp.asarray(labels)},
+                         LossSettings(margin_weight=weight))
   expected = code_margin_loss(lengths, np.eye(10)[labels])
   np.testing.assert_allclose(float(jnp.mean(parts["margin_loss"])), expected, rtol=1e-5)
   # The paper's Eq. 4 summed over the classes is 20x that.
-  paper = CapsuleHead(10, False, True, LossSettings())
-  _, paper_parts = paper.loss(outputs, {"labels": jnp.asarray(labels)})
+  _, paper_parts = capsule_loss(outputs, {"labels": jnp.asarray(labels)}, LossSettings())
   np.testing.assert_allclose(float(jnp.mean(paper_parts["margin_loss"])), 20 * expected,
                              rtol=1e-5)
 

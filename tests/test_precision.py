@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 import mnist
-from capsjax import evaluate, models, train
+from capsjax import evaluate, train
 from capsjax.config import precision
 from capsjax.common.errors import UsageError
 from capsjax.routing import core
@@ -81,13 +81,13 @@ def test_training_and_evaluation_compute_in_the_runs_precision(monkeypatch, tmp_
   """Every forward pass that training, its evaluations and the evaluate command trace runs
   in the run's precision (the check of the model's outputs at the start is shapes only)."""
   seen = []
-  forward = models.forward  # Every forward pass goes through it (Task.forward and the step).
+  forward = tasks.forward  # Every forward pass goes through it (Task.forward and the step).
 
   def recording(*args, **kwargs):
     seen.append(jax.config.jax_default_matmul_precision)
     return forward(*args, **kwargs)
 
-  monkeypatch.setattr(models, "forward", recording)
+  monkeypatch.setattr(tasks, "forward", recording)
   monkeypatch.setattr(tasks.Task, "check_outputs", lambda self, splits: None)
   config = mnist.get_config("smoke")
   config.data.source, config.data.dir = "idx", str(idx_dir)

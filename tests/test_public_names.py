@@ -114,7 +114,10 @@ def test_nothing_shipped_imports_a_moved_module_by_its_old_name():
   examples, experiments and tests import the new places (found from the syntax trees)."""
   import ast
 
-  old_modules = {module for module, _ in public_names.MOVED}
+  # A module all of whose names moved is old; from one that keeps public names of its own
+  # (capsjax.models), only the moved names are.
+  old_modules = {module for module, _ in public_names.MOVED} - set(public_names.PUBLIC)
+  moved_names = {f"{module}.{name}" for module, name in public_names.MOVED}
   found = []
   for folder in ("capsjax", "configs", "examples", "experiments", "tests", "tools"):
     for path in sorted((REPO / folder).rglob("*.py")):
@@ -124,7 +127,7 @@ def test_nothing_shipped_imports_a_moved_module_by_its_old_name():
           names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):
           names = [a.name for a in node.names]
-        hits = [n for n in names if n in old_modules and n != "capsjax.training.evaluation"]
+        hits = [n for n in names if n in old_modules or n in moved_names]
         if hits:
           found.append(f"{path.relative_to(REPO)}:{node.lineno} imports {hits[0]}")
   assert not found, found

@@ -15,7 +15,7 @@ import mnist
 from capsjax import routing
 from capsjax.common import registry
 from capsjax.common.errors import UsageError
-from capsjax.models.capsule_head import LossSettings
+from capsjax.models.head_settings import LossSettings
 from capsjax.training import tasks, train_step
 from helpers import write_idx_dataset
 

@@ -62,10 +62,10 @@ def test_steps_per_dispatch_gives_the_state_and_metrics_of_single_steps(
 def seen_by_the_model(monkeypatch):
   """What the train step hands the model: each training forward pass's images and labels (in
   order) and the sharding the compiler gave the batch's images."""
-  from capsjax import models
+  from capsjax.training import tasks
 
   batches, shardings = [], []
-  original = models.forward
+  original = tasks.forward
 
   def forward(graphdef, variables, batch, *, train, **kwargs):
     if train:
@@ -74,7 +74,7 @@ def seen_by_the_model(monkeypatch):
                          batch["images"], batch["labels"])
     return original(graphdef, variables, batch, train=train, **kwargs)
 
-  monkeypatch.setattr(models, "forward", forward)
+  monkeypatch.setattr(tasks, "forward", forward)
   return batches, shardings, original
 
 

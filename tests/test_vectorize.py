@@ -15,7 +15,7 @@ import pytest
 import mnist
 from capsjax import sweep, train
 from capsjax.common.errors import NonFiniteLossError, UsageError
-from capsjax.models.capsule_head import LossSettings
+from capsjax.models.head_settings import LossSettings
 from capsjax.config import runconfig
 from capsjax import train
 from capsjax.training import train_step, vectorize

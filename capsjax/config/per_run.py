@@ -13,7 +13,7 @@ else:
   the config key ``<section>.<field>``. The model's loss takes an instance,
   ``loss(..., numbers=...)``: in a vectorised step each run's (its fields traced scalars of
   the run axis), in an ordinary run None (the loss then uses the config's, compiled in). The
-  capsule models' is :class:`capsjax.models.capsule_head.LossSettings`.
+  capsule models' is :class:`capsjax.models.head_settings.LossSettings`.
 
 A vectorised group's runs may differ in exactly these keys (:func:`config_keys`) and in the
 initialisation-only settings; any other difference gives its runs a program of their own. A

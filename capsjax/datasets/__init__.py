@@ -7,8 +7,7 @@ examples of a step into a batch (:meth:`Builder.train_batch`: augmentation,
 synthetic data) or to turn evaluation examples into a batch
 (:meth:`Builder.eval_batch`: deterministic). A batch is a dict with at least
 ``images`` (floats, ``(batch, *info.image_shape)``) and ``labels``; what a model should
-reconstruct is the builder's :meth:`Builder.reconstruction_targets` (the clean images by
-default).
+reconstruct is the builder's ``reconstruction_targets`` (the clean images by default).
 
 A builder declares the ``config.data`` keys it reads as ``SETTINGS`` (``{"data.key":
 Setting(...)}``, :mod:`capsjax.config.settings`; those of the files it reads:
@@ -33,6 +32,7 @@ import numpy as np
 
 from capsjax.config import settings
 from capsjax.config import registries, schema
+from capsjax.datasets.augment import to_float  # noqa: F401 (public here)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,18 +184,12 @@ class Builder:
     del shared
     return {"images": to_float(examples["images"]), "labels": examples["labels"]}
 
-  def reconstruction_targets(self, batch: dict) -> jax.Array:
-    """What a model that reconstructs its input should reconstruct from ``batch``: its clean
-    ``images`` (default). :meth:`capsjax.training.tasks.Task.complete_batch` stores it in the
-    batch as ``reconstruction_targets``, apart from the images that go into the network."""
-    return batch["images"]
-
-
-def to_float(images: jax.Array) -> jax.Array:
-  """uint8 pixels -> float32 in [0, 1]; floats are taken to be in [0, 1] already and kept."""
-  if np.issubdtype(images.dtype, np.floating):
-    return images
-  return images.astype(np.float32) / 255.0
+  # What a model that reconstructs its input should reconstruct from a batch: None, its clean
+  # ``images``; a builder whose targets differ (MultiMNIST: each digit alone) defines
+  # ``reconstruction_targets(self, batch) -> array``. :meth:`capsjax.training.tasks.Task.
+  # complete_batch` stores them as ``batch["reconstruction_targets"]``, apart from the images
+  # that go into the network (which an attack may move).
+  reconstruction_targets: ClassVar = None
 
 
 DATASETS = registries.DATASETS  # The table: capsjax/config/registries.py

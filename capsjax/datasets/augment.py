@@ -1,11 +1,19 @@
-"""Augmentation and batching on the device, inside the jitted train step, plus the
-host-side shifts that evaluation uses to measure shift robustness."""
+"""Augmentation and batching on the device, inside the jitted train step (pixels to floats,
+the order of the examples, shifts and crops), plus the host-side shifts that evaluation uses
+to measure shift robustness."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+def to_float(images: jax.Array) -> jax.Array:
+  """uint8 pixels -> float32 in [0, 1]; floats are taken to be in [0, 1] already and kept."""
+  if np.issubdtype(images.dtype, np.floating):
+    return images
+  return images.astype(np.float32) / 255.0
 
 
 def epoch_batch_indices(key: jax.Array, step: jax.Array, num_examples: int,

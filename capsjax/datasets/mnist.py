@@ -79,7 +79,7 @@ class MNIST(datasets.Builder):
   def _digits(self, key, indices, examples):
     """``(images, key)``: the train digits ``indices`` as floats, through Efficient-CapsNet's
     augmentation where it is set, and the key left for the shifts."""
-    images = datasets.to_float(examples["images"][indices])
+    images = augment.to_float(examples["images"][indices])
     if self.digit_augment is not None:
       digit_key, key = jax.random.split(key)
       images = digit_augment.augment(digit_key, images, self.digit_augment)

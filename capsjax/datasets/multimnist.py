@@ -159,8 +159,8 @@ class MultiMNIST(datasets.Builder):
 
   @staticmethod
   def _batch(first, second, labels) -> dict:
-    return {"images": datasets.to_float(merge(first, second)), "labels": labels,
-            "digit_images": datasets.to_float(jnp.stack([first, second], axis=1))}
+    return {"images": augment.to_float(merge(first, second)), "labels": labels,
+            "digit_images": augment.to_float(jnp.stack([first, second], axis=1))}
 
 
 # Registered (capsjax/config/registries.py): this module's name in the config.

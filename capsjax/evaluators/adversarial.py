@@ -30,7 +30,7 @@ routing itself) moves the images along the gradient of a surrogate, not of the m
 cross-entropy of ``log_softmax(|squash(mean_i u_hat_{j|i})|)``, the class layer's votes
 averaged with equal weights, no routing, no bias
 (:meth:`capsjax.training.tasks.Task.vote_log_probabilities`,
-:meth:`capsjax.models.capsule_head.CapsuleHead.vote_scores`), with FGSM's or PGD's steps, budgets and
+:meth:`capsjax.models.capsnet.CapsuleModel.vote_scores`), with FGSM's or PGD's steps, budgets and
 start; accuracy and success are then measured on the model itself, routing included. Its
 gradient's zero fraction is ``vote_zero_gradient``.
 

@@ -35,7 +35,7 @@ Optional, declared by the model and checked at the start of a run:
       evaluation), ``saturation`` (a ``saturated_fraction`` metric), ``votes``
       (``model.vote_scores(batch) -> (batch, num_classes)``, the class scores of the class
       layer's votes combined without routing, what the vote attack differentiates:
-      :meth:`capsjax.models.capsule_head.CapsuleHead.vote_scores`); none if absent;
+      :meth:`capsjax.models.capsnet.CapsuleModel.vote_scores`); none if absent;
   ``Model.resolve_config(model_config)``
       fills in what the model derives from its settings in the run's resolved copy of
       ``config.model`` (CapsNet: the class capsules' bias where left unset), so that
@@ -69,13 +69,13 @@ example).
 from __future__ import annotations
 
 import inspect
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from capsjax.common import public_names
 from capsjax.common.errors import UsageError
 from capsjax.config import registries
 from capsjax.config.settings import POSITIVE, Setting
@@ -193,45 +193,6 @@ def check_forward(result, name: str, declared: frozenset[str], num_classes: int,
                      f"(capsjax/models/__init__.py) in {mode}: {'; '.join(problems)}.")
 
 
-class Forward(NamedTuple):
-  """What :func:`forward` returns.
-
-  Attributes:
-    outputs: the model's :class:`Outputs`.
-    loss: the objective per example, ``(batch,)``.
-    loss_parts: its named parts, ``{name: (batch,)}``.
-    metrics: ``{name: (batch,) or (batch, k)}``, at least ``accuracy``.
-    model_state: the model's variables that are not parameters after the pass (BatchNorm's
-      running statistics, updated when ``train``), a pure dict; ``{}`` for stateless models.
-  """
-  outputs: Any
-  loss: jax.Array
-  loss_parts: dict
-  metrics: dict
-  model_state: dict
-
-  def per_example(self) -> dict:
-    """``{"loss": ..., **loss_parts, **metrics}``: what evaluations average."""
-    return {"loss": self.loss, **self.loss_parts, **self.metrics}
-
-
-def forward(graphdef, variables: dict, batch: dict, *, train: bool,
-            rng: jax.Array | None = None, step: jax.Array | None = None,
-            numbers=None) -> Forward:
-  """The model of ``graphdef`` with ``variables`` (parameters and state, a pure dict) on
-  ``batch``: its outputs (``apply``), per-example loss and parts (``loss``) and metrics
-  (``metrics``), and the state the pass wrote. A pure function: the train step
-  differentiates it, evaluations map it over a set. ``numbers``: one run's per-run numbers in
-  a vectorised step (only a model that declares ``per_run_numbers`` takes them); None: the
-  config's."""
-  model = nnx.merge(graphdef, variables)
-  outputs = model.apply(batch, train=train, rng=rng)
-  extra = {"numbers": numbers} if numbers is not None else {}
-  loss, parts = model.loss(outputs, batch, step=step, **extra)
-  return Forward(outputs, loss, parts, model.metrics(outputs, batch),
-                 nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))
-
-
 def create(config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> nnx.Module:
   """The model of ``config``, with fresh parameters from ``rngs``."""
   return get(config).from_config(config, rngs=rngs)
@@ -243,5 +204,8 @@ def count_params(model: nnx.Module) -> int:
   return sum(x.size for x in jax.tree.leaves(params))
 
 
-__all__ = ["CAPABILITIES", "MODELS", "Forward", "Outputs", "SCORE_KINDS", "capabilities",
-           "check_class", "check_forward", "count_params", "create", "forward", "get"]
+__all__ = ["CAPABILITIES", "MODELS", "Outputs", "SCORE_KINDS", "capabilities", "check_class",
+           "check_forward", "count_params", "create", "get"]
+
+# Forward and forward moved to capsjax.training.tasks in 0.2.0 (served, deprecated, for a release).
+__getattr__ = public_names.module_getattr(__name__)

@@ -1,5 +1,5 @@
 """Figures of capsule models with a decoder (their ``draw_figures`` hook,
-:meth:`capsjax.models.capsule_head.CapsuleModel.draw_figures`): reconstructions of test examples and the
+:meth:`capsjax.models.capsnet.CapsuleModel.draw_figures`): reconstructions of test examples and the
 latent perturbations of paper Fig. 4; with two digits per image, paper Fig. 5 (each digit
 reconstructed from its capsule, overlaid in red and green) and the same with a class that is
 not present (the paper's "*" columns)."""

@@ -1,4 +1,4 @@
-"""Moved into :mod:`capsjax.models.capsule_head` in 0.2.0, beside the head it is built on; the
+"""Moved into :mod:`capsjax.models.capsnet` in 0.2.0, beside the head it is built on; the
 old name serves CapsuleModel with a DeprecationWarning for a release (CHANGELOG.md)."""
 
 from capsjax.common import public_names

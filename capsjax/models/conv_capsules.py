@@ -35,8 +35,8 @@ from capsjax import routing as routing_lib
 from capsjax.common.errors import UsageError
 from capsjax.models import layers
 from capsjax.models import receptive_fields as fields
-from capsjax.models.capsule_layers import (RoutingNorms, check_routing_norms, parameter_values,
-                                           router_parameters, split_routing)
+from capsjax.models.capsule_layers import parameter_values, router_parameters, split_routing
+from capsjax.models.matrix_capsules import RoutingNorms, check_routing_norms
 
 
 class ConvCapsules(nnx.Module):

@@ -12,7 +12,7 @@ and ``utils/layers.py``)::
     loss:             margin loss (0.9, 0.1, 0.5) + 0.392 x mean squared pixel error
 
 The class capsules, the decoder, the loss and the metrics are the capsule head that CapsNet has
-too (:mod:`capsjax.models.capsule_head`); only the backbone (:meth:`EfficientCapsNet.primary`)
+too (:mod:`capsjax.models.capsnet`); only the backbone (:meth:`EfficientCapsNet.primary`)
 differs, so every router of :mod:`capsjax.routing` also runs on this backbone
 (``config.model.routing.name``). 161,824 trainable parameters in the capsule network and
 1,411,344 in the decoder at 28x28x1 (the paper's 161K counts the former).
@@ -43,8 +43,9 @@ from flax import nnx
 from capsjax import routing
 from capsjax.common.errors import UsageError
 from capsjax.config.settings import POSITIVE, Setting, at_least, between, each, one_of
-from capsjax.models import SHAPE_SETTINGS, capsule_head, capsule_layers, layers
-from capsjax.models.capsule_head import LossSettings, check_scores
+from capsjax.models import SHAPE_SETTINGS, capsule_layers, depthwise, head_settings, layers
+from capsjax.models.capsnet import CapsuleModel
+from capsjax.models.head_settings import LossSettings
 
 POSITIONS = ("after_relu", "before_relu")
 
@@ -70,11 +71,11 @@ SETTINGS = {
     "model.class_capsules.init": Setting(kind=str | float, meaning="\"he_normal\" (the "
                                          "reference), or a truncated normal's std > 0.",
                                          init_only=True),
-    "model.class_capsules.scores": capsule_head.SCORES_SETTING,
+    "model.class_capsules.scores": head_settings.SCORES_SETTING,
     **layers.decoder_settings(init=False),
     "model.conv_impl": layers.CONV_IMPL,
     "model.compute_dtype": layers.COMPUTE_DTYPE,
-    **capsule_head.LOSS_SETTINGS,
+    **head_settings.LOSS_SETTINGS,
 }
 
 
@@ -128,7 +129,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if init != "he_normal" and not (isinstance(init, (int, float)) and init > 0):
     raise UsageError(f"config.model.class_capsules.init must be 'he_normal' (the reference) or "
                      f"a std > 0, got {init!r}.")
-  check_scores(config, router)
+  head_settings.check_scores(config, router)
 
 
 class DepthwisePrimaryCapsules(nnx.Module):
@@ -149,11 +150,11 @@ class DepthwisePrimaryCapsules(nnx.Module):
   def __call__(self, features: jax.Array) -> capsule_layers.Capsules:
     """``(batch, h, w, channels)`` -> vector capsules, poses ``(batch, h' * w' * channels /
     dim, dim)`` and their lengths."""
-    x = layers.depthwise_conv2d(features, self.kernel[...], self.impl) + self.bias[...]
+    x = depthwise.depthwise_conv2d(features, self.kernel[...], self.impl) + self.bias[...]
     return capsule_layers.vector_capsules(routing.exp_squash(x.reshape(x.shape[0], -1, self.dim)))
 
 
-class EfficientCapsNet(capsule_head.CapsuleModel):
+class EfficientCapsNet(CapsuleModel):
   """Convolutions with BatchNorm -> depthwise primary capsules -> class capsules [-> decoder].
 
   The BatchNorm statistics are model state (``nnx.BatchStat``): the train step updates them
@@ -191,7 +192,7 @@ class EfficientCapsNet(capsule_head.CapsuleModel):
         initializers=[he_normal()] * len(config.decoder.hidden)
         + [nnx.initializers.glorot_normal()], rngs=rngs)
         if config.decoder.enabled else None)
-    self.head = capsule_head.CapsuleHead.from_config(config, router, loss)
+    self.init_head(config, router, loss)
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, *,
@@ -200,7 +201,7 @@ class EfficientCapsNet(capsule_head.CapsuleModel):
 
   validate_config = staticmethod(validate_config)
   SETTINGS = SETTINGS
-  RULES = capsule_head.LOSS_RULES
+  RULES = head_settings.LOSS_RULES
   router_sections = ("model.routing",)
 
   saturation_settings = ("model.class_capsules.init", "optimizer.learning_rate")

@@ -54,7 +54,8 @@ from capsjax import routing
 from capsjax.config import settings as settings_lib
 from capsjax.common.errors import UsageError
 from capsjax.config.settings import NON_NEGATIVE, POSITIVE, Setting, at_least, each, one_of
-from capsjax.models import SHAPE_SETTINGS, capsule_layers, conv_capsules, layers, losses, metrics
+from capsjax.models import (SHAPE_SETTINGS, capsule_layers, conv_capsules, layers, losses,
+                            matrix_capsules, metrics)
 from capsjax.models import receptive_fields as fields
 from capsjax.models.outputs import Outputs
 
@@ -164,7 +165,7 @@ class EMCapsNet(nnx.Module):
                                config.conv1.kernel_size, config.conv1.stride,
                                impl=config.conv_impl, init_scale=config.conv1.init_scale,
                                bias_init=config.conv1.bias_init, rngs=rngs)
-    self.primary_capsules = capsule_layers.MatrixPrimaryCapsules(
+    self.primary_capsules = matrix_capsules.MatrixPrimaryCapsules(
         config.conv1.features, config.primary.types, pose,
         pose_init=config.primary.pose_init, activation_init=config.primary.activation_init,
         activation_offset=config.primary.activation_offset, layout=config.primary.layout,
@@ -181,7 +182,7 @@ class EMCapsNet(nnx.Module):
              *zip(caps.kernel_sizes, caps.strides)]
     centres = fields.receptive_field_centres(config.image_shape[0], stack)
     size = grids(config)[-1]
-    grid_votes = capsule_layers.GridMatrixVotes.create(
+    grid_votes = matrix_capsules.GridMatrixVotes.create(
         size, size, types[-1], pose, fields.coordinate_offsets(
             centres, centres, pose, config.class_capsules.coordinate_addition))
     self.class_capsules = capsule_layers.ClassCapsules(

@@ -1,58 +1,19 @@
-"""Losses of the paper: margin loss (Eq. 4) and the reconstruction loss (Sec. 4.1)."""
+"""The losses: the batch means of CapsNet's margin loss (Eq. 4) and reconstruction loss
+(Sec. 4.1), whose per-example forms are :mod:`capsjax.models.capsnet`'s (public here too),
+and the spread loss of matrix capsules (Hinton et al. 2018). The head's settings:
+:mod:`capsjax.models.head_settings`."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-
-def margin_loss_per_example(lengths: jax.Array, labels: jax.Array, *, m_plus: float = 0.9,
-                            m_minus: float = 0.1, lam: float = 0.5) -> jax.Array:
-  """Eq. 4: ``L_k = T_k max(0, m+ - |v_k|)^2 + lam (1 - T_k) max(0, |v_k| - m-)^2``.
-
-  Summed over classes k.
-
-  Args:
-    lengths: capsule lengths ``|v_k|``, ``(batch, num_classes)``.
-    labels: int class ids ``(batch,)``, or ``(batch, n)`` for several digits per image
-      (MultiMNIST): every labelled class is present (T_k = 1).
-    m_plus, m_minus, lam: the paper's 0.9, 0.1 and 0.5 by default.
-
-  Returns:
-    ``(batch,)``.
-  """
-  present = jax.nn.one_hot(labels, lengths.shape[-1], dtype=lengths.dtype)
-  if labels.ndim == 2:
-    present = jnp.minimum(jnp.sum(present, axis=1), 1.0)
-  per_class = (present * jnp.square(jnp.maximum(0.0, m_plus - lengths))
-               + lam * (1.0 - present) * jnp.square(jnp.maximum(0.0, lengths - m_minus)))
-  return jnp.sum(per_class, axis=-1)
-
+from capsjax.models.capsnet import (margin_loss_per_example,  # noqa: F401 (public here)
+                                    reconstruction_loss_per_example)
 
 def margin_loss(lengths: jax.Array, labels: jax.Array, **kwargs) -> jax.Array:
   """:func:`margin_loss_per_example` averaged over the batch; a scalar."""
   return jnp.mean(margin_loss_per_example(lengths, labels, **kwargs))
-
-
-def reconstruction_loss_per_example(reconstructions: jax.Array, images: jax.Array, *,
-                                    weight: float = 0.0005) -> jax.Array:
-  """``weight`` x the SUM of squared pixel errors of each example.
-
-  The paper scales the sum (not the mean) by 0.0005 "so that it does not
-  dominate the margin loss"; a mean over 784 pixels would be 784x weaker.
-
-  Args:
-    reconstructions, images: ``(batch, ...)`` with the same shape.
-    weight: the paper's 0.0005 by default.
-
-  Returns:
-    ``(batch,)``.
-  """
-  if reconstructions.shape != images.shape:
-    raise ValueError(f"reconstructions {reconstructions.shape} and images {images.shape} "
-                     "must have the same shape.")
-  errors = jnp.square(reconstructions - images).reshape(images.shape[0], -1)
-  return weight * jnp.sum(errors, axis=-1)
 
 
 def reconstruction_loss(reconstructions: jax.Array, images: jax.Array, **kwargs) -> jax.Array:

@@ -66,12 +66,12 @@ from capsjax.config import schema
 from capsjax.config import settings as settings_lib
 from capsjax.common.errors import UsageError
 from capsjax.config import registries
-from capsjax.routing.core import (ConvLayer, ParamSpec, Router, RoutingResult, capsule_votes,
-                                  coupled_parents, coupling_statistics, exp_squash,
+from capsjax.routing.core import (capsule_votes, coupled_parents, coupling_statistics, exp_squash,
                                   matrix_votes, safe_norm, squash)
-from capsjax.routing.dynamic import (SOFTMAX_AXES, RoutingTrace, coupling_coefficients,
-                                     dynamic_routing, routing_diagnostics,
-                                     routing_diagnostics_per_example)
+from capsjax.routing.router import ConvLayer, ParamSpec, Router, RoutingResult
+from capsjax.routing.dynamic import SOFTMAX_AXES, coupling_coefficients, dynamic_routing
+from capsjax.routing.dynamic_trace import (RoutingTrace, routing_diagnostics,
+                                           routing_diagnostics_per_example)
 
 ROUTERS = registries.ROUTERS  # The table: capsjax/config/registries.py
 DEFAULT = schema.DEFAULT_ROUTER   # The paper's: dynamic routing.

@@ -26,14 +26,15 @@ other's transposes).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 from capsjax.config.settings import Setting, one_of
-from capsjax.routing.core import (SQUASH_EPSILON, Router, RoutingResult, coupling_statistics,
-                                  iterations_setting, safe_norm, squash)
+from capsjax.routing.core import safe_norm, squash
+from capsjax.routing.dynamic_trace import RoutingTrace, routing_diagnostics_per_example
+from capsjax.routing.router import SQUASH_EPSILON, Router, RoutingResult, iterations_setting
 
 SOFTMAX_AXES = ("output", "input")
 
@@ -172,22 +173,6 @@ def procedure_1(votes: jax.Array, *, iterations: int,
   return squash(s, epsilon=squash_epsilon), observed
 
 
-class RoutingTrace(NamedTuple):
-  """What routing did, iteration by iteration, for analysis.
-
-  Attributes:
-    logits: ``(iterations, batch, in_caps, out_caps)``; ``logits[r]`` are the
-      b_ij that iteration r started from (all zero for r = 0).
-    coupling: ``(iterations, batch, in_caps, out_caps)``; the c_ij that
-      iteration r used.
-    preactivation_norm: ``(iterations, batch, out_caps)``; ``|s_j|`` of iteration r,
-      before the squash (long ``s_j`` saturate it).
-  """
-  logits: jax.Array
-  coupling: jax.Array
-  preactivation_norm: jax.Array | None = None
-
-
 def dynamic_routing(votes: jax.Array,
                     num_iterations: int,
                     *,
@@ -266,48 +251,6 @@ def dynamic_routing(votes: jax.Array,
   # With one iteration the whole trace is a constant (b = 0, uniform c); the barrier keeps
   # XLA from constant-folding the diagnostics over it at compile time (seconds per batch).
   return outputs, jax.lax.optimization_barrier(trace)
-
-
-def routing_diagnostics_per_example(trace: RoutingTrace,
-                                    softmax_axis: str = "output") -> dict:
-  """Per-iteration summaries of a :class:`RoutingTrace` for each example (cf. Fig. A.1).
-
-  Returns:
-    A dict of ``(batch, iterations)`` arrays:
-      ``coupling_entropy``: mean entropy (nats) of each child's (or, for
-        ``"input"``, each parent's) coupling distribution;
-      ``coupling_max``: the mean of the largest coefficient of each distribution;
-      ``logit_change``: mean ``|b^r - b^(r-1)|``, 0 for the first iteration;
-      ``preactivation_norm``: mean ``|s_j|`` over the parents (when the trace has it).
-  """
-  axis = _softmax_axis_index(softmax_axis)
-  stats = jax.vmap(lambda c: coupling_statistics(c, axis))(trace.coupling)
-  logits = trace.logits
-  change = jnp.abs(jnp.concatenate([jnp.zeros_like(logits[:1]), jnp.diff(logits, axis=0)]))
-  per_iteration = {
-      "coupling_entropy": stats["coupling_entropy"],
-      "coupling_max": stats["coupling_max"],
-      "logit_change": jnp.mean(change.reshape(*change.shape[:2], -1), axis=2),
-  }  # Each (iterations, batch).
-  if trace.preactivation_norm is not None:
-    per_iteration["preactivation_norm"] = jnp.mean(trace.preactivation_norm, axis=2)
-  return {k: v.T for k, v in per_iteration.items()}
-
-
-def routing_diagnostics(trace: RoutingTrace, softmax_axis: str = "output",
-                        weights: jax.Array | None = None) -> dict:
-  """:func:`routing_diagnostics_per_example` averaged over examples, ``(iterations,)`` each.
-
-  Args:
-    trace: from :func:`dynamic_routing` with ``return_trace=True``.
-    softmax_axis: the axis the coupling coefficients were normalised over.
-    weights: optional ``(batch,)`` example weights (0 for padding).
-  """
-  per_example = routing_diagnostics_per_example(trace, softmax_axis)
-  if weights is None:
-    weights = jnp.ones(trace.coupling.shape[1], trace.coupling.dtype)
-  return {k: jnp.sum(v * weights[:, None], axis=0) / jnp.maximum(jnp.sum(weights), 1e-12)
-          for k, v in per_example.items()}
 
 
 # ``config.model.routing`` of dynamic routing: the paper's values (Procedure 1).

@@ -80,8 +80,8 @@ import jax.numpy as jnp
 
 from capsjax.config.settings import POSITIVE, Setting, between
 from capsjax.routing import em_arithmetic
-from capsjax.routing.core import (ConvLayer, ParamSpec, Router, RoutingResult, check_iterations,
-                                  iterations_setting)
+from capsjax.routing.router import (ConvLayer, ParamSpec, Router, RoutingResult, check_iterations,
+                                    iterations_setting)
 
 _FRACTION = between(0, 1, open_high=True)
 # ``config.model.routing`` of EM routing: the authors' code's values for the class layer

@@ -45,8 +45,9 @@ import jax
 import jax.numpy as jnp
 
 from capsjax.config.settings import POSITIVE, Setting, one_of
-from capsjax.routing.core import (ParamSpec, Router, RoutingResult, coupling_statistics,
-                                  iterations_setting, per_iteration, safe_norm)
+from capsjax.routing.core import coupling_statistics, safe_norm
+from capsjax.routing.router import (ParamSpec, Router, RoutingResult, iterations_setting,
+                                    per_iteration)
 
 AGREEMENT_SCALES = ("code", "paper")
 SETTINGS = {

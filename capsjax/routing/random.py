@@ -20,7 +20,8 @@ from __future__ import annotations
 import jax
 
 from capsjax.config.settings import NON_NEGATIVE, Setting
-from capsjax.routing.core import SQUASH_EPSILON, Router, RoutingResult, coupled_parents
+from capsjax.routing.core import coupled_parents
+from capsjax.routing.router import SQUASH_EPSILON, Router, RoutingResult
 
 SETTINGS = {
     "logit_scale": Setting(1.0, "The std of the Gaussian logits (0: uniform coupling; the "

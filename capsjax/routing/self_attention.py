@@ -26,8 +26,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from capsjax.routing.core import (ParamSpec, Router, RoutingResult, coupling_statistics,
-                                  exp_squash, safe_norm)
+from capsjax.routing.core import coupling_statistics, exp_squash, safe_norm
+from capsjax.routing.router import ParamSpec, Router, RoutingResult
 
 SETTINGS: dict = {}  # One pass, nothing to set.
 

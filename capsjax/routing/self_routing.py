@@ -28,7 +28,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from capsjax.routing.core import ParamSpec, Router, RoutingResult, coupling_statistics
+from capsjax.routing.core import coupling_statistics
+from capsjax.routing.router import ParamSpec, Router, RoutingResult
 
 SETTINGS: dict = {}  # One pass, nothing to set.
 _FLOOR = 1e-12

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from capsjax.routing.core import SQUASH_EPSILON, Router, RoutingResult, coupled_parents
+from capsjax.routing.core import coupled_parents
+from capsjax.routing.router import SQUASH_EPSILON, Router, RoutingResult
 
 SETTINGS = {"squash_epsilon": SQUASH_EPSILON}
 

@@ -72,8 +72,8 @@ import jax.numpy as jnp
 from jax.scipy.special import digamma
 
 from capsjax.config.settings import POSITIVE, Setting, above, one_of
-from capsjax.routing.core import (ConvLayer, Router, RoutingResult, check_iterations,
-                                  iterations_setting)
+from capsjax.routing.router import (ConvLayer, Router, RoutingResult, check_iterations,
+                                    iterations_setting)
 from capsjax.routing.em import parameters
 
 ASSIGNMENTS = ("code", "first_commits", "textbook")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +30,44 @@ from capsjax.models import metrics
 from capsjax.config import schema
 
 
-Forward = models.Forward  # What :meth:`Task.forward` returns (capsjax.models.Forward).
+class Forward(NamedTuple):
+  """What :func:`forward` returns.
+
+  Attributes:
+    outputs: the model's :class:`capsjax.models.Outputs`.
+    loss: the objective per example, ``(batch,)``.
+    loss_parts: its named parts, ``{name: (batch,)}``.
+    metrics: ``{name: (batch,) or (batch, k)}``, at least ``accuracy``.
+    model_state: the model's variables that are not parameters after the pass (BatchNorm's
+      running statistics, updated when ``train``), a pure dict; ``{}`` for stateless models.
+  """
+  outputs: Any
+  loss: jax.Array
+  loss_parts: dict
+  metrics: dict
+  model_state: dict
+
+  def per_example(self) -> dict:
+    """``{"loss": ..., **loss_parts, **metrics}``: what evaluations average."""
+    return {"loss": self.loss, **self.loss_parts, **self.metrics}
+
+
+def forward(graphdef, variables: dict, batch: dict, *, train: bool,
+            rng: jax.Array | None = None, step: jax.Array | None = None,
+            numbers=None) -> Forward:
+  """The model of ``graphdef`` with ``variables`` (parameters and state, a pure dict) on a
+  complete ``batch`` (:meth:`Task.complete_batch`): its outputs (``apply``), per-example loss
+  and parts (``loss``) and metrics (``metrics``), and the state the pass wrote. A pure
+  function: the train step differentiates it, evaluations map it over a set (through
+  :meth:`Task.forward`). ``numbers``: one run's per-run numbers in a vectorised step (only a
+  model that declares ``per_run_numbers`` takes them); None: the config's."""
+  model = nnx.merge(graphdef, variables)
+  outputs = model.apply(batch, train=train, rng=rng)
+  extra = {"numbers": numbers} if numbers is not None else {}
+  loss, parts = model.loss(outputs, batch, step=step, **extra)
+  return Forward(outputs, loss, parts, model.metrics(outputs, batch),
+                 nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))
+
 
 # Task.check_outputs's keys that passed, in this process.
 _CHECKED: set[tuple] = set()
@@ -100,12 +138,14 @@ class Task:
             nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))
 
   def complete_batch(self, batch: dict) -> dict:
-    """``batch`` with its ``reconstruction_targets`` (the dataset's
-    :meth:`capsjax.datasets.Builder.reconstruction_targets`) when it has none. Build a batch
-    with this before moving its images (an attack) to keep the targets clean."""
+    """``batch`` with its ``reconstruction_targets`` when it has none: the dataset's
+    (``Builder.reconstruction_targets``), or its clean images. Build a batch with this before
+    moving its images (an attack) to keep the targets clean."""
     if "reconstruction_targets" in batch:
       return batch
-    return {**batch, "reconstruction_targets": self.dataset.reconstruction_targets(batch)}
+    targets = self.dataset.reconstruction_targets
+    return {**batch, "reconstruction_targets": batch["images"] if targets is None
+            else targets(batch)}
 
   def forward(self, variables: dict, batch: dict, *, train: bool,
               rng: jax.Array | None = None, step: jax.Array | None = None,
@@ -125,8 +165,8 @@ class Task:
       numbers: one run's per-run numbers in a vectorised step (the model's
         ``per_run_numbers``: :mod:`capsjax.config.per_run`), or None: the config's.
     """
-    return models.forward(self.graphdef, variables, self.complete_batch(batch), train=train,
-                          rng=rng, step=step, numbers=numbers)
+    return forward(self.graphdef, variables, self.complete_batch(batch), train=train,
+                   rng=rng, step=step, numbers=numbers)
 
   def vote_log_probabilities(self, variables: dict, batch: dict) -> jax.Array:
     """``log_softmax`` of the class scores of the model's votes combined without routing

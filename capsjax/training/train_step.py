@@ -14,7 +14,7 @@ gradient, the update and the metrics; for one run, or several mapped over a lead
   into a batch (augmentation, synthetic data) inside the jitted step; the batch is sharded over
   the mesh, so XLA adds the gradient all-reduce, and a BatchNorm's statistics are the global
   batch's (synchronised BatchNorm).
-* **The step** (:func:`train_steps`): the model's forward pass (:func:`capsjax.models.forward`:
+* **The step** (:func:`train_steps`): the model's forward pass (:func:`capsjax.training.tasks.forward`:
   apply, loss, metrics), its gradient, the optimiser's update; ``num_steps`` of them per
   dispatch through ``lax.scan``.
 * **One run or several** (:class:`Step`): the same step, jitted as it is for one run (its
@@ -36,10 +36,10 @@ from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from capsjax.config import run_settings
-from capsjax import models
 from capsjax.config import per_run
 from capsjax.datasets import augment, stream_order
 from capsjax.training import memory
+from capsjax.training import tasks
 from capsjax.training.tasks import Task
 
 # The run's seed, and the order of its training examples.
@@ -173,8 +173,8 @@ def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
   order = TrainOrder(task, num_train, mesh)
 
   def loss_fn(params, model_state, batch, rng, step, numbers):
-    result = models.forward(task.graphdef, merge_variables(params, model_state), batch,
-                            train=True, rng=rng, step=step, numbers=numbers)
+    result = tasks.forward(task.graphdef, merge_variables(params, model_state), batch,
+                           train=True, rng=rng, step=step, numbers=numbers)
     metrics = {k: jnp.mean(v.astype(jnp.float32), axis=0)
                for k, v in result.per_example().items()}
     return metrics["loss"], (metrics, result.model_state)
