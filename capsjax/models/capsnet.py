@@ -14,7 +14,8 @@ and ``decoder`` (:class:`capsjax.models.layers.Decoder`, or ``nnx.data(None)``),
 :meth:`CapsuleModel.init_head` and defines ``primary(images, *, train)`` (its backbone);
 parameter trees and checkpoints have the layout ``class_capsules/...``, ``decoder/...``. The
 head's settings (``config.loss``, ``model.class_capsules.scores``):
-:mod:`capsjax.models.head_settings`.
+:mod:`capsjax.models.head_settings`. The file reads: the head, CapsNet, then the loss and the
+metrics.
 """
 
 from __future__ import annotations
@@ -34,86 +35,6 @@ from capsjax.models.layers import Decoder
 from capsjax.models.outputs import Outputs
 from capsjax.models.saturation_watch import SATURATED_LENGTH, SaturationWatch
 from capsjax.routing.router import SQUASH_EPSILON
-
-
-def margin_loss_per_example(lengths: jax.Array, labels: jax.Array, *, m_plus: float = 0.9,
-                            m_minus: float = 0.1, lam: float = 0.5) -> jax.Array:
-  """Eq. 4, summed over the classes k: ``T_k max(0, m+ - |v_k|)^2 + lam (1 - T_k)
-  max(0, |v_k| - m-)^2``; ``lengths`` ``(batch, num_classes)``, ``labels`` ``(batch,)`` or
-  ``(batch, n)`` (several digits, each present: T_k = 1) -> ``(batch,)``."""
-  present = jax.nn.one_hot(labels, lengths.shape[-1], dtype=lengths.dtype)
-  if labels.ndim == 2:
-    present = jnp.minimum(jnp.sum(present, axis=1), 1.0)
-  per_class = (present * jnp.square(jnp.maximum(0.0, m_plus - lengths))
-               + lam * (1.0 - present) * jnp.square(jnp.maximum(0.0, lengths - m_minus)))
-  return jnp.sum(per_class, axis=-1)
-
-
-def reconstruction_loss_per_example(reconstructions: jax.Array, images: jax.Array, *,
-                                    weight: float = 0.0005) -> jax.Array:
-  """``weight`` x the SUM of squared pixel errors of each example, ``(batch,)``: the paper
-  scales the sum by 0.0005 "so that it does not dominate the margin loss" (Sec. 4.1; a mean
-  over 784 pixels would be 784x weaker)."""
-  if reconstructions.shape != images.shape:
-    raise ValueError(f"reconstructions {reconstructions.shape} and images {images.shape} "
-                     "must have the same shape.")
-  errors = jnp.square(reconstructions - images).reshape(images.shape[0], -1)
-  return weight * jnp.sum(errors, axis=-1)
-
-
-def capsule_loss(outputs: Outputs, batch: dict, settings: LossSettings, *,
-                 traced: bool = False) -> tuple[jax.Array, dict]:
-  """``margin_weight`` x Eq. 4 + the reconstruction loss, per example, and the two parts.
-
-  The reconstruction target is ``batch["reconstruction_targets"]`` (the clean images; with
-  several digits per image, Sec. 6, each digit's own image reconstructed from its label's
-  capsule), never the input, which an attack may have moved: a batch without targets is
-  refused (:meth:`capsjax.training.tasks.Task.complete_batch` adds them). ``traced``: the
-  settings are one run's traced numbers (a vectorised step), whose weight may be nonzero."""
-  s = settings
-  margin = s.margin_weight * margin_loss_per_example(
-      outputs.scores, batch["labels"], m_plus=s.m_plus, m_minus=s.m_minus, lam=s.lam)
-  several = batch["labels"].ndim == 2
-  reconstructions = outputs.label_reconstructions if several else outputs.reconstructions
-  if reconstructions is None or not (traced or s.reconstruction_weight):
-    return margin, {"margin_loss": margin, "reconstruction_loss": jnp.zeros_like(margin)}
-  if "reconstruction_targets" not in batch:
-    raise ValueError("the batch has no 'reconstruction_targets' to reconstruct: complete it "
-                     "with capsjax.training.tasks.Task.complete_batch (the dataset's clean "
-                     "images) before moving its images.")
-  recon = reconstruction_loss_per_example(reconstructions, batch["reconstruction_targets"],
-                                          weight=s.reconstruction_weight)
-  return margin + recon, {"margin_loss": margin, "reconstruction_loss": recon}
-
-
-def predictions(scores: jax.Array, labels_per_example: int) -> jax.Array:
-  """The predicted class ``(batch,)``, or the ``k`` top classes ``(batch, k)`` by score."""
-  if labels_per_example == 1:
-    return jnp.argmax(scores, axis=-1)
-  return jax.lax.top_k(scores, labels_per_example)[1]
-
-
-def label_sets_correct(scores: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
-  """``{"accuracy": (batch,)}``, 0/1: whether the ``k`` highest ``scores`` are exactly the
-  ``k`` ``labels`` of each example (ordinary accuracy for one label; with several, the
-  official code's MultiMNIST criterion, plus ``at_least_one`` of them among the top ``k``).
-  Ties go to the lower class index (``lax.top_k``)."""
-  if labels.ndim == 1:
-    return {"accuracy": (jnp.argmax(scores, axis=-1) == labels).astype(jnp.float32)}
-  _, top = jax.lax.top_k(scores, labels.shape[-1])
-  hits = jnp.sum(jnp.any(top[:, :, None] == labels[:, None, :], axis=1), axis=-1)
-  return {"accuracy": (hits == labels.shape[-1]).astype(jnp.float32),
-          "at_least_one": (hits > 0).astype(jnp.float32)}
-
-
-def capsule_saturation(lengths: jax.Array,
-                       threshold: float = SATURATED_LENGTH) -> dict[str, jax.Array]:
-  """Per example, the mean length of the class capsules (``lengths`` ``(batch, classes)``)
-  and the fraction longer than ``threshold``. The squash's slope vanishes for long ``s``, so
-  a model whose capsules all sit there gets almost no gradient from the margin loss
-  (:mod:`capsjax.models.saturation_watch`)."""
-  return {"class_capsule_length": jnp.mean(lengths, axis=-1),
-          "saturated_fraction": jnp.mean((lengths > threshold).astype(jnp.float32), axis=-1)}
 
 
 class CapsuleModel(nnx.Module):
@@ -406,19 +327,102 @@ class CapsNet(CapsuleModel):
     """Fig. 1, then Fig. 2's decoder: ``(batch, h, w, c)`` images -> :class:`Outputs`. In
     training the decoder sees the capsule of the label (``labels``, required then), otherwise
     of the prediction; ``diagnostics``: also the routing's, per iteration."""
-    features = jax.nn.relu(self.conv1(images))  # Conv1: 256 9x9 kernels, stride 1, ReLU.
+    features = jax.nn.relu(self.conv1(images))  # Conv1: 256 9x9 kernels, ReLU.
     primary = self.primary_capsules(features)   # PrimaryCaps: 32 x 8D, 9x9 stride 2, Eq. 1.
-    routed = self.class_capsules.route(         # u_hat_{j|i} = W_ij u_i (Eq. 2), routed by
-        primary, train=train, rng=rng,          # Procedure 1 to v_j, 10 x 16D.
-        diagnostics=diagnostics)
-    return self.classify(routed, labels, train=train, diagnostics=diagnostics,  # |v_j|, the
-                         labels_per_example=labels_per_example)  # masked decoder (Fig. 2).
+    # The votes u_hat_{j|i} = W_ij u_i (Eq. 2), routed by Procedure 1 to v_j (10 x 16D).
+    routed = self.class_capsules.route(primary, train=train, rng=rng, diagnostics=diagnostics)
+    # The lengths |v_j| score the classes; the decoder sees the masked v_j (Fig. 2).
+    return self.classify(routed, labels, train=train, diagnostics=diagnostics,
+                         labels_per_example=labels_per_example)
 
   def primary(self, images: jax.Array, *, train: bool = False) -> capsule_layers.Capsules:
     """Conv1 (ReLU) and PrimaryCaps alone (the vote attack's input): ``(batch, h, w, c)`` ->
     primary capsules (poses ``(batch, in_caps, in_dim)`` and their lengths)."""
     del train
     return self.primary_capsules(jax.nn.relu(self.conv1(images)))
+
+
+# --- The loss (Eq. 4 and Sec. 4.1) and the metrics ---------------------------------------
+
+def margin_loss_per_example(lengths: jax.Array, labels: jax.Array, *, m_plus: float = 0.9,
+                            m_minus: float = 0.1, lam: float = 0.5) -> jax.Array:
+  """Eq. 4, summed over the classes k: ``T_k max(0, m+ - |v_k|)^2 + lam (1 - T_k)
+  max(0, |v_k| - m-)^2``; ``lengths`` ``(batch, num_classes)``, ``labels`` ``(batch,)`` or
+  ``(batch, n)`` (several digits, each present: T_k = 1) -> ``(batch,)``."""
+  present = jax.nn.one_hot(labels, lengths.shape[-1], dtype=lengths.dtype)
+  if labels.ndim == 2:
+    present = jnp.minimum(jnp.sum(present, axis=1), 1.0)
+  per_class = (present * jnp.square(jnp.maximum(0.0, m_plus - lengths))
+               + lam * (1.0 - present) * jnp.square(jnp.maximum(0.0, lengths - m_minus)))
+  return jnp.sum(per_class, axis=-1)
+
+
+def reconstruction_loss_per_example(reconstructions: jax.Array, images: jax.Array, *,
+                                    weight: float = 0.0005) -> jax.Array:
+  """``weight`` x the SUM of squared pixel errors of each example, ``(batch,)``: the paper
+  scales the sum by 0.0005 "so that it does not dominate the margin loss" (Sec. 4.1; a mean
+  over 784 pixels would be 784x weaker)."""
+  if reconstructions.shape != images.shape:
+    raise ValueError(f"reconstructions {reconstructions.shape} and images {images.shape} "
+                     "must have the same shape.")
+  errors = jnp.square(reconstructions - images).reshape(images.shape[0], -1)
+  return weight * jnp.sum(errors, axis=-1)
+
+
+def capsule_loss(outputs: Outputs, batch: dict, settings: LossSettings, *,
+                 traced: bool = False) -> tuple[jax.Array, dict]:
+  """``margin_weight`` x Eq. 4 + the reconstruction loss, per example, and the two parts.
+
+  The reconstruction target is ``batch["reconstruction_targets"]`` (the clean images; with
+  several digits per image, Sec. 6, each digit's own image reconstructed from its label's
+  capsule), never the input, which an attack may have moved: a batch without targets is
+  refused (:meth:`capsjax.training.tasks.Task.complete_batch` adds them). ``traced``: the
+  settings are one run's traced numbers (a vectorised step), whose weight may be nonzero."""
+  s = settings
+  margin = s.margin_weight * margin_loss_per_example(
+      outputs.scores, batch["labels"], m_plus=s.m_plus, m_minus=s.m_minus, lam=s.lam)
+  several = batch["labels"].ndim == 2
+  reconstructions = outputs.label_reconstructions if several else outputs.reconstructions
+  if reconstructions is None or not (traced or s.reconstruction_weight):
+    return margin, {"margin_loss": margin, "reconstruction_loss": jnp.zeros_like(margin)}
+  if "reconstruction_targets" not in batch:
+    raise ValueError("the batch has no 'reconstruction_targets' to reconstruct: complete it "
+                     "with capsjax.training.tasks.Task.complete_batch (the dataset's clean "
+                     "images) before moving its images.")
+  recon = reconstruction_loss_per_example(reconstructions, batch["reconstruction_targets"],
+                                          weight=s.reconstruction_weight)
+  return margin + recon, {"margin_loss": margin, "reconstruction_loss": recon}
+
+
+def predictions(scores: jax.Array, labels_per_example: int) -> jax.Array:
+  """The predicted class ``(batch,)``, or the ``k`` top classes ``(batch, k)`` by score."""
+  if labels_per_example == 1:
+    return jnp.argmax(scores, axis=-1)
+  return jax.lax.top_k(scores, labels_per_example)[1]
+
+
+def label_sets_correct(scores: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
+  """``{"accuracy": (batch,)}``, 0/1: whether the ``k`` highest ``scores`` are exactly the
+  ``k`` ``labels`` of each example (ordinary accuracy for one label; with several, the
+  official code's MultiMNIST criterion, plus ``at_least_one`` of them among the top ``k``).
+  Ties go to the lower class index (``lax.top_k``)."""
+  if labels.ndim == 1:
+    return {"accuracy": (jnp.argmax(scores, axis=-1) == labels).astype(jnp.float32)}
+  _, top = jax.lax.top_k(scores, labels.shape[-1])
+  hits = jnp.sum(jnp.any(top[:, :, None] == labels[:, None, :], axis=1), axis=-1)
+  return {"accuracy": (hits == labels.shape[-1]).astype(jnp.float32),
+          "at_least_one": (hits > 0).astype(jnp.float32)}
+
+
+def capsule_saturation(lengths: jax.Array,
+                       threshold: float = SATURATED_LENGTH) -> dict[str, jax.Array]:
+  """Per example, the mean length of the class capsules (``lengths`` ``(batch, classes)``)
+  and the fraction longer than ``threshold``. The squash's slope vanishes for long ``s``, so
+  a model whose capsules all sit there gets almost no gradient from the margin loss
+  (:mod:`capsjax.models.saturation_watch`)."""
+  return {"class_capsule_length": jnp.mean(lengths, axis=-1),
+          "saturated_fraction": jnp.mean((lengths > threshold).astype(jnp.float32), axis=-1)}
+
 
 
 # Registered (capsjax/config/registries.py): this module's name in the config.
