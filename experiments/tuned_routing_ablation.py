@@ -14,9 +14,8 @@ routing.
       --config.data.source=idx --config.data.dir=/path/to/mnist
 
 Variants: ``:cpu``, the smoke-sized CapsNet on 5,120 MNIST training digits (1,024 of them
-held out for validation), 10 trials of 150 steps per setup and seeds of 300 steps (add
-``--vectorize``: each setup's 6 seeds as one program), every seed scored on all 10,000 test
-digits (docs/results/tuned_routing_ablation_cpu.md); ``:tiny``,
+held out for validation), 10 trials of 150 steps per setup and seeds of 300 steps, every
+seed scored on all 10,000 test digits (docs/results/tuned_routing_ablation_cpu.md); ``:tiny``,
 the smoke config for the tests (generated data, a few steps).
 """
 

@@ -38,7 +38,7 @@ from capsjax.training.train_log import TrainLog
 SETTINGS = run_settings.RECORDS  # config.train's records and how a run stops.
 # Called as fn(workdir, step, measured) after each evaluation during training and its
 # checkpoint, ``measured`` being {evaluation name: metrics}: a search's pruner reads the
-# validation curve here (capsjax/training/search.py) and may raise to stop the run.
+# validation curve here (capsjax/training/trials.py) and may raise to stop the run.
 EVALUATION_LISTENERS: list[Callable] = []
 
 

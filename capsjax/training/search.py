@@ -1,19 +1,16 @@
 """Each grid point's hyperparameters searched on its validation split (Optuna) before its
-seeds train with the values found (``python -m capsjax.sweep``; docs/sweeps.md, "Tuned
-ablations"). An experiment declares the search in ``get_sweep()``'s dict::
+seeds train with the values found (docs/sweeps.md, "Tuned ablations"). ``get_sweep()``'s
+dict declares it beside ``grid`` and ``seeds``::
 
     "search": {"space": {"optimizer.learning_rate": ("log_uniform", 1e-4, 1e-2),
                          "model.routing.iterations": ("int", 1, 5)},  # also "uniform",
-               "trials": 16,                       # per grid point      # "categorical"
-               "budget": {"train.num_steps": 300},  # a trial's own overrides
-               "metric": "validation/error"}        # or "validation/loss"
+               "trials": 16, "budget": {"train.num_steps": 300},     # "categorical"
+               "metric": "validation/error"}                         # or ".../loss"
 
-Each grid point has its own study (TPE, seeded; the median pruner on the validation curve)
-in one store: a journal file in the sweep's directory, or ``--search_storage`` (a path on a
-shared filesystem, or a database URL such as ``postgresql://...``). Its trials are capsjax
-runs (:mod:`capsjax.training.trials`) whose evaluations are the validation split's alone:
-their ``test`` evaluation is that split, so no trial evaluates, scores or draws a test
-example (the test files are read with the data, by the one loader).
+One study per grid point (TPE; the median pruner on the validation curve) in one store: a
+journal file in the sweep's directory, or ``--search_storage`` (a shared path or a database
+URL). Its trials (:mod:`capsjax.training.trials`) evaluate the validation split alone, named
+``test``: no trial evaluates, scores or draws a test example.
 """
 
 from __future__ import annotations
@@ -221,14 +218,16 @@ def chosen(study: optuna.Study, search: Search, directory: str) -> dict:
   files.write_json(os.path.join(directory, "chosen.json"), record, what="the search's choice")
   from optuna.visualization import matplotlib as plots
 
-  figures.pyplot()  # The Agg backend, before Optuna's plots import pyplot.
+  plt = figures.pyplot()  # The Agg backend, before Optuna's plots import pyplot.
   with warnings.catch_warnings():  # Optuna marks its matplotlib plots experimental.
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     for name, draw in (("history", plots.plot_optimization_history),
                        ("params", plots.plot_slice)):  # Each value against the metric.
-      axes = draw(study)
-      figures.save((axes.flat[0] if hasattr(axes, "flat") else axes).figure,
-                   os.path.join(directory, f"{name}.png"))
+      axes = draw(study, target_name=search.metric)
+      fig = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
+      for ax in fig.axes:  # A log axis's minor labels overlap.
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
+      figures.save(fig, os.path.join(directory, f"{name}.png"))
   return record
 
 
