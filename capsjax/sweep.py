@@ -31,7 +31,9 @@ row of results.md; ``setting`` maps each swept key to the row's value as the tab
 and ``PAIRED_REFERENCE`` (a point's settings, ``{dotted.key: value}``: results.md then compares
 every other row with it on the same test examples, seed by seed, with a verdict about these
 trained models and one about the setup: :mod:`capsjax.stats.paired`).
-``EXPERIMENT.py:variant`` calls ``get_sweep(variant)``.
+``EXPERIMENT.py:variant`` calls ``get_sweep(variant)``. A ``search`` in ``get_sweep()``'s dict
+tunes each grid point on its validation split before its seeds train
+(:mod:`capsjax.training.search`; ``--search_storage``: its store).
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ class Point(NamedTuple):
   name: str
 
 
-SWEEP_KEYS = ("grid", "points", "seeds")
+SWEEP_KEYS = ("grid", "points", "seeds", "search")
 # capsjax.training.vectorize.DATA, the pseudo-key of runs whose data differ (here without
 # importing JAX: tests/test_vectorize.py checks the two agree).
 DATA_KEY = "data"
@@ -379,7 +381,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv: list[str] | 
           "vectorize", None, "Train the points that differ only in seeds, learning rates, "
           "loss weights or init scales (and load equal data) as one program each (jax.vmap "
           "over runs). Default: groups of 4 or more on accelerators, none on CPUs "
-          "(docs/performance.md); --novectorize: one at a time.", **define))
+          "(docs/performance.md); --novectorize: one at a time.", **define),
+      search_storage=flags.DEFINE_string(
+          "search_storage", None, "The store of the experiment's search: a journal file "
+          "(default DIR/search/journal.log) on a filesystem every worker shares, or a "
+          "database URL (postgresql://...).", **define))
   return FLAGS
 
 
@@ -391,7 +397,8 @@ def main(argv):
       raise UsageError("Usage: python -m capsjax.sweep EXPERIMENT.py --workdir=DIR "
                        "[--config.KEY=VALUE ...] [--index=K | --list | --collect]")
     experiment = load_experiment(argv[1])
-    points = expand(experiment_sweep(experiment, argv[1]))
+    spec = experiment_sweep(experiment, argv[1])
+    points = expand(spec)
     if f.list.value:
       for p in points:
         done = f.workdir.value and is_finished(os.path.join(f.workdir.value, p.name))
@@ -406,7 +413,8 @@ def main(argv):
     report = {"tables": getattr(experiment, "TABLES", None),
               "matched": getattr(experiment, "MATCHED", None),
               "references": getattr(experiment, "REFERENCES", None),
-              "paired_reference": getattr(experiment, "PAIRED_REFERENCE", None)}
+              "paired_reference": getattr(experiment, "PAIRED_REFERENCE", None),
+              "searched": "search" in spec}
     if f.collect.value:
       collect(points, workdir, **report)
       return
@@ -416,20 +424,40 @@ def main(argv):
     if f.vectorize.value is None:
       min_runs = vectorize.default_min_runs()
     run = functools.partial(train_points, min_runs=min_runs)
+    tune = _tuning(spec, points, os.path.basename(argv[1]), config, command_line, workdir)
     if f.index.value:
       selected = [points[k] for k in _indices(f.index.value, len(points))]
       for p in selected:  # Every point's settings checked before any run starts.
         schema.resolve_config(point_config(config, p, command_line))
-      run(config, selected, workdir, command_line, skip_held=False)
+      run(config, tune(selected), workdir, command_line, skip_held=False)
       return
     for p in points:  # Every point's settings checked before any run starts.
       schema.resolve_config(point_config(config, p, command_line))
+    points = tune(points)
     try:
       run(config, points, workdir, command_line)
     except NonFiniteLossError:  # The finished runs' tables all the same.
       collect(points, workdir, **report)
       raise
     collect(points, workdir, **report)
+
+
+def _tuning(spec: dict, points: list[Point], experiment: str, config, command_line: dict,
+            workdir: str):
+  """``tune(selected)``: the ``selected`` points with the values their grid point's search
+  chose (:func:`capsjax.training.search.run_searches`, run first); the points as they are
+  when the experiment declares no search."""
+  if "search" not in spec:
+    return lambda selected: selected
+  from capsjax import train  # JAX and Optuna: only for a search.
+  from capsjax.training import search
+
+  tuner = search.Search.from_spec(spec["search"], points[0].seed)
+  return functools.partial(
+      search.run_searches, tuner, points, experiment=experiment, workdir=workdir,
+      storage_url=FLAGS.search_storage.value, train_fn=train.train_and_evaluate,
+      config_of=lambda p, overrides: apply_overrides(point_config(config, p, command_line),
+                                                     overrides))
 
 
 def _indices(texts: list[str], num_points: int) -> list[int]:

@@ -36,6 +36,10 @@ from capsjax.training.train_log import TrainLog
 
 
 SETTINGS = run_settings.RECORDS  # config.train's records and how a run stops.
+# Called as fn(workdir, step, measured) after each evaluation during training and its
+# checkpoint, ``measured`` being {evaluation name: metrics}: a search's pruner reads the
+# validation curve here (capsjax/training/trials.py) and may raise to stop the run.
+EVALUATION_LISTENERS: list[Callable] = []
 
 
 class Run:
@@ -160,6 +164,9 @@ class Run:
       self.ckpt.save(step, get(), budget.meta(step, accuracy),
                      {checkpointing.BEST_METRIC: accuracy} if best else None)
     self.progress.restart_timer(step)
+    if accuracy is not None:
+      for listener in EVALUATION_LISTENERS:
+        listener(self.workdir, step, measured)
 
   def evaluate_during(self, name: str, variables) -> dict:
     """Evaluation ``name`` during training, logged: on all its examples (then also the

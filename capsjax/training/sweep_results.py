@@ -83,7 +83,7 @@ RESULTS = "the sweep's results"  # Their name in a failed write's error.
 
 def collect(points: list, workdir: str, tables: dict | None = None,
             matched: dict | None = None, references: dict | None = None,
-            paired_reference: dict | None = None) -> list[dict]:
+            paired_reference: dict | None = None, searched: bool = False) -> list[dict]:
   """Writes results.csv, results.md and plots from the finished runs' summaries.
 
   ``points``: the sweep's :class:`capsjax.sweep.Point` s; each run is ``WORKDIR/point.name``.
@@ -95,8 +95,13 @@ def collect(points: list, workdir: str, tables: dict | None = None,
   columns beside the test error (``setting``: the row's ``{key: value as shown}``);
   ``paired_reference`` (an experiment's ``PAIRED_REFERENCE``): the settings of the row every
   other row is compared with, seed by seed on the same test examples
-  (:func:`paired_table`).
+  (:func:`paired_table`). ``searched``: the points' values come from their search
+  (:mod:`capsjax.training.search`), whose choices results.md gives after the main table.
   """
+  if searched:
+    from capsjax.training import search  # Optuna: only for a search.
+
+    points = search.tuned_points(points, workdir)
   keys = list(dict.fromkeys(k for p in points for k in p.overrides))
   rows, missing, evaluations = [], [], {}
   for point in points:
@@ -135,6 +140,8 @@ def collect(points: list, workdir: str, tables: dict | None = None,
   groups = _group(rows, keys)
   with files.atomic_write(os.path.join(workdir, "results.md"), what=RESULTS) as f:
     f.write(markdown_table(groups, keys, references))
+    if searched:
+      f.write("\n" + search.results_section(points, workdir))
     for title, metrics in (tables or {}).items():
       f.write(f"\n{title}\n\n" + metric_table(rows, keys, evaluations, metrics))
     if paired_reference:
