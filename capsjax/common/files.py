@@ -150,10 +150,9 @@ def _named(what: str, path: str | None) -> str:
 
 def disk_full(error: BaseException, path: str | None = None, what: str = "",
               then: str = "") -> DiskFull:
-  """The :class:`DiskFull` to raise for ``error`` while writing ``what`` at ``path``
-  (default: the path the error names): the path, the free space on its filesystem, what to
-  free; ``then``: what the rerun does (default: a training run resumes from its last
-  complete checkpoint)."""
+  """The :class:`DiskFull` to raise for ``error`` while writing ``what`` at ``path`` (default: the
+  path the error names): the path, the free space on its filesystem, what to free; ``then``: what
+  the rerun does (default: a training run resumes from its last complete checkpoint)."""
   path = path or written_path(error)
   where = f"; {free_space(path)}" if path else ""
   then = then or ("what was written before is intact, and a training run resumes from its "
@@ -191,9 +190,8 @@ def write_error(error: BaseException, path: str | None = None, what: str = "",
 
 @contextlib.contextmanager
 def writing(path: str, what: str = "", then: str = "", advice: str = ""):
-  """Turns a full disk or an unwritable file raised inside into its one-line error naming
-  ``what`` (e.g. "the run's summary") and ``path`` (:func:`write_error`); other errors pass
-  unchanged."""
+  """Turns a full disk or an unwritable file raised inside into its one-line error naming ``what``
+  (e.g. "the run's summary") and ``path`` (:func:`write_error`); other errors pass unchanged."""
   try:
     yield
   except Exception as e:

@@ -34,10 +34,6 @@ def _images_of(evaluator: evaluators.Evaluator, split: datasets.Split) -> np.nda
   return split.examples["images"]
 
 
-def _shifted(split: datasets.Split, images: np.ndarray) -> datasets.Split:
-  return split.with_examples(images=images)
-
-
 class SplitEvaluator(evaluators.Evaluator):
   """A split of the dataset (``split``: ``test`` or ``validation``) as it is; the runs keep
   its predictions per example (:mod:`capsjax.runs.predictions`)."""
@@ -90,8 +86,8 @@ class ShiftGridEvaluator(evaluators.Evaluator):
     images = self.split.examples["images"]
     accuracies = {}
     for n, (dx, dy) in enumerate(self.shifts, 1):
-      moved = self.batched.eval_set(_shifted(self.split, augment.shift_images(images, dx, dy)),
-                                   self.builder.eval_batch)
+      moved = self.batched.eval_set(self.split.with_examples(
+          images=augment.shift_images(images, dx, dy)), self.builder.eval_batch)
       accuracies[f"{dx},{dy}"] = self.batched.evaluate(params, moved)["accuracy"]
       if jax.process_index() == 0:
         reporting.count_progress(f"{self.name}: shift", n, len(self.shifts))
@@ -126,11 +122,11 @@ class RandomlyShiftedEvaluator(evaluators.Evaluator):
     super().__init__(*args)
     split = _split(self)
     images = _images_of(self, split)
-    max_shift = self.setting("max_shift")  # Unset: the run's own shifts (declared so).
+    max_shift = self.setting("max_shift")
     max_shift = int(self.config.data.shift_pixels if max_shift is None else max_shift)
     rng = np.random.default_rng(int(self.setting("seed")))
     self.shifts = rng.integers(-max_shift, max_shift + 1, size=(len(split), 2))
-    moved = _shifted(split, augment.shift_each_image(images, self.shifts))
+    moved = split.with_examples(images=augment.shift_each_image(images, self.shifts))
     self.set = self.batched.eval_set(moved, self.builder.eval_batch)
 
   def run(self, params) -> dict:
