@@ -110,8 +110,7 @@ def training_curves(records: list[dict]):
       style = ".-"
     steps = [r["step"] for r in rows]
     ax_loss.plot(steps, [r["loss"] for r in rows], style, label=kind, markersize=3)
-    ax_acc.plot(steps, [100 * (1 - r["accuracy"]) for r in rows], style, label=kind,
-                markersize=3)
+    ax_acc.plot(steps, [100 * (1 - r["accuracy"]) for r in rows], style, label=kind, markersize=3)
   ax_loss.set(xlabel="step", ylabel="loss", yscale="log", title="loss")
   ax_acc.set(xlabel="step", ylabel="error (%)", yscale="log", title="classification error")
   for ax in (ax_loss, ax_acc):
@@ -209,13 +208,9 @@ def overlay(pair: np.ndarray) -> np.ndarray:
 
 def save_pair_reconstructions(path: str, images: np.ndarray, reconstructions: np.ndarray,
                               labels, decoded, title: str) -> None:
-  """Paper Fig. 5: inputs (top) over the two reconstructions overlaid in red and green.
-
-  Args:
-    images: ``(n, h, w, 1)``; reconstructions ``(n, 2, h, w, 1)``.
-    labels: ``(n, 2)`` true classes; decoded ``(n, 2)`` the classes reconstructed (red,
-      green); the column titles show both.
-  """
+  """Paper Fig. 5: ``images`` ``(n, h, w, 1)`` (top) over the two ``reconstructions``
+  ``(n, 2, h, w, 1)`` overlaid in red and green; the column titles show ``labels`` ``(n, 2)``, the
+  true classes, and ``decoded`` ``(n, 2)``, the classes reconstructed (red, green)."""
   grey = np.repeat(np.clip(images, 0, 1), 3, axis=-1)
   grid = tile(np.stack([grey, overlay(reconstructions)]))
   fig, ax = pyplot().subplots(figsize=(1.3 * len(images), 3.0))
@@ -246,8 +241,7 @@ def save_distance_histograms(path: str, clean: np.ndarray, attacked: dict[str, n
   attack), and the detection threshold (DARCCC's figures)."""
   fig, axes = pyplot().subplots(1, len(attacked), figsize=(4 * len(attacked), 3.2), squeeze=False)
   for ax, (name, distances) in zip(axes[0], attacked.items()):
-    bins = np.linspace(0, max(float(np.max(clean)), float(np.max(distances)), threshold) * 1.05,
-                       40)
+    bins = np.linspace(0, max(float(np.max(clean)), float(np.max(distances)), threshold) * 1.05, 40)
     ax.hist(clean, bins, alpha=0.6, label="clean")
     ax.hist(distances, bins, alpha=0.6, label=name)
     ax.axvline(threshold, color="black", linestyle="--", label="threshold")
@@ -271,8 +265,7 @@ def save_transform_curves(path: str, curves: dict[str, tuple], chance: float,
     ax.plot(values, accuracies, marker="o")
     ax.axhline(chance, color="gray", linestyle="--", label="chance")
     if kind == "rotations":
-      ax.axvspan(-familiar_degrees, familiar_degrees, color="green", alpha=0.1,
-                 label="familiar")
+      ax.axvspan(-familiar_degrees, familiar_degrees, color="green", alpha=0.1, label="familiar")
       ax.legend(fontsize=7)
     ax.set(xlabel=TRANSFORM_AXES.get(kind, kind), ylim=(0, 1))
   axes[0][0].set_ylabel("accuracy")

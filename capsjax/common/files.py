@@ -4,10 +4,10 @@ Every file a run rewrites (``config.json``, ``summary.json``, figures, tables) i
 a temporary file beside it and moved into place, so a crash or a full disk mid-write leaves
 the earlier version whole. A JSON file that cannot be read is a :class:`UsageError` naming it
 and what to do, never a traceback. A failed write is named for what it is, where it is written
-(:func:`writing`, :func:`atomic_write`): a full disk (``ENOSPC``, ``EDQUOT``, or TensorStore's
-``RESOURCE_EXHAUSTED`` on a local file) becomes :class:`DiskFull` (the path, the free space
-on its filesystem, what to free), a read-only or forbidden folder (``EROFS``, ``EACCES``)
-:class:`NotWritable`; the command lines print either as one line (exit 2).
+(:func:`writing`, :func:`atomic_write`): a full disk (:func:`is_disk_full`) becomes
+:class:`DiskFull` (the path, the free space on its filesystem, what to free), a read-only or
+forbidden folder (:func:`is_not_writable`) :class:`NotWritable`; the command lines print either
+as one line (exit 2).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ NOT_WRITABLE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 # How the layers under Orbax word a failed file write. TensorStore passes on the operating
 # system's words and its errno (``[os_error_code='28']``), and reports a failed file write as
 # RESOURCE_EXHAUSTED (``Error writing ... at local file "PATH"``, ``Failed writing: "PATH"``,
-# ``Failed to write N bytes to file``): the disk, never memory, whose XLA words are
-# ``RESOURCE_EXHAUSTED: Out of memory allocating ...`` with no file.
+# ``Failed to write N bytes to file``): the disk, never memory (:func:`is_disk_full`).
 _DISK_FULL_WORDS = ("No space left on device", "Disk quota exceeded")
 _READ_ONLY_WORDS = ("Read-only file system",)
 _NOT_PERMITTED_WORDS = ("Permission denied", "Operation not permitted")

@@ -19,10 +19,8 @@ Each evaluator class declares its settings as ``SETTINGS`` (``{key: Setting}``: 
 meaning, range; :mod:`capsjax.config.settings`), beside its code; a key it does not declare is
 refused, naming the nearest one, and :meth:`Evaluator.setting` reads the value in effect.
 
-To add an evaluation: a subclass of :class:`Evaluator` in a module ``capsjax/evaluators/NAME.py``
-with ``EVALUATOR = TheClass`` (:data:`EVALUATORS` finds it by itself:
-:mod:`capsjax.config.registries`), and list it in a config; or, without touching capsjax, name it by
-import path in ``type`` (``examples/input_gradients.py`` is a runnable example).
+To add an evaluation (registered, or named by import path in ``type``: a runnable example is
+``examples/input_gradients.py``): docs/extending.md.
 """
 
 from __future__ import annotations

@@ -165,8 +165,7 @@ class AdversarialEvaluator(evaluators.Evaluator):
       labels = batch["labels"]
       aim = attacks.target_labels(labels, num_classes) if self.targeted else labels
       sign = -1.0 if self.targeted else 1.0
-      outputs_of = lambda x: task.forward(variables, {**batch, "images": x},
-                                          train=False).outputs
+      outputs_of = lambda x: task.forward(variables, {**batch, "images": x}, train=False).outputs
 
       def loss_fn(images):  # Through everything the model does, routing included.
         out = task.forward(variables, {**batch, "images": images}, train=False)

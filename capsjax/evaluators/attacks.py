@@ -20,8 +20,7 @@ import jax
 import jax.numpy as jnp
 
 
-def project(images: jax.Array, originals: jax.Array, epsilon, low: float,
-            high: float) -> jax.Array:
+def project(images: jax.Array, originals: jax.Array, epsilon, low: float, high: float) -> jax.Array:
   """``images`` moved into the L-infinity ball of radius ``epsilon`` around ``originals`` and
   into ``[low, high]``."""
   return jnp.clip(jnp.clip(images, originals - epsilon, originals + epsilon), low, high)

@@ -134,8 +134,7 @@ class ReconstructionDetectionEvaluator(AdversarialEvaluator):
     if "clean" not in self.distances:
       return
     largest = max(self.epsilons)
-    attacked = {f"{a} eps {largest:g}": self.distances[f"{a}_eps{largest:g}"]
-                for a in self.attacks}
+    attacked = {f"{a} eps {largest:g}": self.distances[f"{a}_eps{largest:g}"] for a in self.attacks}
     figures.save_distance_histograms(
         os.path.join(workdir, f"{self.name}_distances.png"), self.distances["clean"], attacked,
         self.last_result["threshold"],

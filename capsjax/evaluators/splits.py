@@ -15,8 +15,7 @@ from capsjax.datasets import augment
 from capsjax.runs import predictions, reporting
 
 
-SPLIT = Setting("test", "The split evaluated: test, or validation where the run holds one "
-                "out.")
+SPLIT = Setting("test", "The split evaluated: test, or validation where the run holds one " "out.")
 
 
 def _split(evaluator: evaluators.Evaluator) -> datasets.Split:
@@ -101,8 +100,7 @@ def shift_table(accuracies: dict[str, float], max_shift: int) -> str:
   lines = ["test accuracy (%) by shift; rows dy (down +), columns dx (right +):",
            "dy\\dx " + "".join(f"{dx:>7d}" for dx in shifts)]
   for dy in shifts:
-    lines.append(f"{dy:>5d} " + "".join(f"{100 * accuracies[f'{dx},{dy}']:>7.2f}"
-                                        for dx in shifts))
+    lines.append(f"{dy:>5d} " + "".join(f"{100 * accuracies[f'{dx},{dy}']:>7.2f}" for dx in shifts))
   return "\n".join(lines)
 
 

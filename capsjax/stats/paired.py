@@ -62,8 +62,7 @@ def binomial_two_sided(k: int, n: int, p: float) -> float:
   if p <= 0 or p >= 1:  # Certain: only one count is possible.
     return 1.0 if k == (n if p >= 1 else 0) else 0.0
   counts = np.arange(n + 1)
-  log = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
-                  for i in counts])
+  log = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in counts])
   with np.errstate(divide="ignore"):
     log = log + counts * np.log(p) + (n - counts) * np.log1p(-p)
   pmf = np.exp(log)
@@ -185,8 +184,7 @@ class Comparison:
     """The verdict about these trained models: the sign-flip test over digits combined."""
     errors_a = sum(c.errors[0] for c in self.counts)
     errors_b = sum(c.errors[1] for c in self.counts)
-    return _floored(verdict(self.combined_p, errors_a - errors_b), self.distinct,
-                    "shared example")
+    return _floored(verdict(self.combined_p, errors_a - errors_b), self.distinct, "shared example")
 
   def setup_verdict(self) -> str:
     """The verdict about the setup: the exact sign-flip test over seed pairs, with the
@@ -385,8 +383,7 @@ def row(result: Comparison) -> list[str]:
 
 def as_json(result: Comparison) -> dict:
   """The comparison as JSON-able data."""
-  counts = lambda cs: [dataclasses.asdict(c) | {"examples": c.total, "p": c.p_value}
-                       for c in cs]
+  counts = lambda cs: [dataclasses.asdict(c) | {"examples": c.total, "p": c.p_value} for c in cs]
   setup = result.setup
   return {"seeds": result.seeds, "examples": result.examples,
           "own_examples": [list(o) for o in result.own], "half_size": result.half_size,

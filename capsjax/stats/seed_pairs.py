@@ -1,14 +1,14 @@
 """The verdict about the setup: training runs as the units, and the seed pairs a difference needs.
 
-The tests over digits (:mod:`capsjax.stats.paired`) hold the trained models fixed: they say
-whether *these trained models* differ. "3 routing iterations are better than 1" is a claim about the *setup* (the training
-procedure), and a second training run of the same setup (another seed: other initial weights,
-another order of examples) gives another model; that run-to-run variance is left out of a test
-over digits, and Bouthillier et al. (2021, "Accounting for Variance in Machine Learning
-Benchmarks", MLSys) show that it is large enough to change the conclusions drawn without it;
-Dror et al. (2018, ACL, "The Hitchhiker's Guide to Testing Statistical Significance in Natural
-Language Processing") survey the same practice in NLP. Here the units are the training runs,
-paired by seed (A's seed k with B's seed k, or the two runs named directly):
+The tests over digits (:mod:`capsjax.stats.paired`) hold the trained models fixed: they say whether
+*these trained models* differ. "3 routing iterations are better than 1" is a claim about the *setup*
+(the training procedure), and a second training run of the same setup (another seed: other initial
+weights, another order of examples) gives another model; that run-to-run variance is left out of a
+test over digits, and Bouthillier et al. (2021, "Accounting for Variance in Machine Learning
+Benchmarks", MLSys) show that it is large enough to change the conclusions drawn without it; Dror et
+al. (2018, ACL, "The Hitchhiker's Guide to Testing Statistical Significance in Natural Language
+Processing") survey the same practice in NLP. Here the units are the training runs, paired by seed
+(A's seed k with B's seed k, or the two runs named directly):
 
 **The exact sign-flip test over seed pairs** (Fisher 1935, The Design of Experiments, Sec. 21;
 Pitman 1937): ``delta_k`` is A's test error minus B's in seed pair k (on the examples that pair
@@ -110,8 +110,7 @@ def sign_flip_p(differences, seed: int = 0) -> float:
   return (hits + 1) / (MONTE_CARLO_PATTERNS + 1)
 
 
-def pair_differences(wrong_a: np.ndarray, wrong_b: np.ndarray,
-                     evaluated: np.ndarray) -> np.ndarray:
+def pair_differences(wrong_a: np.ndarray, wrong_b: np.ndarray, evaluated: np.ndarray) -> np.ndarray:
   """Each pair's error difference (A's minus B's, a fraction) on the examples it evaluated:
   ``wrong_a``, ``wrong_b``, ``evaluated`` are ``(K, n)`` booleans over the union of examples."""
   return ((wrong_a.astype(np.int64) - wrong_b.astype(np.int64)) * evaluated).sum(1) / (
