@@ -65,8 +65,7 @@ def _show(ax, image):
     ax.imshow(image[..., 0], cmap="gray", vmin=0, vmax=1, interpolation="nearest")
   else:
     ax.imshow(image, interpolation="nearest")
-  ax.set_xticks([])
-  ax.set_yticks([])
+  ax.set(xticks=[], yticks=[])
 
 
 def reconstruction_grid(images: np.ndarray, reconstructions: np.ndarray) -> np.ndarray:
@@ -99,10 +98,9 @@ def save_training_curves(path: str, records: list[dict]) -> None:
 
 
 def training_curves(records: list[dict]):
-  """Loss and error against step for the train, validation and test records of
-  ``metrics.jsonl``: a figure with two axes, one line per kind. The train line is drawn
-  without markers only when it has many points: a short run's one or two train records would
-  otherwise not show."""
+  """Loss and error against step for the train, validation and test records of ``metrics.jsonl``: a
+  figure with two axes, one line per kind. The train line is drawn without markers only when it has
+  many points: a short run's one or two train records would otherwise not show."""
   fig, (ax_loss, ax_acc) = pyplot().subplots(1, 2, figsize=(11, 4))
   for kind, style in (("train", "-"), ("validation", "o-"), ("test", "s-")):
     rows = [r for r in records if r.get("kind") == kind and "loss" in r]
@@ -112,8 +110,7 @@ def training_curves(records: list[dict]):
       style = ".-"
     steps = [r["step"] for r in rows]
     ax_loss.plot(steps, [r["loss"] for r in rows], style, label=kind, markersize=3)
-    ax_acc.plot(steps, [100 * (1 - r["accuracy"]) for r in rows], style, label=kind,
-                markersize=3)
+    ax_acc.plot(steps, [100 * (1 - r["accuracy"]) for r in rows], style, label=kind, markersize=3)
   ax_loss.set(xlabel="step", ylabel="loss", yscale="log", title="loss")
   ax_acc.set(xlabel="step", ylabel="error (%)", yscale="log", title="classification error")
   for ax in (ax_loss, ax_acc):
@@ -148,8 +145,7 @@ def change_text(values) -> str:
   if not first:
     return f"{first:.5g} -> {last:.5g}"
   percent = 100 * (last - first) / abs(first)
-  return f"{first:.5g} -> {last:.5g} ({percent:+.0f}%)" if abs(percent) >= 10 else (
-      f"{first:.5g} -> {last:.5g} ({percent:+.2g}%)")
+  return f"{first:.5g} -> {last:.5g} ({percent:{'+.0f' if abs(percent) >= 10 else '+.2g'}}%)"
 
 
 def save_routing_diagnostics(path: str, records: list[dict]) -> None:
@@ -212,13 +208,9 @@ def overlay(pair: np.ndarray) -> np.ndarray:
 
 def save_pair_reconstructions(path: str, images: np.ndarray, reconstructions: np.ndarray,
                               labels, decoded, title: str) -> None:
-  """Paper Fig. 5: inputs (top) over the two reconstructions overlaid in red and green.
-
-  Args:
-    images: ``(n, h, w, 1)``; reconstructions ``(n, 2, h, w, 1)``.
-    labels: ``(n, 2)`` true classes; decoded ``(n, 2)`` the classes reconstructed (red,
-      green); the column titles show both.
-  """
+  """Paper Fig. 5: ``images`` ``(n, h, w, 1)`` (top) over the two ``reconstructions``
+  ``(n, 2, h, w, 1)`` overlaid in red and green; the column titles show ``labels`` ``(n, 2)``, the
+  true classes, and ``decoded`` ``(n, 2)``, the classes reconstructed (red, green)."""
   grey = np.repeat(np.clip(images, 0, 1), 3, axis=-1)
   grid = tile(np.stack([grey, overlay(reconstructions)]))
   fig, ax = pyplot().subplots(figsize=(1.3 * len(images), 3.0))
@@ -238,10 +230,7 @@ def save_attack_curves(path: str, epsilons, accuracies: dict[str, list[float]], 
   for attack, values in accuracies.items():
     ax.plot(epsilons, values, marker="o", label=attack)
   ax.axhline(chance, color="gray", linestyle="--", label="chance")
-  ax.set_xlabel("epsilon (L-infinity)")
-  ax.set_ylabel("accuracy under attack")
-  ax.set_ylim(0, 1)
-  ax.set_title(title)
+  ax.set(xlabel="epsilon (L-infinity)", ylabel="accuracy under attack", ylim=(0, 1), title=title)
   ax.legend()
   save(fig, path)
 
@@ -252,8 +241,7 @@ def save_distance_histograms(path: str, clean: np.ndarray, attacked: dict[str, n
   attack), and the detection threshold (DARCCC's figures)."""
   fig, axes = pyplot().subplots(1, len(attacked), figsize=(4 * len(attacked), 3.2), squeeze=False)
   for ax, (name, distances) in zip(axes[0], attacked.items()):
-    bins = np.linspace(0, max(float(np.max(clean)), float(np.max(distances)), threshold) * 1.05,
-                       40)
+    bins = np.linspace(0, max(float(np.max(clean)), float(np.max(distances)), threshold) * 1.05, 40)
     ax.hist(clean, bins, alpha=0.6, label="clean")
     ax.hist(distances, bins, alpha=0.6, label=name)
     ax.axvline(threshold, color="black", linestyle="--", label="threshold")
@@ -277,11 +265,9 @@ def save_transform_curves(path: str, curves: dict[str, tuple], chance: float,
     ax.plot(values, accuracies, marker="o")
     ax.axhline(chance, color="gray", linestyle="--", label="chance")
     if kind == "rotations":
-      ax.axvspan(-familiar_degrees, familiar_degrees, color="green", alpha=0.1,
-                 label="familiar")
+      ax.axvspan(-familiar_degrees, familiar_degrees, color="green", alpha=0.1, label="familiar")
       ax.legend(fontsize=7)
-    ax.set_xlabel(TRANSFORM_AXES.get(kind, kind))
-    ax.set_ylim(0, 1)
+    ax.set(xlabel=TRANSFORM_AXES.get(kind, kind), ylim=(0, 1))
   axes[0][0].set_ylabel("accuracy")
   fig.suptitle(title, fontsize=9)
   save(fig, path)
@@ -289,9 +275,8 @@ def save_transform_curves(path: str, curves: dict[str, tuple], chance: float,
 
 def save_disagreements(path: str, panels: list[tuple[str, np.ndarray, list[str]]],
                        per_row: int = 8, title: str | None = None) -> None:
-  """Examples two setups disagree on: ``panels`` is ``[(heading, images, captions)]``, each
-  panel's images in rows of ``per_row`` under its heading (an empty panel's heading says why),
-  all under
+  """Examples two setups disagree on: ``panels`` is ``[(heading, images, captions)]``, each panel's
+  images in rows of ``per_row`` under its heading (an empty panel's heading says why), all under
   ``title`` (which runs, which side is A)."""
   rows = [max(1, -(-len(images) // per_row)) for _, images, _ in panels]
   fig, axes = pyplot().subplots(sum(rows), per_row,

@@ -4,10 +4,10 @@ Every file a run rewrites (``config.json``, ``summary.json``, figures, tables) i
 a temporary file beside it and moved into place, so a crash or a full disk mid-write leaves
 the earlier version whole. A JSON file that cannot be read is a :class:`UsageError` naming it
 and what to do, never a traceback. A failed write is named for what it is, where it is written
-(:func:`writing`, :func:`atomic_write`): a full disk (``ENOSPC``, ``EDQUOT``, or TensorStore's
-``RESOURCE_EXHAUSTED`` on a local file) becomes :class:`DiskFull` (the path, the free space
-on its filesystem, what to free), a read-only or forbidden folder (``EROFS``, ``EACCES``)
-:class:`NotWritable`; the command lines print either as one line (exit 2).
+(:func:`writing`, :func:`atomic_write`): a full disk (:func:`is_disk_full`) becomes
+:class:`DiskFull` (the path, the free space on its filesystem, what to free), a read-only or
+forbidden folder (:func:`is_not_writable`) :class:`NotWritable`; the command lines print either
+as one line (exit 2).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ NOT_WRITABLE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 # How the layers under Orbax word a failed file write. TensorStore passes on the operating
 # system's words and its errno (``[os_error_code='28']``), and reports a failed file write as
 # RESOURCE_EXHAUSTED (``Error writing ... at local file "PATH"``, ``Failed writing: "PATH"``,
-# ``Failed to write N bytes to file``): the disk, never memory, whose XLA words are
-# ``RESOURCE_EXHAUSTED: Out of memory allocating ...`` with no file.
+# ``Failed to write N bytes to file``): the disk, never memory (:func:`is_disk_full`).
 _DISK_FULL_WORDS = ("No space left on device", "Disk quota exceeded")
 _READ_ONLY_WORDS = ("Read-only file system",)
 _NOT_PERMITTED_WORDS = ("Permission denied", "Operation not permitted")
@@ -150,10 +149,9 @@ def _named(what: str, path: str | None) -> str:
 
 def disk_full(error: BaseException, path: str | None = None, what: str = "",
               then: str = "") -> DiskFull:
-  """The :class:`DiskFull` to raise for ``error`` while writing ``what`` at ``path``
-  (default: the path the error names): the path, the free space on its filesystem, what to
-  free; ``then``: what the rerun does (default: a training run resumes from its last
-  complete checkpoint)."""
+  """The :class:`DiskFull` to raise for ``error`` while writing ``what`` at ``path`` (default: the
+  path the error names): the path, the free space on its filesystem, what to free; ``then``: what
+  the rerun does (default: a training run resumes from its last complete checkpoint)."""
   path = path or written_path(error)
   where = f"; {free_space(path)}" if path else ""
   then = then or ("what was written before is intact, and a training run resumes from its "
@@ -191,9 +189,8 @@ def write_error(error: BaseException, path: str | None = None, what: str = "",
 
 @contextlib.contextmanager
 def writing(path: str, what: str = "", then: str = "", advice: str = ""):
-  """Turns a full disk or an unwritable file raised inside into its one-line error naming
-  ``what`` (e.g. "the run's summary") and ``path`` (:func:`write_error`); other errors pass
-  unchanged."""
+  """Turns a full disk or an unwritable file raised inside into its one-line error naming ``what``
+  (e.g. "the run's summary") and ``path`` (:func:`write_error`); other errors pass unchanged."""
   try:
     yield
   except Exception as e:

@@ -1,16 +1,15 @@
 """The platform programs are built for: the one thing every choice made by backend reads.
 
-Some of capsjax's programs differ by backend: ``conv_impl="auto"`` computes a convolution as
-im2col on a CPU, as polyphase (strided, larger than 3x3) or natively on a GPU and natively on a
-TPU (:func:`capsjax.models.layers.conv2d`; depthwise ones likewise), and
+Some of capsjax's programs differ by backend: ``conv_impl="auto"`` computes a convolution as im2col
+on a CPU, as polyphase (strided, larger than 3x3) or natively on a GPU and natively on a TPU
+(:func:`capsjax.models.layers.conv2d`; depthwise ones likewise), and
 :func:`capsjax.training.vectorize.default_min_runs` and the initialisation's compiler options
-(``capsjax.training.setup.INIT_COMPILER_OPTIONS``) depend on it too. Each reads
-:func:`target`: JAX's default backend, or the platform of the innermost :func:`building_for`.
-``jax.export`` lowers a program for a GPU or a TPU on a machine without one, but
-``jax.default_backend()`` still says ``"cpu"`` while it does; so a GPU's or TPU's program is
-built on the CPU as that device builds it inside ``building_for("cuda")`` / ``("tpu")``
-(tests/test_accelerator_programs.py lowers every shipped config's train and evaluation steps
-so).
+(``capsjax.training.setup.INIT_COMPILER_OPTIONS``) depend on it too. Each reads :func:`target`:
+JAX's default backend, or the platform of the innermost :func:`building_for`. ``jax.export`` lowers
+a program for a GPU or a TPU on a machine without one, but ``jax.default_backend()`` still says
+``"cpu"`` while it does; so a GPU's or TPU's program is built on the CPU as that device builds it
+inside ``building_for("cuda")`` / ``("tpu")`` (tests/test_accelerator_programs.py lowers every
+shipped config's train and evaluation steps so).
 
 Trace the functions inside the block: a jitted function traced before for another platform
 may be served from JAX's cache, which knows nothing of this setting.
@@ -33,9 +32,8 @@ _building: contextvars.ContextVar[str | None] = contextvars.ContextVar("capsjax_
 
 
 def target() -> str:
-  """The backend the programs traced now are for, as ``jax.default_backend()`` names it
-  (``"cpu"``, ``"gpu"``, ``"tpu"``): the innermost :func:`building_for`'s, else JAX's default
-  backend."""
+  """The backend the programs traced now are for, as ``jax.default_backend()`` names it (``"cpu"``,
+  ``"gpu"``, ``"tpu"``): the innermost :func:`building_for`'s, else JAX's default backend."""
   return _building.get() or jax.default_backend()
 
 

@@ -45,8 +45,7 @@ class Registry:
       a dataset builder's ``name``), when given.
   """
 
-  def __init__(self, kind: str, key: str, package: str, export: str,
-               attribute: str | None = None):
+  def __init__(self, kind: str, key: str, package: str, export: str, attribute: str | None = None):
     self.kind, self.key, self.package, self.export = kind, key, package, export
     self.attribute = attribute
     self._entries: dict[str, str] | None = None

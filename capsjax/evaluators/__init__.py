@@ -6,25 +6,21 @@ settings, and ``type`` picks the registered :class:`Evaluator`::
     c.evals.test = dict(type="split", split="test")
     c.evals.affine_mnist = dict(type="affine_mnist", transforms_per_digit=4, seed=0)
 
-Each evaluator builds its examples once (on the host, then on the devices),
-and :meth:`Evaluator.run` returns ``{"accuracy": ..., "loss": ..., ...}``:
-the averages of the model's own per-example loss and metrics, computed on the
-devices in batches of ``config.eval.batch_size`` by a
-:class:`capsjax.training.evaluation.BatchedEval` (``self.batched``: ``eval_set``, ``evaluate``, and
-``mean`` / ``collect`` of any pure function of the variables and a batch, e.g. one that
-differentiates ``self.batched.task.forward`` with respect to the images). The run
-writes them to metrics.jsonl, TensorBoard and ``summary.json["evaluations"]``
-under the evaluation's name. ``config.data.test_limit`` limits every set.
+Each evaluator builds its examples once (on the host, then on the devices), and
+:meth:`Evaluator.run` returns ``{"accuracy": ..., "loss": ..., ...}``: the averages of the model's
+own per-example loss and metrics, computed on the devices in batches of ``config.eval.batch_size``
+by a :class:`capsjax.training.evaluation.BatchedEval` (``self.batched``: ``eval_set``, ``evaluate``,
+and ``mean`` / ``collect`` of any pure function of the variables and a batch, e.g. one that
+differentiates ``self.batched.task.forward`` with respect to the images). The run writes them to
+metrics.jsonl, TensorBoard and ``summary.json["evaluations"]`` under the evaluation's name.
+``config.data.test_limit`` limits every set.
 
 Each evaluator class declares its settings as ``SETTINGS`` (``{key: Setting}``: default,
 meaning, range; :mod:`capsjax.config.settings`), beside its code; a key it does not declare is
 refused, naming the nearest one, and :meth:`Evaluator.setting` reads the value in effect.
 
-To add an evaluation: a subclass of :class:`Evaluator` in a module ``capsjax/evaluators/NAME.py``
-with ``EVALUATOR = TheClass`` (:data:`EVALUATORS` finds it by itself:
-:mod:`capsjax.config.registries`), and list it in a config; or, without touching
-capsjax, name it by import path in ``type`` (``examples/input_gradients.py`` is a runnable
-example).
+To add an evaluation (registered, or named by import path in ``type``: a runnable example is
+``examples/input_gradients.py``): docs/extending.md.
 """
 
 from __future__ import annotations
@@ -36,10 +32,9 @@ import ml_collections
 
 from capsjax import datasets
 from capsjax.common import checks
-from capsjax.config import schema
-from capsjax.config import settings as settings_lib
 from capsjax.common.errors import UsageError
-from capsjax.config import registries
+from capsjax.config import registries, schema
+from capsjax.config import settings as settings_lib
 from capsjax.runs import predictions
 
 
@@ -72,8 +67,8 @@ class Evaluator:
     self.name, self.settings, self.config = name, settings, config
     self.builder, self.splits, self.batched = builder, splits, batched
     # A resolved config's evaluations (frozen) hold every setting in effect already.
-    self._values = ({k: settings[k] for k in settings if k != "type"} if _resolved(settings)
-                    else resolved_settings(type(self), name, settings))
+    self._values = ({k: settings[k] for k in settings if k != "type"} if settings_lib.in_effect(
+        settings) else schema.resolve_evaluation(type(self), name, settings))
 
   @property
   def runner(self):
@@ -136,30 +131,17 @@ def eval_settings(config) -> dict[str, ml_collections.ConfigDict]:
   return {name: evals[name] for name in evals}
 
 
-def _resolved(settings) -> bool:
-  """Whether ``settings`` come from a resolved config (frozen, every setting in effect:
-  :class:`capsjax.config.schema.ResolvedConfig`), or were resolved as one's are."""
-  return settings_lib.in_effect(settings)
-
-
 def check_types(settings: dict, where: str = "config.evals") -> None:
   """Raises UsageError for an evaluation whose ``type`` names no evaluator class, or whose
   settings it does not declare or cannot take (those of a resolved config are checked)."""
   for name, s in settings.items():
-    if _resolved(s):
+    if settings_lib.in_effect(s):
       continue
     cls = schema.evaluator_class(s.get("type"), where, name)
     if not issubclass(cls, Evaluator):
       raise UsageError(f"{where}.{name}.type={s.get('type')!r} is not a subclass of "
                        f"capsjax.evaluators.Evaluator.")
-    resolved_settings(cls, name, s, where)
-
-
-def resolved_settings(cls: type, name: str, settings, where: str = "config.evals",
-                      allow_unusual: bool = False) -> dict[str, Any]:
-  """The settings of evaluation ``name`` of evaluator class ``cls`` in effect:
-  :func:`capsjax.config.schema.resolve_evaluation`."""
-  return schema.resolve_evaluation(cls, name, settings, where, allow_unusual)
+    schema.resolve_evaluation(cls, name, s, where)
 
 
 def validate(config) -> None:
@@ -191,7 +173,7 @@ def build_all(config, builder, splits: dict, batched,
   validate(config)
   settings = eval_settings(config)
   if len(splits.get("validation", ())) and "validation" not in settings:
-    validation = {"type": "split", "split": "validation"}
-    settings["validation"] = ml_collections.FrozenConfigDict({"type": "split", **resolved_settings(
-        EVALUATORS.get("split"), "validation", validation)})
+    settings["validation"] = ml_collections.FrozenConfigDict({"type": "split", **(
+        schema.resolve_evaluation(EVALUATORS.get("split"), "validation",
+                                  {"type": "split", "split": "validation"}))})
   return build(settings, config, builder, splits, batched, log)

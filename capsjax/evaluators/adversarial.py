@@ -5,34 +5,26 @@ adversarial robustness").
     c.evals.adversarial = dict(type="adversarial", attacks=("fgsm", "pgd"),
                                epsilons=(0.0, 0.05, 0.1, 0.2, 0.3), steps=10, limit=1000)
 
-Settings (``config.evals.NAME``), defaults in brackets:
-  ``attacks``       any of ``fgsm``, ``pgd`` (random start, step ``2.5 epsilon / steps``),
-                    ``bim`` (no random start, step ``epsilon / steps``, as SR-CapsNet), and
-                    for capsule models ``vote_fgsm``, ``vote_pgd``: the vote attack; or any
-                    foolbox attack as ``foolbox:Name`` (:mod:`capsjax.evaluators.foolbox_attacks`,
-                    its settings in ``foolbox_kwargs[Name]``) [fgsm, pgd]
-  ``epsilons``      L-infinity budgets in the images' units [0, 0.05, 0.1, 0.2, 0.3]
-  ``steps``         iterations of pgd and bim [10]; ``step_size`` overrides both rules [None]
-  ``random_start``  pgd's start from a uniform point of the ball [True]
-  ``targeted``      aim at ``(y + 1) mod K`` instead of away from ``y`` [False]
-  ``loss``          ``"cross_entropy"`` of the model's ``log_probabilities`` or ``"model"``,
-                    its own training loss (untargeted only) [cross_entropy]
-  ``value_range``   the images' range, which adversarial images stay in [(0.0, 1.0)]
-  ``split``, ``limit``, ``seed``   the set ["test"], a fair sample of it [1000], the noise [0]
+Settings (``config.evals.NAME``): :data:`ATTACK_SETTINGS`, with their defaults. ``attacks``:
+``fgsm``, ``pgd`` (random start, step ``2.5 epsilon / steps``), ``bim`` (no random start, step
+``epsilon / steps``, as SR-CapsNet), for capsule models the vote attack ``vote_fgsm``,
+``vote_pgd``, or any foolbox attack as ``foolbox:Name`` (:mod:`capsjax.evaluators.foolbox_attacks`,
+its arguments in ``foolbox_kwargs[Name]``). ``loss``: the cross-entropy of the model's
+``log_probabilities``, or ``"model"``, its own training loss (untargeted only). ``value_range``
+bounds the adversarial images; ``limit`` is a fair sample of ``split``.
 
 The attack is white-box through everything the forward pass does in evaluation mode (routing
 iterations included; BatchNorm statistics frozen, no dropout or noise): ``jax.grad`` of
 ``batched.task.forward`` with respect to the images. One function per attack computes every
 epsilon, so it is jitted once per attack and mapped over the set on every device.
 
-The vote attack (Gu, Wu & Tresp, ICLR 2021: attacks through the routing are weakened by the
-routing itself) moves the images along the gradient of a surrogate, not of the model: the
-cross-entropy of ``log_softmax(|squash(mean_i u_hat_{j|i})|)``, the class layer's votes
-averaged with equal weights, no routing, no bias
-(:meth:`capsjax.training.tasks.Task.vote_log_probabilities`,
+The vote attack (Gu, Wu & Tresp, ICLR 2021: attacks through the routing are weakened by the routing
+itself) moves the images along the gradient of a surrogate, not of the model: the cross-entropy of
+``log_softmax(|squash(mean_i u_hat_{j|i})|)``, the class layer's votes averaged with equal weights,
+no routing, no bias (:meth:`capsjax.training.tasks.Task.vote_log_probabilities`,
 :meth:`capsjax.models.capsnet.CapsuleModel.vote_scores`), with FGSM's or PGD's steps, budgets and
-start; accuracy and success are then measured on the model itself, routing included. Its
-gradient's zero fraction is ``vote_zero_gradient``.
+start; accuracy and success are then measured on the model itself, routing included. Its gradient's
+zero fraction is ``vote_zero_gradient``.
 
 It reports, per attack and epsilon, ``{attack}_eps{epsilon}_accuracy`` over all examples and
 ``..._success_rate`` over the examples classified correctly before the attack (targeted: those
@@ -173,8 +165,7 @@ class AdversarialEvaluator(evaluators.Evaluator):
       labels = batch["labels"]
       aim = attacks.target_labels(labels, num_classes) if self.targeted else labels
       sign = -1.0 if self.targeted else 1.0
-      outputs_of = lambda x: task.forward(variables, {**batch, "images": x},
-                                          train=False).outputs
+      outputs_of = lambda x: task.forward(variables, {**batch, "images": x}, train=False).outputs
 
       def loss_fn(images):  # Through everything the model does, routing included.
         out = task.forward(variables, {**batch, "images": images}, train=False)

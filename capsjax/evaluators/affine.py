@@ -22,8 +22,11 @@ def _check_canvas(evaluator: evaluators.Evaluator, shape: tuple) -> None:
 
 
 class _ExamplesFigure:
-  """Draws the first examples of ``self.set`` with the model's predictions."""
+  """Evaluates ``self.set``, and draws its first examples with the model's predictions."""
   figure_title = ""
+
+  def run(self, params) -> dict:
+    return self.batched.evaluate(params, self.set)
 
   def draw(self, model, workdir, writer, step):
     examples = int(self.config.eval.num_figure_examples)
@@ -73,9 +76,6 @@ class AffineMNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
                          f"+-{ranges.rotation_degrees:g} deg, shear +-{ranges.shear:g}, scale "
                          f"{ranges.scale[0]:g}-{ranges.scale[1]:g}; (label, prediction)")
 
-  def run(self, params) -> dict:
-    return self.batched.evaluate(params, self.set)
-
 
 class AffNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
   """The real affNIST test set from ``path`` (``test.mat`` or the folder of test batches);
@@ -96,9 +96,6 @@ class AffNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
     self.set = self.batched.eval_set(
         self.limited(datasets.Split({"images": images, "labels": labels})),
         self.builder.eval_batch)
-
-  def run(self, params) -> dict:
-    return self.batched.evaluate(params, self.set)
 
 
 # Registered under these names in the config (capsjax/config/registries.py).

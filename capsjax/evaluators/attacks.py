@@ -9,8 +9,7 @@ loss of the target, i.e. ``loss_fn`` returns minus the target's loss (:func:`cro
 * FGSM (Goodfellow, Shlens & Szegedy 2015): ``x + epsilon * sign(grad)``, clipped.
 * PGD (Madry et al. 2018; BIM, Kurakin et al. 2017, without the random start): ``steps``
   signed-gradient steps of ``step_size``, each projected back onto the epsilon-ball around the
-  original and onto the value range, from a uniform random point of the ball or from the
-  original.
+  original and onto the value range, from a uniform random point of the ball or from the original.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ import jax
 import jax.numpy as jnp
 
 
-def project(images: jax.Array, originals: jax.Array, epsilon, low: float,
-            high: float) -> jax.Array:
+def project(images: jax.Array, originals: jax.Array, epsilon, low: float, high: float) -> jax.Array:
   """``images`` moved into the L-infinity ball of radius ``epsilon`` around ``originals`` and
   into ``[low, high]``."""
   return jnp.clip(jnp.clip(images, originals - epsilon, originals + epsilon), low, high)

@@ -4,33 +4,29 @@
     c.evals.detection = dict(type="reconstruction_detection", attacks=("fgsm", "pgd"),
                              epsilons=(0.0, 0.05, 0.1, 0.2, 0.3), limit=1000)
 
-A capsule model reconstructs its input from the capsule of the class it predicts. An image
-pushed across a class boundary by a small perturbation still looks like its true class, so
-its reconstruction (of the wrong class) is far from it. The detector flags an image when the
-L2 distance ``|x - r(x)|`` between the image and the reconstruction from its predicted class
-capsule exceeds a threshold: the ``percentile`` (default 95) of that distance on the clean
-**validation** images, so that about 5% of clean images are flagged. The threshold is never
-taken on the test set; without a validation split (``config.data.validation_size``) the
-evaluation is refused.
+A capsule model reconstructs its input from the capsule of the class it predicts. An image pushed
+across a class boundary by a small perturbation still looks like its true class, so its
+reconstruction (of the wrong class) is far from it. The detector flags an image when the L2 distance
+``|x - r(x)|`` between the image and the reconstruction from its predicted class capsule exceeds a
+threshold: the ``percentile`` (default 95) of that distance on the clean **validation** images, so
+that about 5% of clean images are flagged. The threshold is never taken on the test set; without a
+validation split (``config.data.validation_size``) the evaluation is refused.
 
-The attacks and their settings are those of the adversarial evaluator
-(:mod:`capsjax.evaluators.adversarial`: ``attacks``, ``epsilons``, ``steps``, ``targeted``,
-``loss``, ``limit``, ...), on a sample of ``split`` (default test); plus ``percentile`` and
-``validation_limit`` (examples of the validation split used for the threshold; 0: all).
+The attacks and their settings are the adversarial evaluator's (capsjax's own attacks only:
+:mod:`capsjax.evaluators.adversarial`), plus ``percentile`` and ``validation_limit``.
 
-It reports ``threshold``, ``validation_false_positive_rate`` (the clean validation images
-flagged, ~5% by construction), ``false_positive_rate`` (the clean test images flagged, 5% up
-to sampling error if test and validation images are alike), and per attack and epsilon:
-``{tag}_detection_rate`` (attacked images flagged, all of them),
-``{tag}_detection_rate_successful`` (flagged among those whose attack succeeded; absent if
-none did), ``{tag}_undetected_success_rate`` (attacks that succeed and are not flagged, over
-the examples correct before the attack), ``{tag}_accuracy`` and ``{tag}_success_rate``. A
-detector that flags at random with the same false-positive rate detects that fraction of
-attacks: it is the chance level of every detection rate. ``accuracy`` is the clean accuracy of
-the evaluated sample; ``seconds`` the wall time, compilation included. The gradient-masking
-checks of the adversarial evaluator are reported too. After a run, ``NAME_distances.png`` shows
-the histograms of clean and attacked distances at the largest epsilon, one panel per attack,
-with the threshold.
+It reports ``threshold``, ``validation_false_positive_rate`` (the clean validation images flagged,
+~5% by construction), ``false_positive_rate`` (the clean test images flagged, 5% up to sampling
+error if test and validation images are alike), and per attack and epsilon: ``{tag}_detection_rate``
+(attacked images flagged, all of them), ``{tag}_detection_rate_successful`` (flagged among those
+whose attack succeeded; absent if none did), ``{tag}_undetected_success_rate`` (attacks that succeed
+and are not flagged, over the examples correct before the attack), ``{tag}_accuracy`` and
+``{tag}_success_rate``. A detector that flags at random with the same false-positive rate detects
+that fraction of attacks: it is the chance level of every detection rate. ``accuracy`` is the clean
+accuracy of the evaluated sample; ``seconds`` the wall time, compilation included. The
+gradient-masking checks of the adversarial evaluator are reported too. After a run,
+``NAME_distances.png`` shows the histograms of clean and attacked distances at the largest epsilon,
+one panel per attack, with the threshold.
 
 The attack does not know about the detector (DARCCC's first experiments); an attacker who
 also lowers the reconstruction distance (their Sec. 5) is not implemented.
@@ -138,8 +134,7 @@ class ReconstructionDetectionEvaluator(AdversarialEvaluator):
     if "clean" not in self.distances:
       return
     largest = max(self.epsilons)
-    attacked = {f"{a} eps {largest:g}": self.distances[f"{a}_eps{largest:g}"]
-                for a in self.attacks}
+    attacked = {f"{a} eps {largest:g}": self.distances[f"{a}_eps{largest:g}"] for a in self.attacks}
     figures.save_distance_histograms(
         os.path.join(workdir, f"{self.name}_distances.png"), self.distances["clean"], attacked,
         self.last_result["threshold"],

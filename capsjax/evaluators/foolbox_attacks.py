@@ -1,15 +1,14 @@
 """Any attack of foolbox (Rauber et al.; ``pip install -e ".[robustness]"``, foolbox 3.3.4) run
 by name in the adversarial evaluator: ``attacks=("fgsm", "foolbox:L2CarliniWagnerAttack")``.
 
-capsjax's own FGSM, PGD, BIM and vote attack are jitted and sharded over the devices; this
-adapter is for the attacks capsjax does not rewrite (Carlini & Wagner, DeepFool, boundary
-attacks, ...): slower (one host loop over batches, foolbox's own iterations), but complete.
-The model foolbox sees is ``images -> log_probabilities`` of
-:meth:`capsjax.training.tasks.Task.forward` in evaluation mode (routing included), jitted once;
-foolbox's cross-entropy on them is capsjax's (``log_softmax`` of log-probabilities is
-themselves). Budgets are the evaluator's ``epsilons`` in the attack's own norm (an L2 attack
-takes L2 budgets), and ``foolbox_kwargs[Name]`` is passed to the attack's constructor (e.g.
-``foolbox_kwargs={"L2CarliniWagnerAttack": {"steps": 100}}``). Results are reported as for
+capsjax's own FGSM, PGD, BIM and vote attack are jitted and sharded over the devices; this adapter
+is for the attacks capsjax does not rewrite (Carlini & Wagner, DeepFool, boundary attacks, ...):
+slower (one host loop over batches, foolbox's own iterations), but complete. The model foolbox sees
+is ``images -> log_probabilities`` of :meth:`capsjax.training.tasks.Task.forward` in evaluation mode
+(routing included), jitted once; foolbox's cross-entropy on them is capsjax's (``log_softmax`` of
+log-probabilities is themselves). Budgets are the evaluator's ``epsilons`` in the attack's own norm
+(an L2 attack takes L2 budgets), and ``foolbox_kwargs[Name]`` is passed to the attack's constructor
+(e.g. ``foolbox_kwargs={"L2CarliniWagnerAttack": {"steps": 100}}``). Results are reported as for
 capsjax's attacks, under ``foolbox_{Name}_eps{epsilon}_accuracy`` and ``..._success_rate``.
 """
 
@@ -30,8 +29,7 @@ def result_name(attack: str) -> str:
 
 
 def attack_class(attack: str, where: str):
-  """The foolbox attack class named by ``foolbox:Name``; UsageError if foolbox or it is
-  missing."""
+  """The foolbox attack class named by ``foolbox:Name``; UsageError if foolbox or it is missing."""
   try:
     import foolbox
   except ImportError as e:

@@ -15,8 +15,7 @@ from capsjax.datasets import augment
 from capsjax.runs import predictions, reporting
 
 
-SPLIT = Setting("test", "The split evaluated: test, or validation where the run holds one "
-                "out.")
+SPLIT = Setting("test", "The split evaluated: test, or validation where the run holds one " "out.")
 
 
 def _split(evaluator: evaluators.Evaluator) -> datasets.Split:
@@ -32,10 +31,6 @@ def _images_of(evaluator: evaluators.Evaluator, split: datasets.Split) -> np.nda
     raise UsageError(f"config.evals.{evaluator.name}: type {evaluator.type_name!r} moves "
                      "images, but this dataset's examples hold none.")
   return split.examples["images"]
-
-
-def _shifted(split: datasets.Split, images: np.ndarray) -> datasets.Split:
-  return split.with_examples(images=images)
 
 
 class SplitEvaluator(evaluators.Evaluator):
@@ -90,8 +85,8 @@ class ShiftGridEvaluator(evaluators.Evaluator):
     images = self.split.examples["images"]
     accuracies = {}
     for n, (dx, dy) in enumerate(self.shifts, 1):
-      moved = self.batched.eval_set(_shifted(self.split, augment.shift_images(images, dx, dy)),
-                                   self.builder.eval_batch)
+      moved = self.batched.eval_set(self.split.with_examples(
+          images=augment.shift_images(images, dx, dy)), self.builder.eval_batch)
       accuracies[f"{dx},{dy}"] = self.batched.evaluate(params, moved)["accuracy"]
       if jax.process_index() == 0:
         reporting.count_progress(f"{self.name}: shift", n, len(self.shifts))
@@ -105,8 +100,7 @@ def shift_table(accuracies: dict[str, float], max_shift: int) -> str:
   lines = ["test accuracy (%) by shift; rows dy (down +), columns dx (right +):",
            "dy\\dx " + "".join(f"{dx:>7d}" for dx in shifts)]
   for dy in shifts:
-    lines.append(f"{dy:>5d} " + "".join(f"{100 * accuracies[f'{dx},{dy}']:>7.2f}"
-                                        for dx in shifts))
+    lines.append(f"{dy:>5d} " + "".join(f"{100 * accuracies[f'{dx},{dy}']:>7.2f}" for dx in shifts))
   return "\n".join(lines)
 
 
@@ -126,11 +120,11 @@ class RandomlyShiftedEvaluator(evaluators.Evaluator):
     super().__init__(*args)
     split = _split(self)
     images = _images_of(self, split)
-    max_shift = self.setting("max_shift")  # Unset: the run's own shifts (declared so).
+    max_shift = self.setting("max_shift")
     max_shift = int(self.config.data.shift_pixels if max_shift is None else max_shift)
     rng = np.random.default_rng(int(self.setting("seed")))
     self.shifts = rng.integers(-max_shift, max_shift + 1, size=(len(split), 2))
-    moved = _shifted(split, augment.shift_each_image(images, self.shifts))
+    moved = split.with_examples(images=augment.shift_each_image(images, self.shifts))
     self.set = self.batched.eval_set(moved, self.builder.eval_batch)
 
   def run(self, params) -> dict:

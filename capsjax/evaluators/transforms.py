@@ -13,12 +13,9 @@ the novel ones lie beyond it, up to 90 degrees: ``familiar_rotation_accuracy`` a
 smallNORB's novel viewpoints, compare models at matched familiar accuracy
 (:mod:`capsjax.stats.matched`), not at matched training steps.
 
-Settings (``config.evals.NAME``), defaults in brackets:
-  ``rotations``     degrees, counter-clockwise [-90, -75, ..., 90]
-  ``scales``        factors on both axes [0.6, 0.7, ..., 1.4]
-  ``shears``        ``x += k y`` factors [-0.4, -0.3, ..., 0.4]
-  ``translations``  horizontal shifts in px, positive to the right [-6, -4, ..., 6]
-  ``familiar_degrees``, ``split`` [test], ``limit`` [1000, a fair sample]
+Settings: :attr:`TransformsEvaluator.SETTINGS`, with their defaults (angles counter-clockwise,
+scales on both axes, shears ``x += k y``, shifts horizontal in px, positive to the right; ``limit``
+a fair sample).
 
 Every transform is about the image centre, resampled bilinearly on the host with zero fill
 (:func:`capsjax.datasets.affine.warp`; the canvas keeps its size, so large scales and shifts
@@ -85,7 +82,7 @@ class TransformsEvaluator(evaluators.Evaluator):
     super().__init__(*args)
     get, where = self.setting, f"config.evals.{self.name}"
     self.sweeps = {kind: tuple(float(v) for v in get(kind)) for kind in KINDS}
-    familiar = get("familiar_degrees")  # Unset: the trained rotations, or 30 (declared so).
+    familiar = get("familiar_degrees")
     if familiar is None:
       data = self.config.data
       familiar = float(data.rotation_degrees if "rotation_degrees" in data else 0) or 30.0

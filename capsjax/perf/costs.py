@@ -32,16 +32,13 @@ def step_costs(train_step, compiled, state, examples, shared, batch: int, num_st
   """FLOPs and bytes per image of a jitted train step (``train_step``, compiled for
   ``num_steps`` steps per dispatch as ``compiled``), and its memory by XLA's buffer assignment.
 
-  Returns ``flops_per_image`` and ``flops_source`` (``jaxpr``, or ``jaxpr_lower_bound`` where
-  a loop's trip count was unknown: :mod:`capsjax.perf.jaxpr_flops`), ``xla_flops_per_image``
-  and ``xla_flops_source`` (XLA's own count, for comparison: :func:`flops`),
-  ``bytes_per_image``, ``traffic`` (the :class:`capsjax.perf.hlo_traffic` count),
-  ``xla_before``/``xla_after`` (XLA's own bytes accessed per dispatch, None where not given),
-  ``temp_bytes`` and ``step_bytes``."""
-  # One step, counted from the program every backend is handed: XLA's cost analysis counts a
-  # loop's body once (routing's iterations, the steps of a dispatch) and, after optimisation
-  # on a GPU, cuDNN and cuBLAS calls as no FLOPs (1.23 GFLOP per image of the paper model
-  # read 0.024 on an H100). The jaxpr is the whole batch's, on however many devices.
+  Returns ``flops_per_image`` and ``flops_source`` (``jaxpr``, or ``jaxpr_lower_bound`` where a
+  loop's trip count was unknown: :mod:`capsjax.perf.jaxpr_flops`), ``xla_flops_per_image`` and
+  ``xla_flops_source`` (XLA's own count, for comparison: :func:`flops`), ``bytes_per_image``,
+  ``traffic`` (the :class:`capsjax.perf.hlo_traffic` count), ``xla_before``/``xla_after`` (XLA's own
+  bytes accessed per dispatch, None where not given), ``temp_bytes`` and ``step_bytes``."""
+  # One step, counted from its jaxpr, the whole batch's on however many devices: XLA's count
+  # takes a loop's body once (routing's iterations) and misses cuDNN's (perf/jaxpr_flops.py).
   traced = train_step.trace(state, examples, shared, 1)
   count = jaxpr_flops.count_jaxpr(traced.jaxpr)
   single = traced.lower()

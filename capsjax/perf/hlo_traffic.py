@@ -1,16 +1,14 @@
-"""The bytes a compiled XLA program moves, op by op: the memory side of the benchmark's
-roofline (``benchmark``'s ``bytes_per_image``, ``memory_fraction``; ``--profile``'s byte
-shares).
+"""The bytes a compiled XLA program moves, op by op: the memory side of the benchmark's roofline
+(``benchmark``'s ``bytes_per_image``, ``memory_fraction``; ``--profile``'s byte shares).
 
-Read from the optimised HLO module's text. Every op that runs as its own kernel or thunk (a
-fusion, a custom call such as a cuDNN convolution or a GEMM, a copy, a reduction, ...) reads
-its operands whole (each distinct buffer once) and writes its output: its traffic is the sum
-of their sizes. What a fusion
-does inside itself stays in registers and caches and is not traffic. Ops that move nothing
-(parameters, constants, tuples and their elements, bitcasts) count nothing, and a loop
-(``while``) counts its body once per iteration where XLA knows the trip count
-(``known_trip_count``: ``lax.fori_loop`` with static bounds, as routing's iterations are), else
-once, which :func:`program_traffic` reports.
+Read from the optimised HLO module's text. Every op that runs as its own kernel or thunk (a fusion,
+a custom call such as a cuDNN convolution or a GEMM, a copy, a reduction, ...) reads its operands
+whole (each distinct buffer once) and writes its output: its traffic is the sum of their sizes. What
+a fusion does inside itself stays in registers and caches and is not traffic. Ops that move nothing
+(parameters, constants, tuples and their elements, bitcasts) count nothing, and a loop (``while``)
+counts its body once per iteration where XLA knows the trip count (``known_trip_count``:
+``lax.fori_loop`` with static bounds, as routing's iterations are), else once, which
+:func:`program_traffic` reports.
 
 Why not XLA's own cost analysis (``bytes accessed``, which the benchmark also reports): it
 counts a loop's body once, so three routing iterations read like one, and before optimisation
@@ -77,9 +75,8 @@ class Instruction:
 
 @dataclasses.dataclass
 class Traffic:
-  """``bytes_by_op``: {instruction name: bytes moved per run of the program, loops
-  multiplied out}; ``unknown_trip_counts``: loops whose body was counted once for want of a
-  known trip count."""
+  """``bytes_by_op``: {instruction name: bytes moved per run of the program, loops multiplied out};
+  ``unknown_trip_counts``: loops whose body was counted once for want of a known trip count."""
   bytes_by_op: dict[str, float]
   unknown_trip_counts: int
 

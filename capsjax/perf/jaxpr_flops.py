@@ -14,12 +14,11 @@ What counts (the conventions of XLA's ``HloCostAnalysis``, so the CPU's count ch
 - reductions: 1 FLOP per input element;
 - data movement (reshape, broadcast, transpose, slices, gathers, converts, random bits): none.
 
-Calls (``jit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ...) are entered once;
-``scan`` bodies count ``length`` times (``fori_loop`` with bounds known while tracing is a
-``scan``: routing's iterations); a ``while`` loop's body counts once, with ``exact`` False (its
-trip count is unknown while tracing); ``cond`` counts its most expensive branch
-(``exact`` False if the branches differ). A ``shard_map`` body is one shard's program: it counts
-once per shard of its mesh.
+Calls (``jit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ...) are entered once; ``scan``
+bodies count ``length`` times (``fori_loop`` with bounds known while tracing is a ``scan``:
+routing's iterations); a ``while`` loop's body counts once, with ``exact`` False (its trip count is
+unknown while tracing); ``cond`` counts its most expensive branch (``exact`` False if the branches
+differ). A ``shard_map`` body is one shard's program: it counts once per shard of its mesh.
 """
 
 from __future__ import annotations
@@ -118,13 +117,9 @@ def conv_flops(lhs_shape, rhs_shape, out_shape, params) -> int:
   return 2 * batch * features * rhs_shape[rhs_spec[1]] * taps
 
 
-def _closed(jaxpr) -> jcore.Jaxpr:
-  return jaxpr.jaxpr if hasattr(jaxpr, "jaxpr") else jaxpr
-
-
 def count_jaxpr(jaxpr) -> Count:
   """The :class:`Count` of a jaxpr (``Jaxpr`` or ``ClosedJaxpr``)."""
-  jaxpr = _closed(jaxpr)
+  jaxpr = jaxpr.jaxpr if hasattr(jaxpr, "jaxpr") else jaxpr  # A ClosedJaxpr's own.
   total = Count()
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
@@ -163,9 +158,8 @@ def count_jaxpr(jaxpr) -> Count:
 
 
 def _inner_jaxprs(params: dict) -> list:
-  """The jaxprs a call-like primitive runs once: its parameters that are jaxprs (a custom
-  VJP's rules are functions, not among them; under autodiff their work appears as
-  equations)."""
+  """The jaxprs a call-like primitive runs once: its parameters that are jaxprs (a custom VJP's
+  rules are functions, not among them; under autodiff their work appears as equations)."""
   return [v for v in params.values() if isinstance(v, (jcore.Jaxpr, jcore.ClosedJaxpr))]
 
 

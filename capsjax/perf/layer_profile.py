@@ -29,8 +29,6 @@ from flax import nnx
 
 SCOPE_PREFIX = "module."
 OUTSIDE = "(outside modules: loss, optimiser, data)"
-
-
 COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer"
 
 

@@ -18,9 +18,9 @@ beside such a number, :func:`comparison_errors` reads what a run logged during t
     split (``data.validation_size``) and the test set evaluated beside it
     (``train.eval_during=("test",)``).
 
-Evaluations during training on a sample (``eval.during_limit``) are left out: only those on
-every example count. ``summary.json`` holds them under ``comparison_only``; a sweep's ``results.md`` shows them in
-columns that say they are for comparison only.
+Evaluations during training on a sample (``eval.during_limit``) are left out: only those on every
+example count. ``summary.json`` holds them under ``comparison_only``; a sweep's ``results.md`` shows
+them in columns that say they are for comparison only.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ def comparison_errors(records: Iterable[dict]) -> dict:
   records; a key is absent where the run logged too little for it."""
   test, validation = {}, {}
   for record in records:
-    # An evaluation on a sample (eval.during_limit: its record says how many examples) is
-    # no number to set beside a paper's: only those on every example count.
+    # On a sample (eval.during_limit) when its record says how many examples: left out.
     if (record.get("kind") in ("test", "validation") and "accuracy" in record
         and record.get("examples") is None):
       error = record.get("error", 1.0 - record["accuracy"])

@@ -64,8 +64,7 @@ def at_matched_error(records: list[dict], familiar: Metric, novel: Metric,
   return None
 
 
-def matched_table(runs: dict[str, str], familiar: str, novel: str,
-                  target_errors) -> str:
+def matched_table(runs: dict[str, str], familiar: str, novel: str, target_errors) -> str:
   """A markdown table: per run (``{name: workdir}``) and target familiar error, the step, the
   familiar error reached and the novel error there."""
   familiar_metric, novel_metric = Metric.parse(familiar), Metric.parse(novel)

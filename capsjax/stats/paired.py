@@ -3,14 +3,13 @@ trained models* (the test digits as the units, the trained runs fixed) and about
 (the training runs as the units: :mod:`capsjax.stats.seed_pairs`). A difference of setups is
 separated only by the second.
 
-Three seeds with a spread of 0.04 points cannot separate two MNIST setups 0.04 points apart
-(4 digits of 10,000); the same 10,000 digits scored by both tell whether the trained models
-differ, not whether the setups do. For one pair of runs
-(setup A's and B's of one seed) **McNemar's exact test** (McNemar 1947, Psychometrika 12:153;
-recommended for comparing two classifiers on one test set by Dietterich 1998, Neural
-Computation 10:1895): of the ``n = only_a + only_b`` examples exactly one of the two gets
-wrong, under the null hypothesis each is equally likely to be A's or B's, so ``only_a`` is
-Binomial(n, 1/2); the two-sided p is ``min(1, 2 P(X <= min(only_a, only_b)))``.
+Three seeds with a spread of 0.04 points cannot separate two MNIST setups 0.04 points apart (4
+digits of 10,000); the same 10,000 digits scored by both tell whether the trained models differ, not
+whether the setups do. For one pair of runs (setup A's and B's of one seed) **McNemar's exact test**
+(McNemar 1947, Psychometrika 12:153; recommended for comparing two classifiers on one test set by
+Dietterich 1998, Neural Computation 10:1895): of the ``n = only_a + only_b`` examples exactly one of
+the two gets wrong, under the null hypothesis each is equally likely to be A's or B's, so ``only_a``
+is Binomial(n, 1/2); the two-sided p is ``min(1, 2 P(X <= min(only_a, only_b)))``.
 
 **Combined over seeds**: the exact sign-flip (randomisation) test on each example's summed
 difference ``d_i = sum over seed pairs of (A wrong - B wrong)`` (Fisher 1935, The Design of
@@ -63,8 +62,7 @@ def binomial_two_sided(k: int, n: int, p: float) -> float:
   if p <= 0 or p >= 1:  # Certain: only one count is possible.
     return 1.0 if k == (n if p >= 1 else 0) else 0.0
   counts = np.arange(n + 1)
-  log = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
-                  for i in counts])
+  log = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in counts])
   with np.errstate(divide="ignore"):
     log = log + counts * np.log(p) + (n - counts) * np.log1p(-p)
   pmf = np.exp(log)
@@ -186,26 +184,21 @@ class Comparison:
     """The verdict about these trained models: the sign-flip test over digits combined."""
     errors_a = sum(c.errors[0] for c in self.counts)
     errors_b = sum(c.errors[1] for c in self.counts)
-    text = verdict(self.combined_p, errors_a - errors_b)
-    floor = seed_pairs.smallest_p(self.distinct)
-    if floor >= SIGNIFICANCE:  # Too few examples for any difference to separate.
-      n = self.distinct
-      text = (text[:-1] + f"; {n} shared example{'s' * (n != 1)} cannot go below "
-              f"{p_text(floor)}: {seed_pairs.fewest_pairs()} are the fewest that can "
-              f"separate at {SIGNIFICANCE})")
-    return text
+    return _floored(verdict(self.combined_p, errors_a - errors_b), self.distinct, "shared example")
 
   def setup_verdict(self) -> str:
     """The verdict about the setup: the exact sign-flip test over seed pairs, with the
     smallest p its number of pairs allows where that keeps it from separating."""
-    text = verdict(self.setup.p, self.setup.mean)
-    floor = self.setup.floor
-    if floor >= SIGNIFICANCE:
-      pairs = len(self.seeds)
-      text = (text[:-1] + f"; {pairs} seed pair{'s' * (pairs != 1)} cannot go below "
-              f"{p_text(floor)}: {seed_pairs.fewest_pairs()} are the fewest that can "
-              f"separate at {SIGNIFICANCE})")
+    return _floored(verdict(self.setup.p, self.setup.mean), len(self.seeds), "seed pair")
+
+
+def _floored(text: str, n: int, units: str) -> str:
+  """``text`` with the smallest p that ``n`` units allow where it keeps them from separating."""
+  floor = seed_pairs.smallest_p(n)
+  if floor < SIGNIFICANCE:
     return text
+  return (text[:-1] + f"; {n} {units}{'s' * (n != 1)} cannot go below {p_text(floor)}: "
+          f"{seed_pairs.fewest_pairs()} are the fewest that can separate at {SIGNIFICANCE})")
 
 
 def verdict(p: float, difference: float) -> str:
@@ -390,8 +383,7 @@ def row(result: Comparison) -> list[str]:
 
 def as_json(result: Comparison) -> dict:
   """The comparison as JSON-able data."""
-  counts = lambda cs: [dataclasses.asdict(c) | {"examples": c.total, "p": c.p_value}
-                       for c in cs]
+  counts = lambda cs: [dataclasses.asdict(c) | {"examples": c.total, "p": c.p_value} for c in cs]
   setup = result.setup
   return {"seeds": result.seeds, "examples": result.examples,
           "own_examples": [list(o) for o in result.own], "half_size": result.half_size,

@@ -1,17 +1,14 @@
-"""The verdict about the setup: training runs as the units, and the seed pairs a difference
-needs.
+"""The verdict about the setup: training runs as the units, and the seed pairs a difference needs.
 
-McNemar's test and the sign-flip test over digits (:mod:`capsjax.stats.paired`) take the test
-digits as the sampled units and the trained models as fixed: they say whether *these trained
-models* differ, which is what Dietterich (1998, Neural Computation 10:1895) recommends McNemar's
-test for. "3 routing iterations are better than 1" is a claim about the *setup* (the training
-procedure), and a second training run of the same setup (another seed: other initial weights,
-another order of examples) gives another model; that run-to-run variance is left out of a test
-over digits, and Bouthillier et al. (2021, "Accounting for Variance in Machine Learning
-Benchmarks", MLSys) show that it is large enough to change the conclusions drawn without it;
-Dror et al. (2018, ACL, "The Hitchhiker's Guide to Testing Statistical Significance in Natural
-Language Processing") survey the same practice in NLP. Here the units are the training runs,
-paired by seed (A's seed k with B's seed k, or the two runs named directly):
+The tests over digits (:mod:`capsjax.stats.paired`) hold the trained models fixed: they say whether
+*these trained models* differ. "3 routing iterations are better than 1" is a claim about the *setup*
+(the training procedure), and a second training run of the same setup (another seed: other initial
+weights, another order of examples) gives another model; that run-to-run variance is left out of a
+test over digits, and Bouthillier et al. (2021, "Accounting for Variance in Machine Learning
+Benchmarks", MLSys) show that it is large enough to change the conclusions drawn without it; Dror et
+al. (2018, ACL, "The Hitchhiker's Guide to Testing Statistical Significance in Natural Language
+Processing") survey the same practice in NLP. Here the units are the training runs, paired by seed
+(A's seed k with B's seed k, or the two runs named directly):
 
 **The exact sign-flip test over seed pairs** (Fisher 1935, The Design of Experiments, Sec. 21;
 Pitman 1937): ``delta_k`` is A's test error minus B's in seed pair k (on the examples that pair
@@ -25,34 +22,32 @@ differences between paired training runs as the units. Its price: with K pairs i
 ``2 / 2**K`` (3 pairs: 0.25; 5 pairs: 0.0625), so **fewer than 6 seed pairs cannot separate two
 setups at p < 0.05**, whatever the difference.
 
-**A 95% interval of the error difference by a two-level bootstrap** over seed pairs and test
-digits: a replicate draws K seed pairs with replacement and, once for all of them, n digits
-with replacement (the same digits score every run, so seeds and digits are crossed, not
-nested: Owen 2007, "The pigeonhole bootstrap", Annals of Applied Statistics 1:386, resamples
-both ways of a crossed design independently); its value is the mean over the drawn pairs of
-each pair's error difference on the drawn digits it evaluated; the interval is the 2.5th and
-97.5th percentile (Efron & Tibshirani 1993, Ch. 13) of 2,000 replicates. The replicates draw
-in turn from one ``numpy.random.default_rng(seed)``, each first its K pair indices, then its n
-digit indices (the examples of all pairs, in order of id). It says how large the difference
-may be; it does not decide: with few seed pairs a bootstrap interval is too narrow (it
-resamples K values, whose variance it underestimates by the factor ``(K - 1) / K`` and whose
-distinct resamples are few), so a difference of setups is **separated only by the exact
-test**.
+**A 95% interval of the error difference by a two-level bootstrap** over seed pairs and test digits:
+a replicate draws K seed pairs with replacement and, once for all of them, n digits with replacement
+(the same digits score every run, so seeds and digits are crossed, not nested: Owen 2007, "The
+pigeonhole bootstrap", Annals of Applied Statistics 1:386, resamples both ways of a crossed design
+independently); its value is the mean over the drawn pairs of each pair's error difference on the
+drawn digits it evaluated; the interval is the 2.5th and 97.5th percentile (Efron & Tibshirani 1993,
+Ch. 13) of 2,000 replicates. The replicates draw in turn from one
+``numpy.random.default_rng(seed)``, each first its K pair indices, then its n digit indices (the
+examples of all pairs, in order of id). It says how large the difference may be; it does not decide:
+with few seed pairs a bootstrap interval is too narrow (it resamples K values, whose variance it
+underestimates by the factor ``(K - 1) / K`` and whose distinct resamples are few), so a difference
+of setups is **separated only by the exact test**.
 
-**The seed pairs a difference needs**: the smallest K at which the exact test above separates
-(p < 0.05, two-sided) with probability 0.8 when each pair's difference is normal with the
-observed mean and standard deviation of the ``delta_k`` (the test is scale-free, so only their
-ratio ``d`` matters). For K from 6 to 14 the power is simulated (2,000 draws of K differences,
+**The seed pairs a difference needs**: the smallest K at which the exact test above separates (p <
+0.05, two-sided) with probability 0.8 when each pair's difference is normal with the observed mean
+and standard deviation of the ``delta_k`` (the test is scale-free, so only their ratio ``d``
+matters). For K from 6 to 14 the power is simulated (2,000 draws of K differences,
 ``numpy.random.default_rng(0)``, each draw's exact p over all sign patterns), upwards from the
-paired t test's number: the sign-flip test, discrete and free of the normal assumption, never
-needs fewer (tests/test_seed_pairs.py checks effects from 0.95 to 2.2 standard deviations).
-Above 14 pairs, the paired t test's sample size by Guenther's (1981) approximation,
-``(z(0.975) + z(0.8))**2 / d**2 + z(0.975)**2 / 2``, to which the sign-flip test's power
-converges (it is asymptotically as efficient as the t test under normality: Lehmann & Romano,
-Testing Statistical Hypotheses, Sec. 17.2). A mean difference of zero, or one needing more
-than 1,000 pairs, is said to be separated by no practical number; one seed pair has no spread,
-so it says a second is needed. The spread of 2 or 3 pairs is a rough estimate, and the number
-with it.
+paired t test's number: the sign-flip test, discrete and free of the normal assumption, never needs
+fewer (tests/test_seed_pairs.py checks effects from 0.95 to 2.2 standard deviations). Above 14
+pairs, the paired t test's sample size by Guenther's (1981) approximation,
+``(z(0.975) + z(0.8))**2 / d**2 + z(0.975)**2 / 2``, to which the sign-flip test's power converges
+(it is asymptotically as efficient as the t test under normality: Lehmann & Romano, Testing
+Statistical Hypotheses, Sec. 17.2). A mean difference of zero, or one needing more than 1,000 pairs,
+is said to be separated by no practical number; one seed pair has no spread, so it says a second is
+needed. The spread of 2 or 3 pairs is a rough estimate, and the number with it.
 
 Host-side NumPy and ``statistics`` only.
 """
@@ -115,8 +110,7 @@ def sign_flip_p(differences, seed: int = 0) -> float:
   return (hits + 1) / (MONTE_CARLO_PATTERNS + 1)
 
 
-def pair_differences(wrong_a: np.ndarray, wrong_b: np.ndarray,
-                     evaluated: np.ndarray) -> np.ndarray:
+def pair_differences(wrong_a: np.ndarray, wrong_b: np.ndarray, evaluated: np.ndarray) -> np.ndarray:
   """Each pair's error difference (A's minus B's, a fraction) on the examples it evaluated:
   ``wrong_a``, ``wrong_b``, ``evaluated`` are ``(K, n)`` booleans over the union of examples."""
   return ((wrong_a.astype(np.int64) - wrong_b.astype(np.int64)) * evaluated).sum(1) / (

@@ -134,8 +134,7 @@ def warnings(a: Side, b: Side, differing: list[str], compared: set[str] | None,
   else:
     extra = [k for k in keys if not is_compared(k, compared)]
   if extra:
-    about = ("" if compared is None else
-             f" ({', '.join(sorted(compared))})" if compared else "")
+    about = ("" if compared is None else f" ({', '.join(sorted(compared))})" if compared else "")
     # Settings both sides have first: one that only one side has follows from another (a model's
     # own settings from model.name).
     shown = sorted((line for line in differing if line.partition(":")[0] in extra),
