@@ -15,8 +15,7 @@ statically. A researcher's own class is named by import path in the config
 from capsjax.common.registry import Registry
 
 MODELS = Registry("model", "config.model.name", "capsjax.models", "MODEL")
-DATASETS = Registry("dataset", "config.dataset", "capsjax.datasets", "DATASET",
-                    attribute="name")
+DATASETS = Registry("dataset", "config.dataset", "capsjax.datasets", "DATASET", attribute="name")
 ROUTERS = Registry("router", "config.model.routing.name", "capsjax.routing", "ROUTER")
 EVALUATORS = Registry("evaluator", "config.evals.NAME.type", "capsjax.evaluators",
                       "EVALUATOR", attribute="type_name")

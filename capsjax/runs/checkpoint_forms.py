@@ -56,10 +56,8 @@ def older_forms(abstract, optimizer) -> list[tuple[Any, Callable]]:
   plain = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                        jax.eval_shape(optimizer.uninjected.init, abstract.params))
   inject = lambda opt_state: with_injected(opt_state, optimizer.per_run_numbers())
-  forms = [(abstract.replace(opt_state=plain),
-            lambda s: s.replace(opt_state=inject(s.opt_state)))]
+  forms = [(abstract.replace(opt_state=plain), lambda s: s.replace(opt_state=inject(s.opt_state)))]
   if not jax.tree.leaves(abstract.model_state):
     old = StatelessTrainState(abstract.step, abstract.params, plain, abstract.rng)
-    forms.append((old, lambda s: type(abstract)(s.step, s.params, inject(s.opt_state), s.rng,
-                                                {})))
+    forms.append((old, lambda s: type(abstract)(s.step, s.params, inject(s.opt_state), s.rng, {})))
   return forms

@@ -171,8 +171,7 @@ def is_finished(workdir: str) -> bool:
     log(f"Warning: {path} cannot be read ({type(e).__name__}: {e}); the run counts as "
         "unfinished, and running it again rewrites it from its last checkpoint.")
     return False
-  return summary.get("step") == summary.get("num_steps") or bool(
-      summary.get("stopped_at_accuracy"))
+  return summary.get("step") == summary.get("num_steps") or bool(summary.get("stopped_at_accuracy"))
 
 
 def format_duration(seconds: float) -> str:

@@ -1,13 +1,10 @@
 """The run's directory: checked before use, and held by one run at a time.
 
-:func:`prepare` turns a bad ``--workdir`` (a file, inside a file, not
-writable) into a clear UsageError; :func:`check_writable` refuses one that no file
-can be written to (a read-only filesystem, another user's folder, a full disk) in one
-line, before a run loads its data or compiles. :class:`Lock` is an exclusive ``flock`` on
-``WORKDIR/.capsjax.lock``: the operating system releases it when the process
-ends, however it ends, so a lock left by a killed run never blocks. The file
-records the holder (host, pid, start time, command) for the message a second
-run gets.
+:func:`prepare` turns a bad ``--workdir`` (a file, inside a file, not writable) into a clear
+UsageError; :func:`check_writable` refuses one that no file can be written to. :class:`Lock` is
+an exclusive ``flock`` on ``WORKDIR/.capsjax.lock``: the operating system releases it when the
+process ends, however it ends, so a lock left by a killed run never blocks. The file records the
+holder (host, pid, start time, command) for the message a second run gets.
 """
 
 from __future__ import annotations
@@ -65,14 +62,13 @@ def _make(path: str, flag: str) -> None:
 
 
 def check_writable(folder: str, flag: str = "--workdir", advice: str = "") -> None:
-  """Refuses, in one line, a ``folder`` (``flag``: its name in the message, the flag that
-  sets it) that no file can be written to: a read-only filesystem, another user's folder
-  (:class:`capsjax.common.files.NotWritable`, with ``advice``: default, choose a ``flag`` you
-  can write to) or a full disk
-  (:class:`~capsjax.common.files.DiskFull`). Writes and removes a small file there (what
-  ``os.access`` cannot tell: a read-only mount, root on another user's network share); a
-  folder that does not exist yet is created for it and removed again (:func:`prepare` makes
-  it when the run starts), and one that cannot be (inside a file; where /proc holds no
+  """Refuses, in one line, a ``folder`` (``flag``: its name in the message, the flag that sets
+  it) that no file can be written to: a read-only filesystem, another user's folder
+  (:class:`capsjax.common.files.NotWritable`, with ``advice``: default, choose a ``flag`` you can
+  write to) or a full disk (:class:`~capsjax.common.files.DiskFull`). Writes and removes a small
+  file there (what ``os.access`` cannot tell: a read-only mount, root on another user's network
+  share); a folder that does not exist yet is created for it and removed again (:func:`prepare`
+  makes it when the run starts), and one that cannot be (inside a file; where /proc holds no
   folders) is refused as :func:`prepare` refuses it. Called before a run loads data or
   compiles."""
   path = os.path.abspath(os.fspath(folder))
