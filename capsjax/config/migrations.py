@@ -1,5 +1,4 @@
-"""Every earlier form of a run's ``config.json``, brought to this version's in one ordered
-chain.
+"""Every earlier form of a run's ``config.json``, brought to this version's in one ordered chain.
 
 ``config.json`` records ``schema_version`` (:data:`SCHEMA_VERSION`; files written before
 2026-11-28 have none: version 0). :func:`migrate` applies, in order, each migration newer than

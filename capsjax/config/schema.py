@@ -267,9 +267,6 @@ def neutral_keys(config) -> tuple[str, ...]:
 
 # --- The listing -------------------------------------------------------------------------
 
-_HEADER = ["| key | default | type, range | meaning |", "|---|---|---|---|"]
-
-
 def listing() -> str:
   """Every declared setting, by the code that declares it, as Markdown: the run's own, each
   registered dataset's and model's, the optimisers' and schedules', each router's and each
@@ -286,7 +283,8 @@ def listing() -> str:
   def section(title: str, table: dict, prefix: str = "", note: str = "") -> None:
     lines.extend([title, ""] + ([note, ""] if note else []))
     if table:
-      lines.extend(_HEADER + settings_lib.markdown_rows(table, prefix))
+      lines.extend(["| key | default | type, range | meaning |", "|---|---|---|---|",
+                    *settings_lib.markdown_rows(table, prefix)])
     else:
       lines.append("No settings.")
     lines.append("")

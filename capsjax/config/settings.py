@@ -13,9 +13,8 @@ evaluation's and a whole run config's settings (:func:`capsjax.config.schema.res
 once per command before anything is compiled) all come through it; ``python -m
 capsjax.config.schema`` lists every table (docs/config_keys.md).
 
-A value that is legal but almost surely a mistake (a negative loss weight, m+ <= m-) is refused
-too, unless the config sets ``allow_unusual=True``: such a check is marked ``unusual`` and says
-so.
+A value that is legal but almost surely a mistake (a negative loss weight, m+ <= m-) is refused too,
+unless the config sets ``allow_unusual=True``: such a check is marked ``unusual`` and says so.
 
 JAX-free: config files and the tools that read configs import it without starting JAX.
 """

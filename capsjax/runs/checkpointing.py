@@ -105,16 +105,15 @@ def _no_replica_parallel_saves_on_the_cpu() -> ocp.handlers.CheckpointHandlerReg
   """The handlers of a checkpoint's two items; on the CPU, each replicated array of the state
   is saved whole from its first replica.
 
-  Orbax's default on the CPU (and TPU) is replica-parallel saving: every replica of a
-  replicated array (the parameters, on each of the data-parallel devices) copies and writes a
-  slice of it, which takes one small program per array and replica. The CPU's devices share
-  one host memory, so there is nothing to split. What it saves: ``save`` then ``wait`` of the
-  smoke model's fresh train state (1.5 MB in 39 arrays) on 4 CPU devices, thirty saves after
-  two, the 2-core CPU shared with other work (2026-12-07, three runs of each, interleaved): at
-  least 0.07-0.09 s whole (medians 0.09-0.18 s), 0.10-0.14 s replica-parallel (medians 0.13-0.20
-  s), and the first save 0.1-0.2 s whole against 1.4-1.9 s replica-parallel, which compiles its
-  slicing programs then; 0.10 s against 0.22 s when first measured (2026-12-06). Orbax itself
-  turns it off on GPUs; TPUs keep its default.
+  Orbax's default on the CPU (and TPU) is replica-parallel saving: every replica of a replicated
+  array (the parameters, on each of the data-parallel devices) copies and writes a slice of it,
+  which takes one small program per array and replica. The CPU's devices share one host memory, so
+  there is nothing to split. What it saves: ``save`` then ``wait`` of the smoke model's fresh train
+  state (1.5 MB in 39 arrays) on 4 CPU devices, thirty saves after two, the 2-core CPU shared with
+  other work (2026-12-07, three runs of each, interleaved): at least 0.07-0.09 s whole (medians
+  0.09-0.18 s), 0.10-0.14 s replica-parallel (medians 0.13-0.20 s), and the first save 0.1-0.2 s
+  whole against 1.4-1.9 s replica-parallel, which compiles its slicing programs then; 0.10 s against
+  0.22 s when first measured (2026-12-06). Orbax itself turns it off on GPUs; TPUs keep its default.
 
   Only Orbax's public API: the state is saved by a ``PyTreeCheckpointHandler`` given a type
   handler registry of its own, Orbax's standard handlers with an
@@ -334,10 +333,9 @@ class Checkpointer:
     self._manager.reload()
 
   def wait(self) -> None:
-    """Blocks until pending asynchronous saves are on disk. A save that could not be written
-    raises :class:`capsjax.common.files.DiskFull` or :class:`~capsjax.common.files.NotWritable`
-    naming its step, once; the checkpoints before it are intact. Any other error surfaces
-    unchanged."""
+    """Blocks until pending asynchronous saves are on disk. A save that could not be written raises
+    :class:`capsjax.common.files.DiskFull` or :class:`~capsjax.common.files.NotWritable` naming its
+    step, once; the checkpoints before it are intact. Any other error surfaces unchanged."""
     step = self._pending
     try:
       with _tensorstore_noise_dropped():  # The failed save's other writes, completing late.

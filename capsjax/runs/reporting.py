@@ -14,11 +14,10 @@ from capsjax.common import files
 
 
 def _tensorboardx():
-  """tensorboardX's summary protos and its synchronous event-file writer (TensorBoard events
-  without TensorFlow), imported without PyTorch: where PyTorch is installed, ``import
-  tensorboardX`` imports it (2 s of every run's start on the 2-core CPU, 0.3 s without) only
-  to accept torch tensors, and capsjax writes numbers and NumPy arrays. A ``torch`` already
-  imported is left as it is."""
+  """tensorboardX's summary protos and its synchronous event-file writer (TensorBoard events without
+  TensorFlow), imported without PyTorch: where PyTorch is installed, ``import tensorboardX`` imports
+  it (2 s of every run's start on the 2-core CPU, 0.3 s without) only to accept torch tensors, and
+  capsjax writes numbers and NumPy arrays. A ``torch`` already imported is left as it is."""
   if "torch" not in sys.modules:
     sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects.
     try:
