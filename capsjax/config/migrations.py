@@ -1,5 +1,4 @@
-"""Every earlier form of a run's ``config.json``, brought to this version's in one ordered
-chain.
+"""Every earlier form of a run's ``config.json``, brought to this version's in one ordered chain.
 
 ``config.json`` records ``schema_version`` (:data:`SCHEMA_VERSION`; files written before
 2026-11-28 have none: version 0). :func:`migrate` applies, in order, each migration newer than
@@ -44,8 +43,7 @@ ADDED_KEYS_OF = {
                                 "model.class_capsules.use_bias": False},
     ("model.name", "efficient_capsnet"): {"loss.margin_weight": 1.0},
     ("model.name", "baseline_cnn"): {"model.padding": "SAME", "model.bias_init": 0.0,
-                                     "model.dense_init_scale": None,
-                                     "model.loss": "cross_entropy"},
+                                     "model.dense_init_scale": None, "model.loss": "cross_entropy"},
     ("dataset", "mnist"): {"data.pad": 0, **_RANDOM, **_ORDER},
     ("dataset", "smallnorb"): {"data.viewpoint_split": "", **_RANDOM},
     ("dataset", "multimnist"): {**_RANDOM, **_ORDER},

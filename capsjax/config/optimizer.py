@@ -40,8 +40,7 @@ COMMON = {
     "official_code": Setting(False, "The authors' code's Adam and floor where left unset: "
                              "Adam's eps_hat True, the exponential schedule's end_value 1e-6."),
 }
-_L2 = Setting(0.0, "weight_decay x params added to the gradient (L2; 0: none).",
-              check=NON_NEGATIVE)
+_L2 = Setting(0.0, "weight_decay x params added to the gradient (L2; 0: none).", check=NON_NEGATIVE)
 _ADAM = {"b1": Setting(0.9, "Adam's beta1 (TF's and optax's).", check=between(0, 1)),
          "b2": Setting(0.999, "Adam's beta2.", check=between(0, 1, open_low=True)),
          "eps": Setting(1e-8, "Adam's epsilon.", check=POSITIVE)}

@@ -62,8 +62,7 @@ def of_config(numbers_class: type, section: ml_collections.ConfigDict | None):
   not a number."""
   table = {f.name: settings.Setting(settings.REQUIRED if f.default is dataclasses.MISSING
                                     else f.default, f"{numbers_class.__name__}.{f.name}",
-                                    kind=float)
-           for f in dataclasses.fields(numbers_class)}
+                                    kind=float) for f in dataclasses.fields(numbers_class)}
   values = settings.read(section, table, f"config.{numbers_class.section}")
   return numbers_class(**{name: float(value) for name, value in values.items()})
 

@@ -3,20 +3,18 @@
 (``config.evals.NAME.type``).
 
 Each is read from its package's files (:class:`capsjax.common.registry.Registry`): a module
-registers by a top-level ``MODEL = ...``, ``DATASET = ...``, ``ROUTER = ...`` or
-``EVALUATOR = ...`` under its own name (``capsjax/routing/uniform.py`` is the router
-``"uniform"``), or by the plural, a dict, for several under names of their own. Adding one is
-one file. They live here, below every package they name, so that resolving a config
-(:mod:`capsjax.config.schema`) finds each class's settings without importing those packages
-statically. A researcher's own class is named by import path in the config
-(``"package.module:Class"`` or ``"path/to/file.py:Class"``).
+registers by a top-level ``MODEL = ...``, ``DATASET = ...``, ``ROUTER = ...`` or ``EVALUATOR = ...``
+under its own name (``capsjax/routing/uniform.py`` is the router ``"uniform"``), or by the plural, a
+dict, for several under names of their own. Adding one is one file. They live here, below every
+package they name, so that resolving a config (:mod:`capsjax.config.schema`) finds each class's
+settings without importing those packages statically. A researcher's own class is named by import
+path in the config (``"package.module:Class"`` or ``"path/to/file.py:Class"``).
 """
 
 from capsjax.common.registry import Registry
 
 MODELS = Registry("model", "config.model.name", "capsjax.models", "MODEL")
-DATASETS = Registry("dataset", "config.dataset", "capsjax.datasets", "DATASET",
-                    attribute="name")
+DATASETS = Registry("dataset", "config.dataset", "capsjax.datasets", "DATASET", attribute="name")
 ROUTERS = Registry("router", "config.model.routing.name", "capsjax.routing", "ROUTER")
 EVALUATORS = Registry("evaluator", "config.evals.NAME.type", "capsjax.evaluators",
                       "EVALUATOR", attribute="type_name")

@@ -82,8 +82,7 @@ SATURATION_WARNING = {
         0.9, "Warn when this share of the class capsules is longer than 0.95 ...",
         check=between(0, 1), neutral=True),
     "train.saturation_warning.steps": Setting(
-        100, "... for this many consecutive steps (0: never).", check=NON_NEGATIVE,
-        neutral=True),
+        100, "... for this many consecutive steps (0: never).", check=NON_NEGATIVE, neutral=True),
 }
 
 # ``config.eval``: the evaluation's batches (capsjax/training/evaluation.py) and the run's

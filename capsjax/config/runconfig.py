@@ -75,9 +75,8 @@ def tuples(tree):
 
 
 def import_config_file(path: str | os.PathLike) -> types.ModuleType:
-  """Imports a config file by path (config files are not a package), e.g. a base config
-  from the file that extends it: ``import_config_file(pathlib.Path(__file__).with_name(
-  "mnist.py"))``."""
+  """Imports a config file by path (config files are not a package), e.g. a base config from the
+  file that extends it: ``import_config_file(pathlib.Path(__file__).with_name("mnist.py"))``."""
   path = pathlib.Path(path)
   if not path.is_file():
     raise UsageError(f"Config file {path} not found.")

@@ -14,16 +14,12 @@ Each key is declared once (:mod:`capsjax.config.settings`):
 The classes are found by name through :mod:`capsjax.config.registries` (imported when first
 asked for), so this module imports none of the packages that read a config.
 
-:func:`resolve_config` is what every command does to its config before it builds anything:
-a copy with every default filled in, each value checked against its declaration, a key that
-nobody declared refused naming the nearest declared one, each problem as one line naming the
-key (exit 2, before anything is compiled). ``config.json`` records the result: every setting
+:func:`resolve_config` is what every command does to its config before it builds anything (a
+problem: exit 2, before anything is compiled); ``config.json`` records the result, every setting
 in effect. A dataset or model named by import path that declares no ``SETTINGS`` gets its
-section (``config.data``; ``config.model`` and ``config.loss``) as given.
-
-The result is a :class:`ResolvedConfig`: frozen, so that nothing after the command's entry
-fills in a default or changes a value, and recognised by every function it is handed down to,
-which then resolve nothing again.
+section (``config.data``; ``config.model`` and ``config.loss``) as given. The result is a
+:class:`ResolvedConfig`: frozen, so that nothing after the command's entry fills in a default or
+changes a value.
 
 ``python -m capsjax.config.schema`` prints every table as Markdown (docs/config_keys.md).
 """
@@ -62,8 +58,7 @@ def as_resolved(config) -> ResolvedConfig:
 
 
 def run_settings() -> dict[str, Setting]:
-  """The run's own settings, whatever its dataset and model
-  (:data:`capsjax.config.run_settings.RUN`)."""
+  """The run's own settings (:data:`capsjax.config.run_settings.RUN`), a copy."""
   return dict(run_settings_lib.RUN)
 
 
@@ -181,12 +176,12 @@ def declared(dataset_class: type, model_class: type) -> tuple[dict[str, Setting]
 
 
 def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
-  """A resolved copy of ``config`` (``config`` itself is not written), frozen: every setting
-  in effect, the model's ``image_shape`` and ``num_classes`` from the dataset, and what the
-  model derives (its ``resolve_config``). Raises UsageError, one line naming the key, for a key nobody
-  declared, a required key left unset, a value of the wrong type, out of range or against a
-  rule, and settings the dataset, model, router, optimiser or an evaluation cannot use
-  together. Resolving a resolved config gives an equal one."""
+  """A resolved copy of ``config`` (``config`` itself is not written), frozen: every setting in
+  effect, the model's ``image_shape`` and ``num_classes`` from the dataset, and what the model
+  derives (its ``resolve_config``). Raises UsageError, one line naming the key, for a key nobody
+  declared (naming the nearest declared one), a required key left unset, a value of the wrong
+  type, out of range or against a rule, and settings the dataset, model, router, optimiser or an
+  evaluation cannot use together. Resolving a resolved config gives an equal one."""
   raw = copy.deepcopy(config.to_dict() if hasattr(config, "to_dict") else dict(config))
   top = {key: settings_lib.check_value(f"config.{key}", TOP[key],
                                        _section(raw, key)) for key in TOP}
@@ -272,9 +267,6 @@ def neutral_keys(config) -> tuple[str, ...]:
 
 # --- The listing -------------------------------------------------------------------------
 
-_HEADER = ["| key | default | type, range | meaning |", "|---|---|---|---|"]
-
-
 def listing() -> str:
   """Every declared setting, by the code that declares it, as Markdown: the run's own, each
   registered dataset's and model's, the optimisers' and schedules', each router's and each
@@ -291,7 +283,8 @@ def listing() -> str:
   def section(title: str, table: dict, prefix: str = "", note: str = "") -> None:
     lines.extend([title, ""] + ([note, ""] if note else []))
     if table:
-      lines.extend(_HEADER + settings_lib.markdown_rows(table, prefix))
+      lines.extend(["| key | default | type, range | meaning |", "|---|---|---|---|",
+                    *settings_lib.markdown_rows(table, prefix)])
     else:
       lines.append("No settings.")
     lines.append("")

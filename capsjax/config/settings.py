@@ -1,27 +1,20 @@
 """Settings, declared once each, and the one function that resolves them.
 
-Every key a config may hold is declared once, as a :class:`Setting`: its default (or :data:`REQUIRED`: every config file sets it), what it
-means, its type and the values it may take. The tables (``{key: Setting}``, keys relative to
-their section) are:
+Every key a config may hold is declared once, as a :class:`Setting`: its default (or
+:data:`REQUIRED`: every config file sets it), what it means, its type and the values it may take,
+in tables ``{key: Setting}`` (keys relative to their section) beside the code that reads them
+(which tables: :mod:`capsjax.config.schema`).
 
-* a router's ``SETTINGS`` (``config.model.routing``; :mod:`capsjax.routing`),
-* an evaluator class's ``SETTINGS`` (``config.evals.NAME``; :mod:`capsjax.evaluators`),
-* a model class's ``SETTINGS`` (``config.model`` and the model's ``config.loss``),
-* a dataset builder's ``SETTINGS`` (``config.data``),
-* the optimisers' and schedules' (``config.optimizer``; :mod:`capsjax.config.optimizer`),
-* the run's own (``seed``, ``train``, ``eval``, ...: :mod:`capsjax.config.run_settings`).
+:func:`resolve` is the one resolver: it fills in the defaults, and refuses a key nobody declared
+(naming the nearest declared one), a value of the wrong type or outside its range, and a required
+key left unset, each as one line naming the key (a :class:`capsjax.common.errors.UsageError`);
+:func:`read` is it over a table's own keys of a section. A router's, an optimiser's, an
+evaluation's and a whole run config's settings (:func:`capsjax.config.schema.resolve_config`,
+once per command before anything is compiled) all come through it; ``python -m
+capsjax.config.schema`` lists every table (docs/config_keys.md).
 
-:func:`resolve` is the one resolver: it fills in the defaults, and refuses a key nobody
-declared (naming the nearest declared one), a value of the wrong type or outside its range,
-and a required key left unset, each as one line naming the key (a
-:class:`capsjax.common.errors.UsageError`); :func:`read` is it over a table's own keys of a
-section. :func:`capsjax.config.schema.resolve_config` runs it over a whole config, once per
-command before anything is compiled, and ``python -m capsjax.config.schema`` lists every table
-(docs/config_keys.md).
-
-A value that is legal but almost surely a mistake (a negative loss weight, m+ <= m-) is
-refused too, unless the config sets ``allow_unusual=True``: such a check is marked
-``unusual`` and says so.
+A value that is legal but almost surely a mistake (a negative loss weight, m+ <= m-) is refused too,
+unless the config sets ``allow_unusual=True``: such a check is marked ``unusual`` and says so.
 
 JAX-free: config files and the tools that read configs import it without starting JAX.
 """
@@ -39,12 +32,10 @@ from capsjax.common.errors import UsageError
 
 
 class _Required:
-  def __repr__(self) -> str:
-    return "REQUIRED"
+  __repr__ = lambda self: "REQUIRED"
 
 
-# The default of a setting every config sets (its value is the config file's).
-REQUIRED: Any = _Required()
+REQUIRED: Any = _Required()  # The default of a setting every config sets (the file's value).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +59,7 @@ def above(low: float) -> Check:
   return Check(lambda v: v > low, f"> {low!r}")
 
 
-def between(low: float, high: float, *, open_low: bool = False,
-            open_high: bool = False) -> Check:
+def between(low: float, high: float, *, open_low: bool = False, open_high: bool = False) -> Check:
   """``low <= v <= high``, an end open where asked: ``(0, 1]``."""
   def test(v):
     return (v > low if open_low else v >= low) and (v < high if open_high else v <= high)
@@ -251,9 +241,7 @@ def resolve(values: Mapping[str, Any], table: Mapping[str, Any], where: str, *,
             unchecked: tuple[str, ...] = ()) -> dict[str, Any]:
   """The settings of one section in effect: every key of ``table`` (``{key: Setting}``, keys
   relative to the section ``where``, e.g. ``"config.model.routing"``) with its value in
-  ``values`` (flat, the same relative keys) or its default. The one resolver: a router's,
-  an optimiser's, an evaluation's and a whole run config's settings
-  (:func:`capsjax.config.schema.resolve_config`) all come through it.
+  ``values`` (flat, the same relative keys) or its default.
 
   Raises UsageError, one line naming the key: for a key of ``values`` that ``table`` does not
   declare (with the nearest declared key; ``elsewhere`` maps keys that other choices declare
@@ -298,11 +286,9 @@ def in_effect(section) -> bool:
 def read(section, table: Mapping[str, Any], where: str, allow_unusual: bool = False
          ) -> dict[str, Any]:
   """The settings of ``table`` (keys relative to ``section``, e.g. ``"shift_pixels"``) in effect
-  in ``section`` (a config node, or None: absent), as :func:`resolve` gives them; other keys of
-  ``section`` are not this table's business (a dataset's ``config.data`` holds those of its
-  sources too), so they are not looked at. A section of a resolved config (frozen:
-  :class:`capsjax.config.schema.ResolvedConfig`) holds every one in effect already: its values
-  are read as they are, not resolved again."""
+  in ``section`` (a config node, or None: absent), as :func:`resolve` gives them (a section
+  :func:`in_effect`: as it holds them); other keys of ``section`` are not this table's business
+  (a dataset's ``config.data`` holds those of its sources too), so they are not looked at."""
   if in_effect(section):
     return {key: section[key] for key in declared(table)}
   values = {key: None if section is None else section.get(key) for key in declared(table)}
@@ -317,9 +303,7 @@ def flatten(tree: Mapping, prefix: str = "", stop: Callable[[str], bool] = lambd
   flat = {}
   for key, value in tree.items():
     dotted = f"{prefix}{key}"
-    if isinstance(value, Mapping) and not stop(dotted):
-      flat.update(flatten(value, dotted + ".", stop))
-    elif hasattr(value, "items") and callable(value.items) and not stop(dotted):
+    if hasattr(value, "items") and callable(value.items) and not stop(dotted):  # ConfigDicts too.
       flat.update(flatten(dict(value.items()), dotted + ".", stop))
     else:
       flat[dotted] = value

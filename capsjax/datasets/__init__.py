@@ -1,25 +1,21 @@
 """Datasets registered by name: ``config.dataset`` picks one, ``config.data`` configures it.
 
-A dataset is a :class:`Builder` subclass named in :data:`DATASETS`. It
-reads its splits once into host memory (:meth:`Builder.load`); the trainer puts
-them on the devices and, inside the jitted step, asks the builder to turn the
-examples of a step into a batch (:meth:`Builder.train_batch`: augmentation,
-synthetic data) or to turn evaluation examples into a batch
-(:meth:`Builder.eval_batch`: deterministic). A batch is a dict with at least
-``images`` (floats, ``(batch, *info.image_shape)``) and ``labels``; what a model should
-reconstruct is the builder's ``reconstruction_targets`` (the clean images by default).
+A dataset is a :class:`Builder` subclass named in :data:`DATASETS`. It reads its splits once into
+host memory (:meth:`Builder.load`); the trainer puts them on the devices and, inside the jitted
+step, asks the builder to turn the examples of a step into a batch (:meth:`Builder.train_batch`:
+augmentation, synthetic data) or to turn evaluation examples into a batch
+(:meth:`Builder.eval_batch`: deterministic). A batch is a dict with at least ``images`` (floats,
+``(batch, *info.image_shape)``) and ``labels``; what a model should reconstruct is the builder's
+``reconstruction_targets`` (the clean images by default).
 
 A builder declares the ``config.data`` keys it reads as ``SETTINGS`` (``{"data.key":
 Setting(...)}``, :mod:`capsjax.config.settings`; those of the files it reads:
-``capsjax.datasets.sources.SETTINGS``) and the rules between them as ``RULES``; a run refuses
-any other key of ``config.data`` and checks every value before anything is compiled. A builder
-without ``SETTINGS`` gets ``config.data`` unchecked.
-
-To add a dataset: write a module ``capsjax/datasets/NAME.py`` with a Builder subclass and
-``DATASET = TheBuilder`` (:data:`DATASETS` finds it by itself: :mod:`capsjax.config.registries`),
-and a config file that sets ``config.dataset = "NAME"``. The train loop does not change.
+``capsjax.datasets.sources.SETTINGS``) and the rules between them as ``RULES``; a run refuses any
+other key of ``config.data`` and checks every value before anything is compiled. A builder
+without ``SETTINGS`` gets ``config.data`` unchecked. To add a dataset (a module
+``capsjax/datasets/NAME.py`` with ``DATASET = TheBuilder``; the train loop does not change):
+docs/extending.md.
 """
-
 from __future__ import annotations
 
 import copy
@@ -107,12 +103,9 @@ class Split:
 
 
 class Builder:
-  """Base class of dataset builders; see the module docstring.
-
-  Subclasses set ``info`` in ``__init__`` and implement :meth:`load`; the
-  defaults of :meth:`train_batch` and :meth:`eval_batch` serve image/label
-  datasets without augmentation.
-  """
+  """Base class of dataset builders (the module docstring). Subclasses set ``info`` in
+  ``__init__`` and implement :meth:`load`; the defaults of :meth:`train_batch` and
+  :meth:`eval_batch` serve image/label datasets without augmentation."""
   name: ClassVar[str] = ""
   info: DatasetInfo
   SETTINGS: ClassVar[dict | None] = None   # ``config.data``'s keys it reads, declared.
@@ -153,8 +146,7 @@ class Builder:
     train examples."""
     return split
 
-  def train_batch(self, key: jax.Array, indices: jax.Array, examples: dict,
-                  shared: dict) -> dict:
+  def train_batch(self, key: jax.Array, indices: jax.Array, examples: dict, shared: dict) -> dict:
     """The batch of train examples ``indices``, built inside the jitted step.
 
     Args:
@@ -163,8 +155,7 @@ class Builder:
       examples, shared: the train split's arrays, on the devices.
     """
     del key, shared
-    return {"images": to_float(examples["images"][indices]),
-            "labels": examples["labels"][indices]}
+    return {"images": to_float(examples["images"][indices]), "labels": examples["labels"][indices]}
 
   def stream_copies(self) -> int:
     """How many copies of each train example in a row ``data.order="stream"`` reads

@@ -1,19 +1,16 @@
 """Random affine transforms of digits: the offline stand-in for affNIST ("affine MNIST").
 
-affNIST (Tieleman, https://www.cs.toronto.edu/~tijmen/affNIST/) puts every
-MNIST test digit through random affine transforms into 40x40. Its files cannot
-be downloaded on our machines, so this module makes a stand-in of the same
-kind from the MNIST test digits: each digit under ``transforms_per_digit``
-random transforms, deterministic given a seed. It is *not* affNIST and is
+affNIST (Tieleman, https://www.cs.toronto.edu/~tijmen/affNIST/) puts every MNIST test digit through
+random affine transforms into 40x40. Its files cannot be downloaded on our machines, so this module
+makes a stand-in of the same kind from the MNIST test digits: each digit under
+``transforms_per_digit`` random transforms, deterministic given a seed. It is *not* affNIST and is
 named "affine MNIST" wherever it appears.
 
-Ranges (config values; the defaults are ours, chosen to resemble affNIST's
-description: rotation, shear, per-axis scale and a large translation):
-rotation uniform in +-``rotation_degrees`` (20), shear factor uniform in
-+-``shear`` (0.2), each axis scaled by a factor uniform in ``scale`` (0.8,
-1.2), then a translation uniform over every position that keeps the digit's
-bounding box inside the canvas (the digit is never cut). Pixels are resampled
-bilinearly, host-side with NumPy.
+Ranges (config values; the defaults are ours, chosen to resemble affNIST's description: rotation,
+shear, per-axis scale and a large translation): rotation uniform in +-``rotation_degrees`` (20),
+shear factor uniform in +-``shear`` (0.2), each axis scaled by a factor uniform in ``scale`` (0.8,
+1.2), then a translation uniform over every position that keeps the digit's bounding box inside the
+canvas (the digit is never cut). Pixels are resampled bilinearly, host-side with NumPy.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Reader for the real affNIST test set (MATLAB files, https://www.cs.toronto.edu/~tijmen/affNIST/).
 
-Each file holds a struct ``affNISTdata`` whose field ``image`` is ``1600 x N``
-uint8 (one 40x40 image per column) and ``label_int`` ``1 x N`` (0-9). The test
-set comes as ``test.mat`` or as the batch files ``test_batches/1.mat`` ...
-``32.mat``; point ``config.evals.affnist.path`` at either file or folder.
-Read with ``scipy.io.loadmat``; each column is reshaped row-major to 40x40, as
-the public readers of these files do.
+Each file holds a struct ``affNISTdata`` whose field ``image`` is ``1600 x N`` uint8 (one 40x40
+image per column) and ``label_int`` ``1 x N`` (0-9). The test set comes as ``test.mat`` or as the
+batch files ``test_batches/1.mat`` ... ``32.mat``; point ``config.evals.affnist.path`` at either
+file or folder. Read with ``scipy.io.loadmat``; each column is reshaped row-major to 40x40, as the
+public readers of these files do.
 """
 
 from __future__ import annotations

@@ -2,31 +2,22 @@
 
 As the reference's ``utils/pre_process_mnist.py`` (EscVM/Efficient-CapsNet) applies it to each
 training image, in this order (the constants are MNIST's 28 px; here they follow the image's
-height h and width w, and give the reference's values at 28x28):
-
-1. **rotation** (``image_rotate_random``): r0, r1 ~ normal(0, 0.33) clipped to ±0.9999; when
-   r1 <= 0 (probability 1/2) the image turns by ``int(r0 x 30)`` degrees (truncated to whole
-   degrees, counter-clockwise) about the pixel (w/2, h/2), bilinear, zero outside
-   (``config.data.rotation_distribution="uniform"``: an angle uniform in ±30 instead);
-2. **shift within the margins** (``image_shift_rand``): per axis an amount a ~ min(|normal(0,
-   0.33)|, 0.9999) and a random direction; left/up by ``floor(a x margin)``, right/down by
-   ``floor(a x (1 + margin))``, with the digit's own empty margins, so the digit stays whole;
-3. **squeeze** (``image_squish_random``): the width shrinks by ``floor(a0 x w/4 + 1)`` px
-   (Lanczos-3 with antialiasing), the squeezed image starting ``width_mod // 2 +
-   floor(a1 x 2)`` px from the left;
-4. **erasure** (``image_erase_random``): a 4x4 patch at row and column ``floor(u x (size - 9))
-   + 4`` set to zero.
+height h and width w, and give the reference's values at 28x28; each function's docstring has
+the reference's formula): **rotation** (``image_rotate_random``: :func:`random_rotation`, when
+r1 <= 0, probability 1/2), **shift within the margins** (``image_shift_rand``:
+:func:`random_margin_shift`, so the digit stays whole), **squeeze** (``image_squish_random``:
+:func:`random_squeeze`, Lanczos-3 with antialiasing) and **erasure** (``image_erase_random``:
+:func:`random_erase`, a 4x4 patch set to zero).
 
 Where we differ from the reference, and why:
 
-* The rotation is bilinear on float pixels (``jax.scipy.ndimage.map_coordinates``, order 1,
-  zero outside); OpenCV's ``warpAffine`` interpolates in fixed point (1/32 px), so pixels
-  differ by rounding.
-* The squeeze is one ``jax.image.scale_and_translate`` (the kernel of TF's Lanczos-3 resize
-  with antialiasing, which ``tf.image.resize`` calls) with the scale ``(w - width_mod) / w``
-  and the offset as translation; the reference resizes to ``w - width_mod`` columns and then
-  pads. Both sample the same kernel at the same points; values are not clipped (nor are
-  the reference's).
+* The rotation is bilinear on float pixels (``jax.scipy.ndimage.map_coordinates``, order 1, zero
+  outside); OpenCV's ``warpAffine`` interpolates in fixed point (1/32 px), so pixels differ by
+  rounding.
+* The squeeze is one ``jax.image.scale_and_translate`` (the kernel of TF's Lanczos-3 resize with
+  antialiasing, which ``tf.image.resize`` calls) with the scale ``(w - width_mod) / w`` and the
+  offset as translation; the reference resizes to ``w - width_mod`` columns and then pads. Both
+  sample the same kernel at the same points; values are not clipped (nor are the reference's).
 * The random numbers come from JAX's generator (one key per image and step), not TF's.
 """
 
@@ -160,8 +151,7 @@ def squeeze(image: jax.Array, width_mod: jax.Array, offset: jax.Array) -> jax.Ar
   placed ``offset`` columns from the left of a zero ``(h, w, c)`` canvas."""
   w = image.shape[1]
   scale = (w - width_mod.astype(jnp.float32)) / w
-  return jax.image.scale_and_translate(
-      image, image.shape, spatial_dims=(1,), scale=scale[None],
+  return jax.image.scale_and_translate(image, image.shape, spatial_dims=(1,), scale=scale[None],
       translation=offset.astype(jnp.float32)[None], method="lanczos3", antialias=True)
 
 
@@ -195,12 +185,8 @@ def random_erase(key: jax.Array, image: jax.Array, size: int) -> jax.Array:
 
 def augment(key: jax.Array, images: jax.Array, settings: Settings) -> jax.Array:
   """Rotation, shift within the margins, squeeze and erasure (those switched on), each image
-  with its own draws.
-
-  Args:
-    key: the step's key; image k uses ``fold_in(key, k)``.
-    images: ``(batch, h, w, c)`` floats.
-  """
+  with its own draws: image k of ``images`` ``(batch, h, w, c)`` floats uses ``fold_in(key, k)``
+  of the step's ``key``."""
   if not settings.active:
     return images
 

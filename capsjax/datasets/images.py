@@ -1,29 +1,18 @@
 """Natural images through tensorflow-datasets: CIFAR-10, SVHN and smallNORB (paper Sec. 7).
 
-Each is read once with tfds and kept on the device as uint8; the official code's
-preprocessing (Sarasra/models research/capsules/input_data: cifar10_input.py,
-norb_input_record.py) runs inside the jitted step, each part a ``config.data``
-value:
+Each is read once with tfds and kept on the device as uint8; the official code's preprocessing
+(Sarasra/models research/capsules/input_data: cifar10_input.py, norb_input_record.py) runs inside
+the jitted step, each part a ``config.data`` value (``crop``, ``flip``, ``brightness``,
+``contrast_lower/upper``, ``standardize``; :attr:`TFDSImages.SETTINGS` says what each does).
 
-  ``crop``                  random ``crop`` x ``crop`` patch in training, the centre one
-                            at evaluation (0: none)
-  ``flip``                  random left-right flip in training
-  ``brightness``            add a delta uniform in +-``brightness`` (pixel units, 0..255)
-  ``contrast_lower/upper``  scale each channel about its mean by a factor uniform in
-                            [lower, upper] (1, 1: off)
-  ``standardize``           per-image standardisation (train and evaluation), as
-                            ``tf.image.per_image_standardization``
+Pixels stay in 0..255 until standardisation, as in the official code, so its ranges (brightness
+63, contrast 0.2-1.8) apply unchanged. smallNORB's two stereo views are the two channels of one
+image; ``resize`` shrinks its 96x96 images on the host first (48 in the official code; by
+averaging pixel blocks, where the official code used TF's bilinear resize).
 
-Pixels stay in 0..255 until standardisation, as in the official code, so its
-ranges (brightness 63, contrast 0.2-1.8) apply unchanged. smallNORB's two
-stereo views are the two channels of one image; ``resize`` shrinks its 96x96
-images on the host first (48 in the official code; by averaging pixel blocks,
-where the official code used TF's bilinear resize).
-
-Without network access, point ``config.data.dir`` at the downloaded archives
-(tfds's manual dir) or ``config.data.tfds_data_dir`` at prepared data.
+Without network access, point ``config.data.dir`` at the downloaded archives (tfds's manual dir)
+or ``config.data.tfds_data_dir`` at prepared data.
 """
-
 from __future__ import annotations
 
 from typing import ClassVar
@@ -78,8 +67,7 @@ def random_flip(key, images):
 
 def random_brightness(key, images, max_delta: float):
   """Each image plus one delta uniform in [-max_delta, max_delta]."""
-  delta = jax.random.uniform(key, (images.shape[0], 1, 1, 1), minval=-max_delta,
-                             maxval=max_delta)
+  delta = jax.random.uniform(key, (images.shape[0], 1, 1, 1), minval=-max_delta, maxval=max_delta)
   return images + delta
 
 
@@ -156,12 +144,8 @@ class TFDSImages(datasets.Builder):
     return {"images": jax.ShapeDtypeStruct(self.stored_shape, np.uint8),
             "labels": jax.ShapeDtypeStruct((), np.int32)}
 
-  def load(self) -> dict[str, datasets.Split]:
-    return self._load()
-
-  def _load(self, partition=None) -> dict[str, datasets.Split]:
-    h, w, c = self.STORED_SHAPE
-    splits = sources.load(self.config.data, (h, w, c), self.info.num_classes,
+  def load(self, partition=None) -> dict[str, datasets.Split]:
+    splits = sources.load(self.config.data, self.STORED_SHAPE, self.info.num_classes,
                           seed=self.config.seed, shape_source=f"the {self.name} images",
                           image_keys=self.IMAGE_KEYS, label_key=self.LABEL_KEY, idx_ok=False,
                           partition=partition)
@@ -183,16 +167,12 @@ class TFDSImages(datasets.Builder):
       elif op == "brightness" and d.brightness:
         images = random_brightness(keys[op], images, float(d.brightness))
       elif op == "contrast" and (d.contrast_lower, d.contrast_upper) != (1.0, 1.0):
-        images = random_contrast(keys[op], images, float(d.contrast_lower),
-                                 float(d.contrast_upper))
+        images = random_contrast(keys[op], images, float(d.contrast_lower), float(d.contrast_upper))
     return {"images": self._finish(images), "labels": examples["labels"][indices]}
 
   def eval_batch(self, examples, shared):
     del shared
-    images = examples["images"]
-    # Floats are pixels in [0, 1] (capsjax.datasets.Builder.eval_batch): to 0..255 first.
-    images = (images * 255.0 if jnp.issubdtype(images.dtype, jnp.floating)
-              else images.astype(jnp.float32))
+    images = _pixels(examples["images"])
     if self.crop:
       images = centre_crop(images, self.crop)
     return {"images": self._finish(images), "labels": examples["labels"]}
@@ -205,15 +185,18 @@ class TFDSImages(datasets.Builder):
     if not self.crop:
       raise UsageError(f"config.dataset={self.name!r} has no crop (config.data.crop=0): "
                        "there is nothing to move.")
-    images = examples["images"]
-    images = (images * 255.0 if jnp.issubdtype(images.dtype, jnp.floating)
-              else images.astype(jnp.float32))
     offset = shared["crop_offset"]
-    images = crop_at(images, self.crop, offset[0], offset[1])
+    images = crop_at(_pixels(examples["images"]), self.crop, offset[0], offset[1])
     return {"images": self._finish(images), "labels": examples["labels"]}
 
   def _finish(self, images):
     return standardize(images) if self.config.data.standardize else images / 255.0
+
+
+def _pixels(images):
+  """Pixels as floats in 0..255; floats are pixels in [0, 1] (``Builder.eval_batch``)."""
+  return (images * 255.0 if jnp.issubdtype(images.dtype, jnp.floating)
+          else images.astype(jnp.float32))
 
 
 class CIFAR10(TFDSImages):
@@ -284,7 +267,7 @@ class SmallNORB(TFDSImages):
     if not self.viewpoint_split:
       return super().load()
     key, familiar = FAMILIAR_VIEWPOINTS[self.viewpoint_split]
-    return self._load(partition=((key,), familiar, NOVEL_SPLIT))
+    return super().load(partition=((key,), familiar, NOVEL_SPLIT))
 
 
 # Registered under these names in the config (capsjax/config/registries.py).

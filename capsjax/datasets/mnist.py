@@ -1,21 +1,18 @@
 """MNIST-format digits with random shifts (paper Sec. 5), and expanded MNIST (Sec. 5.2).
 
-``config.dataset = "mnist"`` serves any grey image/label set read by
-:mod:`capsjax.datasets.sources` (MNIST, Fashion-MNIST, IDX folders). Training
-shifts every image by up to ``config.data.shift_pixels`` px with zero fill,
-inside the jitted step (the paper: 2 px).
+``config.dataset = "mnist"`` serves any grey image/label set read by :mod:`capsjax.datasets.sources`
+(MNIST, Fashion-MNIST, IDX folders). Training shifts every image by up to
+``config.data.shift_pixels`` px with zero fill, inside the jitted step (the paper: 2 px).
 
-``config.data.pad > 0`` centres each digit on a black canvas ``pad`` px larger
-on every side, once, on the host. With ``shift_pixels == pad`` the training
-shift then places each digit at a uniformly random position of the canvas: the
-paper's "expanded MNIST" for the affNIST experiment (each 28x28 digit on a
-40x40 background; the official code builds it with ``--pad=6 --shift=6``).
-The test split stays centred.
+``config.data.pad > 0`` centres each digit on a black canvas ``pad`` px larger on every side, once,
+on the host. With ``shift_pixels == pad`` the training shift then places each digit at a uniformly
+random position of the canvas: the paper's "expanded MNIST" for the affNIST experiment (each 28x28
+digit on a 40x40 background; the official code builds it with ``--pad=6 --shift=6``). The test split
+stays centred.
 
-Efficient-CapsNet's augmentation (:mod:`capsjax.datasets.digit_augment`: rotation, shift
-within the digit's margins, squeeze, erasure; ``config.data.rotation_degrees``,
-``margin_shift``, ``squeeze``, ``erase_size``, all off by default) runs before the shifts,
-in training only.
+Efficient-CapsNet's augmentation (:mod:`capsjax.datasets.digit_augment`: rotation, shift within the
+digit's margins, squeeze, erasure; ``config.data.rotation_degrees``, ``margin_shift``, ``squeeze``,
+``erase_size``, all off by default) runs before the shifts, in training only.
 """
 
 from __future__ import annotations
@@ -53,8 +50,7 @@ class MNIST(datasets.Builder):
     super().__init__(config)
     d = config.data
     self.pad, self.shift = int(d.pad), int(d.shift_pixels)
-    settings_lib.check_rules(SHIFT_RULES, {"data.pad": self.pad,
-                                           "data.shift_pixels": self.shift})
+    settings_lib.check_rules(SHIFT_RULES, {"data.pad": self.pad, "data.shift_pixels": self.shift})
     augmentation = digit_augment.Settings.from_config(d)
     # Efficient-CapsNet's augmentation, or None: decided here, not in every traced step.
     self.digit_augment = augmentation if augmentation.active else None

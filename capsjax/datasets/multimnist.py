@@ -1,24 +1,21 @@
 """MultiMNIST (paper Sec. 6): two overlapping MNIST digits of different classes per image.
 
-``config.dataset = "multimnist"``. Each example overlays two digits of
-different classes from the same split: each is centred on a canvas
-``data.pad`` px larger on every side (36x36 for the paper's 4), moved by up to
-``data.shift_pixels`` (4) px in x and y independently, and the two are added
-and clipped at 255, as the official generator does (``min(a + b, 255)``,
-Sarasra/models research/capsules/input_data/mnist/mnist_shift.py). Each digit's
-own shifted image is kept: it is the reconstruction target of its capsule.
+``config.dataset = "multimnist"``. Each example overlays two digits of different classes from the
+same split: each is centred on a canvas ``data.pad`` px larger on every side (36x36 for the paper's
+4), moved by up to ``data.shift_pixels`` (4) px in x and y independently, and the two are added and
+clipped at 255, as the official generator does (``min(a + b, 255)``, Sarasra/models
+research/capsules/input_data/mnist/mnist_shift.py). Each digit's own shifted image is kept: it is
+the reconstruction target of its capsule.
 
-Training draws fresh pairs every step, inside the jitted step, from the MNIST
-training digits on the device: the first digit of each pair follows the
-epoch's permutation, its partner is drawn uniformly from the digits of the
-other classes (the official generator: 1,000 partners per digit, drawn once).
-Validation and test sets are fixed, deterministic given ``data.pair_seed``:
-``data.pairs_per_digit`` partners per digit (the paper: 1,000, i.e. 10M test
-pairs), stored as indices and shifts and composed on the device when
-evaluated; ``data.test_limit`` limits their size.
+Training draws fresh pairs every step, inside the jitted step, from the MNIST training digits on the
+device: the first digit of each pair follows the epoch's permutation, its partner is drawn uniformly
+from the digits of the other classes (the official generator: 1,000 partners per digit, drawn once).
+Validation and test sets are fixed, deterministic given ``data.pair_seed``: ``data.pairs_per_digit``
+partners per digit (the paper: 1,000, i.e. 10M test pairs), stored as indices and shifts and
+composed on the device when evaluated; ``data.test_limit`` limits their size.
 
-A batch holds ``images`` (the merged pair), ``labels`` ``(batch, 2)`` and
-``digit_images`` ``(batch, 2, h, w, 1)``.
+A batch holds ``images`` (the merged pair), ``labels`` ``(batch, 2)`` and ``digit_images``
+``(batch, 2, h, w, 1)``.
 """
 
 from __future__ import annotations
@@ -63,8 +60,7 @@ def draw_partners(uniform, first_labels, order, starts, counts):
 def merge(first, second):
   """``min(a + b, 255)`` of two uint8 images, as uint8 (the official generator's merge)."""
   total = first.astype(np.int32) + second.astype(np.int32)
-  return (np.minimum if isinstance(total, np.ndarray) else jnp.minimum)(total, 255).astype(
-      np.uint8)
+  return (np.minimum if isinstance(total, np.ndarray) else jnp.minimum)(total, 255).astype(np.uint8)
 
 
 class MultiMNIST(datasets.Builder):
@@ -87,10 +83,6 @@ class MultiMNIST(datasets.Builder):
                        f"{self.pad}] so that shifted digits stay on the canvas.")
     side = DIGIT_SHAPE[0] + 2 * self.pad
     self.info = datasets.DatasetInfo((side, side, 1), NUM_CLASSES, labels_per_example=2)
-
-  def train_spec(self):
-    return {"images": jax.ShapeDtypeStruct(self.info.image_shape, np.uint8),
-            "labels": jax.ShapeDtypeStruct((), np.int32)}
 
   def train_shared(self, examples):
     """The partner table: training pairs are drawn from it on the device."""

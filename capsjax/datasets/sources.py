@@ -1,17 +1,15 @@
 """Image/label data read once into host memory: IDX files or tensorflow-datasets.
 
 Two sources (``config.data.source``):
-  * ``"tfds"``: any tensorflow-datasets name (``config.data.name``). Online it
-    downloads; offline, ``config.data.dir`` may hold the original archive
-    files, which tfds then uses as its manual dir (it checks their checksums).
-  * ``"idx"``: a folder of MNIST-format IDX files (``train-images-idx3-ubyte``,
-    ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``,
-    ``t10k-labels-idx1-ubyte``, each raw or ``.gz``), read with NumPy alone.
+  * ``"tfds"``: any tensorflow-datasets name (``config.data.name``). Online it downloads;
+    offline, ``config.data.dir`` may hold the original archive files, which tfds then uses as
+    its manual dir (it checks their checksums).
+  * ``"idx"``: a folder of MNIST-format IDX files (:data:`IDX_FILES`, each raw or ``.gz``),
+    read with NumPy alone.
 
-:func:`load` validates what it read against the config and holds out the
-validation split; everything here is host-side NumPy.
+:func:`load` validates what it read against the config and holds out the validation split;
+everything here is host-side NumPy.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -75,15 +73,14 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
   ones, and its others become the split ``novel_split`` (smallNORB's novel viewpoints), before
   ``train_limit`` and ``test_limit`` (which limits both test splits).
 
-  ``image_shape`` is the shape the files must have; ``shape_source`` names
-  the setting it comes from, for the error message.
+  ``image_shape`` is the shape the files must have; ``shape_source`` names the setting it comes
+  from, for the error message.
 
   Returns:
-    ``{"train", "validation", "test"}`` splits with ``images`` uint8
-    ``(n, *image_shape)`` and ``labels`` int32 ``(n,)``; ``validation`` holds
-    ``config.validation_size`` examples drawn from train with ``seed``
-    (``config.validation_split="random"``, the default) or the first ones (``"first"``, as
-    the official CapsNet code's ``--validate``).
+    ``{"train", "validation", "test"}`` splits with ``images`` uint8 ``(n, *image_shape)`` and
+    ``labels`` int32 ``(n,)``; ``validation`` holds ``config.validation_size`` examples drawn
+    from train with ``seed`` (``config.validation_split="random"``, the default) or the first
+    ones (``"first"``, as the official CapsNet code's ``--validate``).
 
   Raises:
     UsageError: with the path or config key at fault and what to do.
@@ -95,8 +92,7 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
                      "config.data.source='tfds'.")
   if config.source == "idx":
     arrays = _load_idx(config.dir)
-    warning = known_files.mismatch_warning(config.name, arrays["train"][0][..., 0],
-                                           config.dir)
+    warning = known_files.mismatch_warning(config.name, arrays["train"][0][..., 0], config.dir)
     if warning:
       log(warning)
   elif config.source == "tfds":

@@ -31,8 +31,7 @@ ORDERS = run_settings.ORDERS
 SETTINGS = run_settings.DATA_ORDER  # config.data.order and its window.
 
 
-def batch_positions(key: jax.Array, step: jax.Array, batch_size: int,
-                    window: int) -> jax.Array:
+def batch_positions(key: jax.Array, step: jax.Array, batch_size: int, window: int) -> jax.Array:
   """The stream positions of train ``step``, ``(batch_size,)`` int32.
 
   Positions ``q = step * batch_size + k`` (k < batch_size) in order, each moved within its

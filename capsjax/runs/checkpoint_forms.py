@@ -35,9 +35,8 @@ class StatelessTrainState:
 
 
 def with_injected(opt_state, numbers: dict[str, float]):
-  """An optimiser state of the form before the peak was state (the inner transformation's)
-  wrapped as ``optax.inject_hyperparams`` holds it, its hyperparameters ``numbers`` (the
-  config's peak)."""
+  """An optimiser state of the form before the peak was state (the inner transformation's) wrapped
+  as ``optax.inject_hyperparams`` holds it, its hyperparameters ``numbers`` (the config's peak)."""
   hyperparams = {k: jnp.asarray(v, jnp.float32) for k, v in numbers.items()}
   count = jnp.zeros((), jnp.int32)  # Counts nothing read: the peak is no schedule.
   return optax.InjectStatefulHyperparamsState(count=count, hyperparams=hyperparams,
@@ -45,21 +44,17 @@ def with_injected(opt_state, numbers: dict[str, float]):
 
 
 def older_forms(abstract, optimizer) -> list[tuple[Any, Callable]]:
-  """``[(abstract, upgrade)]``: the earlier layouts a checkpoint of the train state
-  ``abstract`` (its shapes and placement) may have, each with the function that turns it into
-  this version's.
+  """``[(abstract, upgrade)]``: the earlier layouts a checkpoint of the train state ``abstract``
+  (its shapes and placement) may have, each with the function that turns it into this version's.
 
-  ``optimizer`` (:class:`capsjax.training.optimizers.Optimizer`) gives the inner
-  transformation (``uninjected``, the peak compiled in) and the config's peak
-  (``per_run_numbers``)."""
+  ``optimizer`` (:class:`capsjax.training.optimizers.Optimizer`) gives the inner transformation
+  (``uninjected``, the peak compiled in) and the config's peak (``per_run_numbers``)."""
   sharding = jax.tree.leaves(abstract.step)[0].sharding
   plain = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                        jax.eval_shape(optimizer.uninjected.init, abstract.params))
   inject = lambda opt_state: with_injected(opt_state, optimizer.per_run_numbers())
-  forms = [(abstract.replace(opt_state=plain),
-            lambda s: s.replace(opt_state=inject(s.opt_state)))]
+  forms = [(abstract.replace(opt_state=plain), lambda s: s.replace(opt_state=inject(s.opt_state)))]
   if not jax.tree.leaves(abstract.model_state):
     old = StatelessTrainState(abstract.step, abstract.params, plain, abstract.rng)
-    forms.append((old, lambda s: type(abstract)(s.step, s.params, inject(s.opt_state), s.rng,
-                                                {})))
+    forms.append((old, lambda s: type(abstract)(s.step, s.params, inject(s.opt_state), s.rng, {})))
   return forms

@@ -2,19 +2,18 @@
 
 A checkpoint holds two items:
   * ``state``: the train state pytree (parameters, optimiser state, step, RNG);
-  * ``meta``: JSON with the data position (epoch, position in epoch) and the
-    evaluation metrics at save time.
+  * ``meta``: JSON with the data position (epoch, position in epoch) and the evaluation metrics
+    at save time.
 
-Saving is asynchronous; a process killed mid-save leaves a temporary folder
-that orbax ignores, and the previous complete checkpoint restores. A save that
-fails to write (a full disk, a read-only folder) fails in Orbax's background
-threads: it is raised at the next save or wait as one line naming the step
-(:class:`capsjax.common.files.DiskFull`, :class:`~capsjax.common.files.NotWritable`);
-the tracebacks Orbax logs for it are dropped, and its temporary folder is removed when the
-run resumes (``tidy``). A
-checkpoint damaged after it was written (truncated files after a crash or a
-full disk) is found when it fails to restore: :meth:`Checkpointer.restore_newest`
-then says which and why, and falls back to the newest one that restores.
+Saving is asynchronous; a process killed mid-save leaves a temporary folder that orbax ignores,
+and the previous complete checkpoint restores. A save that fails to write (a full disk, a
+read-only folder) fails in Orbax's background threads: it is raised at the next save or wait as
+one line naming the step (:class:`capsjax.common.files.DiskFull`,
+:class:`~capsjax.common.files.NotWritable`); the tracebacks Orbax logs for it are dropped, and its
+temporary folder is removed when the run resumes (``tidy``). A checkpoint damaged after it was
+written (truncated files after a crash or a full disk) is found when it fails to restore:
+:meth:`Checkpointer.restore_newest` then says which and why, and falls back to the newest one
+that restores.
 """
 
 from __future__ import annotations
@@ -50,11 +49,10 @@ _NOISE = re.compile(r"Traceback \(most recent call last\):|File \"[^\"]*asyncio/
 def _tensorstore_noise_dropped(settle_seconds: float = 0.5):
   """Keeps stderr clean when a damaged checkpoint fails to restore, or a save to write.
 
-  Orbax reads (and writes) the arrays concurrently; when one fails, its event loop closes
-  while the other TensorStore operations are in flight, and each of their completions then
-  prints a traceback ("RuntimeError: Event loop is closed") from a TensorStore thread. Those
-  say nothing the one-line error does not. Every other line written to stderr meanwhile is
-  passed on.
+  Orbax reads (and writes) the arrays concurrently; when one fails, its event loop closes while
+  the other TensorStore operations are in flight, and each of their completions then prints a
+  traceback ("RuntimeError: Event loop is closed") from a TensorStore thread. Those say nothing
+  the one-line error does not. Every other line written to stderr meanwhile is passed on.
   """
   captured, real = io.StringIO(), sys.stderr
   sys.stderr = captured
@@ -73,9 +71,9 @@ def _tensorstore_noise_dropped(settle_seconds: float = 0.5):
 class _OrphanedReadFailures(logging.Filter):
   """Drops asyncio's "Task exception was never retrieved" for Orbax's array reads.
 
-  When a damaged checkpoint fails to restore, the reads that failed after the first one are
-  never awaited; asyncio logs each with a traceback when it is garbage collected, which may
-  be long after the restore (even at exit). They repeat the warning already given.
+  When a damaged checkpoint fails to restore, the reads that failed after the first one are never
+  awaited; asyncio logs each with a traceback when it is garbage collected, which may be long
+  after the restore (even at exit). They repeat the warning already given.
   """
 
   def filter(self, record: logging.LogRecord) -> bool:
@@ -107,16 +105,15 @@ def _no_replica_parallel_saves_on_the_cpu() -> ocp.handlers.CheckpointHandlerReg
   """The handlers of a checkpoint's two items; on the CPU, each replicated array of the state
   is saved whole from its first replica.
 
-  Orbax's default on the CPU (and TPU) is replica-parallel saving: every replica of a
-  replicated array (the parameters, on each of the data-parallel devices) copies and writes a
-  slice of it, which takes one small program per array and replica. The CPU's devices share
-  one host memory, so there is nothing to split. What it saves: ``save`` then ``wait`` of the
-  smoke model's fresh train state (1.5 MB in 39 arrays) on 4 CPU devices, thirty saves after
-  two, the 2-core CPU shared with other work (2026-12-07, three runs of each, interleaved): at
-  least 0.07-0.09 s whole (medians 0.09-0.18 s), 0.10-0.14 s replica-parallel (medians 0.13-0.20
-  s), and the first save 0.1-0.2 s whole against 1.4-1.9 s replica-parallel, which compiles its
-  slicing programs then; 0.10 s against 0.22 s when first measured (2026-12-06). Orbax itself
-  turns it off on GPUs; TPUs keep its default.
+  Orbax's default on the CPU (and TPU) is replica-parallel saving: every replica of a replicated
+  array (the parameters, on each of the data-parallel devices) copies and writes a slice of it,
+  which takes one small program per array and replica. The CPU's devices share one host memory, so
+  there is nothing to split. What it saves: ``save`` then ``wait`` of the smoke model's fresh train
+  state (1.5 MB in 39 arrays) on 4 CPU devices, thirty saves after two, the 2-core CPU shared with
+  other work (2026-12-07, three runs of each, interleaved): at least 0.07-0.09 s whole (medians
+  0.09-0.18 s), 0.10-0.14 s replica-parallel (medians 0.13-0.20 s), and the first save 0.1-0.2 s
+  whole against 1.4-1.9 s replica-parallel, which compiles its slicing programs then; 0.10 s against
+  0.22 s when first measured (2026-12-06). Orbax itself turns it off on GPUs; TPUs keep its default.
 
   Only Orbax's public API: the state is saved by a ``PyTreeCheckpointHandler`` given a type
   handler registry of its own, Orbax's standard handlers with an
@@ -261,10 +258,10 @@ class Checkpointer:
     """``(step, state, meta)`` of the newest checkpoint that restores (or the first of
     ``steps``, in their order), or None if there is none.
 
-    Each newer one that fails is reported with the reason and, with ``move_aside``, moved
-    to ``WORKDIR/damaged_checkpoints/`` (kept, never deleted) so that later runs and the
-    keep-latest policy skip it. If checkpoints exist but none restores, nothing is moved
-    and a UsageError names the directory and what to do.
+    Each newer one that fails is reported with the reason and, with ``move_aside``, moved to
+    ``WORKDIR/damaged_checkpoints/`` (kept, never deleted) so that later runs and the keep-latest
+    policy skip it. If checkpoints exist but none restores, nothing is moved and a UsageError
+    names the directory and what to do.
     """
     steps = sorted(self.all_steps(), reverse=True) if steps is None else list(steps)
     if steps:
@@ -336,10 +333,9 @@ class Checkpointer:
     self._manager.reload()
 
   def wait(self) -> None:
-    """Blocks until pending asynchronous saves are on disk. A save that could not be
-    written raises :class:`capsjax.common.files.DiskFull` or
-    :class:`~capsjax.common.files.NotWritable` naming its step, once; the checkpoints
-    before it are intact. Any other error surfaces unchanged."""
+    """Blocks until pending asynchronous saves are on disk. A save that could not be written raises
+    :class:`capsjax.common.files.DiskFull` or :class:`~capsjax.common.files.NotWritable` naming its
+    step, once; the checkpoints before it are intact. Any other error surfaces unchanged."""
     step = self._pending
     try:
       with _tensorstore_noise_dropped():  # The failed save's other writes, completing late.

@@ -33,9 +33,9 @@ CONFIGS = str(pathlib.Path(__file__).resolve().parents[2] / "configs")
 def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -> list[str]:
   """absl's flag parsing (into ``flag_values``, by default absl's global flags), with a bad
   flag value (e.g. an unknown config variant or key) as ``error: ...`` and exit status 2."""
-  missing = _missing_config_file(argv)
-  if missing:  # Else ml_collections fails on the first --config.* override, with a traceback.
-    print(f"error: {missing}", file=sys.stderr)
+  spec = _config_spec(argv)
+  if spec and not os.path.isfile(spec.split(":")[0]):  # Else a traceback at the first override.
+    print(f"error: {missing_config_message(spec)}", file=sys.stderr)
     sys.exit(2)
   try:
     return (flag_values or flags.FLAGS)(argv)
@@ -45,8 +45,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) ->
     lines = [line for line in str(e).splitlines() if line.strip()]
     if any(line.startswith("Traceback") for line in lines):  # A config file raised: its
       lines = [lines[0].rstrip(":") + ":", lines[-1].strip()]  # message, not the stack.
-    print("error: " + "\n  ".join(lines) + "\nPass --helpshort to see the flags.",
-          file=sys.stderr)
+    print("error: " + "\n  ".join(lines) + "\nPass --helpshort to see the flags.", file=sys.stderr)
     sys.exit(2)
   except (AttributeError, KeyError) as e:  # ml_collections: an override of a missing key.
     found = missing_override(argv)
@@ -93,13 +92,6 @@ def missing_config_message(spec: str, flag: str = "--config") -> str:
     message += (f" capsjax's configs are in {CONFIGS} ({', '.join(names)}), e.g. "
                 f"{flag}={example}{(':' + spec.split(':', 1)[1]) if ':' in spec else ''}.")
   return message
-
-
-def _missing_config_file(argv: list[str]) -> str | None:
-  spec = _config_spec(argv)
-  if spec and not os.path.isfile(spec.split(":")[0]):
-    return missing_config_message(spec)
-  return None
 
 
 # The config-file flags of capsjax's commands, whose overrides are --NAME.KEY=VALUE.

@@ -1,9 +1,9 @@
 """Multi-host set-up through ``jax.distributed`` (GPU and TPU clusters, CPU tests).
 
-One process per host; every process runs the same command. On TPU pods, SLURM
-and Kubernetes, ``--distributed`` lets JAX discover the job by itself;
-elsewhere pass ``--coordinator_address=HOST:PORT --num_processes=N
---process_id=I``. ``--cpu_collectives=gloo`` joins CPU processes (tests).
+One process per host; every process runs the same command. On TPU pods, SLURM and Kubernetes,
+``--distributed`` lets JAX discover the job by itself; elsewhere pass
+``--coordinator_address=HOST:PORT --num_processes=N --process_id=I``. ``--cpu_collectives=gloo``
+joins CPU processes (tests).
 
 A process lost to the job (a host preempted or crashed) ends every other one with one line and
 exit status 75 (:mod:`capsjax.runs.lost_peer`); ``--heartbeat_timeout_seconds`` (default
@@ -11,7 +11,6 @@ exit status 75 (:mod:`capsjax.runs.lost_peer`); ``--heartbeat_timeout_seconds`` 
 For that, a multi-process command runs itself again as a child process, which joins the job and
 trains, and ends as its child ended (:func:`capsjax.runs.lost_peer.supervise`).
 """
-
 import types
 
 from absl import flags
@@ -35,19 +34,15 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> types.SimpleNam
   global FLAGS
   define = dict(flag_values=flag_values)
   FLAGS = types.SimpleNamespace(
-      distributed=flags.DEFINE_bool(
-          "distributed", False,
-          "Call jax.distributed.initialize() and let JAX detect the cluster.", **define),
-      coordinator=flags.DEFINE_string("coordinator_address", None,
-                                      "host:port of process 0, for a multi-process job.",
-                                      **define),
-      num_processes=flags.DEFINE_integer("num_processes", None, "Processes in the job.",
-                                         **define),
+      distributed=flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() "
+                                    "and let JAX detect the cluster.", **define),
+      coordinator=flags.DEFINE_string("coordinator_address", None, "host:port of process 0, "
+                                      "for a multi-process job.", **define),
+      num_processes=flags.DEFINE_integer("num_processes", None, "Processes in the job.", **define),
       process_id=flags.DEFINE_integer("process_id", None, "This process's index in the job.",
                                       **define),
-      cpu_collectives=flags.DEFINE_string(
-          "cpu_collectives", None, "CPU collectives for multi-process CPU jobs, e.g. 'gloo'.",
-          **define),
+      cpu_collectives=flags.DEFINE_string("cpu_collectives", None, "CPU collectives for "
+                                          "multi-process CPU jobs, e.g. 'gloo'.", **define),
       heartbeat_timeout=flags.DEFINE_integer(
           "heartbeat_timeout_seconds", HEARTBEAT_TIMEOUT_SECONDS,
           "Seconds a process may go unheard by JAX's distributed service (a crashed or hung "
@@ -63,8 +58,7 @@ def initialize_from_flags() -> None:
   timeout = {"heartbeat_timeout_seconds": f.heartbeat_timeout.value}
   if f.coordinator.value or f.num_processes.value:
     initialize(coordinator_address=f.coordinator.value, num_processes=f.num_processes.value,
-               process_id=f.process_id.value, cpu_collectives=f.cpu_collectives.value,
-               **timeout)
+               process_id=f.process_id.value, cpu_collectives=f.cpu_collectives.value, **timeout)
   elif f.distributed.value:
     initialize(cpu_collectives=f.cpu_collectives.value, **timeout)
   elif f.cpu_collectives.value:

@@ -1,9 +1,8 @@
 """Which devices JAX found, and a warning when the machine has an accelerator JAX is not using.
 
-``pip install -e .`` gives JAX's CPU build; on a GPU or TPU machine a run would
-then train on the CPU, slowly, without a word. Every run prints
-:func:`describe` and, when an accelerator is present but JAX found only CPU
-devices, the :func:`cpu_fallback_warning` naming the install that fixes it.
+``pip install -e .`` gives JAX's CPU build; on a GPU or TPU machine a run would then train on the
+CPU, slowly, without a word. Every run prints :func:`describe` and, when an accelerator is present
+but JAX found only CPU devices, the :func:`cpu_fallback_warning` naming the install that fixes it.
 """
 
 from __future__ import annotations

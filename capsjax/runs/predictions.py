@@ -50,8 +50,7 @@ FORMAT = 1
 RUN_FILE = "predictions.npz"              # The run's final parameters.
 EVALUATE_FILE = "evaluation_predictions.npz"  # What capsjax.evaluate evaluated.
 MAX_WRONG_IMAGES = 256
-FIELDS = ("id", "label", "predicted", "correct", "scores", "digest", "wrong_images",
-          "wrong_ids")
+FIELDS = ("id", "label", "predicted", "correct", "scores", "digest", "wrong_images", "wrong_ids")
 
 
 @dataclasses.dataclass
@@ -91,8 +90,7 @@ class Predictions:
     wrong = wrong[np.argsort(ids[wrong], kind="stable")][:MAX_WRONG_IMAGES]
     return cls(id=ids, label=labels, predicted=predicted_classes(scores, labels_per_example),
                correct=correct, scores=scores, digest=digests(split.examples),
-               wrong_images=images[wrong], wrong_ids=ids[wrong],
-               source_size=split.source_count())
+               wrong_images=images[wrong], wrong_ids=ids[wrong], source_size=split.source_count())
 
 
 def predicted_classes(scores: np.ndarray, labels_per_example: int = 1) -> np.ndarray:

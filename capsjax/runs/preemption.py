@@ -1,18 +1,17 @@
 """SIGTERM and SIGINT as a request to stop cleanly at a step every process agrees on.
 
-Schedulers (SLURM time limits, preemptible TPU VMs, Kubernetes) send SIGTERM and
-allow a grace period; Ctrl-C sends SIGINT. Inside :func:`watch`, either signal
-no longer kills the process: the train loop asks :meth:`StopRequest.due` after
-every dispatch, finishes the step it is in, saves a checkpoint of it and raises
-:class:`Preempted`, which the command lines turn into exit status 128 + the
-signal's number (143 for SIGTERM, 130 for SIGINT), as if the signal had ended
-the process, so a scheduler's requeue rules apply (docs/training.md: "Preemption and Ctrl-C").
+Schedulers (SLURM time limits, preemptible TPU VMs, Kubernetes) send SIGTERM and allow a grace
+period; Ctrl-C sends SIGINT. Inside :func:`watch`, either signal no longer kills the process: the
+train loop asks :meth:`StopRequest.due` after every dispatch, finishes the step it is in, saves a
+checkpoint of it and raises :class:`Preempted`, which the command lines turn into exit status
+128 + the signal's number (143 for SIGTERM, 130 for SIGINT), as if the signal had ended the
+process, so a scheduler's requeue rules apply (docs/training.md: "Preemption and Ctrl-C").
 
-One process: Python handlers record the signal; a second signal while saving
-is reported and ignored, so the save completes. Several processes
-(``jax.distributed``): JAX's preemption service owns SIGTERM and agrees on the
-step with :func:`jax.experimental.multihost_utils.reached_preemption_sync_point`,
-so every process saves the same step; SIGINT is passed on to it as SIGTERM.
+One process: Python handlers record the signal; a second signal while saving is reported and
+ignored, so the save completes. Several processes (``jax.distributed``): JAX's preemption service
+owns SIGTERM and agrees on the step with
+:func:`jax.experimental.multihost_utils.reached_preemption_sync_point`, so every process saves
+the same step; SIGINT is passed on to it as SIGTERM.
 """
 
 from __future__ import annotations

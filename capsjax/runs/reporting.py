@@ -14,11 +14,10 @@ from capsjax.common import files
 
 
 def _tensorboardx():
-  """tensorboardX's summary protos and its synchronous event-file writer (TensorBoard events
-  without TensorFlow), imported without PyTorch: where PyTorch is installed, ``import
-  tensorboardX`` imports it (2 s of every run's start on the 2-core CPU, 0.3 s without) only
-  to accept torch tensors, and capsjax writes numbers and NumPy arrays. A ``torch`` already
-  imported is left as it is."""
+  """tensorboardX's summary protos and its synchronous event-file writer (TensorBoard events without
+  TensorFlow), imported without PyTorch: where PyTorch is installed, ``import tensorboardX`` imports
+  it (2 s of every run's start on the 2-core CPU, 0.3 s without) only to accept torch tensors, and
+  capsjax writes numbers and NumPy arrays. A ``torch`` already imported is left as it is."""
   if "torch" not in sys.modules:
     sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects.
     try:
@@ -171,8 +170,7 @@ def is_finished(workdir: str) -> bool:
     log(f"Warning: {path} cannot be read ({type(e).__name__}: {e}); the run counts as "
         "unfinished, and running it again rewrites it from its last checkpoint.")
     return False
-  return summary.get("step") == summary.get("num_steps") or bool(
-      summary.get("stopped_at_accuracy"))
+  return summary.get("step") == summary.get("num_steps") or bool(summary.get("stopped_at_accuracy"))
 
 
 def format_duration(seconds: float) -> str:

@@ -1,13 +1,10 @@
 """The run's directory: checked before use, and held by one run at a time.
 
-:func:`prepare` turns a bad ``--workdir`` (a file, inside a file, not
-writable) into a clear UsageError; :func:`check_writable` refuses one that no file
-can be written to (a read-only filesystem, another user's folder, a full disk) in one
-line, before a run loads its data or compiles. :class:`Lock` is an exclusive ``flock`` on
-``WORKDIR/.capsjax.lock``: the operating system releases it when the process
-ends, however it ends, so a lock left by a killed run never blocks. The file
-records the holder (host, pid, start time, command) for the message a second
-run gets.
+:func:`prepare` turns a bad ``--workdir`` (a file, inside a file, not writable) into a clear
+UsageError; :func:`check_writable` refuses one that no file can be written to. :class:`Lock` is
+an exclusive ``flock`` on ``WORKDIR/.capsjax.lock``: the operating system releases it when the
+process ends, however it ends, so a lock left by a killed run never blocks. The file records the
+holder (host, pid, start time, command) for the message a second run gets.
 """
 
 from __future__ import annotations
@@ -65,16 +62,14 @@ def _make(path: str, flag: str) -> None:
 
 
 def check_writable(folder: str, flag: str = "--workdir", advice: str = "") -> None:
-  """Refuses, in one line, a ``folder`` (``flag``: its name in the message, the flag that
-  sets it) that no file can be written to: a read-only filesystem, another user's folder
-  (:class:`capsjax.common.files.NotWritable`, with ``advice``: default, choose a ``flag`` you
-  can write to) or a full disk
-  (:class:`~capsjax.common.files.DiskFull`). Writes and removes a small file there (what
-  ``os.access`` cannot tell: a read-only mount, root on another user's network share); a
-  folder that does not exist yet is created for it and removed again (:func:`prepare` makes
-  it when the run starts), and one that cannot be (inside a file; where /proc holds no
-  folders) is refused as :func:`prepare` refuses it. Called before a run loads data or
-  compiles."""
+  """Refuses, in one line, a ``folder`` (``flag``: its name in the message, the flag that sets it)
+  that no file can be written to: a read-only filesystem, another user's folder
+  (:class:`capsjax.common.files.NotWritable`, with ``advice``: default, choose a ``flag`` you can
+  write to) or a full disk (:class:`~capsjax.common.files.DiskFull`). Writes and removes a small
+  file there (what ``os.access`` cannot tell: a read-only mount, root on another user's network
+  share); a folder that does not exist yet is created for it and removed again (:func:`prepare`
+  makes it when the run starts), and one that cannot be (inside a file; where /proc holds no
+  folders) is refused as :func:`prepare` refuses it. Called before a run loads data or compiles."""
   path = os.path.abspath(os.fspath(folder))
   missing = []
   parent = path
@@ -102,9 +97,8 @@ class WorkdirBusy(UsageError):
 
 
 class FinishedMeanwhile(Exception):
-  """The workdir's run was finished by another process between a look at it and its hold (a
-  sweep's worker passes it on; :func:`capsjax.train.train_and_evaluate_group`'s
-  ``skip_finished``)."""
+  """The workdir's run was finished by another process between a look at it and its hold (a sweep's
+  worker passes it on; :func:`capsjax.train.train_and_evaluate_group`'s ``skip_finished``)."""
 
 
 class Lock:
@@ -210,11 +204,10 @@ _START_DIRS = ("tensorboard", "checkpoints")
 
 
 def remove_failed_start(workdir: str, created: bool) -> bool:
-  """Removes what a run that failed before its first logged step left in ``workdir``: its
-  lock file, config.json, an empty metrics.jsonl, TensorBoard event files and an empty
-  checkpoints folder; then the workdir if ``created`` and it is empty. Leaves everything when
-  the workdir holds a checkpoint, a summary or a logged metric (a run to resume or read).
-  Returns whether it removed the files."""
+  """Removes what a run that failed before its first logged step left in ``workdir``: its lock file,
+  config.json, an empty metrics.jsonl, TensorBoard event files and an empty checkpoints folder; then
+  the workdir if ``created`` and it is empty. Leaves everything when the workdir holds a checkpoint,
+  a summary or a logged metric (a run to resume or read). Returns whether it removed the files."""
   path = lambda name: os.path.join(workdir, name)
   metrics = path("metrics.jsonl")
   checkpoints = path("checkpoints")
