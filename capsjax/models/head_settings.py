@@ -1,8 +1,5 @@
-"""The capsule head's settings: ``config.loss`` (:class:`LossSettings`, Eq. 4's m+, m- and
-lambda and the reconstruction weight, per-run numbers a vectorised sweep's runs may differ in)
-and ``model.class_capsules.scores``. CapsNet's (:mod:`capsjax.models.capsnet`), which
-Efficient-CapsNet shares.
-"""
+"""The capsule head's settings (:mod:`capsjax.models.capsnet`'s, which Efficient-CapsNet
+shares): ``config.loss`` (:class:`LossSettings`) and ``model.class_capsules.scores``."""
 
 from __future__ import annotations
 
@@ -38,8 +35,7 @@ SCORES = ("auto", "lengths", "activations")
 LOSS_SETTINGS = {
     "loss.m_plus": Setting(LossSettings.m_plus, "Eq. 4's m+ (a present class's length "
                            "above it costs nothing).", check=between(0, 1)),
-    "loss.m_minus": Setting(LossSettings.m_minus, "Eq. 4's m- (below m+).",
-                            check=between(0, 1)),
+    "loss.m_minus": Setting(LossSettings.m_minus, "Eq. 4's m- (below m+).", check=between(0, 1)),
     "loss.lam": Setting(LossSettings.lam, "Eq. 4's lambda, the absent classes' weight.",
                         check=usually(NON_NEGATIVE)),
     "loss.reconstruction_weight": Setting(LossSettings.reconstruction_weight, "Times the SUM "

@@ -75,10 +75,9 @@ class MatrixPrimaryCapsules(nnx.Module):
 
 
 class RoutingNorms(nnx.Module):
-  """Variational Bayes routing's batch norms of a layer's parents (the authors' code's
-  ``BN_a`` and ``BN_v``: PyTorch's defaults, momentum 0.1, epsilon 1e-5, no affine
-  parameters): activation logits ``(batch, ..., types)`` and poses ``(batch, ..., types, D)``,
-  each normalised per type."""
+  """Variational Bayes routing's batch norms of a layer's parents (the authors' code's ``BN_a`` and
+  ``BN_v``: PyTorch's defaults, momentum 0.1, epsilon 1e-5, no affine parameters): activation logits
+  ``(batch, ..., types)`` and poses ``(batch, ..., types, D)``, each normalised per type."""
 
   def __init__(self, types: int, *, rngs: nnx.Rngs):
     kwargs = dict(use_bias=False, use_scale=False, momentum=0.9, epsilon=1e-5, rngs=rngs)

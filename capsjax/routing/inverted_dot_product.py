@@ -32,9 +32,8 @@ Where the paper and the reference code differ, and which we follow:
 * The code's dropout on the poses (rate 0 in its configs) is left out.
 * The reference layer-normalises its primary capsules instead of squashing them; capsjax's
   backbone squashes them for every router.
-* The readout: a sigmoid of the reference's shared linear map (above), for the margin loss;
-  ``w`` starts normal(0, 1/out_dim) (torch's Linear draws uniform with the same bound order),
-  ``c`` at 0.
+* The readout's ``w`` starts normal(0, 1/out_dim) (torch's Linear draws uniform with the same
+  bound order), ``c`` at 0.
 """
 
 from __future__ import annotations
@@ -82,20 +81,10 @@ def layer_norm(x: jax.Array, scale: jax.Array, offset: jax.Array, epsilon: float
 
 def route(votes, *, inputs=None, activations=None, params, rng=None, settings,
           train=False, diagnostics=False) -> RoutingResult:
-  """Inverted dot-product attention routing.
-
-  Args:
-    votes: ``(batch, in_caps, out_caps, out_dim)``.
-    params: ``layer_norm_scale``, ``layer_norm_offset`` and ``readout_weights``,
-      ``(out_dim,)`` each, and ``readout_bias`` ``(1,)``.
-
-  Returns:
-    Parent poses ``(batch, out_caps, out_dim)``, their activations
-    ``sigmoid(readout_weights . p_j + readout_bias)`` ``(batch, out_caps)``; diagnostics per
-    iteration:
-    ``coupling_entropy``, ``coupling_max``, ``agreement`` (mean a_ij) and ``pose_change``
-    (mean |p^r - p^(r-1)| over parents, from p = 0 for the first).
-  """
+  """Inverted dot-product attention routing (the interface: :mod:`capsjax.routing`; ``params``:
+  :func:`parameters`; the activations: the module docstring's readout); diagnostics per
+  iteration: ``coupling_entropy``, ``coupling_max``, ``agreement`` (mean a_ij) and
+  ``pose_change`` (mean |p^r - p^(r-1)| over parents, from p = 0 for the first)."""
   del inputs, activations, rng, train
   batch, in_caps, out_caps, out_dim = votes.shape
   scale = 1.0 / math.sqrt(out_dim) if settings["agreement_scale"] == "code" else 1.0
@@ -106,10 +95,8 @@ def route(votes, *, inputs=None, activations=None, params, rng=None, settings,
                       settings["layer_norm_epsilon"])
 
   def measure(coupling, agreement, pose, previous):
-    row = coupling_statistics(coupling)
-    row["agreement"] = jnp.mean(agreement, axis=(1, 2))
-    row["pose_change"] = jnp.mean(safe_norm(pose - previous), axis=1)
-    return row
+    return {**coupling_statistics(coupling), "agreement": jnp.mean(agreement, axis=(1, 2)),
+            "pose_change": jnp.mean(safe_norm(pose - previous), axis=1)}
 
   # p = 0 makes every a_ij 0: the first coupling is the uniform constant.
   coupling = jnp.full((batch, in_caps, out_caps), 1.0 / out_caps, votes.dtype)

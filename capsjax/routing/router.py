@@ -43,8 +43,7 @@ class RoutingResult(NamedTuple):
     capsules: the parent capsules (poses), ``(batch, out_caps, out_dim)``.
     activations: the parents' activations ``(batch, out_caps)`` for routers that compute them
       (``self_routing``), else None (the model then scores by capsule lengths).
-    diagnostics: ``{name: (batch, iterations)}`` per-example, per-iteration measurements
-      (coupling entropy, logit or pose change, ...), only when asked for; else ``{}``.
+    diagnostics: ``{name: (batch, iterations)}`` if asked for (:mod:`capsjax.routing`), else ``{}``.
     activation_logits: for routers whose activations are ``sigmoid`` of logits and that say
       so (:attr:`Router.activation_logits`), the logits (``activations``' shape), which a
       layer's batch norms (VB's authors' code) normalise before the sigmoid; else None.
@@ -83,11 +82,10 @@ class ParamSpec:
 
   Attributes:
     shape: its shape.
-    init: ``"zeros"``, ``"ones"``, a number (every entry that constant), or a callable
-      ``(key, shape) -> array``. A layer draws a key for each parameter but a number's (so
-      that EM's and VB's constant betas in a convolutional capsule layer leave the draws of
-      the layers after it as they were).
-  """
+    init: ``"zeros"``, ``"ones"``, a number (every entry that constant), or a callable ``(key,
+      shape) -> array``. A layer draws a key for each parameter but a number's (so that EM's and
+      VB's constant betas in a convolutional capsule layer leave the draws of the layers after it as
+      they were). """
   shape: tuple[int, ...]
   init: Any = "zeros"
 
@@ -118,8 +116,7 @@ class Router:
     settings: each setting it reads, declared (``{key: capsjax.config.settings.Setting}``:
       default, meaning, range; a plain value is taken as the default): what
       ``config.model.routing`` may set for it.
-    route: ``route(votes, *, inputs, activations, params, rng, settings, train,
-      diagnostics) -> RoutingResult``; see :mod:`capsjax.routing`.
+    route: the routing function (its interface: :mod:`capsjax.routing`).
     parameters: ``parameters(in_caps, in_dim, out_caps, out_dim, settings) ->
       {name: ParamSpec}``, the learned parameters it needs (most need none).
     check: ``check(settings)`` raises UsageError naming a setting whose value cannot work
@@ -137,8 +134,7 @@ class Router:
       children, 1, positions)``, ``layer`` a :class:`ConvLayer`; parents ``(batch, out_caps,
       positions, D)``, activations ``(batch, out_caps, positions)``. None: the layer routes
       each receptive field on its own with ``route``.
-    activation_logits: whether its results carry ``activation_logits``, so that a layer may
-      batch-normalise them before the sigmoid (``routing_norms``).
+    activation_logits: whether its results carry ``activation_logits`` (:class:`RoutingResult`).
     parent_batch_norms: whether its authors' matrix-capsule network batch-normalises each
       routed layer's parents (activation logits and poses), which ``em_capsnet`` then does
       (the VB code's; needs ``activation_logits``).
