@@ -11,8 +11,7 @@ four), checked when a run starts (:func:`check_class`, :func:`check_forward`):
   ``model.apply(batch, *, train, rng=None) -> Outputs``
       the forward pass on a batch dict (``images`` floats, ``labels``, and
       ``reconstruction_targets`` for models that reconstruct); ``rng`` drives dropout and other
-      training noise; returns :class:`Outputs` (``scores``, ``predictions``,
-      ``log_probabilities``, ``score_kind``, and what the model can give besides);
+      training noise; returns :class:`Outputs`;
   ``model.loss(outputs, batch, *, step=None) -> (per_example, {name: per_example})``
       the training objective of each example and its named parts; ``step`` is the training step
       (schedules such as a margin that grows), None at evaluation;
@@ -36,16 +35,14 @@ Optional, declared by the model and checked at the start of a run:
       layer's votes combined without routing, what the vote attack differentiates:
       :meth:`capsjax.models.capsnet.CapsuleModel.vote_scores`); none if absent;
   ``Model.resolve_config(model_config)``
-      fills in what the model derives from its settings in the run's resolved copy of
-      ``config.model`` (CapsNet: the class capsules' bias where left unset), so that
-      ``config.json`` records it;
+      fills in what the model derives from its settings in the run's resolved ``config.model``
+      (CapsNet: the class capsules' bias where left unset), so that ``config.json`` records it;
   ``model.monitors(config, chance) -> [watch]``
       watches over the per-step train metrics, each with ``update(steps, metrics) -> str | None``
       (a warning to print), e.g. :class:`capsjax.models.saturation_watch.SaturationWatch`;
   ``Model.draw_figures(model, batch, workdir, writer, step)``
-      the model's own figures of a test batch after training (``model`` is a jitted
-      :class:`capsjax.training.run_figures.JittedModel` with ``apply``, ``decode``,
-      ``capabilities``);
+      the model's own figures of a test batch after training (``model``: a jitted
+      :class:`capsjax.training.run_figures.JittedModel`: ``apply``, ``decode``, ``capabilities``);
   ``Model.per_run_numbers`` (and ``Setting(init_only=True)``)
       what a vectorised sweep's runs may differ in and still share one program
       (:mod:`capsjax.training.vectorize`): the settings declared initialisation-only (read only
@@ -92,8 +89,7 @@ MODELS = registries.MODELS  # The table: capsjax/config/registries.py
 
 
 def get(config: ml_collections.ConfigDict) -> type[nnx.Module]:
-  """The model class ``config.model.name`` names (``config`` resolved): one registered under
-  that name, or a researcher's named by import path."""
+  """The model class ``config.model.name`` (resolved) names: registered, or by import path."""
   return MODELS.get(config.model.name)
 
 
@@ -137,10 +133,9 @@ def capabilities(model: nnx.Module) -> frozenset[str]:
 
 def check_forward(result, name: str, declared: frozenset[str], num_classes: int,
                   train: bool, vote_scores=None) -> None:
-  """UsageError naming the model and the broken promise, for a traced
-  :class:`capsjax.training.tasks.Forward` (shapes) of a batch of 2 that does not keep the
-  contract; ``vote_scores``: the traced ``model.vote_scores`` of a model that declares
-  ``votes`` (evaluation)."""
+  """UsageError naming the model and the broken promise, for a traced (shapes)
+  :class:`capsjax.training.tasks.Forward` of a batch of 2 that does not keep the contract;
+  ``vote_scores``: the traced ``model.vote_scores`` of one that declares ``votes`` (evaluation)."""
   mode = "training" if train else "evaluation"
   problems = []
   out = result.outputs

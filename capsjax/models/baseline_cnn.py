@@ -70,9 +70,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 
 
 class BaselineCNN(nnx.Module):
-  """Convolutions (SAME or VALID, stride 1, ReLU, optional max pooling) -> fully connected
-  ReLU layers -> dropout -> linear class scores; softmax cross-entropy loss (or the official
-  code's margin loss on the logits)."""
+  """Convolutions (SAME or VALID, stride 1, ReLU, optional max pooling) -> fully connected ReLU
+  layers -> dropout -> linear class scores; softmax cross-entropy (or the code's margin loss)."""
 
   def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
     """``config`` is ``config.model`` (its keys: :data:`SETTINGS`)."""
@@ -140,8 +139,7 @@ class BaselineCNN(nnx.Module):
            ) -> tuple[jax.Array, dict]:
     """Softmax cross-entropy per example; with several labels per example (MultiMNIST), the
     per-class sigmoid cross-entropy against the k-hot target, summed over classes; with
-    ``loss="margin"``, the official code's margin loss on the raw logits (:data:`LOSSES`).
-    ``step`` is unused."""
+    ``loss="margin"``, the official code's margin loss on the raw logits (:data:`LOSSES`)."""
     del step
     labels = batch["labels"]
     if self.loss_kind == "margin":  # Every labelled class present (T_k = 1).

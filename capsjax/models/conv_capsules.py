@@ -20,8 +20,7 @@ EM's ``normalisation``:
   receptive field routed on its own, as most reimplementations do.
 
 Every other router routes each receptive field on its own (positions folded into the batch), its
-parameters shared over positions, and gives a parent its length as activation when it computes
-none.
+parameters shared over positions; a parent's length is its activation where the router gives none.
 """
 
 from __future__ import annotations
@@ -78,11 +77,10 @@ class ConvCapsules(nnx.Module):
 
   def __call__(self, poses: jax.Array, activations: jax.Array, *, train: bool = False,
                rng: jax.Array | None = None, diagnostics: bool = False):
-    """Poses ``(batch, h, w, in_types, p*p)`` and activations ``(batch, h, w, in_types)`` ->
-    the parents' poses ``(batch, oh, ow, out_types, p*p)``, activations ``(batch, oh, ow,
-    out_types)`` and the routing diagnostics ``{name: (batch, iterations)}`` (per receptive
-    field routers: the mean over positions). ``train``: VB's batch norms use (and update)
-    the batch's statistics; ``rng``: for routers that draw."""
+    """Poses ``(batch, h, w, in_types, p*p)`` and activations ``(batch, h, w, in_types)`` -> the
+    parents' poses ``(batch, oh, ow, out_types, p*p)``, activations ``(batch, oh, ow, out_types)``
+    and the routing diagnostics ``{name: (batch, iterations)}`` (per receptive field routers: the
+    mean over positions). ``train``: VB's batch norms use (and update) the batch's statistics."""
     b, h, w, i, _ = poses.shape
     k, s = self.kernel, self.stride
     oh, ow = (h - k) // s + 1, (w - k) // s + 1

@@ -1,8 +1,6 @@
 """Efficient-CapsNet (Mazzia, Salvetti & Chiaberge 2021, arXiv 2101.12491), registered as
-``config.model.name = "efficient_capsnet"``.
-
-As the authors' code has it (EscVM/Efficient-CapsNet, ``models/efficient_capsnet_graph_mnist.py``
-and ``utils/layers.py``)::
+``config.model.name = "efficient_capsnet"``, as the authors' code has it (EscVM/Efficient-CapsNet,
+``models/efficient_capsnet_graph_mnist.py`` and ``utils/layers.py``)::
 
     4 x [VALID conv (32@5x5, 64@3x3, 64@3x3, 128@3x3 stride 2), He normal -> ReLU -> BatchNorm]
     primary capsules: 9x9 depthwise conv over the 128 channels (one filter each, with bias),
@@ -77,8 +75,7 @@ SETTINGS = {
 
 
 def he_normal() -> nnx.Initializer:
-  """Keras' ``he_normal``: truncated normal with std sqrt(2 / fan_in) (HWIO kernels, and
-  ``(in, out)`` dense kernels)."""
+  """Keras' ``he_normal``: truncated normal, std sqrt(2 / fan_in) (HWIO or (in, out) kernels)."""
   return nnx.initializers.variance_scaling(2.0, "fan_in", "truncated_normal")
 
 

@@ -13,7 +13,6 @@
 
 Parameters: 316,650 at A=B=C=D=32, 5 classes, two stereo channels (the paper's "310K"), 68,618
 for the small network A=64, B=8, C=D=16 (the paper's "68K"); docs/models.md has them per layer.
-
 The layers are the shared capsule stack (:mod:`capsjax.models.capsule_layers`), so every router
 runs at every routed layer (docs/models.md), VB with its batch norms of the parents
 (:attr:`capsjax.routing.Router.parent_batch_norms`), so EM and VB compare on one backbone.
@@ -31,8 +30,8 @@ routing's own differences are listed in :mod:`capsjax.routing.em`):
 * a child in several receptive fields: the code normalises its assignments per output type over
   stride-1 groups (``model.conv_caps.normalisation``, :mod:`capsjax.models.conv_capsules`);
 * the primary capsules' interleaved kernel columns (``model.primary.layout``);
-* inverse temperatures (:mod:`capsjax.routing.em`): ``model.conv_caps.inverse_temperature``,
-  ``model.routing.inverse_temperature``.
+* inverse temperatures: 0.01 in the convolutional capsule layers, 0.01 / 4 at the class layer
+  (``model.conv_caps.inverse_temperature``, ``model.routing.inverse_temperature``).
 """
 
 from __future__ import annotations
@@ -192,11 +191,10 @@ class EMCapsNet(nnx.Module):
 
   def capsules(self, images: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
                diagnostics: bool = False):
-    """``(batch, h, w, c)`` -> class poses ``(batch, classes, 16)``, class activations
-    ``(batch, classes)`` and ``{name: (batch, iterations)}`` diagnostics of every routing
-    layer (``caps1_...``, ``caps2_...``, and the class layer's without prefix). ``train``:
-    variational Bayes routing's batch norms use the batch's statistics; ``rng``: for routers
-    that draw (``random``), split among the routed layers."""
+    """``(batch, h, w, c)`` -> class poses ``(batch, classes, 16)``, class activations ``(batch,
+    classes)`` and ``{name: (batch, iterations)}`` diagnostics of every routing layer
+    (``caps1_...``, ``caps2_...``, the class layer's without prefix). ``train``: VB's batch norms
+    use the batch's statistics; ``rng``: for routers that draw (``random``), split among layers."""
     poses, activations = self.primary_capsules(jax.nn.relu(self.conv1(images)))
     rngs = [None] * (len(self.conv_capsules) + 1) if rng is None else list(
         jax.random.split(rng, len(self.conv_capsules) + 1))
@@ -235,10 +233,9 @@ class EMCapsNet(nnx.Module):
 
   def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None
            ) -> tuple[jax.Array, dict]:
-    """The spread loss at ``step``'s margin (:func:`capsjax.models.losses.spread_margin`),
-    or with ``loss.kind="cross_entropy"`` the VB authors' softmax cross-entropy over the class
-    activations, plus ``loss.weight_decay`` x :meth:`weight_decay` on every example (so the
-    batch mean is the code's total loss)."""
+    """The spread loss at ``step``'s margin (:func:`capsjax.models.losses.spread_margin`), or with
+    ``loss.kind="cross_entropy"`` the VB authors' softmax cross-entropy over the class activations,
+    plus ``loss.weight_decay`` x :meth:`weight_decay` per example (batch mean: the code's loss)."""
     settings = dict(self.loss_items)
     labels = batch["labels"]
     if labels.ndim != 1:
@@ -271,9 +268,8 @@ def default_loss() -> ml_collections.ConfigDict:
 
 
 def resolved_loss(loss) -> dict:
-  """``config.loss`` (None: none) with its defaults filled in; UsageError naming a key that
-  cannot work (:func:`capsjax.config.settings.resolve`). A resolved config's (frozen) holds
-  them all already."""
+  """``config.loss`` (None: none) with its defaults filled in (a resolved config's holds them all
+  already); UsageError naming a key that cannot work (:func:`capsjax.config.settings.resolve`)."""
   given = {} if loss is None else {k: loss[k] for k in loss}
   if settings_lib.in_effect(loss):
     return given

@@ -13,10 +13,10 @@ from capsjax.routing.router import Router
 
 @per_run.declare("loss")
 class LossSettings:
-  """``config.loss``: Eq. 4's m+, m- and lambda, the weight of the summed squared errors, and
-  the margin loss's own weight (1: Eq. 4 summed over the classes; the official code's 0.05 is
-  its 0.5 x a mean over the 10 classes). A pytree of per-run numbers
-  (:mod:`capsjax.config.per_run`): a vectorised sweep's runs may differ in each."""
+  """``config.loss``: Eq. 4's m+, m- and lambda, the weight of the summed squared errors, and the
+  margin loss's own weight (1: Eq. 4 summed over the classes; the official code's 0.05 is its 0.5
+  x a mean over the 10 classes). A pytree of per-run numbers (:mod:`capsjax.config.per_run`): a
+  vectorised sweep's runs may differ in each."""
   m_plus: float = 0.9
   m_minus: float = 0.1
   lam: float = 0.5

@@ -21,8 +21,7 @@ from capsjax.models import layers
 
 
 def matrix_vote_weights(in_caps: int, in_dim: int, out_caps: int, out_dim: int) -> tuple:
-  """The shape of W_ij for :func:`capsjax.routing.matrix_votes` (V_ij = M_i W_ij): ``p x p``
-  with ``in_dim = out_dim = p * p``."""
+  """The shape of W_ij (p x p, in_dim = out_dim = p*p) for :func:`capsjax.routing.matrix_votes`."""
   p = math.isqrt(in_dim)
   if p * p != in_dim or out_dim != in_dim:
     raise ValueError(f"matrix votes need square poses of one size: in_dim={in_dim}, "

@@ -99,8 +99,7 @@ def _forward(x, kernel, tile):
   gk = jnp.asarray(g, kernel.dtype)
   u = jnp.einsum("ak,klio,bl->abio", gk, kernel, gk).reshape(t * t, cin, -1)
   v = _transformed_input(x, tile)
-  products = jnp.einsum("spi,sio->spo", v, u)
-  products = products.reshape(t, t, n, tiles_h, tiles_w, -1)
+  products = jnp.einsum("spi,sio->spo", v, u).reshape(t, t, n, tiles_h, tiles_w, -1)
   return _output_transform(products, at)[:, :h - 2, :w - 2], v
 
 

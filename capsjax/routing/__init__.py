@@ -9,10 +9,9 @@ Every router is a pure JAX function (no Flax), registered by name in :data:`ROUT
   (:func:`capsule_votes`; W is the layer's, the same for every router).
 * ``inputs``: the child capsules u_i, ``(batch, in_caps, in_dim)``; ``activations``: theirs,
   ``(batch, in_caps)`` (their lengths, for vector capsules). Most routers ignore both.
-* ``params``: the router's own learned parameters, ``{name: array}``, created by the layer
-  from the shapes the router declares (:class:`ParamSpec`); the bias on s_j
-  (``model.class_capsules.use_bias``) comes as ``params["bias"]`` for the routers that form
-  s_j as a weighted sum and squash it.
+* ``params``: the router's own learned parameters, ``{name: array}``, created by the layer from
+  the shapes it declares (:class:`ParamSpec`); the bias on s_j (``model.class_capsules.use_bias``)
+  comes as ``params["bias"]`` for the routers that form s_j as a weighted sum and squash it.
 * ``rng``: a key for routers that draw (``random``) in training; None at evaluation.
 * ``settings``: the router's settings, every one filled in (:func:`resolve`).
 * ``train``: training or evaluation; ``diagnostics``: also measure, per example and per iteration,
@@ -25,9 +24,8 @@ A router that routes a convolutional capsule layer as a whole (a child shared by
 field it is in: EM, VB) also declares ``route_layer``; the layer hands it a :class:`ConvLayer` (its
 sums over each child's parents). The layers never branch on a router's name.
 
-The routers, with their papers, settings and parameter counts: docs/routers.md's table; each
-module's docstring has its paper's equations and every place where the reference code and the
-paper differ.
+The routers, with their papers, settings and parameter counts: docs/routers.md's table. Each
+module's docstring has its paper's equations and every place where its reference code differs.
 
 Settings: each router declares its own (``SETTINGS``, beside its code: default, meaning, range);
 :func:`resolve` fills in the chosen router's defaults, and refuses a setting that is misspelled

@@ -1,7 +1,6 @@
 """What dynamic routing did, iteration by iteration (:class:`RoutingTrace`, from
-:func:`capsjax.routing.dynamic.dynamic_routing` with ``return_trace=True``), and the
-diagnostics summarised from it: the coupling's entropy and peak, the logits' change, the
-length of s_j (cf. the paper's Fig. A.1)."""
+:func:`capsjax.routing.dynamic.dynamic_routing` with ``return_trace=True``), and its diagnostics:
+the coupling's entropy and peak, the logits' change, the length of s_j (cf. paper Fig. A.1)."""
 
 from __future__ import annotations
 

@@ -27,8 +27,7 @@ default and each difference a setting:
   sum_h log var_jh)`` (a Gaussian's entropy), and beta_a is scaled by ``activation_bias_scale`` =
   5000 with its sign flipped (``logit = lambda (cost - 5000 beta_a)``);
 * lambda grows as ``1 - 0.95^(t+1)`` towards ``inverse_temperature`` (0.01 in the code's
-  convolutional layers, 0.01 / 4 at the class layer, this router's default); the paper gives no
-  schedule;
+  convolutional layers, 0.01 / 4 at the class layer, this router's default); the paper has none;
 * the mean is damped (``mean_damping`` = 0.1 of the previous one, which starts at zero: the
   first mean is 0.9 of the weighted average); the paper has none;
 * the variance has a floor ``min_variance`` = 0.0005 (none in the paper), the mass an epsilon
@@ -36,8 +35,7 @@ default and each difference a setting:
 * no stop-gradient (the authors: "We do not use stop gradient"); ``stop_gradient`` stops it
   on the assignments between iterations, as many reimplementations do.
 
-The code's ``leaky`` flag for this layer calls a ``leaky_routing`` that the released code does
-not define; it is not offered.
+The code's ``leaky`` flag calls a ``leaky_routing`` the released code does not define: not offered.
 
 How it runs (one loop, differentiated by JAX; docs/performance.md has the measurements): the
 votes are made parent-major, ``(batch, out_caps, positions, children, D)``, and shifted by
@@ -57,10 +55,10 @@ their squares and, per iteration, arrays of 1/D of them. The two forms it replac
 ``gradient="autodiff"`` and ``"analytic"`` until 2026-11-29) are ``experiments/em_loop_forms.py``'s.
 
 Numerical safety: the E-step is a log-likelihood, normalised with a softmax, so no density is
-exponentiated alone; the variance floor keeps ``log var`` finite for a parent with one child
-or identical votes; with all children inactive the mass is ``mass_epsilon`` and the mean 0.
-Nothing is clamped beyond the code's floor and epsilons: votes whose spread's squares overflow
-float32 (above ~1e19) give Inf.
+exponentiated alone; the variance floor keeps ``log var`` finite for a parent with one child or
+identical votes; with all children inactive the mass is ``mass_epsilon`` and the mean 0. Nothing
+is clamped beyond the code's floor and epsilons: votes whose spread's squares overflow float32
+(above ~1e19) give Inf.
 
 Shapes: the routing runs on votes ``(batch, children, out_caps, positions, D)``: for the class
 layer ``positions`` = 1; for a convolutional layer the children are a parent's receptive field
@@ -99,8 +97,7 @@ SETTINGS = {
 
 
 class MStep(NamedTuple):
-  """The parents after an M-step, parent-sized ``(batch, out_caps, positions[, D])``: their
-  ``mean`` and :class:`capsjax.routing.em_arithmetic.Fit`'s fields."""
+  """The parents after an M-step, ``(batch, out_caps, positions[, D])``: ``mean`` and ``Fit``'s."""
   mean: jax.Array
   variance: jax.Array
   logit: jax.Array
@@ -142,9 +139,8 @@ def against_parents(votes: jax.Array, parents: jax.Array) -> jax.Array:
 
 
 class Votes(NamedTuple):
-  """The votes as the loop reads them: parent-major ``(batch, out_caps, positions, children,
-  D)``, about ``shift`` (their mean over the children, ``(batch, out_caps, positions, D)``, a
-  constant), and their squares."""
+  """The votes as the loop reads them, and their squares: parent-major ``(batch, out_caps,
+  positions, children, D)``, about ``shift`` (a constant: their mean over the children)."""
   votes: jax.Array
   squares: jax.Array
   shift: jax.Array
@@ -205,12 +201,10 @@ def em_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
       (e.g. ``(batch, children, 1, positions)``).
     beta_u, beta_a: ``(out_caps,)``.
     settings: the router's (:data:`SETTINGS`).
-    normalise: ``log p (batch, children, out_caps, positions) -> R``, the E-step's normalisation
-      over each child's parents.
+    normalise: ``log p -> R`` (child-major), the E-step's normalisation over each child's parents.
     initial: the first assignments R (default ``1 / out_caps``, the code's ``softmax`` of zeros
       over output types), in ``normalise``'s layout.
-    num_children: the children that the assignments cover, for ``coupling_entropy`` (default
-      ``children``).
+    num_children: the children the assignments cover, for ``coupling_entropy`` (default: all).
     diagnostics: also return the per-iteration diagnostics.
   """
   iterations = settings["iterations"]
@@ -262,10 +256,9 @@ def parameters(in_caps: int, in_dim: int, out_caps: int, out_dim: int, settings:
 def route(votes, *, inputs=None, activations, params, rng=None, settings, train=False,
           diagnostics=False) -> RoutingResult:
   """The router interface (:mod:`capsjax.routing`): fully connected EM routing, the assignments
-  of each child a softmax over the parents (the code's ``update_em_routing``). A vote's D numbers
-  are a pose's (16 for 4x4; vector capsules' votes route the same way, each element a Gaussian
-  dimension, and their lengths are the a_i); ``params``: ``beta_u``, ``beta_a``, ``(out_caps,)``.
-  The parents' poses are their means."""
+  of each child a softmax over the parents (the code's ``update_em_routing``), the parents' poses
+  their means. A vote's D numbers are a pose's (16 for 4x4; vector capsules' votes route the same
+  way, each element a Gaussian dimension, their lengths the a_i); ``params``: beta_u, beta_a."""
   del inputs, rng, train
   result = em_routing(votes[:, :, :, None, :], activations[:, :, None, None], params["beta_u"],
                       params["beta_a"], settings=settings,

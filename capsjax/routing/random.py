@@ -33,10 +33,9 @@ SETTINGS = {
 
 def route(votes, *, inputs=None, activations=None, params=None, rng=None, settings,
           train=False, diagnostics=False) -> RoutingResult:
-  """Parents from randomly coupled votes (the interface: :mod:`capsjax.routing`); ``params``:
-  optional ``{"bias": (out_caps, out_dim)}``, a bias on s_j; ``rng``: the key of this training
-  step (required when ``train``). Diagnostics (one iteration): ``coupling_entropy``,
-  ``coupling_max``, ``preactivation_norm``."""
+  """Parents from randomly coupled votes (the interface, ``params["bias"] (out_caps, out_dim)``
+  on s_j included: :mod:`capsjax.routing`; ``rng`` required when ``train``). Diagnostics (one
+  iteration): ``coupling_entropy``, ``coupling_max``, ``preactivation_norm``."""
   del inputs, activations
   if train and rng is None:
     raise ValueError("The random router needs a key in training (rng=...).")

@@ -17,8 +17,7 @@ Where we differ from the reference, and why:
 
 * The children's activations a_i are their lengths |u_i| (capsjax's primary capsules are
   squashed vectors); SR-CapsNet computes them with a separate convolution and a sigmoid.
-* The divisions get a floor of 1e-12 (the reference has none; its sigmoid activations are
-  positive, a length can be 0).
+* The divisions get a floor of 1e-12: a length can be 0 (the reference's sigmoids cannot; no floor).
 * The reference's class layer (``pose_out=False``) computes no parent poses; here the poses are
   computed as in its hidden layers, for the reconstruction network.
 """

@@ -23,10 +23,9 @@ SETTINGS = {"squash_epsilon": SQUASH_EPSILON}
 
 def route(votes, *, inputs=None, activations=None, params=None, rng=None, settings,
           train=False, diagnostics=False) -> RoutingResult:
-  """Parents from uniformly coupled votes (the interface: :mod:`capsjax.routing`); ``params``:
-  optional ``{"bias": (out_caps, out_dim)}``, a bias on s_j. Diagnostics (one iteration):
-  ``coupling_entropy`` (log out_caps, the maximum), ``coupling_max`` (1/out_caps) and
-  ``preactivation_norm``."""
+  """Parents from uniformly coupled votes (the interface, ``params["bias"] (out_caps, out_dim)``
+  on s_j included: :mod:`capsjax.routing`). Diagnostics (one iteration): ``coupling_entropy``
+  (log out_caps, the maximum), ``coupling_max`` (1/out_caps) and ``preactivation_norm``."""
   del inputs, activations, rng, train
   coupling = jnp.full(votes.shape[:3], 1.0 / votes.shape[2], votes.dtype)
   return coupled_parents(votes, coupling, bias=(params or {}).get("bias"),

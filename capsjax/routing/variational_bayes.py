@@ -56,8 +56,7 @@ Where the code departs from the textbook update (each a setting, the code's the 
   here ``mass_epsilon`` (1e-7) is added to ``R_j`` where it divides, and only there.
 
 Shapes as :mod:`capsjax.routing.em`: votes ``(batch, children, out_caps, positions, D)``, each
-child's assignments normalised over ``out_caps`` at its position unless the layer passes
-``child_sum`` (:func:`vb_routing`).
+child's R normalised over ``out_caps`` at its position unless the layer passes ``child_sum``.
 """
 
 from __future__ import annotations
@@ -189,9 +188,8 @@ def activation_logits(q: Posterior, beta_u: jax.Array, beta_a: jax.Array) -> jax
 
 def vb_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta_a: jax.Array,
                *, settings: dict, diagnostics: bool = False, child_sum=None) -> VBResult:
-  """Variational Bayes routing, arguments as :func:`capsjax.routing.em.em_routing`'s;
-  ``child_sum``: a convolutional layer's sum of ``p_ij`` over every parent of each child
-  (:func:`assignments_from`)."""
+  """Variational Bayes routing, arguments as :func:`capsjax.routing.em.em_routing`'s; ``child_sum``:
+  a convolutional layer's sum of ``p_ij`` over each child's parents (:func:`assignments_from`)."""
   iterations = settings["iterations"]
   check_iterations(iterations)
   batch, children, out_caps, positions, _ = votes.shape
