@@ -1,9 +1,9 @@
 """Models registered by name: ``config.model.name`` picks one (or names a researcher's own
 class by import path, ``"my_models:TinyCapsNet"`` or ``"path/to/file.py:TinyCapsNet"``).
 
-A model is a Flax NNX module that owns its loss and its metrics. The trainer, the evaluators
-and the figures call only this interface (:func:`forward` composes the
-first four), checked when a run starts (:func:`check_class`, :func:`check_forward`):
+A model is a Flax NNX module that owns its loss and its metrics. The trainer, the evaluators and
+the figures call only this interface (:func:`capsjax.training.tasks.forward` composes the first
+four), checked when a run starts (:func:`check_class`, :func:`check_forward`):
 
   ``Model.from_config(config, *, rngs)``
       builds it from the whole run config (``config.model``, and e.g. ``config.loss``); raises
@@ -11,11 +11,10 @@ first four), checked when a run starts (:func:`check_class`, :func:`check_forwar
   ``model.apply(batch, *, train, rng=None) -> Outputs``
       the forward pass on a batch dict (``images`` floats, ``labels``, and
       ``reconstruction_targets`` for models that reconstruct); ``rng`` drives dropout and other
-      training noise; returns :class:`Outputs` (``scores``, ``predictions``,
-      ``log_probabilities``, ``score_kind``, and what the model can give besides);
+      training noise; returns :class:`Outputs`;
   ``model.loss(outputs, batch, *, step=None) -> (per_example, {name: per_example})``
-      the training objective of each example and its named parts; ``step`` is the training
-      step (schedules such as a margin that grows), None at evaluation;
+      the training objective of each example and its named parts; ``step`` is the training step
+      (schedules such as a margin that grows), None at evaluation;
   ``model.metrics(outputs, batch) -> {name: per_example}``
       ``(batch,)`` or ``(batch, k)`` values that evaluators average, at least ``accuracy``.
 
@@ -25,10 +24,9 @@ Optional, declared by the model and checked at the start of a run:
       the config keys it reads (``{"model.conv1.features": Setting(...), "loss.m_plus": ...}``,
       full dotted keys: :mod:`capsjax.config.settings`), the rules between them, and the
       sections that name a router (``("model.routing",)``, each resolved against the chosen
-      router's own settings). A run refuses a key of ``config.model`` (and ``config.loss``)
-      the model does not declare, fills in the defaults and checks every value before anything
-      is compiled; a model without ``SETTINGS`` gets its keys unchecked, as given;
-
+      router's own settings). A run refuses a key of ``config.model`` (and ``config.loss``) the
+      model does not declare, fills in the defaults and checks every value before anything is
+      compiled; a model without ``SETTINGS`` gets its keys unchecked, as given;
   ``model.capabilities() -> frozenset``
       of :data:`CAPABILITIES`: ``reconstruction`` (``model.decode(class_capsules, class_ids)``
       and ``outputs.reconstructions``), ``routing_diagnostics`` (``outputs.diagnostics`` at
@@ -37,22 +35,20 @@ Optional, declared by the model and checked at the start of a run:
       layer's votes combined without routing, what the vote attack differentiates:
       :meth:`capsjax.models.capsnet.CapsuleModel.vote_scores`); none if absent;
   ``Model.resolve_config(model_config)``
-      fills in what the model derives from its settings in the run's resolved copy of
-      ``config.model`` (CapsNet: the class capsules' bias where left unset), so that
-      ``config.json`` records it;
+      fills in what the model derives from its settings in the run's resolved ``config.model``
+      (CapsNet: the class capsules' bias where left unset), so that ``config.json`` records it;
   ``model.monitors(config, chance) -> [watch]``
-      watches over the per-step train metrics, each with ``update(steps, metrics) -> str |
-      None`` (a warning to print), e.g. :class:`capsjax.models.saturation_watch.SaturationWatch`;
+      watches over the per-step train metrics, each with ``update(steps, metrics) -> str | None``
+      (a warning to print), e.g. :class:`capsjax.models.saturation_watch.SaturationWatch`;
   ``Model.draw_figures(model, batch, workdir, writer, step)``
-      the model's own figures of a test batch after training (``model`` is a jitted
-      :class:`capsjax.training.run_figures.JittedModel` with ``apply``, ``decode``,
-      ``capabilities``);
+      the model's own figures of a test batch after training (``model``: a jitted
+      :class:`capsjax.training.run_figures.JittedModel`: ``apply``, ``decode``, ``capabilities``);
   ``Model.per_run_numbers`` (and ``Setting(init_only=True)``)
       what a vectorised sweep's runs may differ in and still share one program
-      (:mod:`capsjax.training.vectorize`): the settings declared initialisation-only (read
-      only to draw the initial parameters; a model without ``SETTINGS`` may list their keys
-      as ``init_only_settings``, ``*`` matching one part), and a dataclass of the numbers its loss reads
-      (:mod:`capsjax.config.per_run`): a model that declares one takes ``loss(...,
+      (:mod:`capsjax.training.vectorize`): the settings declared initialisation-only (read only
+      to draw the initial parameters; a model without ``SETTINGS`` may list their keys as
+      ``init_only_settings``, ``*`` matching one part), and a dataclass of the numbers its loss
+      reads (:mod:`capsjax.config.per_run`): a model that declares one takes ``loss(...,
       numbers=None)``, one run's instance in a vectorised step (None elsewhere: the config's).
       Runs that differ in any undeclared setting train apart.
 
@@ -60,10 +56,8 @@ Variables that are not ``nnx.Param`` (BatchNorm statistics) are the model's stat
 step keeps what ``apply(train=True)`` writes to them (:mod:`capsjax.training.train_step`), and
 evaluation merges them back with the parameters.
 
-To add a model: a module ``capsjax/models/NAME.py`` with such a class and ``MODEL = TheClass``,
-which :data:`MODELS` finds by itself (:mod:`capsjax.config.registries`); or, without touching
-capsjax, name it by import path in the config (``examples/tiny_capsnet.py`` is a runnable
-example).
+To add a model: docs/extending.md (a module ``capsjax/models/NAME.py`` with ``MODEL =
+TheClass``, found by :data:`MODELS`, or one named by import path, as ``examples/tiny_capsnet.py``).
 """
 
 from __future__ import annotations
@@ -85,8 +79,7 @@ from capsjax.models.outputs import SCORE_KINDS, Outputs
 # is resolved); set, it must be the dataset's.
 SHAPE_SETTINGS = {
     "model.image_shape": Setting(None, "(H, W, C); unset: the dataset's.", kind=tuple | None),
-    "model.num_classes": Setting(None, "Unset: the dataset's.", kind=int | None,
-                                 check=POSITIVE),
+    "model.num_classes": Setting(None, "Unset: the dataset's.", kind=int | None, check=POSITIVE),
 }
 
 # What a model may declare in ``capabilities()``.
@@ -96,13 +89,8 @@ MODELS = registries.MODELS  # The table: capsjax/config/registries.py
 
 
 def get(config: ml_collections.ConfigDict) -> type[nnx.Module]:
-  """The model class ``config.model.name`` names (``config`` resolved)."""
-  return get_class(config.model.name)
-
-
-def get_class(name: str) -> type[nnx.Module]:
-  """The model class registered as ``name``, or a researcher's named by import path."""
-  return MODELS.get(name)
+  """The model class ``config.model.name`` (resolved) names: registered, or by import path."""
+  return MODELS.get(config.model.name)
 
 
 # The keywords each method of the interface is called with.
@@ -145,10 +133,9 @@ def capabilities(model: nnx.Module) -> frozenset[str]:
 
 def check_forward(result, name: str, declared: frozenset[str], num_classes: int,
                   train: bool, vote_scores=None) -> None:
-  """UsageError naming the model and the broken promise, for a traced
-  :class:`capsjax.training.tasks.Forward` (shapes) of a batch of 2 that does not keep the
-  contract; ``vote_scores``: the traced ``model.vote_scores`` of a model that declares
-  ``votes`` (evaluation)."""
+  """UsageError naming the model and the broken promise, for a traced (shapes)
+  :class:`capsjax.training.tasks.Forward` of a batch of 2 that does not keep the contract;
+  ``vote_scores``: the traced ``model.vote_scores`` of one that declares ``votes`` (evaluation)."""
   mode = "training" if train else "evaluation"
   problems = []
   out = result.outputs
@@ -200,8 +187,7 @@ def create(config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> nnx.Module:
 
 def count_params(model: nnx.Module) -> int:
   """Number of trainable scalars in ``model``."""
-  params = nnx.state(model, nnx.Param)
-  return sum(x.size for x in jax.tree.leaves(params))
+  return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 __all__ = ["CAPABILITIES", "MODELS", "Outputs", "SCORE_KINDS", "capabilities", "check_class",

@@ -1,14 +1,12 @@
 """The paper's baseline CNN (Sec. 5, Table 1), registered as ``"baseline_cnn"``.
 
-"Three convolutional layers of 256, 256, 128 channels. Each has 5x5 kernels and
-stride of 1. The last convolutional layers are followed by two fully connected
-layers of size 328, 192. The last fully connected layer is connected with
-dropout to a 10 class softmax layer with cross entropy loss." With SAME
-padding, ReLU and no pooling that is 35,445,522 parameters at 28x28x1, the
-paper's 35.4M. For affNIST the paper compares against "a traditional
-convolutional model with a similar number of parameters which had been trained
-with max pooling and dropout": the same module with ``pool`` and ``hidden`` set
-in ``configs/affnist.py:baseline``. The paper gives no dropout rate or
+"Three convolutional layers of 256, 256, 128 channels. Each has 5x5 kernels and stride of 1. The
+last convolutional layers are followed by two fully connected layers of size 328, 192. The last
+fully connected layer is connected with dropout to a 10 class softmax layer with cross entropy
+loss." With SAME padding, ReLU and no pooling that is 35,445,522 parameters at 28x28x1, the paper's
+35.4M. For affNIST the paper compares against "a traditional convolutional model with a similar
+number of parameters which had been trained with max pooling and dropout": the same module with
+``pool`` and ``hidden`` set in ``configs/affnist.py:baseline``. The paper gives no dropout rate or
 initialisation; the defaults are 0.5 and LeCun normal.
 """
 
@@ -72,15 +70,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 
 
 class BaselineCNN(nnx.Module):
-  """Convolutions (SAME or VALID, stride 1, ReLU, optional max pooling) -> fully connected
-  ReLU layers -> dropout -> linear class scores; softmax cross-entropy loss (or the official
-  code's margin loss on the logits)."""
+  """Convolutions (SAME or VALID, stride 1, ReLU, optional max pooling) -> fully connected ReLU
+  layers -> dropout -> linear class scores; softmax cross-entropy (or the code's margin loss)."""
 
   def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    """``config`` is ``config.model``: ``image_shape``, ``num_classes``, ``conv_features``,
-    ``kernel_size``, ``padding``, ``pool``, ``hidden``, ``dropout_rate``, ``init_scale``,
-    ``dense_init_scale`` (None: ``init_scale``), ``bias_init``, ``loss``, ``conv_impl``,
-    ``compute_dtype``."""
+    """``config`` is ``config.model`` (its keys: :data:`SETTINGS`)."""
     validate_config(config)
     dtype = layers.COMPUTE_DTYPES[config.compute_dtype]
     h, w, channels = config.image_shape
@@ -145,8 +139,7 @@ class BaselineCNN(nnx.Module):
            ) -> tuple[jax.Array, dict]:
     """Softmax cross-entropy per example; with several labels per example (MultiMNIST), the
     per-class sigmoid cross-entropy against the k-hot target, summed over classes; with
-    ``loss="margin"``, the official code's margin loss on the raw logits (:data:`LOSSES`).
-    ``step`` is unused."""
+    ``loss="margin"``, the official code's margin loss on the raw logits (:data:`LOSSES`)."""
     del step
     labels = batch["labels"]
     if self.loss_kind == "margin":  # Every labelled class present (T_k = 1).
@@ -163,5 +156,4 @@ class BaselineCNN(nnx.Module):
     return metrics.label_sets_correct(outputs.scores, batch["labels"])
 
 
-# Registered (capsjax/config/registries.py): this module's name in the config.
 MODEL = BaselineCNN

@@ -5,24 +5,22 @@ transform per (input type, kernel offset, output type), a layer of the capsule s
 Routers that declare ``route_layer`` (EM and variational Bayes) see the whole layer, since a
 child in several receptive fields shares its assignments among all the parents that hold it
 (``normalisation`` for EM, as in the authors' code; VB's ``conv_normalisation``;
-:mod:`capsjax.models.receptive_fields`); the layer hands them a
-:class:`capsjax.routing.core.ConvLayer`.
+:mod:`capsjax.models.receptive_fields`); the layer hands them a :class:`capsjax.routing.ConvLayer`.
 EM's ``normalisation``:
 
-* ``"code"`` (default): the code's ``update_conv_routing``. For each child type and output
-  type separately, the assignments are ``exp(log p - max)`` divided by their sum over the
-  (parent position, kernel offset) pairs ``(y, dy)`` with the same ``y + dy``: the children of
-  a stride-1 convolution. At stride 2 these groups are not the true children (child ``2y +
-  dy``), and since output types are normalised separately, after the first iteration (which
-  starts at ``1 / out_types``) output types no longer compete for a child.
-* ``"child"``: each true child's assignments sum to one over every parent whose receptive
-  field holds it (all output types and positions), as the paper describes EM.
+* ``"code"`` (default): the code's ``update_conv_routing``. For each child type and output type
+  separately, the assignments are ``exp(log p - max)`` divided by their sum over the (parent
+  position, kernel offset) pairs ``(y, dy)`` with the same ``y + dy``: the children of a stride-1
+  convolution. At stride 2 these groups are not the true children (child ``2y + dy``), and since
+  output types are normalised separately, after the first iteration (which starts at ``1 /
+  out_types``) output types no longer compete for a child.
+* ``"child"``: each true child's assignments sum to one over every parent whose receptive field
+  holds it (all output types and positions), as the paper describes EM.
 * ``"patch"``: a softmax over output types at each (parent position, kernel offset), each
   receptive field routed on its own, as most reimplementations do.
 
-Every other router routes each receptive field on its own (positions folded into the batch),
-its parameters shared over positions, and gives a parent its length as activation when it
-computes none.
+Every other router routes each receptive field on its own (positions folded into the batch), its
+parameters shared over positions; a parent's length is its activation where the router gives none.
 """
 
 from __future__ import annotations
@@ -40,15 +38,10 @@ from capsjax.models.matrix_capsules import RoutingNorms, check_routing_norms
 
 
 class ConvCapsules(nnx.Module):
-  """Convolutional capsules over each parent's receptive field (VALID), matrix votes.
-
-  One ``p x p`` transform per (input type, kernel offset, output type): the vote of child i
-  at offset (dy, dx) for output type o is ``M_i W[i, dy, dx, o]``. EM and variational Bayes
-  route the layer as a whole (module docstring; their ``beta_u`` and ``beta_a`` per output
-  type, the code's sigma_biases and activation_biases); any other router each receptive field
-  on its own, its parameters shared over positions. Parameters: ``in_types k^2 out_types p^2``
-  and the router's.
-  """
+  """Convolutional capsules over each parent's receptive field (VALID), matrix votes: the vote of
+  child i at offset (dy, dx) for output type o is ``M_i W[i, dy, dx, o]``; routed as the module
+  docstring says. Parameters: ``in_types k^2 out_types p^2`` and the router's (EM's and VB's
+  ``beta_u`` and ``beta_a`` per output type, the code's sigma_biases and activation_biases)."""
 
   def __init__(self, in_types: int, out_types: int, kernel: int, stride: int, pose_size: int,
                *, init_scale: float, routing: dict, normalisation: str = "code",
@@ -84,11 +77,10 @@ class ConvCapsules(nnx.Module):
 
   def __call__(self, poses: jax.Array, activations: jax.Array, *, train: bool = False,
                rng: jax.Array | None = None, diagnostics: bool = False):
-    """Poses ``(batch, h, w, in_types, p*p)`` and activations ``(batch, h, w, in_types)`` ->
-    the parents' poses ``(batch, oh, ow, out_types, p*p)``, activations ``(batch, oh, ow,
-    out_types)`` and the routing diagnostics ``{name: (batch, iterations)}`` (per receptive
-    field routers: the mean over positions). ``train``: VB's batch norms use (and update)
-    the batch's statistics; ``rng``: for routers that draw."""
+    """Poses ``(batch, h, w, in_types, p*p)`` and activations ``(batch, h, w, in_types)`` -> the
+    parents' poses ``(batch, oh, ow, out_types, p*p)``, activations ``(batch, oh, ow, out_types)``
+    and the routing diagnostics ``{name: (batch, iterations)}`` (per receptive field routers: the
+    mean over positions). ``train``: VB's batch norms use (and update) the batch's statistics."""
     b, h, w, i, _ = poses.shape
     k, s = self.kernel, self.stride
     oh, ow = (h - k) // s + 1, (w - k) // s + 1
@@ -99,14 +91,13 @@ class ConvCapsules(nnx.Module):
     params = parameter_values(self.router_params)
     settings = dict(self.settings_items)
     out_types = votes.shape[2]
-    router = self.router
-    if router.route_layer is not None:
+    if self.router.route_layer is not None:
       grid = fields.ReceptiveFieldGrid(i, k, s, oh, ow)
       layer = routing_lib.ConvLayer(
           num_children=i * h * w, normalisation=self.normalisation, child_sum=grid.child_sum,
           normaliser=lambda mode, epsilon: fields.conv_normaliser(mode, i, k, s, oh, ow, epsilon))
-      result = router.route_layer(votes, activations=child_activations, params=params,
-                                  settings=settings, layer=layer, diagnostics=diagnostics)
+      result = self.router.route_layer(votes, activations=child_activations, params=params,
+                                       settings=settings, layer=layer, diagnostics=diagnostics)
       # With the batch norms, the logits are normalised before the sigmoid (VB's code).
       means, activations, measured = (
           result.capsules, result.activations if self.norms is None else result.activation_logits,

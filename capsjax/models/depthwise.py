@@ -38,8 +38,7 @@ def depthwise_conv2d(x: jax.Array, kernel: jax.Array, impl: str = "auto") -> jax
   kh, kw = kernel.shape[:2]
   covers = (kh, kw) == tuple(x.shape[1:3])
   if impl == "auto":
-    impl = ("window_sum" if covers else
-            "shifted" if platform.target() == "cpu" else "native")
+    impl = ("window_sum" if covers else "shifted" if platform.target() == "cpu" else "native")
   if impl == "window_sum":
     if not covers:
       raise ValueError(f"depthwise conv impl 'window_sum' needs a kernel the size of the input, "

@@ -1,8 +1,6 @@
 """Efficient-CapsNet (Mazzia, Salvetti & Chiaberge 2021, arXiv 2101.12491), registered as
-``config.model.name = "efficient_capsnet"``.
-
-As the authors' code has it (EscVM/Efficient-CapsNet, ``models/efficient_capsnet_graph_mnist.py``
-and ``utils/layers.py``)::
+``config.model.name = "efficient_capsnet"``, as the authors' code has it (EscVM/Efficient-CapsNet,
+``models/efficient_capsnet_graph_mnist.py`` and ``utils/layers.py``)::
 
     4 x [VALID conv (32@5x5, 64@3x3, 64@3x3, 128@3x3 stride 2), He normal -> ReLU -> BatchNorm]
     primary capsules: 9x9 depthwise conv over the 128 channels (one filter each, with bias),
@@ -11,26 +9,24 @@ and ``utils/layers.py``)::
     decoder:          masked class capsules -> 512 ReLU -> 1024 ReLU -> 784 sigmoid
     loss:             margin loss (0.9, 0.1, 0.5) + 0.392 x mean squared pixel error
 
-The class capsules, the decoder, the loss and the metrics are the capsule head that CapsNet has
-too (:mod:`capsjax.models.capsnet`); only the backbone (:meth:`EfficientCapsNet.primary`)
-differs, so every router of :mod:`capsjax.routing` also runs on this backbone
-(``config.model.routing.name``). 161,824 trainable parameters in the capsule network and
-1,411,344 in the decoder at 28x28x1 (the paper's 161K counts the former).
+The class capsules, the decoder, the loss and the metrics are CapsNet's capsule head
+(:mod:`capsjax.models.capsnet`); only the backbone (:meth:`EfficientCapsNet.primary`) differs, so
+every router also runs on it. 161,824 trainable parameters in the capsule network and 1,411,344
+in the decoder at 28x28x1 (the paper's 161K counts the former).
 
 Where we differ from the reference code, and why:
 
 * Keras' BatchNorm updates its moving variance with the unbiased (n / (n - 1)) batch variance
   (fused kernel); Flax's with the biased one. Momentum 0.99 and epsilon 1e-3 are Keras'.
-* The class scores are ``|v_j|`` by :func:`capsjax.routing.safe_norm`, the reference's
-  ``Length`` adds 1e-7 under the square root; the squash omits the reference's 1e-20 fuzz
-  (:func:`capsjax.routing.exp_squash`).
+* The class scores are ``|v_j|`` by :func:`capsjax.routing.safe_norm` (the reference's ``Length``
+  adds 1e-7 under the square root); :func:`capsjax.routing.exp_squash` omits its 1e-20 fuzz.
 * Images are scaled by 1/255 (every capsjax dataset) where the reference divides by 256.
-* The mean squared error is written as 0.0005 x the sum over 784 pixels (= 0.392 x the mean),
-  so ``config.loss`` means the same for both models.
+* The mean squared error is written as 0.0005 x the sum over 784 pixels (= 0.392 x the mean), so
+  ``config.loss`` means the same for both models.
 
-We follow the code; the paper's full text was not at hand here, so differences between its
-text and the code are not listed. The order of ReLU and BatchNorm, which re-implementations
-swap, is ``config.model.batch_norm.position`` (the code's ``"after_relu"`` by default).
+We follow the code; the paper's full text was not at hand here, so differences between its text
+and the code are not listed. The order of ReLU and BatchNorm, which re-implementations swap, is
+``config.model.batch_norm.position`` (the code's ``"after_relu"`` by default).
 """
 
 from __future__ import annotations
@@ -64,8 +60,7 @@ SETTINGS = {
                                          "\"before_relu\".", check=one_of(*POSITIONS)),
     "model.primary.kernel_size": Setting(kind=int, meaning="The depthwise primary capsules' "
                                          "kernel.", check=POSITIVE),
-    "model.primary.dim": Setting(kind=int, meaning="Primary capsules' dimension.",
-                                 check=POSITIVE),
+    "model.primary.dim": Setting(kind=int, meaning="Primary capsules' dimension.", check=POSITIVE),
     "model.class_capsules.dim": Setting(kind=int, meaning="Class capsules' dimension.",
                                         check=POSITIVE),
     "model.class_capsules.init": Setting(kind=str | float, meaning="\"he_normal\" (the "
@@ -80,8 +75,7 @@ SETTINGS = {
 
 
 def he_normal() -> nnx.Initializer:
-  """Keras' ``he_normal``: truncated normal with std sqrt(2 / fan_in) (HWIO kernels, and
-  ``(in, out)`` dense kernels)."""
+  """Keras' ``he_normal``: truncated normal, std sqrt(2 / fan_in) (HWIO or (in, out) kernels)."""
   return nnx.initializers.variance_scaling(2.0, "fan_in", "truncated_normal")
 
 
@@ -104,8 +98,7 @@ def backbone_grid(config: ml_collections.ConfigDict) -> tuple[int, int]:
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Raises UsageError naming the ``config.model`` key that cannot work. Reads ``config``
-  (``config.model``) only."""
+  """Raises UsageError naming the ``config.model`` key that cannot work (reads ``config.model``)."""
   router, _ = routing.chosen(config.routing)
   convs = config.convs
   lengths = {len(tuple(convs[k])) for k in ("features", "kernel_sizes", "strides")}
@@ -139,9 +132,7 @@ class DepthwisePrimaryCapsules(nnx.Module):
 
   def __init__(self, channels: int, kernel_size: int, dim: int, *, impl: str = "auto",
                rngs: nnx.Rngs):
-    """``impl``: :func:`capsjax.models.layers.depthwise_conv2d`'s (on the paper's shapes the
-    kernel covers the whole 9x9 grid: a multiply and a sum, not XLA:CPU's slow grouped
-    convolution gradient)."""
+    """``impl``: :func:`capsjax.models.layers.depthwise_conv2d`'s."""
     self.kernel = nnx.Param(nnx.initializers.glorot_uniform()(
         rngs.params(), (kernel_size, kernel_size, 1, channels)))
     self.bias = nnx.Param(jnp.zeros((channels,), jnp.float32))
@@ -155,11 +146,8 @@ class DepthwisePrimaryCapsules(nnx.Module):
 
 
 class EfficientCapsNet(CapsuleModel):
-  """Convolutions with BatchNorm -> depthwise primary capsules -> class capsules [-> decoder].
-
-  The BatchNorm statistics are model state (``nnx.BatchStat``): the train step updates them
-  (:mod:`capsjax.training.train_step`) and evaluation uses the running ones.
-  """
+  """Convolutions with BatchNorm -> depthwise primary capsules -> class capsules [-> decoder];
+  the BatchNorm statistics are model state (``nnx.BatchStat``, :mod:`capsjax.models`)."""
 
   def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs,
                loss: LossSettings | None = None):
@@ -195,8 +183,7 @@ class EfficientCapsNet(CapsuleModel):
     self.init_head(config, router, loss)
 
   @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, *,
-                  rngs: nnx.Rngs) -> "EfficientCapsNet":
+  def from_config(cls, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> "EfficientCapsNet":
     return cls(config.model, rngs=rngs, loss=LossSettings.from_config(config.get("loss")))
 
   validate_config = staticmethod(validate_config)
@@ -207,9 +194,8 @@ class EfficientCapsNet(CapsuleModel):
   saturation_settings = ("model.class_capsules.init", "optimizer.learning_rate")
 
   def primary(self, images: jax.Array, *, train: bool = False) -> capsule_layers.Capsules:
-    """The backbone: ``(batch, h, w, c)`` -> primary capsules ``(batch, 16, 8)``. BatchNorm
-    normalises with the batch's statistics and updates its running ones when ``train``, and
-    uses the running ones otherwise."""
+    """The backbone: ``(batch, h, w, c)`` -> primary capsules ``(batch, 16, 8)``; BatchNorm uses
+    the batch's statistics (and updates its running ones) when ``train``."""
     x = images
     for conv, norm in zip(self.convs, self.norms):
       x = conv(x)
@@ -220,5 +206,4 @@ class EfficientCapsNet(CapsuleModel):
     return self.primary_capsules(x)
 
 
-# Registered (capsjax/config/registries.py): this module's name in the config.
 MODEL = EfficientCapsNet

@@ -11,19 +11,11 @@
     loss         spread loss (margin 0.2 -> 0.99 on the code's schedule) + 2e-7 x the sum of
                  squared weights / 2 (the code's ``tf.nn.l2_loss``; weights, not biases)
 
-Parameters (A=B=C=D=32, 5 classes, two stereo channels): conv1 1,632; primary 17,408;
-ConvCaps1 147,520; ConvCaps2 147,520; class 2,570; 316,650 (the paper's "310K"). The small
-network (A=64, B=8, C=D=16): 68,618 (the paper's "68K").
-
-The layers are the shared capsule stack (:mod:`capsjax.models.capsule_layers`), so every
-router runs at every routed layer: ``config.model.routing.name="variational_bayes"`` routes
-them by variational Bayes (Ribeiro et al. 2020, :mod:`capsjax.routing.variational_bayes`),
-with its batch norms of the parents' activation logits and poses, so EM and VB compare on one
-backbone; ``"dynamic"``, ``"uniform"`` and the others route the same matrix capsules (the
-convolutional layers each receptive field on its own, the parents' lengths their
-activations), which separates the capsule type from the routing. (The VB authors' own
-network differs around it: conv1 without bias but with BatchNorm, and the class capsules'
-transforms applied per 1x1 position; not reproduced here.)
+Parameters: 316,650 at A=B=C=D=32, 5 classes, two stereo channels (the paper's "310K"), 68,618
+for the small network A=64, B=8, C=D=16 (the paper's "68K"); docs/models.md has them per layer.
+The layers are the shared capsule stack (:mod:`capsjax.models.capsule_layers`), so every router
+runs at every routed layer (docs/models.md), VB with its batch norms of the parents
+(:attr:`capsjax.routing.Router.parent_batch_norms`), so EM and VB compare on one backbone.
 
 Where the paper's text and the code differ, the code is the default and a setting picks (the
 routing's own differences are listed in :mod:`capsjax.routing.em`):
@@ -35,12 +27,11 @@ routing's own differences are listed in :mod:`capsjax.routing.em`):
   two pose entries, the text to the first two entries of the right-hand column
   (``model.class_capsules.coordinate_addition``,
   :func:`~capsjax.models.receptive_fields.coordinate_offsets`);
-* a child in several receptive fields: the code normalises its assignments per output type
-  over stride-1 groups (``model.conv_caps.normalisation``,
-  :mod:`capsjax.models.conv_capsules`);
+* a child in several receptive fields: the code normalises its assignments per output type over
+  stride-1 groups (``model.conv_caps.normalisation``, :mod:`capsjax.models.conv_capsules`);
 * the primary capsules' interleaved kernel columns (``model.primary.layout``);
-* inverse temperatures: 0.01 in the convolutional capsule layers, 0.01 / 4 at the class
-  layer (``model.conv_caps.inverse_temperature``, ``model.routing.inverse_temperature``).
+* inverse temperatures: 0.01 in the convolutional capsule layers, 0.01 / 4 at the class layer
+  (``model.conv_caps.inverse_temperature``, ``model.routing.inverse_temperature``).
 """
 
 from __future__ import annotations
@@ -77,8 +68,7 @@ LOSS_SETTINGS = {
 # ``config.model`` of em_capsnet (configs/em_mnist.py has the authors' code's).
 SETTINGS = {
     **SHAPE_SETTINGS,
-    "model.pose_size": Setting(kind=int, meaning="Poses are N x N matrices (4).",
-                               check=POSITIVE),
+    "model.pose_size": Setting(kind=int, meaning="Poses are N x N matrices (4).", check=POSITIVE),
     **layers.conv_settings("model.conv1", "conv1"),
     "model.primary.types": Setting(kind=int, meaning="Primary capsule types (the paper's B).",
                                    check=POSITIVE),
@@ -115,10 +105,9 @@ SETTINGS = {
 
 def conv_routing_settings(config: ml_collections.ConfigDict, class_settings: dict,
                           router: routing.Router) -> dict:
-  """The convolutional capsule layers' routing settings: the class layer's, with those the
-  router takes per layer (``Router.conv_layer_settings``: EM's inverse temperature, mass
-  epsilon and beta inits) from ``config.conv_caps``; variational Bayes uses one set of priors
-  for every layer, as its authors' code, and every other router its one set of settings."""
+  """The convolutional capsule layers' routing settings: the class layer's, but those the router
+  takes per layer (:attr:`capsjax.routing.Router.conv_layer_settings`) from ``config.conv_caps``
+  (VB has one set of priors for every layer, as its authors' code)."""
   return {**class_settings, **{key: config.conv_caps[key] for key in router.conv_layer_settings}}
 
 
@@ -178,8 +167,7 @@ class EMCapsNet(nnx.Module):
             routing={"name": router.name, **conv_settings}, normalisation=caps.normalisation,
             routing_norms=norms, rngs=rngs)
         for a, b, k, s in zip(types, types[1:], caps.kernel_sizes, caps.strides)])
-    stack = [(config.conv1.kernel_size, config.conv1.stride),
-             *zip(caps.kernel_sizes, caps.strides)]
+    stack = [(config.conv1.kernel_size, config.conv1.stride), *zip(caps.kernel_sizes, caps.strides)]
     centres = fields.receptive_field_centres(config.image_shape[0], stack)
     size = grids(config)[-1]
     grid_votes = matrix_capsules.GridMatrixVotes.create(
@@ -203,11 +191,10 @@ class EMCapsNet(nnx.Module):
 
   def capsules(self, images: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
                diagnostics: bool = False):
-    """``(batch, h, w, c)`` -> class poses ``(batch, classes, 16)``, class activations
-    ``(batch, classes)`` and ``{name: (batch, iterations)}`` diagnostics of every routing
-    layer (``caps1_...``, ``caps2_...``, and the class layer's without prefix). ``train``:
-    variational Bayes routing's batch norms use the batch's statistics; ``rng``: for routers
-    that draw (``random``), split among the routed layers."""
+    """``(batch, h, w, c)`` -> class poses ``(batch, classes, 16)``, class activations ``(batch,
+    classes)`` and ``{name: (batch, iterations)}`` diagnostics of every routing layer
+    (``caps1_...``, ``caps2_...``, the class layer's without prefix). ``train``: VB's batch norms
+    use the batch's statistics; ``rng``: for routers that draw (``random``), split among layers."""
     poses, activations = self.primary_capsules(jax.nn.relu(self.conv1(images)))
     rngs = [None] * (len(self.conv_capsules) + 1) if rng is None else list(
         jax.random.split(rng, len(self.conv_capsules) + 1))
@@ -246,31 +233,27 @@ class EMCapsNet(nnx.Module):
 
   def loss(self, outputs: Outputs, batch: dict, *, step: jax.Array | None = None
            ) -> tuple[jax.Array, dict]:
-    """The spread loss at ``step``'s margin (:func:`capsjax.models.losses.spread_margin`),
-    or with ``loss.kind="cross_entropy"`` the VB authors' softmax cross-entropy over the class
-    activations, plus ``loss.weight_decay`` x :meth:`weight_decay` on every example (so the
-    batch mean is the code's total loss)."""
+    """The spread loss at ``step``'s margin (:func:`capsjax.models.losses.spread_margin`), or with
+    ``loss.kind="cross_entropy"`` the VB authors' softmax cross-entropy over the class activations,
+    plus ``loss.weight_decay`` x :meth:`weight_decay` per example (batch mean: the code's loss)."""
     settings = dict(self.loss_items)
     labels = batch["labels"]
     if labels.ndim != 1:
       raise UsageError("em_capsnet's losses take one label per image.")
     if settings["kind"] == "cross_entropy":
       # The VB authors' F.cross_entropy(yhat, labels): the activations taken as logits.
-      data = -jnp.take_along_axis(jax.nn.log_softmax(outputs.scores), labels[:, None],
-                                  axis=1)[:, 0]
+      data = -jnp.take_along_axis(jax.nn.log_softmax(outputs.scores), labels[:, None], axis=1)[:, 0]
       parts = {"cross_entropy": data}
     else:
       margin = losses.spread_margin(step, settings["margin_schedule"],
                                     settings["margin_steps"], outputs.scores.dtype)
-      data = losses.spread_loss_per_example(outputs.scores, labels, margin,
-                                            settings["reduction"])
+      data = losses.spread_loss_per_example(outputs.scores, labels, margin, settings["reduction"])
       parts = {"spread_loss": data, "margin": margin * jnp.ones_like(data)}
     decay = settings["weight_decay"] * self.weight_decay() * jnp.ones_like(data)
     return data + decay, {**parts, "weight_decay": decay}
 
   def metrics(self, outputs: Outputs, batch: dict) -> dict:
-    """``accuracy`` and, at evaluation, every EM layer's diagnostics ``(batch, iterations)``
-    (``caps1_activation_mean``, ..., the class layer's ``coupling_entropy``, ...)."""
+    """``accuracy`` and, at evaluation, the routing diagnostics (:meth:`capsules`)."""
     result = metrics.label_sets_correct(outputs.scores, batch["labels"])
     result.update(outputs.diagnostics or {})
     return result
@@ -285,14 +268,12 @@ def default_loss() -> ml_collections.ConfigDict:
 
 
 def resolved_loss(loss) -> dict:
-  """``config.loss`` (None: none) with its defaults filled in; UsageError naming a key that
-  cannot work (:func:`capsjax.config.settings.resolve`). A resolved config's (frozen) holds
-  them all already."""
+  """``config.loss`` (None: none) with its defaults filled in (a resolved config's holds them all
+  already); UsageError naming a key that cannot work (:func:`capsjax.config.settings.resolve`)."""
   given = {} if loss is None else {k: loss[k] for k in loss}
   if settings_lib.in_effect(loss):
     return given
   return settings_lib.resolve(given, LOSS_SETTINGS, "config.loss", owner="em_capsnet's loss")
 
 
-# Registered (capsjax/config/registries.py): this module's name in the config.
 MODEL = EMCapsNet

@@ -1,8 +1,5 @@
-"""The capsule head's settings: ``config.loss`` (:class:`LossSettings`, Eq. 4's m+, m- and
-lambda and the reconstruction weight, per-run numbers a vectorised sweep's runs may differ in)
-and ``model.class_capsules.scores``. CapsNet's (:mod:`capsjax.models.capsnet`), which
-Efficient-CapsNet shares.
-"""
+"""The capsule head's settings (:mod:`capsjax.models.capsnet`'s, which Efficient-CapsNet
+shares): ``config.loss`` (:class:`LossSettings`) and ``model.class_capsules.scores``."""
 
 from __future__ import annotations
 
@@ -16,10 +13,10 @@ from capsjax.routing.router import Router
 
 @per_run.declare("loss")
 class LossSettings:
-  """``config.loss``: Eq. 4's m+, m- and lambda, the weight of the summed squared errors, and
-  the margin loss's own weight (1: Eq. 4 summed over the classes; the official code's 0.05 is
-  its 0.5 x a mean over the 10 classes). A pytree of per-run numbers
-  (:mod:`capsjax.config.per_run`): a vectorised sweep's runs may differ in each."""
+  """``config.loss``: Eq. 4's m+, m- and lambda, the weight of the summed squared errors, and the
+  margin loss's own weight (1: Eq. 4 summed over the classes; the official code's 0.05 is its 0.5
+  x a mean over the 10 classes). A pytree of per-run numbers (:mod:`capsjax.config.per_run`): a
+  vectorised sweep's runs may differ in each."""
   m_plus: float = 0.9
   m_minus: float = 0.1
   lam: float = 0.5
@@ -38,8 +35,7 @@ SCORES = ("auto", "lengths", "activations")
 LOSS_SETTINGS = {
     "loss.m_plus": Setting(LossSettings.m_plus, "Eq. 4's m+ (a present class's length "
                            "above it costs nothing).", check=between(0, 1)),
-    "loss.m_minus": Setting(LossSettings.m_minus, "Eq. 4's m- (below m+).",
-                            check=between(0, 1)),
+    "loss.m_minus": Setting(LossSettings.m_minus, "Eq. 4's m- (below m+).", check=between(0, 1)),
     "loss.lam": Setting(LossSettings.lam, "Eq. 4's lambda, the absent classes' weight.",
                         check=usually(NON_NEGATIVE)),
     "loss.reconstruction_weight": Setting(LossSettings.reconstruction_weight, "Times the SUM "

@@ -1,7 +1,6 @@
-"""The losses: the batch means of CapsNet's margin loss (Eq. 4) and reconstruction loss
-(Sec. 4.1), whose per-example forms are :mod:`capsjax.models.capsnet`'s (public here too),
-and the spread loss of matrix capsules (Hinton et al. 2018). The head's settings:
-:mod:`capsjax.models.head_settings`."""
+"""The losses: the batch means of CapsNet's margin loss (Eq. 4) and reconstruction loss (Sec.
+4.1), whose per-example forms are :mod:`capsjax.models.capsnet`'s (public here too), and the
+spread loss of matrix capsules (Hinton et al. 2018); the head's settings: ``head_settings``."""
 
 from __future__ import annotations
 
@@ -44,18 +43,10 @@ def spread_margin(step: jax.Array | None, schedule: str = "code",
 
 def spread_loss_per_example(activations: jax.Array, labels: jax.Array, margin,
                             reduction: str = "mean") -> jax.Array:
-  """The spread loss: ``sum_{i != t} max(0, m - (a_t - a_i))^2`` per example (paper, Eq. 3).
-
-  Args:
-    activations: class activations ``(batch, num_classes)``.
-    labels: int class ids ``(batch,)``.
-    margin: m, a scalar.
-    reduction: ``"mean"`` divides by the number of classes, as the code does (its
-      ``reduce_mean`` runs over the batch and the classes); ``"sum"``: the paper's Eq. 3.
-
-  Returns:
-    ``(batch,)``.
-  """
+  """The spread loss ``sum_{i != t} max(0, m - (a_t - a_i))^2`` per example (paper, Eq. 3),
+  ``(batch,)``, of class ``activations`` ``(batch, num_classes)``, int class ids ``labels``
+  ``(batch,)`` and the scalar ``margin`` m. ``reduction``: ``"mean"`` divides by the number of
+  classes, as the code does (its ``reduce_mean`` runs over batch and classes); ``"sum"``: Eq. 3."""
   target = jnp.take_along_axis(activations, labels[:, None], axis=1)
   others = 1.0 - jax.nn.one_hot(labels, activations.shape[-1], dtype=activations.dtype)
   per_class = others * jnp.square(jnp.maximum(0.0, margin - (target - activations)))

@@ -21,8 +21,7 @@ from capsjax.models import layers
 
 
 def matrix_vote_weights(in_caps: int, in_dim: int, out_caps: int, out_dim: int) -> tuple:
-  """The shape of W_ij for :func:`capsjax.routing.matrix_votes` (V_ij = M_i W_ij): ``p x p``
-  with ``in_dim = out_dim = p * p``."""
+  """The shape of W_ij (p x p, in_dim = out_dim = p*p) for :func:`capsjax.routing.matrix_votes`."""
   p = math.isqrt(in_dim)
   if p * p != in_dim or out_dim != in_dim:
     raise ValueError(f"matrix votes need square poses of one size: in_dim={in_dim}, "
@@ -75,10 +74,9 @@ class MatrixPrimaryCapsules(nnx.Module):
 
 
 class RoutingNorms(nnx.Module):
-  """Variational Bayes routing's batch norms of a layer's parents (the authors' code's
-  ``BN_a`` and ``BN_v``: PyTorch's defaults, momentum 0.1, epsilon 1e-5, no affine
-  parameters): activation logits ``(batch, ..., types)`` and poses ``(batch, ..., types, D)``,
-  each normalised per type."""
+  """Variational Bayes routing's batch norms of a layer's parents (the authors' code's ``BN_a`` and
+  ``BN_v``: PyTorch's defaults, momentum 0.1, epsilon 1e-5, no affine parameters): activation logits
+  ``(batch, ..., types)`` and poses ``(batch, ..., types, D)``, each normalised per type."""
 
   def __init__(self, types: int, *, rngs: nnx.Rngs):
     kwargs = dict(use_bias=False, use_scale=False, momentum=0.9, epsilon=1e-5, rngs=rngs)

@@ -26,9 +26,8 @@ class Outputs:
       model can use (attacks): ``log_softmax(logits)`` for softmax models, and for capsule
       models ``log_softmax(scores)``, the lengths or activations taken as logits (as the attack
       code of Hahn et al. 2019 and Gu et al. 2021 does).
-    score_kind: ``"lengths"`` (capsule lengths ``|v_j|`` in [0, 1)), ``"activations"`` (a
-      router's parent activations) or ``"probabilities"`` (softmax, or per-class sigmoids with
-      several labels). Static.
+    score_kind: ``"lengths"`` (capsule lengths ``|v_j|`` in [0, 1)), ``"activations"`` (a router's
+      parent activations) or ``"probabilities"`` (softmax, or sigmoids with several labels); static.
     logits: the pre-softmax class logits of softmax models; None for capsule models.
     class_capsules: the class capsules ``(batch, num_classes, dim)`` of capsule models.
     lengths: their lengths ``(batch, num_classes)``.

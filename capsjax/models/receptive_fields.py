@@ -2,12 +2,11 @@
 parent shares with its neighbours, and where each receptive field lies in the image.
 
 Pure JAX and NumPy. A convolutional capsule layer's routing arrays are ``(batch, in_types * k *
-k, out_types, oh * ow)``: a parent position's children are the ``in_types`` capsules at each
-of its ``k x k`` offsets, so a child ``(y, x)`` of the layer below appears once in each
-receptive field that holds it. :func:`conv_normaliser` says how a child's assignments are
-normalised over those appearances (EM routing; the modes are described in
-:mod:`capsjax.models.conv_capsules`), :meth:`ReceptiveFieldGrid.child_sum` sums over them
-(variational Bayes routing as its authors' code at HEAD).
+k, out_types, oh * ow)``: a parent position's children are the ``in_types`` capsules at each of
+its ``k x k`` offsets, so a child ``(y, x)`` of the layer below appears once in each receptive
+field that holds it. :func:`conv_normaliser` normalises a child's assignments over those
+appearances (EM routing; the modes: :mod:`capsjax.models.conv_capsules`),
+:meth:`ReceptiveFieldGrid.child_sum` sums over them (VB routing as its authors' code at HEAD).
 """
 
 from __future__ import annotations
@@ -34,11 +33,10 @@ def child_reduce(values: jax.Array, stride: int, op: str = "add") -> jax.Array:
   *lead, oh, ow, k, _ = values.shape
   fill = 0.0 if op == "add" else -jnp.inf
   combine = jnp.add if op == "add" else jnp.maximum
-  nd = len(lead)
   total = None
   for dy in range(k):
     for dx in range(k):
-      pads = [(0, 0, 0)] * nd + [(dy, k - 1 - dy, stride - 1), (dx, k - 1 - dx, stride - 1)]
+      pads = [(0, 0, 0)] * len(lead) + [(dy, k - 1 - dy, stride - 1), (dx, k - 1 - dx, stride - 1)]
       placed = jax.lax.pad(values[..., dy, dx], jnp.asarray(fill, values.dtype), pads)
       total = placed if total is None else combine(total, placed)
   return total
@@ -53,8 +51,7 @@ def gather_children(grid: jax.Array, stride: int, kernel: int, oh: int, ow: int)
     cols = []
     for dx in range(kernel):
       part = jax.lax.slice_in_dim(grid, dy, dy + stride * (oh - 1) + 1, stride, axis=nd - 2)
-      cols.append(jax.lax.slice_in_dim(part, dx, dx + stride * (ow - 1) + 1, stride,
-                                       axis=nd - 1))
+      cols.append(jax.lax.slice_in_dim(part, dx, dx + stride * (ow - 1) + 1, stride, axis=nd - 1))
     rows.append(jnp.stack(cols, axis=-1))
   return jnp.stack(rows, axis=-2)
 

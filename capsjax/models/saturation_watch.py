@@ -1,14 +1,14 @@
 """A watch over the per-step train metrics, on the host: a warning a run prints as it trains.
 
 :class:`SaturationWatch` warns when nearly all class capsules stay saturated (longer than
-:data:`SATURATED_LENGTH`, where the squash has almost no slope) for a
-sustained stretch of steps. A healthy classifier has only its labelled classes there (about
-1/10 of the capsules on MNIST, 2/10 on MultiMNIST), so "nearly all" (0.9 by default) does
-not fire on one. It reads the metric ``saturated_fraction`` that a model reports (the capsule
-head does, :meth:`capsjax.models.capsnet.CapsuleModel.monitors`; models without capsules
-report none and are never warned about) and names the settings the model lists in its
-``saturation_settings``. It lives with the models, which create it (``model.monitors``); the
-training loop only feeds it (:mod:`capsjax.training.train_log`).
+:data:`SATURATED_LENGTH`, where the squash has almost no slope) for a sustained stretch of steps.
+A healthy classifier has only its labelled classes there (about 1/10 of the capsules on MNIST,
+2/10 on MultiMNIST), so "nearly all" (0.9 by default) does not fire on one. It reads the metric
+``saturated_fraction`` that a model reports (the capsule head does,
+:meth:`capsjax.models.capsnet.CapsuleModel.monitors`; models without capsules report none and are
+never warned about) and names the settings the model lists in its ``saturation_settings``. The
+models create it (``model.monitors``); the training loop only feeds it
+(:mod:`capsjax.training.train_log`).
 """
 
 from __future__ import annotations
@@ -27,15 +27,9 @@ SATURATED_LENGTH = 0.95
 
 
 class SaturationWatch:
-  """Warns once per stretch of ``steps`` consecutive train steps whose ``saturated_fraction``
-  is at least ``fraction``.
-
-  Args:
-    fraction: the share of saturated class capsules that counts as "nearly all".
-    steps: how many consecutive such steps make a sustained stretch; 0 switches it off.
-    settings: the config keys that control saturation, named in the warning.
-    chance: the chance level of the train ``accuracy``, quoted beside it.
-  """
+  """Warns once per stretch of ``steps`` consecutive train steps (0: never) whose
+  ``saturated_fraction`` is at least ``fraction`` ("nearly all"), naming ``settings`` (the config
+  keys that control saturation) and quoting ``chance``, the train ``accuracy``'s chance level."""
 
   def __init__(self, fraction: float = 0.9, steps: int = 100, settings=(),
                chance: float | None = None):

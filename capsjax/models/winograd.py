@@ -6,12 +6,11 @@ A convolution's output, in tiles of ``m x m``, is
                                                           Convolutional Neural Networks", eq. 8)
 
 for each ``t x t`` input tile ``d`` (``t = m + 2``, tiles overlapping by 2), where ``.`` is the
-elementwise product over the ``t x t`` positions and a matmul over channels. The products of the
-``t * t`` positions are ``t * t`` matmuls of ``(tiles, in) x (in, out)``: ``t^2 / m^2`` of the
-direct convolution's multiplications per output, 16/36 for F(2x2, 3x3) and 36/144 for
-F(4x4, 3x3). The transforms are sums of strided views, which XLA fuses into elementwise loops,
-and the gradients are the transposed transforms (autodiff), so the backward pass gets the same
-saving.
+elementwise product over the ``t x t`` positions and a matmul over channels. The products of
+the ``t * t`` positions are ``t * t`` matmuls of ``(tiles, in) x (in, out)``: ``t^2 / m^2`` of
+the direct convolution's multiplications per output, 16/36 for F(2x2, 3x3) and 36/144 for F(4x4,
+3x3). The transforms are sums of strided views, which XLA fuses into elementwise loops, and the
+gradients are the transposed transforms (autodiff), so the backward pass gets the same saving.
 
 It is the same function as the direct convolution, up to float rounding: F(2x2, 3x3)'s
 transforms have coefficients 0, +-1/2, +-1, and its float32 error is of the direct
@@ -67,8 +66,7 @@ def _input_transform(x: jax.Array, tiles_h: int, tiles_w: int, m: int, bt: np.nd
 
 
 def _output_transform(products: jax.Array, at: np.ndarray) -> jax.Array:
-  """``A^T M A`` of ``(t, t, batch, tiles_h, tiles_w, out)`` -> ``(batch, tiles_h * m,
-  tiles_w * m, out)``."""
+  """``A^T M A`` (th x tw tiles): ``(t, t, batch, th, tw, out)`` -> ``(batch, th*m, tw*m, out)``."""
   m, t = at.shape
   rows = [_combine([products[a] for a in range(t)], at[i]) for i in range(m)]
   tiles = [[_combine([row[b] for b in range(t)], at[j]) for j in range(m)] for row in rows]
@@ -101,8 +99,7 @@ def _forward(x, kernel, tile):
   gk = jnp.asarray(g, kernel.dtype)
   u = jnp.einsum("ak,klio,bl->abio", gk, kernel, gk).reshape(t * t, cin, -1)
   v = _transformed_input(x, tile)
-  products = jnp.einsum("spi,sio->spo", v, u)
-  products = products.reshape(t, t, n, tiles_h, tiles_w, -1)
+  products = jnp.einsum("spi,sio->spo", v, u).reshape(t, t, n, tiles_h, tiles_w, -1)
   return _output_transform(products, at)[:, :h - 2, :w - 2], v
 
 

@@ -9,51 +9,29 @@ Every router is a pure JAX function (no Flax), registered by name in :data:`ROUT
   (:func:`capsule_votes`; W is the layer's, the same for every router).
 * ``inputs``: the child capsules u_i, ``(batch, in_caps, in_dim)``; ``activations``: theirs,
   ``(batch, in_caps)`` (their lengths, for vector capsules). Most routers ignore both.
-* ``params``: the router's own learned parameters, ``{name: array}``, created by the layer
-  from the shapes the router declares (:class:`ParamSpec`); the bias on s_j
-  (``model.class_capsules.use_bias``) comes as ``params["bias"]`` for the routers that form
-  s_j as a weighted sum and squash it.
+* ``params``: the router's own learned parameters, ``{name: array}``, created by the layer from
+  the shapes it declares (:class:`ParamSpec`); the bias on s_j (``model.class_capsules.use_bias``)
+  comes as ``params["bias"]`` for the routers that form s_j as a weighted sum and squash it.
 * ``rng``: a key for routers that draw (``random``) in training; None at evaluation.
 * ``settings``: the router's settings, every one filled in (:func:`resolve`).
-* ``train``: training or evaluation; ``diagnostics``: also measure, per example and per
-  iteration, what the router can (coupling entropy and largest coefficient, logit or pose
-  change, agreement, |s_j|): ``{name: (batch, iterations)}``. Runs log them under these
-  names; the routing figure draws whatever a router supplies.
-* Returns the parents ``(batch, out_caps, out_dim)``, their activations ``(batch, out_caps)``
-  for routers that compute them (else None: the capsule lengths are the scores), and the
-  diagnostics (``{}`` unless asked for); routers that say so (``Router.activation_logits``)
-  also the activations' logits, for a layer's batch norms.
+* ``train``: training or evaluation; ``diagnostics``: also measure, per example and per iteration,
+  what the router can (coupling entropy and largest coefficient, logit or pose change, agreement,
+  |s_j|): ``{name: (batch, iterations)}`` (where runs log them: docs/routers.md).
+* Returns a :class:`RoutingResult`: the parents ``(batch, out_caps, out_dim)``, their
+  activations or None, the diagnostics (``{}`` unless asked for) and maybe activation logits.
 
-A router that routes a convolutional capsule layer as a whole (a child shared by every
-receptive field it is in: EM, VB) also declares ``route_layer``; the layer hands it a
-:class:`ConvLayer` (its sums over each child's parents). The layers never branch on a
-router's name.
+A router that routes a convolutional capsule layer as a whole (a child shared by every receptive
+field it is in: EM, VB) also declares ``route_layer``; the layer hands it a :class:`ConvLayer` (its
+sums over each child's parents). The layers never branch on a router's name.
 
-The routers (each module's docstring has its paper's equations and every place where the
-reference code and the paper differ):
+The routers, with their papers, settings and parameter counts: docs/routers.md's table. Each
+module's docstring has its paper's equations and every place where its reference code differs.
 
-================================  =========================================================
-``dynamic`` (default)             Procedure 1 of Sabour et al. 2017, with its switches.
-``uniform``                       c_ij = 1/out_caps, no iteration (the "no routing" control).
-``random``                        c_i = softmax of Gaussian logits (Paik et al. 2019's control).
-``self_attention``                Efficient-CapsNet (Mazzia et al. 2021), one pass.
-``inverted_dot_product``          Tsai et al. 2020, LayerNorm'd poses, no squash.
-``self_routing``                  Hahn et al. 2019, a learned routing matrix per child.
-``em``                            Hinton et al. 2018, EM routing (Gaussian parents).
-``variational_bayes``             Ribeiro et al. 2020, a variational Gaussian mixture.
-================================  =========================================================
-
-Settings: each router declares its own (``SETTINGS``, beside its code: default, meaning,
-range); ``config.model.routing`` holds ``name`` and the settings the config sets, and
-:func:`resolve` fills in the chosen router's defaults (``config.json`` records every one in
-effect). A setting that is misspelled, or set for a router that does not have it, is
-refused naming it and the router's settings, so ``--config.model.routing.name=uniform`` alone
-switches router, and ``--config.model.routing.iterations=1`` keeps its meaning.
-
-To add a router: a module ``capsjax/routing/NAME.py`` with ``ROUTER = Router(name="NAME", ...)``
-(:class:`Router`), which :data:`ROUTERS` finds by itself (:mod:`capsjax.config.registries`); or,
-without touching capsjax, name it by import path in the config
-(``--config.model.routing.name=examples/my_router.py:ROUTER``).
+Settings: each router declares its own (``SETTINGS``, beside its code: default, meaning, range);
+:func:`resolve` fills in the chosen router's defaults, and refuses a setting that is misspelled
+or set for a router that does not have it, so ``--config.model.routing.name=uniform`` alone
+switches router. To add a router: docs/extending.md (a module ``capsjax/routing/NAME.py`` with
+``ROUTER = Router(name="NAME", ...)``, found by :data:`ROUTERS`, or one named by import path).
 """
 
 from __future__ import annotations
@@ -89,8 +67,7 @@ def get(name: str) -> Router:
 
 
 def all_settings() -> dict[str, list[str]]:
-  """Every setting any registered router has -> the routers that have it
-  (:func:`capsjax.config.schema.router_settings`)."""
+  """Every setting any registered router has -> the routers that have it (``schema``'s)."""
   return schema.router_settings()
 
 

@@ -1,7 +1,6 @@
 """What dynamic routing did, iteration by iteration (:class:`RoutingTrace`, from
-:func:`capsjax.routing.dynamic.dynamic_routing` with ``return_trace=True``), and the
-diagnostics summarised from it: the coupling's entropy and peak, the logits' change, the
-length of s_j (cf. the paper's Fig. A.1)."""
+:func:`capsjax.routing.dynamic.dynamic_routing` with ``return_trace=True``), and its diagnostics:
+the coupling's entropy and peak, the logits' change, the length of s_j (cf. paper Fig. A.1)."""
 
 from __future__ import annotations
 
@@ -17,26 +16,24 @@ class RoutingTrace(NamedTuple):
   """What routing did, iteration by iteration, for analysis.
 
   Attributes:
-    logits: ``(iterations, batch, in_caps, out_caps)``; ``logits[r]`` are the
-      b_ij that iteration r started from (all zero for r = 0).
-    coupling: ``(iterations, batch, in_caps, out_caps)``; the c_ij that
-      iteration r used.
-    preactivation_norm: ``(iterations, batch, out_caps)``; ``|s_j|`` of iteration r,
-      before the squash (long ``s_j`` saturate it).
+    logits: ``(iterations, batch, in_caps, out_caps)``; ``logits[r]`` are the b_ij that
+      iteration r started from (all zero for r = 0).
+    coupling: ``(iterations, batch, in_caps, out_caps)``; the c_ij that iteration r used.
+    preactivation_norm: ``(iterations, batch, out_caps)``; ``|s_j|`` of iteration r, before the
+      squash (long ``s_j`` saturate it).
   """
   logits: jax.Array
   coupling: jax.Array
   preactivation_norm: jax.Array | None = None
 
 
-def routing_diagnostics_per_example(trace: RoutingTrace,
-                                    softmax_axis: str = "output") -> dict:
+def routing_diagnostics_per_example(trace: RoutingTrace, softmax_axis: str = "output") -> dict:
   """Per-iteration summaries of a :class:`RoutingTrace` for each example (cf. Fig. A.1).
 
   Returns:
     A dict of ``(batch, iterations)`` arrays:
-      ``coupling_entropy``: mean entropy (nats) of each child's (or, for
-        ``"input"``, each parent's) coupling distribution;
+      ``coupling_entropy``: mean entropy (nats) of each child's (or, for ``"input"``, each
+        parent's) coupling distribution;
       ``coupling_max``: the mean of the largest coefficient of each distribution;
       ``logit_change``: mean ``|b^r - b^(r-1)|``, 0 for the first iteration;
       ``preactivation_norm``: mean ``|s_j|`` over the parents (when the trace has it).
@@ -57,13 +54,9 @@ def routing_diagnostics_per_example(trace: RoutingTrace,
 
 def routing_diagnostics(trace: RoutingTrace, softmax_axis: str = "output",
                         weights: jax.Array | None = None) -> dict:
-  """:func:`routing_diagnostics_per_example` averaged over examples, ``(iterations,)`` each.
-
-  Args:
-    trace: from :func:`dynamic_routing` with ``return_trace=True``.
-    softmax_axis: the axis the coupling coefficients were normalised over.
-    weights: optional ``(batch,)`` example weights (0 for padding).
-  """
+  """:func:`routing_diagnostics_per_example` averaged over examples, ``(iterations,)`` each;
+  ``softmax_axis``: the axis the coupling was normalised over; ``weights``: optional ``(batch,)``
+  example weights (0 for padding)."""
   per_example = routing_diagnostics_per_example(trace, softmax_axis)
   if weights is None:
     weights = jnp.ones(trace.coupling.shape[1], trace.coupling.dtype)

@@ -23,13 +23,11 @@ parents for the fully connected class layer; the convolutional layers' grouping 
 :mod:`capsjax.models.conv_capsules`. The paper's text and the code differ; the code is the
 default and each difference a setting:
 
-* the paper's cost ``(beta_u + log sigma_h) sum_i r_ij`` becomes ``m_j (beta_u D (log 2pi +
-  1) + sum_h log var_jh)`` (a Gaussian's entropy), and beta_a is scaled by
-  ``activation_bias_scale`` = 5000 with its sign flipped (``logit = lambda (cost - 5000
-  beta_a)``);
+* the paper's cost ``(beta_u + log sigma_h) sum_i r_ij`` becomes ``m_j (beta_u D (log 2pi + 1) +
+  sum_h log var_jh)`` (a Gaussian's entropy), and beta_a is scaled by ``activation_bias_scale`` =
+  5000 with its sign flipped (``logit = lambda (cost - 5000 beta_a)``);
 * lambda grows as ``1 - 0.95^(t+1)`` towards ``inverse_temperature`` (0.01 in the code's
-  convolutional layers, 0.01 / 4 at the class layer, this router's default); the paper gives no
-  schedule;
+  convolutional layers, 0.01 / 4 at the class layer, this router's default); the paper has none;
 * the mean is damped (``mean_damping`` = 0.1 of the previous one, which starts at zero: the
   first mean is 0.9 of the weighted average); the paper has none;
 * the variance has a floor ``min_variance`` = 0.0005 (none in the paper), the mass an epsilon
@@ -37,8 +35,7 @@ default and each difference a setting:
 * no stop-gradient (the authors: "We do not use stop gradient"); ``stop_gradient`` stops it
   on the assignments between iterations, as many reimplementations do.
 
-The code's ``leaky`` flag for this layer calls a ``leaky_routing`` that the released code does
-not define; it is not offered.
+The code's ``leaky`` flag calls a ``leaky_routing`` the released code does not define: not offered.
 
 How it runs (one loop, differentiated by JAX; docs/performance.md has the measurements): the
 votes are made parent-major, ``(batch, out_caps, positions, children, D)``, and shifted by
@@ -51,20 +48,17 @@ materialising the broadcast products it reduces)::
     sum_h (V - mu)^2 / (2 var)                           # the E-step's distance, as
        = V^2 . 1/(2 var) - V . mu/var + sum_h mu^2 / (2 var)
 
-with V and mu about the shift (routing is translation-equivariant but for the mass epsilon,
-which the mean sees in true coordinates, so the shift is a constant: no gradient); about the
-shift these subtract numbers of the spread's size, not the poses'. The autodiff of this loop
-keeps the votes and their squares and, per iteration, arrays of 1/D of them: no votes-sized
-array per iteration. Until 2026-11-29 a child-major loop with sums as reductions (autodiff,
-``gradient="autodiff"``) and a custom VJP of this layout (``"analytic"``, the default on CPUs)
-were two settings; both are now ``experiments/em_loop_forms.py``, which checks them against
-this loop and times all three.
+with V and mu about the shift (routing is translation-equivariant but for the mass epsilon, which
+the mean sees in true coordinates, so the shift is a constant: no gradient); about the shift these
+subtract numbers of the spread's size, not the poses'. The autodiff of this loop keeps the votes and
+their squares and, per iteration, arrays of 1/D of them. The two forms it replaced (settings
+``gradient="autodiff"`` and ``"analytic"`` until 2026-11-29) are ``experiments/em_loop_forms.py``'s.
 
 Numerical safety: the E-step is a log-likelihood, normalised with a softmax, so no density is
-exponentiated alone; the variance floor keeps ``log var`` finite for a parent with one child
-or identical votes; with all children inactive the mass is ``mass_epsilon`` and the mean 0.
-Nothing is clamped beyond the code's floor and epsilons: votes whose spread's squares overflow
-float32 (above ~1e19) give Inf.
+exponentiated alone; the variance floor keeps ``log var`` finite for a parent with one child or
+identical votes; with all children inactive the mass is ``mass_epsilon`` and the mean 0. Nothing
+is clamped beyond the code's floor and epsilons: votes whose spread's squares overflow float32
+(above ~1e19) give Inf.
 
 Shapes: the routing runs on votes ``(batch, children, out_caps, positions, D)``: for the class
 layer ``positions`` = 1; for a convolutional layer the children are a parent's receptive field
@@ -91,8 +85,7 @@ SETTINGS = {
     "stop_gradient": Setting(False, "The authors: \"We do not use stop gradient\"."),
     "inverse_temperature": Setting(0.0025, "lambda: the code's final_beta 0.01, / 4 (the class "
                                    "layer).", check=POSITIVE),
-    "temperature_growth": Setting(0.95, "lambda_t = lambda (1 - growth^(t+1)).",
-                                  check=_FRACTION),
+    "temperature_growth": Setting(0.95, "lambda_t = lambda (1 - growth^(t+1)).", check=_FRACTION),
     "mean_damping": Setting(0.1, "mu = 0.9 new + 0.1 previous (the code).", check=_FRACTION),
     "min_variance": Setting(0.0005, "The code's min_var.", check=POSITIVE),
     "mass_epsilon": Setting(1e-5, "Added to sum_i R_ij a_i (the class layer: 1e-5).",
@@ -104,8 +97,7 @@ SETTINGS = {
 
 
 class MStep(NamedTuple):
-  """The parents after an M-step, parent-sized ``(batch, out_caps, positions[, D])``: their
-  ``mean`` and :class:`capsjax.routing.em_arithmetic.Fit`'s fields."""
+  """The parents after an M-step, ``(batch, out_caps, positions[, D])``: ``mean`` and ``Fit``'s."""
   mean: jax.Array
   variance: jax.Array
   logit: jax.Array
@@ -113,16 +105,11 @@ class MStep(NamedTuple):
 
 
 class EMResult(NamedTuple):
-  """EM routing's output.
-
-  Attributes:
-    poses: the parents' means ``(batch, out_caps, positions, D)``.
-    activations: ``sigmoid(logit)``, ``(batch, out_caps, positions)``.
-    diagnostics: ``{name: (batch, iterations)}`` (empty unless asked for):
-      ``activation_mean`` and ``activation_spread`` (mean and standard deviation of the
-      parents' activations), ``coupling_entropy`` (nats per child, of the assignments R the
-      M-step used), ``log_sigma`` (mean ``log sigma`` of the parents).
-  """
+  """EM routing's output: ``poses``, the parents' means ``(batch, out_caps, positions, D)``;
+  ``activations`` ``sigmoid(logit)``, ``(batch, out_caps, positions)``; ``diagnostics`` ``{name:
+  (batch, iterations)}`` (empty unless asked for): ``activation_mean`` and ``activation_spread``
+  (mean and standard deviation of the parents' activations), ``coupling_entropy`` (nats per child,
+  of the assignments R the M-step used), ``log_sigma`` (mean ``log sigma`` of the parents)."""
   poses: jax.Array
   activations: jax.Array
   diagnostics: dict
@@ -152,9 +139,8 @@ def against_parents(votes: jax.Array, parents: jax.Array) -> jax.Array:
 
 
 class Votes(NamedTuple):
-  """The votes as the loop reads them: parent-major ``(batch, out_caps, positions, children,
-  D)``, about ``shift`` (their mean over the children, ``(batch, out_caps, positions, D)``, a
-  constant), and their squares."""
+  """The votes as the loop reads them, and their squares: parent-major ``(batch, out_caps,
+  positions, children, D)``, about ``shift`` (a constant: their mean over the children)."""
   votes: jax.Array
   squares: jax.Array
   shift: jax.Array
@@ -170,34 +156,23 @@ class Votes(NamedTuple):
 def m_step(votes: Votes, weights: jax.Array, previous_mean: jax.Array, beta_u: jax.Array,
            beta_a: jax.Array, inverse_temperature, settings: dict) -> MStep:
   """The M-step: each parent's Gaussian and activation from its weighted votes (the formulas
-  in :mod:`capsjax.routing.em_arithmetic`), ``mean`` in true coordinates.
-
-  Args:
-    votes: :class:`Votes`.
-    weights: ``R_ij a_i``, parent-major ``(batch, out_caps, positions, children)``.
-    previous_mean: ``(batch, out_caps, positions, D)``, the last iteration's mean (zeros).
-    beta_u, beta_a: ``(out_caps,)``.
-    inverse_temperature: lambda_t, a scalar.
-    settings: ``mean_damping``, ``min_variance``, ``mass_epsilon``, ``activation_bias_scale``.
-  """
+  in :mod:`capsjax.routing.em_arithmetic`), ``mean`` in true coordinates. ``weights``: ``R_ij
+  a_i``, parent-major ``(batch, out_caps, positions, children)``; ``previous_mean``: the last
+  iteration's (zeros), parent-sized; ``beta_u``, ``beta_a``: ``(out_caps,)``;
+  ``inverse_temperature``: lambda_t, a scalar; ``settings``: EM's (:data:`SETTINGS`)."""
   m0 = jnp.sum(weights, axis=-1)                                            # (b, o, p)
   s1 = over_children(weights, votes.votes)                                 # about the shift
-  mean = em_arithmetic.damped_mean(s1 + votes.shift * m0[..., None], m0, previous_mean,
-                                   settings)
+  mean = em_arithmetic.damped_mean(s1 + votes.shift * m0[..., None], m0, previous_mean, settings)
   centre = mean - votes.shift
-  # sum w (V - mu)^2 = sum w V^2 - 2 mu sum w V + mu^2 sum w (clamped: rounding can make the
-  # difference of a near-zero spread negative).
+  # S2 (module docstring), clamped: rounding can make the difference of a near-zero spread < 0.
   s2 = jnp.maximum(over_children(weights, votes.squares) - 2.0 * centre * s1
                    + jnp.square(centre) * m0[..., None], 0.0)
-  return MStep(mean, *em_arithmetic.fit(s2, m0, beta_u, beta_a, inverse_temperature,
-                                        settings))
+  return MStep(mean, *em_arithmetic.fit(s2, m0, beta_u, beta_a, inverse_temperature, settings))
 
 
 def log_likelihood(votes: Votes, parents: MStep) -> jax.Array:
-  """The E-step's unnormalised log assignment ``log a_j + log N(V_ij; mu_j, var_j)``,
-  parent-major ``(batch, out_caps, positions, children)``: ``sum_h (V_h - mu_h)^2 / (2
-  var_h)`` (:func:`capsjax.routing.em_arithmetic.scaled_distance`) as products of the votes
-  and their squares with parent-sized vectors."""
+  """The E-step's unnormalised log assignment ``log a_j + log N(V_ij; mu_j, var_j)``, parent-major
+  ``(batch, out_caps, positions, children)``, its distance as products (module docstring)."""
   inverse_two_var = 0.5 / parents.variance
   centre = parents.mean - votes.shift
   distance = (against_parents(votes.squares, inverse_two_var)
@@ -222,16 +197,14 @@ def em_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
 
   Args:
     votes: ``(batch, children, out_caps, positions, D)``.
-    activations: the children's a_i, broadcastable to ``(batch, children, out_caps,
-      positions)`` (e.g. ``(batch, children, 1, positions)``).
+    activations: the children's a_i, broadcastable to ``(batch, children, out_caps, positions)``
+      (e.g. ``(batch, children, 1, positions)``).
     beta_u, beta_a: ``(out_caps,)``.
     settings: the router's (:data:`SETTINGS`).
-    normalise: ``log p (batch, children, out_caps, positions) -> R``, the E-step's
-      normalisation over each child's parents.
-    initial: the first assignments R (default ``1 / out_caps``, the code's ``softmax`` of
-      zeros over output types), in ``normalise``'s layout.
-    num_children: the children that the assignments cover, for ``coupling_entropy``
-      (default ``children``).
+    normalise: ``log p -> R`` (child-major), the E-step's normalisation over each child's parents.
+    initial: the first assignments R (default ``1 / out_caps``, the code's ``softmax`` of zeros
+      over output types), in ``normalise``'s layout.
+    num_children: the children the assignments cover, for ``coupling_entropy`` (default: all).
     diagnostics: also return the per-iteration diagnostics.
   """
   iterations = settings["iterations"]
@@ -253,14 +226,11 @@ def em_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
     a = jax.nn.sigmoid(parents.logit).reshape(batch, -1)
     rows.append(jnp.stack([jnp.mean(a, axis=1), jnp.std(a, axis=1),
                            assignment_entropy(assignments, num_children or children),
-                           0.5 * jnp.mean(jnp.log(parents.variance).reshape(batch, -1),
-                                          axis=1)]))
+                           0.5 * jnp.mean(jnp.log(parents.variance).reshape(batch, -1), axis=1)]))
 
-  # Unrolled: the iterations are few, and autodiff keeps of each only arrays of 1/D of the
-  # votes (the votes and their squares are shared).
+  # Unrolled: the iterations are few (what autodiff keeps of each: the module docstring).
   for t in range(iterations):
-    parents = m_step(votes, assignments * activations, mean, beta_u, beta_a, lambdas[t],
-                     settings)
+    parents = m_step(votes, assignments * activations, mean, beta_u, beta_a, lambdas[t], settings)
     if diagnostics:
       measure(assignments, parents)
     if t < iterations - 1:   # The last E-step is not needed.
@@ -285,18 +255,10 @@ def parameters(in_caps: int, in_dim: int, out_caps: int, out_dim: int, settings:
 
 def route(votes, *, inputs=None, activations, params, rng=None, settings, train=False,
           diagnostics=False) -> RoutingResult:
-  """The router interface (:mod:`capsjax.routing`): fully connected EM routing, the
-  assignments of each child a softmax over the parents (the code's ``update_em_routing``).
-
-  Args:
-    votes: ``(batch, in_caps, out_caps, D)``: D numbers of a pose (16 for 4x4; vector
-      capsules' votes route the same way, each element a Gaussian dimension).
-    activations: the children's a_i ``(batch, in_caps)`` (vector capsules: their lengths).
-    params: ``beta_u``, ``beta_a``, ``(out_caps,)``.
-
-  Returns:
-    Parent poses (the means) ``(batch, out_caps, D)`` and activations ``(batch, out_caps)``.
-  """
+  """The router interface (:mod:`capsjax.routing`): fully connected EM routing, the assignments
+  of each child a softmax over the parents (the code's ``update_em_routing``), the parents' poses
+  their means. A vote's D numbers are a pose's (16 for 4x4; vector capsules' votes route the same
+  way, each element a Gaussian dimension, their lengths the a_i); ``params``: beta_u, beta_a."""
   del inputs, rng, train
   result = em_routing(votes[:, :, :, None, :], activations[:, :, None, None], params["beta_u"],
                       params["beta_a"], settings=settings,
@@ -307,7 +269,7 @@ def route(votes, *, inputs=None, activations, params, rng=None, settings, train=
 
 def route_layer(votes, *, activations, params, settings, layer: ConvLayer,
                 diagnostics=False) -> RoutingResult:
-  """A convolutional layer routed as a whole (:attr:`capsjax.routing.core.Router.route_layer`):
+  """A convolutional layer routed as a whole (:attr:`capsjax.routing.Router.route_layer`):
   the E-step normalised over each child's parents as ``layer.normalisation`` says (the code's
   ``"code"``, with its ``mass_epsilon`` in the denominator); with ``"child"`` the first
   assignments too, as the code starts from."""

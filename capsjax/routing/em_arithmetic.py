@@ -1,13 +1,10 @@
 """EM routing's arithmetic, written once: the inverse-temperature schedule, the M-step's
-formulas for each parent and the E-step's distance of a vote from a parent. The router's loop
-(:func:`capsjax.routing.em.em_routing`) calls them, and so do the two forms it replaced, kept in
-``experiments/em_loop_forms.py`` to be measured against it (a custom VJP that runs these forward
-and differentiates :func:`damped_mean` and :func:`fit` by JAX, and the child-major reference
-loop); only the sums over the children, whose layout and passes over the votes differ, are each
-form's own.
+formulas for each parent and the E-step's distance of a vote from a parent, for the router's loop
+(:func:`capsjax.routing.em.em_routing`) and the two forms it replaced
+(``experiments/em_loop_forms.py``); only the sums over the children are each form's own.
 
-Names as in :mod:`capsjax.routing.em`: ``w = R a`` the weights of the children's votes V,
-``m0 = sum_i w``, ``S1 = sum_i w V``, ``S2 = sum_i w (V - mu)^2`` (sums over the children), each
+Names as in :mod:`capsjax.routing.em`: ``w = R a`` the weights of the children's votes V, ``m0 =
+sum_i w``, ``S1 = sum_i w V``, ``S2 = sum_i w (V - mu)^2`` (sums over the children), each
 parent-sized: ``(batch, out_caps, positions[, D])``.
 """
 
@@ -22,17 +19,11 @@ import jax.numpy as jnp
 LOG_2PI = math.log(2.0 * math.pi)
 
 
-def inverse_temperatures(final: float, growth: float, iterations: int,
-                         dtype=jnp.float32) -> jax.Array:
-  """``lambda_t = final (1 - growth^(t+1))``, ``t = 0 .. iterations-1`` (the code's schedule),
-  in ``dtype`` (the votes': a float64 run's schedule is float64)."""
-  return final * (1.0 - growth ** jnp.arange(1, iterations + 1, dtype=dtype))
-
-
 def schedule(settings: dict, dtype) -> jax.Array:
-  """:func:`inverse_temperatures` of EM's ``settings``, ``(iterations,)``."""
-  return inverse_temperatures(settings["inverse_temperature"], settings["temperature_growth"],
-                              settings["iterations"], dtype)
+  """``lambda_t = lambda (1 - growth^(t+1))``, ``t = 0 .. iterations-1`` (the code's schedule), of
+  EM's ``settings``, ``(iterations,)`` in ``dtype`` (the votes': a float64 run's is float64)."""
+  t = jnp.arange(1, settings["iterations"] + 1, dtype=dtype)
+  return settings["inverse_temperature"] * (1.0 - settings["temperature_growth"] ** t)
 
 
 def damped_mean(s1: jax.Array, m0: jax.Array, previous_mean: jax.Array,
@@ -49,10 +40,10 @@ class Fit(NamedTuple):
 
   Attributes:
     variance: ``min_var + S2 / (m0 + eps)``, ``(batch, out_caps, positions, D)``.
-    logit: ``lambda (cost - 5000 beta_a)``, ``cost = (m0 + eps) (-sum_h log var - beta_u D
-      (log 2 pi + 1))``; the activation is its sigmoid. ``(batch, out_caps, positions)``.
-    log_normaliser: the E-step's per-parent term ``log sigmoid(logit) - (D log 2 pi +
-      sum_h log var) / 2``, ``(batch, out_caps, positions)``.
+    logit: ``lambda (cost - 5000 beta_a)``, ``cost = (m0 + eps) (-sum_h log var - beta_u D (log
+      2 pi + 1))``; the activation is its sigmoid. ``(batch, out_caps, positions)``.
+    log_normaliser: the E-step's per-parent term ``log sigmoid(logit) - (D log 2 pi + sum_h log
+      var) / 2``, ``(batch, out_caps, positions)``.
   """
   variance: jax.Array
   logit: jax.Array

@@ -11,30 +11,26 @@ attention routing"), Procedure 1, as the reference code has it
       p_j  = LayerNorm(sum_i r_ij u_hat_{j|i})       # pose update, learned LayerNorm (Eq. 4)
 
 No squash: the poses are layer-normalised, so their lengths barely differ between classes and
-cannot score them. The reference scores each class capsule with one linear map shared by all
-of them (``CapsModel.final_fc = nn.Linear(caps_dim, 1)``) and trains the logits with
-cross-entropy; here the parents' activations are the sigmoid of that map,
-``a_j = sigmoid(w . p_j + c)``, in (0, 1) for the margin loss, and they are the class scores by
-default (``model.class_capsules.scores``). ``iterations`` counts every pass, the uniform first
-one included; the reference's ``num_routing`` counts the passes after it (``CapsModel.forward``
-runs the uniform pass, then ``for n in range(self.num_routing)``), so ``iterations`` =
-``num_routing + 1``. Its ``main_capsule.py`` defaults to ``--num_routing=1`` (2 passes, our
-default); the commands in its README use ``--num_routing=2`` (``iterations=3`` here).
+cannot score them. The reference scores each class capsule with one shared linear map
+(``CapsModel.final_fc = nn.Linear(caps_dim, 1)``) and trains the logits with cross-entropy; here
+the parents' activations are its sigmoid, ``a_j = sigmoid(w . p_j + c)``, in (0, 1) for the
+margin loss, and the class scores by default (``model.class_capsules.scores``). ``iterations``
+counts every pass, the uniform first one included: the reference's ``num_routing + 1``
+(``CapsModel.forward`` runs the uniform pass, then ``for n in range(self.num_routing)``). Its
+``main_capsule.py`` defaults to ``--num_routing=1`` (2 passes, our default); its README's
+commands use ``--num_routing=2`` (``iterations=3`` here).
 
 Where the paper and the reference code differ, and which we follow:
 
 * The code scales the agreement by ``1/sqrt(out_dim)`` (``self.scale``); the paper's Eq. 2 has
   no scale. We follow the code (``agreement_scale="code"``; ``"paper"`` for none).
-* The code renormalises the softmax (``r / (sum r + 1e-10)``), which changes nothing beyond
-  rounding; left out.
+* The code renormalises the softmax (``r / (sum r + 1e-10)``): no change beyond rounding; left out.
 * The LayerNorm is torch's ``nn.LayerNorm(out_dim)``: over each pose's out_dim entries, scale
   and offset of shape (out_dim,) shared by all parents, epsilon 1e-5.
 * The code's dropout on the poses (rate 0 in its configs) is left out.
 * The reference layer-normalises its primary capsules instead of squashing them; capsjax's
   backbone squashes them for every router.
-* The readout: a sigmoid of the reference's shared linear map (above), for the margin loss;
-  ``w`` starts normal(0, 1/out_dim) (torch's Linear draws uniform with the same bound order),
-  ``c`` at 0.
+* The readout's ``w`` starts normal(0, 1/out_dim) (torch's Linear: uniform of that order), ``c`` 0.
 """
 
 from __future__ import annotations
@@ -82,20 +78,10 @@ def layer_norm(x: jax.Array, scale: jax.Array, offset: jax.Array, epsilon: float
 
 def route(votes, *, inputs=None, activations=None, params, rng=None, settings,
           train=False, diagnostics=False) -> RoutingResult:
-  """Inverted dot-product attention routing.
-
-  Args:
-    votes: ``(batch, in_caps, out_caps, out_dim)``.
-    params: ``layer_norm_scale``, ``layer_norm_offset`` and ``readout_weights``,
-      ``(out_dim,)`` each, and ``readout_bias`` ``(1,)``.
-
-  Returns:
-    Parent poses ``(batch, out_caps, out_dim)``, their activations
-    ``sigmoid(readout_weights . p_j + readout_bias)`` ``(batch, out_caps)``; diagnostics per
-    iteration:
-    ``coupling_entropy``, ``coupling_max``, ``agreement`` (mean a_ij) and ``pose_change``
-    (mean |p^r - p^(r-1)| over parents, from p = 0 for the first).
-  """
+  """Inverted dot-product attention routing (the interface: :mod:`capsjax.routing`; ``params``:
+  :func:`parameters`; the activations: the module docstring's readout); diagnostics per
+  iteration: ``coupling_entropy``, ``coupling_max``, ``agreement`` (mean a_ij) and
+  ``pose_change`` (mean |p^r - p^(r-1)| over parents, from p = 0 for the first)."""
   del inputs, activations, rng, train
   batch, in_caps, out_caps, out_dim = votes.shape
   scale = 1.0 / math.sqrt(out_dim) if settings["agreement_scale"] == "code" else 1.0
@@ -106,10 +92,8 @@ def route(votes, *, inputs=None, activations=None, params, rng=None, settings,
                       settings["layer_norm_epsilon"])
 
   def measure(coupling, agreement, pose, previous):
-    row = coupling_statistics(coupling)
-    row["agreement"] = jnp.mean(agreement, axis=(1, 2))
-    row["pose_change"] = jnp.mean(safe_norm(pose - previous), axis=1)
-    return row
+    return {**coupling_statistics(coupling), "agreement": jnp.mean(agreement, axis=(1, 2)),
+            "pose_change": jnp.mean(safe_norm(pose - previous), axis=1)}
 
   # p = 0 makes every a_ij 0: the first coupling is the uniform constant.
   coupling = jnp.full((batch, in_caps, out_caps), 1.0 / out_caps, votes.dtype)

@@ -33,26 +33,16 @@ SETTINGS = {
 
 def route(votes, *, inputs=None, activations=None, params=None, rng=None, settings,
           train=False, diagnostics=False) -> RoutingResult:
-  """Parents from randomly coupled votes.
-
-  Args:
-    votes: ``(batch, in_caps, out_caps, out_dim)``.
-    params: optional ``{"bias": (out_caps, out_dim)}``, a bias on s_j.
-    rng: the key of this training step (required when ``train``).
-
-  Returns:
-    Parents ``(batch, out_caps, out_dim)``; diagnostics (one iteration): ``coupling_entropy``,
-    ``coupling_max``, ``preactivation_norm``.
-  """
+  """Parents from randomly coupled votes (the interface, ``params["bias"] (out_caps, out_dim)``
+  on s_j included: :mod:`capsjax.routing`; ``rng`` required when ``train``). Diagnostics (one
+  iteration): ``coupling_entropy``, ``coupling_max``, ``preactivation_norm``."""
   del inputs, activations
   if train and rng is None:
     raise ValueError("The random router needs a key in training (rng=...).")
   key = rng if train else jax.random.PRNGKey(settings["eval_seed"])
   logits = settings["logit_scale"] * jax.random.normal(key, votes.shape[:3], votes.dtype)
-  return coupled_parents(votes, jax.nn.softmax(logits, axis=2),
-                         bias=(params or {}).get("bias"),
+  return coupled_parents(votes, jax.nn.softmax(logits, axis=2), bias=(params or {}).get("bias"),
                          squash_epsilon=settings["squash_epsilon"], diagnostics=diagnostics)
 
 
-ROUTER = Router(name="random", settings=SETTINGS, route=route,
-                uses_parent_bias=True)
+ROUTER = Router(name="random", settings=SETTINGS, route=route, uses_parent_bias=True)

@@ -43,11 +43,9 @@ class RoutingResult(NamedTuple):
     capsules: the parent capsules (poses), ``(batch, out_caps, out_dim)``.
     activations: the parents' activations ``(batch, out_caps)`` for routers that compute them
       (``self_routing``), else None (the model then scores by capsule lengths).
-    diagnostics: ``{name: (batch, iterations)}`` per-example, per-iteration measurements
-      (coupling entropy, logit or pose change, ...), only when asked for; else ``{}``.
-    activation_logits: for routers whose activations are ``sigmoid`` of logits and that say
-      so (:attr:`Router.activation_logits`), the logits (``activations``' shape), which a
-      layer's batch norms (VB's authors' code) normalise before the sigmoid; else None.
+    diagnostics: ``{name: (batch, iterations)}`` if asked for (:mod:`capsjax.routing`), else ``{}``.
+    activation_logits: for routers that say so (:attr:`Router.activation_logits`), the logits of
+      their sigmoid activations (same shape) that a layer's VB batch norms normalise; else None.
   """
   capsules: jax.Array
   activations: jax.Array | None
@@ -57,9 +55,8 @@ class RoutingResult(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class ConvLayer:
-  """A convolutional capsule layer as a router that routes it as a whole sees it
-  (:attr:`Router.route_layer`); built by the layer (``capsjax.models.conv_capsules``), so that
-  the router needs nothing from the models.
+  """What a router that routes a convolutional layer whole sees of it (:attr:`Router.route_layer`),
+  built by ``capsjax.models.conv_capsules`` so that the router needs nothing from the models.
 
   Attributes:
     num_children: the layer's true children (input types x height x width); each is a child
@@ -83,10 +80,10 @@ class ParamSpec:
 
   Attributes:
     shape: its shape.
-    init: ``"zeros"``, ``"ones"``, a number (every entry that constant), or a callable
-      ``(key, shape) -> array``. A layer draws a key for each parameter but a number's (so
-      that EM's and VB's constant betas in a convolutional capsule layer leave the draws of
-      the layers after it as they were).
+    init: ``"zeros"``, ``"ones"``, a number (every entry that constant), or a callable ``(key,
+      shape) -> array``. A layer draws a key for each parameter but a number's (so that EM's and
+      VB's constant betas in a convolutional capsule layer leave the later layers' draws as they
+      were).
   """
   shape: tuple[int, ...]
   init: Any = "zeros"
@@ -109,27 +106,22 @@ class ParamSpec:
 class Router:
   """A routing algorithm, as registered in :data:`capsjax.routing.ROUTERS`.
 
-  Its ``name`` is what it is: two routers of one name are equal and hash alike, so that a
-  layer holds its router itself, static in NNX's graph definition (its ``settings`` table is
-  not hashable).
+  Its ``name`` is what it is: two routers of one name are equal and hash alike, so that a layer
+  holds its router itself, static in NNX's graph definition (its ``settings`` are unhashable).
 
   Attributes:
     name: its registered name (``config.model.routing.name``).
     settings: each setting it reads, declared (``{key: capsjax.config.settings.Setting}``:
       default, meaning, range; a plain value is taken as the default): what
       ``config.model.routing`` may set for it.
-    route: ``route(votes, *, inputs, activations, params, rng, settings, train,
-      diagnostics) -> RoutingResult``; see :mod:`capsjax.routing`.
+    route: the routing function (its interface: :mod:`capsjax.routing`).
     parameters: ``parameters(in_caps, in_dim, out_caps, out_dim, settings) ->
       {name: ParamSpec}``, the learned parameters it needs (most need none).
     check: ``check(settings)`` raises UsageError naming a setting whose value cannot work
       with the others (each setting's own range is its declaration's).
-    uses_parent_bias: whether a bias on the parents' s_j (``model.class_capsules.use_bias``)
-      means anything to it.
-    yields_activations: whether it computes the parents' activations (else their lengths
-      are the class scores).
-    squashes: whether the parents' lengths are squashed into [0, 1) (then their saturation is
-      measured and watched).
+    uses_parent_bias: whether a bias on s_j (``model.class_capsules.use_bias``) means anything.
+    yields_activations: whether it computes the parents' activations (else lengths score them).
+    squashes: whether the parents' lengths are squashed into [0, 1) (their saturation is watched).
     route_layer: for routers that route a convolutional layer as a whole (a child shared by
       the receptive fields it is in: EM, VB), ``route_layer(votes, *, activations, params,
       settings, layer, diagnostics) -> RoutingResult``: ``votes`` ``(batch, children,
@@ -137,8 +129,7 @@ class Router:
       children, 1, positions)``, ``layer`` a :class:`ConvLayer`; parents ``(batch, out_caps,
       positions, D)``, activations ``(batch, out_caps, positions)``. None: the layer routes
       each receptive field on its own with ``route``.
-    activation_logits: whether its results carry ``activation_logits``, so that a layer may
-      batch-normalise them before the sigmoid (``routing_norms``).
+    activation_logits: whether its results carry ``activation_logits`` (:class:`RoutingResult`).
     parent_batch_norms: whether its authors' matrix-capsule network batch-normalises each
       routed layer's parents (activation logits and poses), which ``em_capsnet`` then does
       (the VB code's; needs ``activation_logits``).

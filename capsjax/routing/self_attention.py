@@ -40,16 +40,9 @@ def parameters(in_caps: int, in_dim: int, out_caps: int, out_dim: int, settings:
 
 def route(votes, *, inputs=None, activations=None, params, rng=None, settings=None,
           train=False, diagnostics=False) -> RoutingResult:
-  """One pass of self-attention routing.
-
-  Args:
-    votes: ``(batch, in_caps, out_caps, out_dim)``.
-    params: ``{"bias": (out_caps, in_caps)}``.
-
-  Returns:
-    Parents ``(batch, out_caps, out_dim)``; diagnostics (one iteration): ``coupling_entropy``,
-    ``coupling_max`` (of the softmax), ``agreement`` (mean A_ij), ``preactivation_norm``.
-  """
+  """One pass of self-attention routing (the interface: :mod:`capsjax.routing`); ``params``:
+  ``{"bias": (out_caps, in_caps)}``. Diagnostics (one iteration): ``coupling_entropy``,
+  ``coupling_max`` (of the softmax), ``agreement`` (mean A_ij), ``preactivation_norm``."""
   del inputs, activations, rng, settings, train
   out_dim = votes.shape[3]
   agreement = jnp.einsum("bijd,bjd->bij", votes, jnp.sum(votes, axis=1)) / math.sqrt(out_dim)
@@ -58,9 +51,8 @@ def route(votes, *, inputs=None, activations=None, params, rng=None, settings=No
   capsules = exp_squash(preactivation)
   if not diagnostics:
     return RoutingResult(capsules, None, {})
-  measured = coupling_statistics(coupling)
-  measured["agreement"] = jnp.mean(agreement, axis=(1, 2))
-  measured["preactivation_norm"] = jnp.mean(safe_norm(preactivation), axis=1)
+  measured = {**coupling_statistics(coupling), "agreement": jnp.mean(agreement, axis=(1, 2)),
+              "preactivation_norm": jnp.mean(safe_norm(preactivation), axis=1)}
   return RoutingResult(capsules, None, {k: v[:, None] for k, v in measured.items()})
 
 

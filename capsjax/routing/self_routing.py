@@ -17,8 +17,7 @@ Where we differ from the reference, and why:
 
 * The children's activations a_i are their lengths |u_i| (capsjax's primary capsules are
   squashed vectors); SR-CapsNet computes them with a separate convolution and a sigmoid.
-* The divisions get a floor of 1e-12 (the reference has none; its sigmoid activations are
-  positive, a length can be 0).
+* The divisions get a floor of 1e-12: a length can be 0 (the reference's sigmoids cannot; no floor).
 * The reference's class layer (``pose_out=False``) computes no parent poses; here the poses are
   computed as in its hidden layers, for the reconstruction network.
 """
@@ -44,21 +43,11 @@ def parameters(in_caps: int, in_dim: int, out_caps: int, out_dim: int, settings:
 
 def route(votes, *, inputs, activations, params, rng=None, settings=None, train=False,
           diagnostics=False) -> RoutingResult:
-  """Self-routing of the votes.
-
-  Args:
-    votes: ``(batch, in_caps, out_caps, out_dim)``.
-    inputs: the child capsules u_i, ``(batch, in_caps, in_dim)``.
-    activations: the children's activations a_i >= 0, ``(batch, in_caps)``.
-    params: ``route_weights`` ``(in_caps, out_caps, in_dim)``, ``route_bias``
-      ``(in_caps, out_caps)``.
-
-  Returns:
-    Parent poses ``(batch, out_caps, out_dim)``, parent activations ``(batch, out_caps)`` in
-    [0, 1]; diagnostics (one iteration): ``coupling_entropy``, ``coupling_max`` and
-    ``parent_activation_max`` (the mean over examples of the largest a_j; the a_j of an example
-    sum to 1).
-  """
+  """Self-routing of the votes (the interface: :mod:`capsjax.routing`; ``inputs`` u_i and
+  ``activations`` a_i >= 0 are used); ``params``: ``route_weights`` ``(in_caps, out_caps, in_dim)``,
+  ``route_bias`` ``(in_caps, out_caps)``. Parent activations are in [0, 1]; diagnostics (one
+  iteration): ``coupling_entropy``, ``coupling_max`` and ``parent_activation_max`` (the mean over
+  examples of the largest a_j; the a_j of an example sum to 1)."""
   del rng, settings, train
   logits = jnp.einsum("bik,ijk->bij", inputs, params["route_weights"]) + params["route_bias"]
   coupling = jax.nn.softmax(logits, axis=2)

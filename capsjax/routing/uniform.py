@@ -23,21 +23,13 @@ SETTINGS = {"squash_epsilon": SQUASH_EPSILON}
 
 def route(votes, *, inputs=None, activations=None, params=None, rng=None, settings,
           train=False, diagnostics=False) -> RoutingResult:
-  """Parents from uniformly coupled votes.
-
-  Args:
-    votes: ``(batch, in_caps, out_caps, out_dim)``.
-    params: optional ``{"bias": (out_caps, out_dim)}``, a bias on s_j.
-
-  Returns:
-    Parents ``(batch, out_caps, out_dim)``; diagnostics (one iteration): ``coupling_entropy``
-    (log out_caps, the maximum) and ``coupling_max`` (1/out_caps), ``preactivation_norm``.
-  """
+  """Parents from uniformly coupled votes (the interface, ``params["bias"] (out_caps, out_dim)``
+  on s_j included: :mod:`capsjax.routing`). Diagnostics (one iteration): ``coupling_entropy``
+  (log out_caps, the maximum), ``coupling_max`` (1/out_caps) and ``preactivation_norm``."""
   del inputs, activations, rng, train
   coupling = jnp.full(votes.shape[:3], 1.0 / votes.shape[2], votes.dtype)
   return coupled_parents(votes, coupling, bias=(params or {}).get("bias"),
                          squash_epsilon=settings["squash_epsilon"], diagnostics=diagnostics)
 
 
-ROUTER = Router(name="uniform", settings=SETTINGS, route=route,
-                uses_parent_bias=True)
+ROUTER = Router(name="uniform", settings=SETTINGS, route=route, uses_parent_bias=True)

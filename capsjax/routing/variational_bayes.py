@@ -28,7 +28,8 @@ posterior entropy::
     a_j   = beta_a - (exp(E ln pi_j) H_j + beta_u)
 
 The code then batch-normalises ``a_j`` (no affine parameters) before a sigmoid, and the poses
-``m_j`` as well: that is state, so it belongs to the layer that calls this routing, not here.
+``m_j`` as well: that is state, which ``em_capsnet``'s capsule layers keep and a router does not
+(on other backbones the logits go to the sigmoid as they are).
 
 Where the code departs from the textbook update (each a setting, the code's the default):
 
@@ -54,12 +55,8 @@ Where the code departs from the textbook update (each a setting, the code's the 
 * the code divides by ``R_j`` with no epsilon (NaN when every child of a parent is inactive);
   here ``mass_epsilon`` (1e-7) is added to ``R_j`` where it divides, and only there.
 
-Priors as the code's network (``capsnet.py``): alpha0 = 1, kappa0 = 1, nu0 = D + 1, Psi0 = I;
-beta_u and beta_a initialised to 0 per parent type; 3 iterations; no stop-gradient.
-
-Shapes as :mod:`capsjax.routing.em`: votes ``(batch, children, out_caps, positions, D)``; each
-child's assignments normalised over ``out_caps`` at its position, unless the layer passes
-``child_sum`` (:func:`vb_routing`), the sum over every parent of each child.
+Shapes as :mod:`capsjax.routing.em`: votes ``(batch, children, out_caps, positions, D)``, each
+child's R normalised over ``out_caps`` at its position unless the layer passes ``child_sum``.
 """
 
 from __future__ import annotations
@@ -79,8 +76,8 @@ from capsjax.routing.em import parameters
 ASSIGNMENTS = ("code", "first_commits", "textbook")
 CONV_NORMALISATIONS = ("child", "patch")
 
-# ``config.model.routing`` of VB routing: the authors' code's values (HEAD of
-# fabio-deep/Variational-Capsule-Routing; the module docstring gives each difference).
+# ``config.model.routing`` of VB routing: the authors' code's values (its network, ``capsnet.py``,
+# at HEAD of fabio-deep/Variational-Capsule-Routing; the module docstring gives each difference).
 SETTINGS = {
     "iterations": iterations_setting(3, "The code's routing_iter (its default)."),
     "stop_gradient": Setting(False, "True: no gradient through the intermediate iterations "
@@ -118,12 +115,13 @@ class Posterior(NamedTuple):
 
 
 class VBResult(NamedTuple):
-  """poses ``m_j (batch, out_caps, positions, D)``; ``activation_logits`` ``beta_a - (exp(E
-  ln pi_j) H_j + beta_u)``, ``(batch, out_caps, positions)`` (before the layer's batch norm
-  and sigmoid); diagnostics ``{name: (batch, iterations)}`` if asked for: ``coupling_entropy``
-  (nats, the mean over routed children of the entropy of their assignments normalised over the
-  parents; a convolutional layer routes each receptive-field copy of a child), ``log_sigma`` (mean of ``-ln(nu_j Psi_j) / 2``, the log standard deviation
-  of the expected precision), ``mixing_entropy`` (of ``E[pi]`` per position)."""
+  """poses ``m_j (batch, out_caps, positions, D)``; ``activation_logits`` ``beta_a - (exp(E ln
+  pi_j) H_j + beta_u)``, ``(batch, out_caps, positions)`` (before the layer's batch norm and
+  sigmoid); diagnostics ``{name: (batch, iterations)}`` if asked for: ``coupling_entropy`` (nats,
+  the mean over routed children of the entropy of their assignments normalised over the parents;
+  a convolutional layer routes each receptive-field copy of a child), ``log_sigma`` (mean of
+  ``-ln(nu_j Psi_j) / 2``, the log standard deviation of the expected precision),
+  ``mixing_entropy`` (of ``E[pi]`` per position)."""
   poses: jax.Array
   activation_logits: jax.Array
   diagnostics: dict
@@ -190,10 +188,8 @@ def activation_logits(q: Posterior, beta_u: jax.Array, beta_a: jax.Array) -> jax
 
 def vb_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta_a: jax.Array,
                *, settings: dict, diagnostics: bool = False, child_sum=None) -> VBResult:
-  """Variational Bayes routing of ``votes (batch, children, out_caps, positions, D)``;
-  ``activations`` a_i broadcastable to ``(batch, children, out_caps, positions)``;
-  ``beta_u``, ``beta_a`` ``(out_caps,)``; ``child_sum``: a convolutional layer's sum of
-  ``p_ij`` over every parent of each child (:func:`assignments_from`)."""
+  """Variational Bayes routing, arguments as :func:`capsjax.routing.em.em_routing`'s; ``child_sum``:
+  a convolutional layer's sum of ``p_ij`` over each child's parents (:func:`assignments_from`)."""
   iterations = settings["iterations"]
   check_iterations(iterations)
   batch, children, out_caps, positions, _ = votes.shape
@@ -228,11 +224,9 @@ def vb_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
       assignments = jax.lax.stop_gradient(assignments)
     return assignments, measured
 
-  # As EM routing: the backward pass recomputes each iteration instead of storing
-  # votes-sized temporaries.
+  # The backward pass recomputes each iteration instead of storing votes-sized temporaries.
   iteration = jax.checkpoint(iteration, policy=jax.checkpoint_policies.nothing_saveable)
-  assignments, measured = jax.lax.fori_loop(0, iterations - 1, iteration,
-                                            (assignments, measured))
+  assignments, measured = jax.lax.fori_loop(0, iterations - 1, iteration, (assignments, measured))
   q = update_posteriors(votes, assignments * activations, settings)
   found = {}
   if diagnostics:
@@ -244,20 +238,9 @@ def vb_routing(votes: jax.Array, activations: jax.Array, beta_u: jax.Array, beta
 
 def route(votes, *, inputs=None, activations, params, rng=None, settings, train=False,
           diagnostics=False) -> RoutingResult:
-  """The router interface (:mod:`capsjax.routing`): fully connected VB routing.
-
-  Args:
-    votes: ``(batch, in_caps, out_caps, D)`` (vector capsules' votes route as D Gaussian
-      dimensions, as under ``em``).
-    activations: the children's a_i ``(batch, in_caps)`` (vector capsules: their lengths).
-    params: ``beta_u``, ``beta_a``, ``(out_caps,)``.
-
-  Returns:
-    Parent poses ``m_j`` ``(batch, out_caps, D)`` and activations ``sigmoid(a_j)``. The
-    authors' code batch-normalises ``a_j`` (and the poses) first; that needs state, which
-    ``em_capsnet``'s capsule layers keep and a router does not, so on other backbones the
-    logits go to the sigmoid as they are.
-  """
+  """The router interface (:mod:`capsjax.routing`): fully connected VB routing, votes and
+  ``params`` as under ``em`` (:func:`capsjax.routing.em.route`). Parent poses ``m_j`` and
+  activations ``sigmoid(a_j)``, without the code's batch norms (state: module docstring)."""
   del inputs, rng, train
   result = vb_routing(votes[:, :, :, None, :], activations[:, :, None, None],
                       params["beta_u"], params["beta_a"], settings=settings,
@@ -269,9 +252,8 @@ def route(votes, *, inputs=None, activations, params, rng=None, settings, train=
 
 def route_layer(votes, *, activations, params, settings, layer: ConvLayer,
                 diagnostics=False) -> RoutingResult:
-  """A convolutional layer routed as a whole (:attr:`capsjax.routing.core.Router.route_layer`):
-  with ``conv_normalisation="child"`` the assignments of each true child sum to one over every
-  receptive field it is in (``layer.child_sum``), as the authors' code."""
+  """A convolutional layer routed as a whole (:attr:`capsjax.routing.Router.route_layer`), by
+  ``conv_normalisation`` (module docstring; ``"child"``: ``layer.child_sum``)."""
   child_sum = layer.child_sum if settings["conv_normalisation"] == "child" else None
   result = vb_routing(votes, activations, params["beta_u"], params["beta_a"], settings=settings,
                       diagnostics=diagnostics, child_sum=child_sum)
