@@ -9,8 +9,9 @@ for each ``t x t`` input tile ``d`` (``t = m + 2``, tiles overlapping by 2), whe
 elementwise product over the ``t x t`` positions and a matmul over channels. The products of
 the ``t * t`` positions are ``t * t`` matmuls of ``(tiles, in) x (in, out)``: ``t^2 / m^2`` of
 the direct convolution's multiplications per output, 16/36 for F(2x2, 3x3) and 36/144 for F(4x4,
-3x3). The transforms are sums of strided views, which XLA fuses into elementwise loops, and the
-gradients are the transposed transforms (autodiff), so the backward pass gets the same saving.
+3x3). The transforms are sums of strided views, which XLA fuses into elementwise loops; the
+backward pass (a custom VJP) is Winograd too: the input gradient one more Winograd convolution,
+the kernel gradient formed in the Winograd domain, so it gets the same saving.
 
 It is the same function as the direct convolution, up to float rounding: F(2x2, 3x3)'s
 transforms have coefficients 0, +-1/2, +-1, and its float32 error is of the direct
