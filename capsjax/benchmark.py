@@ -2,29 +2,14 @@
 
   python -m capsjax.benchmark --config=configs/mnist.py [--config.train.batch_size=32 ...]
 
-In one process, after compilation: train-step and eval-step images/s at the configured batch,
-compile time, XLA's temp memory for the train step, and the step against the two bounds of
-the device it runs on:
-
-* compute: the train step's FLOPs per image, counted from its jaxpr, the same on every
-  backend (:mod:`capsjax.perf.jaxpr_flops`; ``flops_source``; XLA's own count beside it,
-  ``xla_gflop_per_image``), at the measured rate of a dense f32 matmul on the same device
-  (``matmul_gflop_per_s``); ``compute_fraction`` (also ``peak_fraction``, its earlier name) is
-  the time that takes over the measured step time;
-* memory: the bytes per image the compiled step moves (``bytes_per_image``: every kernel's
-  operands and output, loops multiplied by their trip counts,
-  :mod:`capsjax.perf.hlo_traffic`; XLA's own ``bytes accessed`` before and after optimisation
-  are reported beside it, ``xla_bytes_per_image_*``, but count a loop's body once) at the
-  measured bandwidth of an elementwise pass over a large array (``copy_gb_per_s``, bytes read
-  plus written); ``memory_fraction`` likewise.
-
-``bound`` names the larger of the two times (None, as the fractions, where a loop's trip count
-was unknown and only lower bounds are known); a step far above both (fractions well below 1)
-is bound by neither: launch latency, host work or poorly shaped kernels. With ``--profile``,
-also the ops executed per step (``launches_per_step``: kernels on a GPU, thunks on the CPU)
-and a per-layer table of time and bytes. The last line printed is one JSON object with these
-numbers. Data are random bytes already on the device, through the same jitted step that
-training uses. docs/benchmarking.md defines each field, with its unit and caveats.
+In one process, after compilation, on random bytes already on the device through the jitted
+step that training uses: train-step and eval-step images/s, compile time, XLA's memory for the
+train step, and the step against the device's two bounds: compute (FLOPs per image counted
+from the jaxpr, :mod:`capsjax.perf.jaxpr_flops`, at the measured rate of a dense f32 matmul)
+and memory (bytes per image the compiled step moves, :mod:`capsjax.perf.hlo_traffic`, at the
+measured bandwidth of an elementwise pass); ``bound`` names the larger time. ``--profile`` adds
+the ops per step and a per-layer table. The last line printed is one JSON object;
+docs/benchmarking.md defines each field, with its unit and caveats.
 """
 
 import json
@@ -49,8 +34,7 @@ FLAGS: types.SimpleNamespace | None = None
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
-  """The command's flags, in ``flag_values``; ``argv`` (default sys.argv) holds the
-  config flags' overrides."""
+  """The command's flags, in ``flag_values``; ``argv`` (default sys.argv): config overrides."""
   global FLAGS
   define = dict(flag_values=flag_values)
   FLAGS = types.SimpleNamespace(
@@ -153,12 +137,11 @@ def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
       "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
       "device": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
       "model": setup.config.model.name,
-      # The same field as the PyTorch peers' lines (experiments/torch_capsnet.py): one check
-      # that both sides built the same network.
+      # The PyTorch peers print it too (experiments/torch_capsnet.py): both built one network.
       "trainable_parameters": int(sum(leaf.size for leaf in jax.tree.leaves(state.params))),
       "dataset": setup.config.dataset,
       # Models without these settings (em_capsnet has no compute_dtype) report None.
-      "conv_impl": config.model.get("conv_impl"),          # Models without it: null.
+      "conv_impl": config.model.get("conv_impl"),
       "compute_dtype": config.model.get("compute_dtype"),
       "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),  # See capsjax/runs/hostmemory.py.
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -183,8 +166,7 @@ def _compile(setup, train_step, state, examples, shared, num_steps: int,
 
 def _profile(train_once, compiled, traffic, depth: int, num_steps: int,
              train_seconds: float) -> dict:
-  """``launches_per_step`` and the per-layer table (``layer_profile``, and its markdown) of
-  three traced calls of ``train_once``."""
+  """``launches_per_step`` and the per-layer table (``layer_profile``, its markdown), traced."""
   seconds, launches = layer_profile.trace_ops(train_once, repeats=3)
   rows = layer_profile.layer_table(seconds, layer_profile.op_layers(compiled.as_text(), depth),
                                    per=num_steps, bytes_by_op=traffic.bytes_by_op)
@@ -194,8 +176,7 @@ def _profile(train_once, compiled, traffic, depth: int, num_steps: int,
 
 
 def _eval_rate(setup, variables, eval_batch: int, min_seconds: float) -> float:
-  """Eval images/s of one evaluation batch of the test split (``variables()``: the current
-  parameters)."""
+  """Eval images/s of one test batch (``variables()``: the current parameters)."""
   eval_set = setup.batched.eval_set(setup.splits["test"].first(eval_batch),
                                      setup.task.dataset.eval_batch)
   seconds = rates.time_repeated(lambda: setup.batched.evaluate(variables(), eval_set),
@@ -257,8 +238,7 @@ def _random_data_setup(config):
 
 
 def random_split(builder, num_examples: int):
-  """Random bytes and labels of the shapes the builder's train split has (the data are
-  not read: benchmarks need no files)."""
+  """Random bytes and labels of the builder's train split's shapes (benchmarks read no files)."""
   import numpy as np
 
   rng = np.random.default_rng(0)

@@ -9,28 +9,18 @@
   python -m capsjax.evaluate --workdir=/tmp/run --evals=configs/evals/robustness.py:adversarial \
       --evals.adversarial.limit=200                              # evaluations the run had not
 
-The config is the one the run saved (WORKDIR/config.json); the data location
-can be changed with ``--data_dir`` (e.g. on another machine). Writes
-WORKDIR/evaluation.json: ``test_*`` for the main test set, every evaluation
-under ``evaluations``, the chance levels, how the checkpoint was chosen
-(``selected_on``: ``final``, ``validation`` or ``step N``), and with
-``--max_shift`` the grid of shifted test accuracies under
-``shifted_test_accuracy``; and WORKDIR/evaluation_predictions.npz, which class it predicted
-for each test (and validation) example (:mod:`capsjax.runs.predictions`; a run's own end
-writes predictions.npz). ``--checkpoint=best`` is refused for a run without a
-validation split: its best checkpoint would be chosen on the test set.
+The config is the one the run saved (WORKDIR/config.json; ``--data_dir`` moves the data, e.g. on
+another machine). Writes WORKDIR/evaluation.json (``test_*`` for the main test set, every evaluation
+under ``evaluations``, the chance levels, how the checkpoint was chosen: ``selected_on``,
+:mod:`capsjax.training.restoring`; with ``--max_shift``, ``shifted_test_accuracy``) and
+evaluation_predictions.npz (:mod:`capsjax.runs.predictions`). ``--checkpoint=best`` is refused for a
+run without a validation split: its best checkpoint would be chosen on the test set.
 
-With ``--evals=FILE`` (a config file whose ``get_config()`` returns ``{name: settings}`` as
-``config.evals`` holds them, e.g. ``configs/evals/robustness.py``; ``--evals.NAME.KEY=VALUE``
-overrides a setting) it runs those evaluations instead, on a run trained without them, and
-merges their results into WORKDIR/extra_evaluations.json under their names (with the
-checkpoint step and the settings); the run's own summary.json and evaluation.json are left as
-they are. A name the run's config already evaluates is refused.
-
-``--output=DIR`` writes these files (and the figures and TensorBoard images) into DIR instead
-of the workdir, which is then only read: a colleague's run on a read-only mount. A workdir
-that cannot be written to without it is refused in one line naming ``--output``, before
-anything is restored (:func:`output_folder`).
+``--evals=FILE`` (``{name: settings}`` as ``config.evals`` holds them; a name the run's config
+evaluates is refused) runs those evaluations instead and merges their results into
+WORKDIR/extra_evaluations.json (:func:`evaluate_new`); the run's own files are left as they
+are. ``--output=DIR`` writes every file into DIR instead, the workdir then only read
+(:func:`output_folder`). docs/training.md, "Evaluate a saved run".
 """
 
 import os
@@ -53,8 +43,7 @@ FLAGS: types.SimpleNamespace | None = None
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
-  """The command's flags, in ``flag_values``; ``argv`` (default sys.argv) holds the
-  config flags' overrides."""
+  """The command's flags, in ``flag_values``; ``argv`` (default sys.argv): config overrides."""
   global FLAGS
   define = dict(flag_values=flag_values)
   FLAGS = types.SimpleNamespace(
@@ -188,7 +177,6 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
                              setup.batched, log=reporting.log)
     results = {name: evaluator.run(state.variables) for name, evaluator in built.items()}
     if jax.process_index() == 0:  # Recorded first, then drawn.
-
       stored.update({name: {"checkpoint_step": step, "selected_on": selected_on,
                             "settings": settings[name].to_dict(), "result": result}
                      for name, result in results.items()})

@@ -4,9 +4,8 @@
   python -m capsjax.main --config=configs/mnist.py --workdir=/tmp/run \
       --config.data.source=idx --config.data.dir=/path/to/mnist --config.train.num_epochs=1
 
-A rerun with the same --workdir resumes from its latest checkpoint. On a
-cluster, start one process per host with --distributed (or with
---coordinator_address, --num_processes and --process_id).
+A rerun with the same --workdir resumes from its latest checkpoint. On a cluster, start one process
+per host with --distributed (or with --coordinator_address, --num_processes and --process_id).
 """
 
 import types

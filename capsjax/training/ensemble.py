@@ -1,12 +1,11 @@
 """Ensembles (paper Sec. 7: CIFAR-10 with 7 models): average the members' class scores.
 
-``python -m capsjax.evaluate --ensemble=DIR1,DIR2,...`` (or one sweep directory, whose
-finished runs are the members) restores each member's checkpoint (the final one by default;
-``--checkpoint=best`` only for members that held out a validation split),
-computes its class scores (capsule lengths for CapsNet) on the test set, averages them
-over the members, as the official ``evaluate_ensemble`` does with its logits, and
-writes ``ensemble.json``: ``accuracy``, ``error``, and each member's own accuracy.
-Members must share the dataset, the number of classes and the input shape.
+``python -m capsjax.evaluate --ensemble=DIR1,DIR2,...`` (or one sweep directory, whose finished
+runs are the members) restores each member's checkpoint (the final one by default), computes
+its class scores (capsule lengths for CapsNet) on the test set, averages them over the members,
+as the official ``evaluate_ensemble`` does with its logits, and writes ``ensemble.json``:
+``accuracy``, ``error``, and each member's own accuracy. Members must share the dataset, the
+number of classes and the input shape (:data:`MUST_MATCH`).
 """
 
 from __future__ import annotations
@@ -31,8 +30,8 @@ MUST_MATCH = (("dataset",), ("model", "num_classes"), ("model", "image_shape"))
 
 
 def members_of(paths: list[str]) -> tuple[list[str], str]:
-  """The run directories, and where ensemble.json goes: one sweep directory gives its
-  finished runs and itself; a list gives itself and the runs' common parent."""
+  """The run directories, and where ensemble.json goes: one sweep directory gives its finished
+  runs and itself; a list gives itself and the runs' common parent."""
   paths = [os.path.abspath(p) for p in paths if p]
   if len(paths) == 1 and not os.path.exists(os.path.join(paths[0], "config.json")):
     if not os.path.isdir(paths[0]):

@@ -1,20 +1,16 @@
 """Mapping a function over an evaluation set on every device: the one batching that every
 evaluation, ensemble, benchmark and experiment uses.
 
-An :class:`EvalSet` is a split on the devices, padded to whole batches (padding weighs 0),
-with the function that turns a slice of its examples into a batch. An :class:`BatchedEval` maps any
-pure ``fn(variables, batch) -> {name: per_example}`` over it, jitted once per ``fn`` and set
-kind, each batch sharded over the mesh's ``data`` axis::
+An :class:`EvalSet` is a split on the devices, padded to whole batches. A :class:`BatchedEval`
+maps any pure ``fn(variables, batch) -> {name: per_example}`` over it, jitted once per ``fn``
+and set kind, each batch sharded over the mesh's ``data`` axis::
 
     batched.mean(fn, variables, eval_set)     # weighted means over the set: {name: float}
     batched.collect(fn, variables, eval_set)  # per-example values: {name: (n, ...) array}
 
-``batched.evaluate_examples`` collects the task's forward (loss, its parts, metrics, class scores)
-per example and averages it on the host in float64 (what a split's evaluation keeps as the
-run's predictions); ``batched.evaluate`` is its means, and ``batched.scores`` ``collect`` of the
-class scores. An evaluator that needs gradients with
-respect to the input (an attack) writes its ``fn`` with ``jax.grad`` of
-:meth:`capsjax.training.tasks.Task.forward` (``batched.task.forward``) and hands it to the batched.
+``batched.evaluate_examples``, ``evaluate`` and ``scores`` apply it to the task's forward. An
+evaluator that needs gradients with respect to the input (an attack) writes its ``fn`` with
+``jax.grad`` of :meth:`capsjax.training.tasks.Task.forward` (``batched.task.forward``).
 """
 
 from __future__ import annotations
@@ -89,7 +85,6 @@ def _show_progress(label: str | None, done: int, total: int, values) -> None:
   terminal, about every quarter of the set in a log."""
   if label is None or jax.process_index() != 0:
     return
-
   every = 1 if reporting.is_terminal(sys.stderr) else max(1, -(-total // 4))
   if done % every == 0 or done == total:
     jax.block_until_ready(values)
@@ -200,11 +195,11 @@ class BatchedEval:
     return self.evaluate_examples(variables, eval_set)[0]
 
   def evaluate_examples(self, variables, eval_set: EvalSet) -> tuple[dict, dict, dict]:
-    """``(metrics, per_example, outputs)``: :meth:`evaluate`'s means, computed on the host from
-    the values of each example; those values (``{name: (size, ...)}``: the loss, its parts and
-    the metrics); and ``outputs``: the class ``scores`` ``(size, num_classes)`` and the
-    ``labels`` of the batches (the dataset's, e.g. MultiMNIST's pairs'). One program, one
-    pass."""
+    """``(metrics, per_example, outputs)``: :meth:`evaluate`'s means, computed on the host in
+    float64 from the values of each example; those values (``{name: (size, ...)}``: the loss,
+    its parts and the metrics); and ``outputs``: the class ``scores`` ``(size, num_classes)``
+    and the ``labels`` of the batches (the dataset's, e.g. MultiMNIST's pairs'), which a split's
+    evaluation keeps as the run's predictions. One program, one pass."""
     values = self.collect(self._evaluation_and_scores, variables, eval_set)
     per_example = {k[len("per_example/"):]: v for k, v in values.items()
                    if k.startswith("per_example/")}
@@ -222,7 +217,5 @@ class BatchedEval:
     return values["scores"], values["labels"]
 
 
-# ``Runner`` is now :class:`BatchedEval` (it is not a run's or a sweep's batched), served with a
-# DeprecationWarning for a release.
-
-__getattr__ = public_names.module_getattr(__name__)  # EvalRunner, for a release.
+# ``EvalRunner`` (now :class:`BatchedEval`: not a run's), with a DeprecationWarning for a release.
+__getattr__ = public_names.module_getattr(__name__)

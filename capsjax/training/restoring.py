@@ -58,12 +58,11 @@ def load_config(workdir: str, checkpoint: str = "latest", data_dir: str | None =
 
 def restore(workdir: str, setup: Setup, checkpoint: str = "latest",
             own_data: bool = True) -> Restored:
-  """Restores ``checkpoint`` (``latest``, ``best`` or a step number) of ``workdir`` into
-  ``setup``'s train state (built from :func:`load_config`'s config). ``own_data``: False
-  when the setup holds another run's data (an ensemble's later members share the first
-  one's), so that its budget's length is not this run's: the run's summary then says where it
-  ended. A damaged checkpoint is reported and the next candidate tried; nothing is moved (a
-  training run may hold this workdir)."""
+  """Restores ``checkpoint`` (``latest``, ``best`` or a step number) of ``workdir`` into ``setup``'s
+  train state (built from :func:`load_config`'s config). ``own_data``: False when the setup holds
+  another run's data (an ensemble's later members share the first one's), so that its budget's
+  length is not this run's: the run's summary then says where it ended. A damaged checkpoint is
+  reported and the next candidate tried; nothing is moved (a training run may hold this workdir)."""
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                     keep=setup.config.train.keep_checkpoints,
                                     keep_best=checkpoint == "best")

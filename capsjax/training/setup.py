@@ -7,10 +7,9 @@ evaluation batched.
     state = setup.fresh_state()      # or: step, state, meta = setup.restore(checkpointer)
     evals = setup.evaluations()      # config.evals on the devices
 
-The mesh is 1-D over every device of the job (axis ``data``): batches are sharded,
-parameters, optimiser state and the datasets replicated. ``setup.batched``
-(:class:`capsjax.training.evaluation.BatchedEval`) maps functions of the model over evaluation sets in
-jitted, data-parallel batches.
+The mesh is 1-D over every device of the job (axis ``data``): batches are sharded, parameters,
+optimiser state and the datasets replicated. ``setup.batched``
+(:class:`capsjax.training.evaluation.BatchedEval`) maps functions of the model over evaluation sets.
 """
 
 from __future__ import annotations
@@ -59,11 +58,10 @@ class Setup:
   def __init__(self, config: ml_collections.ConfigDict,
                splits: dict[str, datasets.Split] | None = None):
     """Raises UsageError, naming the key, for a config that cannot run here. ``self.config``
-    is the resolved copy (:func:`capsjax.training.tasks.resolve_config`); ``config`` is not
-    written. Reads the dataset's splits (or takes ``splits``: e.g. random data of their
-    shapes, or another setup's of the same dataset), checks that the model keeps its
-    contract on them (:meth:`capsjax.training.tasks.Task.check_outputs`) and plans the run's
-    steps."""
+    is the resolved copy (:func:`capsjax.config.schema.resolve_config`); ``config`` is not
+    written. Reads the dataset's splits (or takes ``splits``: e.g. random data of their shapes,
+    or another setup's of the same dataset), checks that the model keeps its contract on them
+    (:meth:`capsjax.training.tasks.Task.check_outputs`) and plans the run's steps."""
     budget.validate_train_config(config, jax.device_count())
     self.task = Task.from_config(config)
     self.config = self.task.config
@@ -87,11 +85,10 @@ class Setup:
 
   def restore(self, checkpointer, steps: list[int] | None = None, move_aside: bool = False,
               log: Callable[[str], None] = reporting.log):
-    """``(step, state, meta)`` of the newest checkpoint that restores (or the first of
-    ``steps``), or None when there is none; see
-    :meth:`capsjax.runs.checkpointing.Checkpointer.restore_newest`. Checkpoints of every
-    earlier layout restore (:func:`capsjax.runs.checkpoint_forms.older_forms`); the optimiser's
-    per-run numbers are the config's."""
+    """``(step, state, meta)`` of the newest checkpoint that restores (or the first of ``steps``),
+    or None when there is none; see :meth:`capsjax.runs.checkpointing.Checkpointer.restore_newest`.
+    Checkpoints of every earlier layout restore (:func:`capsjax.runs.checkpoint_forms.older_forms`);
+    the optimiser's per-run numbers are the config's."""
     abstract = self.abstract_state()
     found = checkpointer.restore_newest(
         abstract, log=log, move_aside=move_aside, steps=steps,

@@ -15,8 +15,7 @@ from capsjax.training.budget import Budget
 
 
 class TrainLog:
-  """Train metrics (fetched from the devices only at log points), timing, progress line,
-  metrics.jsonl and TensorBoard (process 0 writes)."""
+  """One run's train log (the module docstring)."""
 
   def __init__(self, workdir: str, budget: Budget, schedule, ckpt, watches=(),
                label: str | None = None):

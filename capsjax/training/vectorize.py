@@ -1,12 +1,7 @@
 """Several runs as one program: which runs can share it (the step is
-:class:`capsjax.training.train_step.Step`, mapped over the runs).
-
-Runs whose configs differ only in settings known to be safe (seeds, learning rates, loss
-weights, init scales) train as one jitted program: ``jax.vmap`` over a leading run axis of
-the ordinary pure train step (:func:`capsjax.training.train_step.train_steps`): parameters,
-optimiser and model state and RNG (hence data order and augmentation) carry that axis; the
-training data are shared. On several devices the batch of every run is sharded over them, as
-in a single run.
+:class:`capsjax.training.train_step.Step`, mapped over the runs: each run's parameters,
+optimiser and model state and RNG, hence data order and augmentation, carry a leading run axis;
+the training data are shared; on several devices every run's batch is sharded over them).
 
 :func:`plan_groups` decides which runs can share a program from their configs and data, by
 declared rules; nothing is guessed from the program:
@@ -78,9 +73,8 @@ class Group:
 
 
 def declared(setup: Setup) -> tuple[tuple[str, ...], tuple[str, ...]]:
-  """``(per_run, init_only)``: the keys declared for ``setup``'s model: the per-run numbers
-  (the optimiser's and the fields of its class's ``per_run_numbers``) and the keys (or
-  patterns) of its initialisation-only settings and :data:`INIT_ONLY_KEYS`."""
+  """``(per_run, init_only)``: the keys (or patterns) declared for ``setup``'s model, by the
+  rules of the module docstring."""
   model = setup.task.model_class
   table = getattr(model, "SETTINGS", None) or {}
   init_only = tuple(key for key, s in settings.declared(table).items() if s.init_only)
@@ -107,9 +101,8 @@ def kind_of(key: str, setup: Setup) -> str | None:
 
 
 def plan_groups(setups: Sequence[Setup]) -> list[Group]:
-  """The runs of ``setups`` (each loaded from its own config: :meth:`Setup.load`) in
-  groups that can share one program, by the rules of the module docstring. Groups keep the
-  runs' order."""
+  """The runs of ``setups`` (each loaded from its own config) in groups that can share one
+  program, by the rules of the module docstring. Groups keep the runs' order."""
   flat = [flatten(r.config.to_dict()) for r in setups]
   differing = sorted(k for k in set().union(*flat) if k not in SEED_KEYS
                      and len({repr(f.get(k)) for f in flat}) > 1)
@@ -149,8 +142,7 @@ def _group(kinds, flat, indices, apart) -> Group:
 
 
 class _Fingerprints:
-  """``fingerprint(splits)``, computed once per splits object (runs that share their arrays
-  share it)."""
+  """``fingerprint(splits)``, once per splits object (runs that share their arrays share it)."""
 
   def __init__(self):
     self._known: dict[int, tuple] = {}
@@ -162,8 +154,7 @@ class _Fingerprints:
 
 
 def data_fingerprint(splits: dict) -> str:
-  """A digest of every split's arrays (names, dtypes, shapes and bytes): equal for equal
-  data."""
+  """A digest of every split's arrays (names, dtypes, shapes and bytes): equal for equal data."""
   digest = hashlib.blake2b(digest_size=16)
   for name in sorted(splits):
     split = splits[name]
@@ -179,6 +170,5 @@ def default_min_runs(backend: str | None = None) -> int | None:
   """The smallest group ``capsjax.sweep`` vectorises when ``--vectorize`` is not given; None:
   none. On a CPU one run already keeps it busy; on a GPU, groups of 4 or more ran faster than
   their runs one by one (measured: docs/notes/performance_log.md, "Several runs in one
-  program").
-  ``backend``: None, the one programs are built for (:func:`capsjax.common.platform.target`)."""
+  program"). ``backend``: None, the one programs are built for (:func:`platform.target`)."""
   return None if (backend or platform.target()) == "cpu" else 4
