@@ -2,14 +2,11 @@
 
   python -m capsjax.benchmark --config=configs/mnist.py [--config.train.batch_size=32 ...]
 
-In one process, after compilation, on random bytes already on the device through the jitted
-step that training uses: train-step and eval-step images/s, compile time, XLA's memory for the
-train step, and the step against the device's two bounds: compute (FLOPs per image counted
-from the jaxpr, :mod:`capsjax.perf.jaxpr_flops`, at the measured rate of a dense f32 matmul)
-and memory (bytes per image the compiled step moves, :mod:`capsjax.perf.hlo_traffic`, at the
-measured bandwidth of an elementwise pass); ``bound`` names the larger time. ``--profile`` adds
-the ops per step and a per-layer table. The last line printed is one JSON object;
-docs/benchmarking.md defines each field, with its unit and caveats.
+In one process, after compilation, on random bytes already on the device through the jitted step
+that training uses: train-step and eval-step images/s, compile time, XLA's memory for the train
+step, and the step against the device's compute and memory bounds (``bound`` names the larger
+time); ``--profile`` adds a per-layer table. The last line printed is one JSON object;
+docs/benchmarking.md defines each field, with its unit, caveats and the code that counts it.
 """
 
 import json
@@ -29,8 +26,7 @@ from capsjax.training import memory, train_step
 from capsjax.training.setup import Setup
 from capsjax.training.tasks import Task
 
-# The command's flags (define_flags), once it runs.
-FLAGS: types.SimpleNamespace | None = None
+FLAGS: types.SimpleNamespace | None = None  # The command's flags (define_flags), once it runs.
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
@@ -151,9 +147,8 @@ def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
 
 def _compile(setup, train_step, state, examples, shared, num_steps: int,
              profile_depth: int):
-  """The train step compiled for ``num_steps`` steps per dispatch, and the seconds it took;
-  with a profile, its ops labelled by the model's layers (named scopes only label ops: the
-  computation is the same)."""
+  """The train step compiled for ``num_steps`` steps per dispatch, and the seconds it took; with a
+  profile, its ops labelled by the model's layers (named scopes change no computation)."""
   import contextlib
 
   start = time.perf_counter()
@@ -179,16 +174,14 @@ def _eval_rate(setup, variables, eval_batch: int, min_seconds: float) -> float:
   """Eval images/s of one test batch (``variables()``: the current parameters)."""
   eval_set = setup.batched.eval_set(setup.splits["test"].first(eval_batch),
                                      setup.task.dataset.eval_batch)
-  seconds = rates.time_repeated(lambda: setup.batched.evaluate(variables(), eval_set),
-                                min_seconds)
+  seconds = rates.time_repeated(lambda: setup.batched.evaluate(variables(), eval_set), min_seconds)
   return eval_batch / seconds
 
 
 def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> list[dict]:
   """Per N of ``run_counts``: train images/s summed over N runs advanced by one vectorised
-  step (:class:`capsjax.training.train_step.Step`, vectorised; N=1: the ordinary jitted step),
-  ``speedup`` against N=1 (the rate of the same runs one by one), the seconds per dispatch
-  and the step's new memory per device; in ``config.matmul_precision``."""
+  :class:`capsjax.training.train_step.Step` (N=1: the ordinary jitted step), ``speedup`` against
+  N=1, the seconds per dispatch and the step's new memory per device; in the config's precision."""
   config = schema.resolve_config(config)
   with precision.scope(config):
     return _vectorized_rates(config, run_counts, min_seconds)
@@ -228,9 +221,8 @@ def _vectorized_rates(config, run_counts: list[int], min_seconds: float) -> list
 
 
 def _random_data_setup(config):
-  """``(setup, split, state)``: the config's setup loaded with random data of its train
-  split's shapes (at least 4 batches, 1,024 examples and an evaluation batch) as both train
-  and test, and fresh parameters."""
+  """``(setup, split, state)``: the config's setup on random data of its train split's shapes (at
+  least 4 batches, 1,024 examples and an eval batch) as train and test, and fresh parameters."""
   dataset = Task.from_config(config).dataset
   split = random_split(dataset, max(4 * config.train.batch_size, 1024, config.eval.batch_size))
   setup = Setup(config, splits={"train": split, "test": dataset.eval_split_like(split)})
@@ -273,9 +265,8 @@ def main(argv):
                            f.copy_mb.value)
   table = result.pop("layer_profile_table", None)
   for key, value in result.items():
-    if key == "layer_profile":
-      continue
-    print(f"{key:>24}: {value:.4g}" if isinstance(value, float) else f"{key:>24}: {value}")
+    if key != "layer_profile":
+      print(f"{key:>24}: {value:.4g}" if isinstance(value, float) else f"{key:>24}: {value}")
   if table:
     print(table)
   print(json.dumps(result))

@@ -6,11 +6,8 @@
 
 A side is a run's workdir, a sweep directory whose finished runs share one setting (their seeds),
 or ``SWEEP_DIR:SETTING``: the runs of the sweep whose point name holds every ``key=value`` of
-SETTING (``iterations=1``, or the point's whole name without its seed). Two runs named directly
-are one pair whatever their seeds; where a side holds several runs, the runs of the two sides
-are paired by seed and seeds on one side only are listed and left out. Each pair is compared on
-the examples both runs evaluated (its ``predictions.npz``, or with ``--predictions=evaluate``
-``capsjax.evaluate``'s), and says how many; a pair that shares none is refused.
+SETTING (``iterations=1``, or the point's whole name without its seed). How runs are paired, and
+on which examples: :func:`pair_runs`, docs/training.md.
 
 Prints and writes to ``--output`` (default: ``compare_A_vs_B`` beside A) ``comparison.md``,
 ``comparison.json`` and ``disagreements.png``: what was compared and its warnings
@@ -153,8 +150,7 @@ def draw(path: str, a, b, title: str) -> None:
     captions = [f"#{int(ids[k])} {label_text(a.label[rows_a[k]])}: "
                 f"A {label_text(a.predicted[rows_a[k]])}, B {label_text(b.predicted[rows_b[k]])}"
                 for k in chosen]
-    panels.append((disagreement_heading(caption, int(only.sum()), len(chosen)), images,
-                   captions))
+    panels.append((disagreement_heading(caption, int(only.sum()), len(chosen)), images, captions))
   figures.save_disagreements(path, panels, title=title)
 
 

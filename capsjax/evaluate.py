@@ -1,26 +1,18 @@
 """Evaluates a run's saved checkpoint on every evaluation of its config and redraws its figures.
 
   python -m capsjax.evaluate --workdir=/tmp/run                 # the final checkpoint
-  python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=1500
   python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=best  # by validation accuracy
-  python -m capsjax.evaluate --workdir=/tmp/run --max_shift=2   # + the shifted test sets
+  python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=1500 --max_shift=2  # + shifted tests
   python -m capsjax.evaluate --ensemble=/tmp/a,/tmp/b,/tmp/c     # average their class scores
   python -m capsjax.evaluate --ensemble=/tmp/sweeps/cifar10      # a sweep's finished runs
   python -m capsjax.evaluate --workdir=/tmp/run --evals=configs/evals/robustness.py:adversarial \
       --evals.adversarial.limit=200                              # evaluations the run had not
 
-The config is the one the run saved (WORKDIR/config.json; ``--data_dir`` moves the data, e.g. on
-another machine). Writes WORKDIR/evaluation.json (``test_*`` for the main test set, every evaluation
-under ``evaluations``, the chance levels, how the checkpoint was chosen: ``selected_on``,
-:mod:`capsjax.training.restoring`; with ``--max_shift``, ``shifted_test_accuracy``) and
-evaluation_predictions.npz (:mod:`capsjax.runs.predictions`). ``--checkpoint=best`` is refused for a
-run without a validation split: its best checkpoint would be chosen on the test set.
-
-``--evals=FILE`` (``{name: settings}`` as ``config.evals`` holds them; a name the run's config
-evaluates is refused) runs those evaluations instead and merges their results into
-WORKDIR/extra_evaluations.json (:func:`evaluate_new`); the run's own files are left as they
-are. ``--output=DIR`` writes every file into DIR instead, the workdir then only read
-(:func:`output_folder`). docs/training.md, "Evaluate a saved run".
+Writes evaluation.json, evaluation_predictions.npz and the figures into the workdir, or into
+``--output=DIR`` with the workdir only read (:func:`output_folder`); ``--evals=FILE`` instead runs
+evaluations the run's config did not list and merges them into extra_evaluations.json
+(:func:`evaluate_new`). What each file holds, ``--data_dir``, ``--max_shift`` and
+``--checkpoint``: docs/training.md, "Evaluate a saved run".
 """
 
 import os
@@ -38,8 +30,7 @@ from capsjax.training import ensemble, restoring, run, run_figures
 from capsjax.training.run_figures import JittedModel
 from capsjax.training.setup import Setup
 
-# The command's flags (define_flags), once it runs.
-FLAGS: types.SimpleNamespace | None = None
+FLAGS: types.SimpleNamespace | None = None  # The command's flags (define_flags), once it runs.
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):

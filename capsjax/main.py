@@ -14,8 +14,7 @@ from absl import app, flags, logging
 
 from capsjax.runs import cli, distributed
 
-# The command's flags (define_flags), once it runs.
-FLAGS: types.SimpleNamespace | None = None
+FLAGS: types.SimpleNamespace | None = None  # The command's flags (define_flags), once it runs.
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):

@@ -13,18 +13,12 @@ one vectorised step. Each keeps its own workdir, lock, checkpoints, resume, metr
 TensorBoard, evaluations, summary.json and figures, as if it had run alone (its results equal
 those of the run alone to float32 rounding: batched matrix products sum in another order).
 
-* A run whose loss becomes non-finite stops alone, as it would alone
-  (:class:`capsjax.common.errors.NonFiniteLossError`, its last good checkpoint kept); the
-  others go on without it. So does a run that reaches ``train.stop_at_accuracy``.
-* Runs restored at different steps (one's newest checkpoint was damaged, say) train as
-  separate programs, each from its step.
-* A group whose step needs more memory than the device has free is split in halves until
-  each part fits, and says so; a single run that does not fit is refused with advice.
-* A workdir no file can be written to is refused in one line before the data is loaded
-  (:func:`capsjax.runs.workdirs.check_writable`); a write that fails later (a full disk) is
-  named for what it was writing (:mod:`capsjax.common.files`), and a process of a multi-process
-  run that loses another ends with one line (:mod:`capsjax.runs.lost_peer`): the same command
-  resumes from the last complete checkpoint, as after SIGTERM or SIGINT.
+A run whose loss becomes non-finite (:class:`NonFiniteLossError`, its last good checkpoint
+kept) or that reaches ``train.stop_at_accuracy`` stops alone, as it would alone; the others go
+on. Runs restored at different steps (one's newest checkpoint was damaged, say) train as
+separate programs, each from its step. A group that does not fit in the device's free memory is
+split in halves (:func:`_train`); a single run that does not fit is refused with advice.
+SIGTERM, a full disk, a read-only workdir, a lost host: docs/training.md, "Stop and resume".
 """
 
 from __future__ import annotations
@@ -36,13 +30,11 @@ from typing import Sequence
 
 import ml_collections
 
-from capsjax.config import precision
 from capsjax.common.errors import NonFiniteLossError
+from capsjax.config import precision, schema
 from capsjax.runs import lost_peer, preemption, workdirs
 from capsjax.runs.reporting import is_finished, log
-from capsjax.training import run as run_lib
-from capsjax.training import inflight, memory, train_step, vectorize
-from capsjax.config import schema
+from capsjax.training import inflight, memory, run as run_lib, train_step, vectorize
 from capsjax.training.setup import Setup
 
 
@@ -140,8 +132,7 @@ def share_equal_data(setups: Sequence[Setup]) -> None:
   share one copy of the arrays on the host."""
   by_fingerprint: dict[str, dict] = {}
   for setup in setups:
-    setup.splits = by_fingerprint.setdefault(vectorize.data_fingerprint(setup.splits),
-                                               setup.splits)
+    setup.splits = by_fingerprint.setdefault(vectorize.data_fingerprint(setup.splits), setup.splits)
 
 
 def check_same_data(setups: Sequence[Setup]) -> None:

@@ -1,11 +1,9 @@
 """Ensembles (paper Sec. 7: CIFAR-10 with 7 models): average the members' class scores.
 
-``python -m capsjax.evaluate --ensemble=DIR1,DIR2,...`` (or one sweep directory, whose finished
-runs are the members) restores each member's checkpoint (the final one by default), computes
-its class scores (capsule lengths for CapsNet) on the test set, averages them over the members,
-as the official ``evaluate_ensemble`` does with its logits, and writes ``ensemble.json``:
-``accuracy``, ``error``, and each member's own accuracy. Members must share the dataset, the
-number of classes and the input shape (:data:`MUST_MATCH`).
+``python -m capsjax.evaluate --ensemble=DIR1,DIR2,...`` (or one sweep directory: its finished runs)
+averages the members' class scores on the test set as the official ``evaluate_ensemble`` does
+with its logits, and writes ``ensemble.json``; members must share :data:`MUST_MATCH`.
+docs/paper_experiments.md, "CIFAR-10, SVHN and smallNORB (Sec. 7), and ensembles".
 """
 
 from __future__ import annotations
@@ -112,8 +110,7 @@ def evaluate_ensemble(paths: list[str], checkpoint: str = "latest", data_dir: st
   all_scores, labels, results = member_scores(members, checkpoint, data_dir)
   mean_scores = np.mean(all_scores, axis=0)
   accuracy = float(np.mean(metrics.label_sets_correct(mean_scores, labels)["accuracy"]))
-  chance = metrics.chance_levels(mean_scores.shape[-1], 1 if labels.ndim == 1 else
-                                 labels.shape[-1])
+  chance = metrics.chance_levels(mean_scores.shape[-1], 1 if labels.ndim == 1 else labels.shape[-1])
   result = {"accuracy": accuracy, "error": 1.0 - accuracy, "chance": chance,
             "num_members": len(members), "test_examples": int(len(labels)),
             "members": results}

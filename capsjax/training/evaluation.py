@@ -2,15 +2,13 @@
 evaluation, ensemble, benchmark and experiment uses.
 
 An :class:`EvalSet` is a split on the devices, padded to whole batches. A :class:`BatchedEval`
-maps any pure ``fn(variables, batch) -> {name: per_example}`` over it, jitted once per ``fn``
-and set kind, each batch sharded over the mesh's ``data`` axis::
-
-    batched.mean(fn, variables, eval_set)     # weighted means over the set: {name: float}
-    batched.collect(fn, variables, eval_set)  # per-example values: {name: (n, ...) array}
-
-``batched.evaluate_examples``, ``evaluate`` and ``scores`` apply it to the task's forward. An
-evaluator that needs gradients with respect to the input (an attack) writes its ``fn`` with
-``jax.grad`` of :meth:`capsjax.training.tasks.Task.forward` (``batched.task.forward``).
+maps any pure ``fn(variables, batch) -> {name: per_example}`` over it, jitted once per ``fn`` and
+set kind, each batch sharded over the mesh's ``data`` axis: ``batched.mean(fn, variables,
+eval_set)`` gives weighted means over the set, ``{name: float}``; ``collect`` per-example values,
+``{name: (n, ...) array}``. ``evaluate_examples``, ``evaluate`` and ``scores`` apply it to the
+task's forward. An evaluator that needs gradients with respect to the input (an attack) writes
+its ``fn`` with ``jax.grad`` of :meth:`capsjax.training.tasks.Task.forward`
+(``batched.task.forward``).
 """
 
 from __future__ import annotations
@@ -130,8 +128,7 @@ class BatchedEval:
       if kind == "collect":
         return values
       weights = take(weights)
-      sums = {k: jnp.tensordot(weights, v.astype(jnp.float32), axes=1)
-              for k, v in values.items()}
+      sums = {k: jnp.tensordot(weights, v.astype(jnp.float32), axes=1) for k, v in values.items()}
       return {"count": jnp.sum(weights), **sums}
 
     self._steps[key] = step
@@ -176,8 +173,7 @@ class BatchedEval:
                         b * eval_set.batch_size))
       in_flight.add(parts[-1])
       _show_progress(progress, b + 1, eval_set.num_batches, parts[-1])
-    return {k: np.concatenate([np.asarray(p[k]) for p in parts])[:eval_set.size]
-            for k in parts[0]}
+    return {k: np.concatenate([np.asarray(p[k]) for p in parts])[:eval_set.size] for k in parts[0]}
 
   def _evaluation_and_scores(self, variables, batch) -> dict:
     result = self.task.forward(variables, batch, train=False)

@@ -121,8 +121,7 @@ def new_memory_bytes(compiled) -> int | None:
   memory = compiled.memory_analysis()
   if memory is None:
     return None
-  return int(memory.output_size_in_bytes - memory.alias_size_in_bytes
-             + memory.temp_size_in_bytes)
+  return int(memory.output_size_in_bytes - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
 
 
 def format_bytes(n: float) -> str:

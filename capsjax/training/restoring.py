@@ -23,8 +23,7 @@ import ml_collections
 
 from capsjax.common import files
 from capsjax.runs import checkpointing
-from capsjax.config import runconfig
-from capsjax.config import schema
+from capsjax.config import runconfig, schema
 from capsjax.training.setup import Setup, check_no_test_selection
 
 SELECTED_ON = ("final", "validation", "test", "step N")
@@ -32,8 +31,8 @@ SELECTED_ON = ("final", "validation", "test", "step N")
 
 @dataclasses.dataclass
 class Restored:
-  """A run's restored train state: ``setup`` (its set-up), ``step``, ``state`` (the train
-  state) and ``selected_on`` (:data:`SELECTED_ON`)."""
+  """A run's restored ``setup``, ``step``, train ``state`` and ``selected_on``
+  (:data:`SELECTED_ON`)."""
   setup: Setup
   step: int
   state: Any
@@ -42,10 +41,9 @@ class Restored:
 
 def load_config(workdir: str, checkpoint: str = "latest", data_dir: str | None = None,
                 add_evals: dict | None = None) -> ml_collections.ConfigDict:
-  """The run's ``config.json`` as a resolved config (:func:`capsjax.config.schema.
-  resolve_config`), with ``data.dir`` replaced by ``data_dir`` when given and the evaluations
-  ``add_evals`` (``{name: settings}``) added; UsageError for ``--checkpoint=best`` of a run
-  without a validation split (a best checkpoint would be chosen on the test set)."""
+  """The run's ``config.json`` as a resolved config, with ``data.dir`` replaced by ``data_dir``
+  when given and the evaluations ``add_evals`` (``{name: settings}``) added; UsageError for
+  ``--checkpoint=best`` of a run without a validation split (:func:`check_no_test_selection`)."""
   config = runconfig.load(workdir)
   if data_dir:
     config.data.dir = data_dir

@@ -40,8 +40,7 @@ INIT_COMPILER_OPTIONS = {"cpu": {"xla_backend_optimization_level": 1}}
 
 def make_mesh() -> jax.sharding.Mesh:
   """A 1-D mesh over every device of the job, axis ``data``."""
-  return jax.make_mesh((jax.device_count(),), ("data",),
-                       axis_types=(jax.sharding.AxisType.Auto,))
+  return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
 
 
 class Setup:
@@ -114,8 +113,7 @@ class Setup:
   def evaluations(self, log: Callable[[str], None] = reporting.log) -> dict:
     """The evaluators of ``config.evals`` on the loaded splits (plus ``validation`` when the
     data hold one out), by name."""
-    return evaluators.build_all(self.config, self.task.dataset, self.splits, self.batched,
-                                log=log)
+    return evaluators.build_all(self.config, self.task.dataset, self.splits, self.batched, log=log)
 
   def on_devices(self, split: datasets.Split) -> tuple[dict, dict]:
     """A split's ``examples`` and ``shared`` arrays, replicated on the mesh."""

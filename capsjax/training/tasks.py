@@ -55,9 +55,8 @@ def forward(graphdef, variables: dict, batch: dict, *, train: bool,
   """The model of ``graphdef`` with ``variables`` (parameters and state, a pure dict) on a
   complete ``batch`` (:meth:`Task.complete_batch`): its outputs (``apply``), per-example loss and
   parts (``loss``) and metrics (``metrics``), and the state the pass wrote. A pure function: the
-  train step differentiates it, evaluations map it over a set (through :meth:`Task.forward`).
-  ``numbers``: one run's per-run numbers in a vectorised step (only a model that declares
-  ``per_run_numbers`` takes them); None: the config's."""
+  train step differentiates it, evaluations map it over a set (through :meth:`Task.forward`,
+  whose Args these are; only a model that declares ``per_run_numbers`` takes ``numbers``)."""
   model = nnx.merge(graphdef, variables)
   outputs = model.apply(batch, train=train, rng=rng)
   extra = {"numbers": numbers} if numbers is not None else {}
@@ -104,8 +103,7 @@ class Task:
     return task
 
   def chance_levels(self) -> dict[str, float]:
-    """The accuracies of random guessing on this dataset (``accuracy``, and ``at_least_one``
-    with several labels per example): :func:`capsjax.models.metrics.chance_levels`."""
+    """The accuracies of random guessing here: :func:`capsjax.models.metrics.chance_levels`."""
     info = self.dataset.info
     return metrics.chance_levels(info.num_classes, info.labels_per_example)
 

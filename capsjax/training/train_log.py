@@ -105,8 +105,8 @@ class TrainLog:
 
 
 def _host_metrics(pending: list[tuple[int, dict]]) -> tuple[np.ndarray, dict]:
-  """The steps (1-based: step n's metrics are of the parameters before update n) and the
-  pending train metrics on the host, one row per step."""
+  """The steps (1-based: step n's metrics are of the parameters before update n) and the pending
+  train metrics on the host, one row per step."""
   steps_ = np.concatenate([start + 1 + np.arange(len(np.asarray(m["loss"])))
                            for start, m in pending])
   host = {k: np.concatenate([np.asarray(m[k]) for _, m in pending]) for k in pending[0][1]}

@@ -4,23 +4,18 @@ optimiser and model state and RNG, hence data order and augmentation, carry a le
 the training data are shared; on several devices every run's batch is sharded over them).
 
 :func:`plan_groups` decides which runs can share a program from their configs and data, by
-declared rules; nothing is guessed from the program:
+declared rules (examples: docs/sweeps.md, "Which runs share a program"); nothing is guessed:
 
 * ``seed`` never splits a group: each run is initialised and draws its batches from its own;
-* a per-run number (:mod:`capsjax.config.per_run`) never splits a group: the optimiser's
-  (:data:`capsjax.training.optimizers.PER_RUN_KEYS`, the peak learning rate: each run's
-  state holds its own) and the fields of the model class's ``per_run_numbers`` (the capsule
-  head's loss weights and margins: the step maps over one instance per run);
-* a setting used only to build the initial parameters is declared so beside its code
-  (``Setting(init_only=True)`` in the model class's ``SETTINGS``, e.g. CapsNet's
-  ``model.conv1.init_scale``; a model without ``SETTINGS`` may list the keys as
-  ``init_only_settings``) or in :data:`INIT_ONLY_KEYS`;
-* any other difference, of any type (a float read while loading data or inside the step, a
-  routing setting, a string, another model), splits the group, and the plan names it;
-* runs whose data differ (each run loads its own, from its own config: a dataset's setting,
-  or the seed that draws a validation split) never share a program either.
-
-Declarations are dotted config keys; ``*`` matches any one part (``model.*.init_scale``).
+* nor does a per-run number (:mod:`capsjax.config.per_run`): the optimiser's
+  (:data:`capsjax.training.optimizers.PER_RUN_KEYS`, held in each run's state) and the fields of
+  the model class's ``per_run_numbers`` (the step maps over one instance per run);
+* nor a setting used only to build the initial parameters, declared so beside its code
+  (``Setting(init_only=True)`` in the model class's ``SETTINGS``; a model without ``SETTINGS``
+  may list the keys as ``init_only_settings``) or in :data:`INIT_ONLY_KEYS`;
+* any other difference, of any type, splits the group, and the plan names it; so do data that
+  differ (each run loads its own, from its own config). Declarations are dotted config keys;
+  ``*`` matches any one part (``model.*.init_scale``).
 """
 
 from __future__ import annotations
@@ -38,14 +33,10 @@ from capsjax.config.runconfig import flatten
 from capsjax.training import optimizers
 from capsjax.training.setup import Setup
 
-# Never a reason to split: each run is initialised and its batches drawn from its own seed
-# (a seed that changes the data, e.g. by drawing the validation split, is caught with them).
-SEED_KEYS = ("seed",)
-# Used only to initialise, whatever the model (besides each model's init_only_settings).
-INIT_ONLY_KEYS: tuple[str, ...] = ()
+SEED_KEYS = ("seed",)  # Never a reason to split (a seed that changes the data is caught with it).
+INIT_ONLY_KEYS: tuple[str, ...] = ()  # Used only to initialise, whatever the model.
 
-# Why a setting sets runs apart, as the plan prints it.
-UNDECLARED = "neither a per-run number nor initialisation-only"
+UNDECLARED = "neither a per-run number nor initialisation-only"  # Why, as the plan prints it.
 DATA = "data"  # The pseudo-key of runs whose loaded data differ.
 DATA_DIFFER = "each run's data, loaded from its own config, differ"
 
@@ -85,8 +76,7 @@ def declared(setup: Setup) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def _matches(key: str, patterns: Sequence[str]) -> bool:
   parts = key.split(".")
-  return any(len(p.split(".")) == len(parts) and fnmatch.fnmatchcase(key, p)
-             for p in patterns)
+  return any(len(p.split(".")) == len(parts) and fnmatch.fnmatchcase(key, p) for p in patterns)
 
 
 def kind_of(key: str, setup: Setup) -> str | None:
