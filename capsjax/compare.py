@@ -10,10 +10,8 @@ SETTING (``iterations=1``, or the point's whole name without its seed). How runs
 on which examples: :func:`pair_runs`, docs/training.md.
 
 Prints and writes to ``--output`` (default: ``compare_A_vs_B`` beside A) ``comparison.md``,
-``comparison.json`` and ``disagreements.png``: what was compared and its warnings
-(:mod:`capsjax.stats.sides`), each side's error, McNemar's test per seed pair, and the two
-verdicts, about these trained models (:mod:`capsjax.stats.paired`) and about the setup
-(:mod:`capsjax.stats.seed_pairs`). docs/training.md, "Compare two setups", says what each holds.
+``comparison.json`` and ``disagreements.png``, as docs/training.md, "Compare two setups", shows
+(:mod:`capsjax.stats.sides`, :mod:`capsjax.stats.paired`, :mod:`capsjax.stats.seed_pairs`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Whether a train step fits in the device's memory, known before it runs.
 
-XLA's memory analysis of the compiled step gives what it allocates when it runs
-(:func:`new_memory_bytes`; its inputs, the train state and the data, are allocated already).
-:class:`CompiledSteps` refuses a step that would not fit before it runs, and an allocation
-failure while it runs becomes the same error (:class:`OutOfMemory`, a UsageError that says
-what to change): no traceback, nothing of the run written.
+:class:`CompiledSteps` refuses a step whose memory (:func:`new_memory_bytes`, from XLA's
+analysis of the compiled step) would not fit before it runs, and an allocation failure while it
+runs becomes the same error (:class:`OutOfMemory`, a UsageError that says what to change): no
+traceback, nothing of the run written.
 """
 
 from __future__ import annotations

@@ -2,15 +2,12 @@
 ensembles use, and the one vocabulary for which parameters were evaluated.
 
 ``selected_on`` (in ``summary.json``, ``evaluation.json``, ``extra_evaluations.json`` and
-``ensemble.json``) is one of :data:`SELECTED_ON`:
-
-* ``final``: the parameters at the run's last step (nothing chosen);
-* ``validation``: chosen on the validation split (``--checkpoint=best``, or a run that stopped
-  when its validation accuracy reached ``train.stop_at_accuracy``);
-* ``test``: a run that stopped on its *test* accuracy (it held out no validation split; its
-  summary and the training log say so);
-* ``step N``: the checkpoint of step N, asked for by number, or the newest of a run that has
-  not finished.
+``ensemble.json``) is one of :data:`SELECTED_ON`: ``final``, the parameters at the run's last step
+(nothing chosen); ``validation``, chosen on the validation split (``--checkpoint=best``, or a run
+that stopped when its validation accuracy reached ``train.stop_at_accuracy``); ``test``, a run
+that stopped on its *test* accuracy (it held out no validation split; its summary and the
+training log say so); ``step N``, the checkpoint of step N, asked for by number, or the newest of
+a run that has not finished.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The figures of a run, drawn after training (and by ``capsjax.evaluate``).
 
-Every run: training curves and, when the records have them, routing diagnostics. Then the model's
-own figures (its ``draw_figures`` hook: e.g. capsule models' reconstructions, paper Fig. 4 and 5) of
-a few test examples, and each evaluator's (e.g. affine test examples with predictions).
+Every run: training curves and, when the records have them, routing diagnostics; then the
+model's own (its ``draw_figures`` hook: e.g. capsule models' reconstructions, paper Fig. 4 and 5)
+and each evaluator's (e.g. affine test examples with predictions): :func:`draw_figures`.
 """
 
 from __future__ import annotations
