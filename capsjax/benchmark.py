@@ -38,8 +38,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
       seconds=flags.DEFINE_float("seconds", 20.0, "Minimum time to measure each rate over.",
                                  **define),
       matmul_size=flags.DEFINE_integer(
-          "matmul_size", 0, "n of the n x n matmul; 0: 2048 on CPU, 8192 elsewhere.",
-          **define),
+          "matmul_size", 0, "n of the n x n matmul; 0: 2048 on CPU, 8192 elsewhere.", **define),
       copy_mb=flags.DEFINE_integer(
           "copy_mb", 0, "MiB of the array the bandwidth is measured on; 0: 64 on CPU, 1024 "
           "elsewhere (well beyond the caches).", **define),
@@ -133,10 +132,8 @@ def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
       "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
       "device": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
       "model": setup.config.model.name,
-      # The PyTorch peers print it too (experiments/torch_capsnet.py): both built one network.
       "trainable_parameters": int(sum(leaf.size for leaf in jax.tree.leaves(state.params))),
       "dataset": setup.config.dataset,
-      # Models without these settings (em_capsnet has no compute_dtype) report None.
       "conv_impl": config.model.get("conv_impl"),
       "compute_dtype": config.model.get("compute_dtype"),
       "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),  # See capsjax/runs/hostmemory.py.
@@ -147,8 +144,7 @@ def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
 
 def _compile(setup, train_step, state, examples, shared, num_steps: int,
              profile_depth: int):
-  """The train step compiled for ``num_steps`` steps per dispatch, and the seconds it took; with a
-  profile, its ops labelled by the model's layers (named scopes change no computation)."""
+  """``(compiled, seconds)``: the train step compiled; with a profile, its ops labelled by layer."""
   import contextlib
 
   start = time.perf_counter()

@@ -3,8 +3,7 @@
   python -m capsjax.evaluate --workdir=/tmp/run                 # the final checkpoint
   python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=best  # by validation accuracy
   python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=1500 --max_shift=2  # + shifted tests
-  python -m capsjax.evaluate --ensemble=/tmp/a,/tmp/b,/tmp/c     # average their class scores
-  python -m capsjax.evaluate --ensemble=/tmp/sweeps/cifar10      # a sweep's finished runs
+  python -m capsjax.evaluate --ensemble=/tmp/a,/tmp/b,/tmp/c  # or a sweep dir: average scores
   python -m capsjax.evaluate --workdir=/tmp/run --evals=configs/evals/robustness.py:adversarial \
       --evals.adversarial.limit=200                              # evaluations the run had not
 
@@ -40,19 +39,17 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
   FLAGS = types.SimpleNamespace(
       workdir=flags.DEFINE_string("workdir", None, "The run's directory.", **define),
       ensemble=flags.DEFINE_string(
-          "ensemble", None, "Comma-separated run directories, or one sweep directory (its "
-          "finished runs): evaluate them as an ensemble, averaging their class scores.",
-          **define),
+          "ensemble", None, "Comma-separated run directories, or one sweep directory (its finished "
+          "runs): evaluate them as an ensemble, averaging their class scores.", **define),
       output=flags.DEFINE_string(
-          "output", None, "A folder for the files written: with --workdir, evaluation.json, "
-          "the predictions, figures and TensorBoard images (or --evals' "
-          "extra_evaluations.json), the workdir then only read (default: the workdir; give "
-          "one for a run you cannot write to); with --ensemble, ensemble.json (default: the "
-          "sweep directory, or the members' common parent).", **define),
+          "output", None, "A folder for the files written: with --workdir, evaluation.json, the "
+          "predictions, figures and TensorBoard images (or --evals' extra_evaluations.json), the "
+          "workdir then only read (default: the workdir; give one for a run you cannot write to); "
+          "with --ensemble, ensemble.json (default: the sweep directory, or the members' common "
+          "parent).", **define),
       checkpoint=flags.DEFINE_string(
           "checkpoint", "latest", "'latest' (the final checkpoint), a step number, or 'best' "
-          "(by validation accuracy; only for runs that held out a validation split).",
-          **define),
+          "(by validation accuracy; only for runs that held out a validation split).", **define),
       data_dir=flags.DEFINE_string("data_dir", None, "Override config.data.dir.", **define),
       max_shift=flags.DEFINE_integer(
           "max_shift", 0, "Also evaluate the test set shifted by every (dx, dy) with |dx|, "

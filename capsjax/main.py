@@ -18,8 +18,7 @@ FLAGS: types.SimpleNamespace | None = None  # The command's flags (define_flags)
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
-  """--config, --workdir and the multi-host flags, in ``flag_values``; ``argv`` (default
-  sys.argv) holds the --config.* overrides."""
+  """--config, --workdir and multi-host flags in ``flag_values``; ``argv``: --config.* overrides."""
   global FLAGS
   FLAGS = types.SimpleNamespace(
       config=cli.define_config_file("config", None, "Config file, e.g. configs/mnist.py.",

@@ -136,9 +136,8 @@ def share_equal_data(setups: Sequence[Setup]) -> None:
 
 
 def check_same_data(setups: Sequence[Setup]) -> None:
-  """Shares equal data among ``setups`` (:func:`share_equal_data`), then raises ValueError
-  unless every setup holds the first's: the runs of one program all train on the first
-  one's (:func:`capsjax.training.vectorize.plan_groups` keeps runs whose data differ apart)."""
+  """Shares equal data among ``setups`` (:func:`share_equal_data`), then raises ValueError unless
+  every setup holds the first's, which the runs of one program all train on."""
   share_equal_data(setups)
   if any(setup.splits is not setups[0].splits for setup in setups[1:]):
     raise ValueError(

@@ -23,7 +23,6 @@ from capsjax.runs.reporting import chance_text, is_finished, log
 from capsjax.training import restoring
 from capsjax.training.setup import Setup
 
-# What members must share to be averaged over one test set.
 MUST_MATCH = (("dataset",), ("model", "num_classes"), ("model", "image_shape"))
 
 

@@ -48,11 +48,8 @@ def put_on_devices(split: datasets.Split,
 
 class EvalSet:
   """A split on the devices, padded to whole eval batches (padding has weight 0), and the
-  function that turns a slice of its examples into a model batch.
-
-  Attributes:
-    size: real examples; num_batches, batch_size; host: the split on the host.
-  """
+  function that turns a slice of its examples into a model batch. ``size``: the real examples;
+  ``host``: the split on the host."""
 
   def __init__(self, split: datasets.Split, make_batch: Callable, batch_size: int,
                sharding: NamedSharding):
@@ -79,8 +76,7 @@ class EvalSet:
 
 
 def _show_progress(label: str | None, done: int, total: int, values) -> None:
-  """``label batch done/total`` on process 0 once ``values`` are computed: every batch on a
-  terminal, about every quarter of the set in a log."""
+  """``label batch done/total`` on process 0: every batch on a terminal, each quarter in a log."""
   if label is None or jax.process_index() != 0:
     return
   every = 1 if reporting.is_terminal(sys.stderr) else max(1, -(-total // 4))
@@ -90,13 +86,9 @@ def _show_progress(label: str | None, done: int, total: int, values) -> None:
 
 
 class BatchedEval:
-  """Maps functions of a task's variables over :class:`EvalSet`s: jitted per batch, data
-  parallel over the mesh.
-
-  Attributes:
-    task: the :class:`capsjax.training.tasks.Task` (``task.forward`` for evaluators' own functions).
-    mesh, batch_size.
-  """
+  """Maps functions of a ``task``'s variables (:class:`capsjax.training.tasks.Task`: its
+  ``forward`` for evaluators' own functions) over :class:`EvalSet`s: jitted per batch, data
+  parallel over the ``mesh``."""
 
   def __init__(self, task, mesh, batch_size: int):
     self.task, self.mesh, self.batch_size = task, mesh, batch_size
@@ -207,8 +199,7 @@ class BatchedEval:
     return metrics, per_example, {"scores": values["scores"], "labels": values["labels"]}
 
   def scores(self, variables, eval_set: EvalSet) -> tuple[np.ndarray, np.ndarray]:
-    """The model's class scores ``(n, num_classes)`` and the labels of every example of the
-    set (ensembles average the scores of several models)."""
+    """The class scores ``(n, num_classes)`` and labels of the set's examples (ensembles' input)."""
     values = self.collect(self._scores, variables, eval_set)
     return values["scores"], values["labels"]
 

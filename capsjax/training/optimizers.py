@@ -106,17 +106,12 @@ def _transform(settings: dict, schedule: optax.Schedule) -> optax.GradientTransf
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
-  """What :func:`build` makes: the optax transformation, its schedule and the settings in
-  effect (``summary.json`` records them).
-
-  Attributes:
-    tx: the transformation, its per-run numbers in its state (:data:`PER_RUN_KEYS`): runs
-      stacked for one program each carry their own.
-    schedule: the learning rate at each step, at the config's peak (the training log's).
-    settings: :func:`resolve`'s.
-    uninjected: the same transformation with the peak compiled in, as runs before 2026-11-28 held
-      their optimiser state: only to read their checkpoints (:mod:`capsjax.runs.checkpoint_forms`).
-  """
+  """What :func:`build` makes: the optax transformation ``tx``, its per-run numbers in its state
+  (:data:`PER_RUN_KEYS`: runs stacked for one program each carry their own); its ``schedule``,
+  the learning rate at each step at the config's peak (the training log's); the ``settings`` in
+  effect (:func:`resolve`'s; ``summary.json`` records them); and ``uninjected``, the same
+  transformation with the peak compiled in, as runs before 2026-11-28 held their optimiser state:
+  only to read their checkpoints (:mod:`capsjax.runs.checkpoint_forms`)."""
   tx: optax.GradientTransformation
   schedule: optax.Schedule
   settings: dict
@@ -135,9 +130,8 @@ class Optimizer:
     return opt_state._replace(hyperparams={**opt_state.hyperparams, **numbers})
 
 
-# The optimiser's numbers that may differ between the runs of one program: hyperparameters of
-# its state (``optax.inject_hyperparams``), by the config key each comes from. The schedule's
-# shape (decay, warmup, floor) is not among them: it is the program's.
+# The optimiser's numbers the runs of one program may differ in (the module docstring), by config
+# key; not the schedule's shape (decay, warmup, floor): it is the program's.
 PER_RUN_KEYS = {"learning_rate": "optimizer.learning_rate"}
 
 

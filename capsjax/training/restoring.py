@@ -28,8 +28,7 @@ SELECTED_ON = ("final", "validation", "test", "step N")
 
 @dataclasses.dataclass
 class Restored:
-  """A run's restored ``setup``, ``step``, train ``state`` and ``selected_on``
-  (:data:`SELECTED_ON`)."""
+  """A run's restored ``setup``, ``step``, train ``state`` and ``selected_on``."""
   setup: Setup
   step: int
   state: Any

@@ -45,12 +45,8 @@ def draw_figures(workdir: str, task, variables, test_split, evaluations: dict,
 class JittedModel:
   """A model's evaluation outputs (:meth:`capsjax.training.tasks.Task.forward`) and, where it
   can reconstruct, ``decode`` under ``jax.jit``: one compilation each, instead of one per
-  operation when called eagerly.
-
-  Attributes:
-    capabilities: what the model declares (:data:`capsjax.models.CAPABILITIES`).
-    num_classes: the dataset's classes.
-  """
+  operation when called eagerly. ``capabilities``: what the model declares
+  (:data:`capsjax.models.CAPABILITIES`); ``num_classes``: the dataset's."""
 
   def __init__(self, task, variables):
     self.capabilities = task.capabilities

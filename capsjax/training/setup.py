@@ -44,15 +44,10 @@ def make_mesh() -> jax.sharding.Mesh:
 
 
 class Setup:
-  """A config made runnable, complete when built: its task, mesh, data, budget and optimiser.
-
-  Attributes:
-    config, task, mesh, replicated (the sharding of replicated arrays);
-    splits: the dataset's host splits, by name;
-    budget: the run's :class:`capsjax.training.budget.Budget`;
-    optimizer: the :class:`capsjax.training.optimizers.Optimizer` of ``config.optimizer``
-      (epoch-based settings in steps of the budget).
-  """
+  """A config made runnable, complete when built: its ``task``, ``mesh`` (``replicated``: the
+  sharding of replicated arrays), ``splits`` (the dataset's, on the host, by name), ``budget``
+  (:class:`capsjax.training.budget.Budget`) and ``optimizer``
+  (:class:`capsjax.training.optimizers.Optimizer`, epoch-based settings in the budget's steps)."""
 
   def __init__(self, config: ml_collections.ConfigDict,
                splits: dict[str, datasets.Split] | None = None):
@@ -111,8 +106,7 @@ class Setup:
     return self._batched
 
   def evaluations(self, log: Callable[[str], None] = reporting.log) -> dict:
-    """The evaluators of ``config.evals`` on the loaded splits (plus ``validation`` when the
-    data hold one out), by name."""
+    """The evaluators of ``config.evals`` (and ``validation``, if held out) on the splits."""
     return evaluators.build_all(self.config, self.task.dataset, self.splits, self.batched, log=log)
 
   def on_devices(self, split: datasets.Split) -> tuple[dict, dict]:
@@ -121,8 +115,7 @@ class Setup:
 
 
 def check_no_test_selection(config, which: str) -> None:
-  """Refuses ``--checkpoint=best`` for a run without a validation split: its "best" would be
-  chosen on the test set."""
+  """Refuses ``--checkpoint=best`` without a validation split: "best" would be the test's pick."""
   if which == "best" and not int(config.data.validation_size):
     raise UsageError(
         "--checkpoint=best: this run held out no validation split (config.data."

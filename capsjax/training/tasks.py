@@ -78,13 +78,8 @@ def _shapes(tree, first: int = 0) -> tuple:
 
 @dataclasses.dataclass
 class Task:
-  """A resolved config, its dataset builder and its model class.
-
-  Attributes:
-    config: the resolved copy of the run config (what ``config.json`` records).
-    dataset: the :class:`capsjax.datasets.Builder`.
-    model_class: the model's class.
-  """
+  """A resolved ``config`` (the copy ``config.json`` records), its ``dataset`` builder
+  (:class:`capsjax.datasets.Builder`) and its ``model_class``."""
   config: ml_collections.ConfigDict
   dataset: datasets.Builder
   model_class: type[nnx.Module]

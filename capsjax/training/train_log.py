@@ -34,8 +34,7 @@ class TrainLog:
     self.timer_start, self.timer_step = None, 0
 
   def add(self, step: int, metrics: dict, state) -> None:
-    """Metrics of the dispatch that started at ``step``; the first one compiles, so time
-    from its end."""
+    """Metrics of the dispatch that started at ``step`` (the first compiles: time from its end)."""
     self.pending.append((step, metrics))
     if self.timer_start is None:
       jax.block_until_ready(state)
@@ -46,8 +45,7 @@ class TrainLog:
     return self.steps_timed * self.budget.batch_size / self.seconds if self.seconds > 0 else None
 
   def flush(self, step: int, write: bool) -> None:
-    """Fetches the pending metrics, stops the run on a non-finite loss, and (``write``)
-    logs their mean."""
+    """Fetches the pending metrics, stops on a non-finite loss, and (``write``) logs their mean."""
     if not self.pending:
       return
     steps_, host = _host_metrics(self.pending)

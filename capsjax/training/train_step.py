@@ -51,7 +51,6 @@ class TrainState:
   params: Any            # Pure dict of arrays (nnx.split -> to_pure_dict).
   opt_state: Any
   rng: jax.Array         # uint32[2] raw key; per-step keys are fold_in(rng, step).
-  # The model's other variables (BatchNorm statistics), a pure dict; {} for stateless models.
   # Last and defaulted: checkpoints written before it existed restore with {}.
   model_state: Any = struct.field(default_factory=dict)
 
@@ -88,10 +87,8 @@ def abstract_state(task: Task, tx: optax.GradientTransformation,
 
 
 class TrainOrder:
-  """The batches of a run's train steps over a train split of ``num_train`` examples.
-
-  Pure: :meth:`batch` and :meth:`dispatch` are functions of the train state's ``step`` and
-  ``rng`` (traced inside the jitted step)."""
+  """The batches of a run's train steps over ``num_train`` examples: :meth:`batch` and
+  :meth:`dispatch` are pure functions of the state's ``step`` and ``rng`` (traced in the step)."""
 
   def __init__(self, task, num_train: int, mesh):
     self.task, self.num_train = task, num_train
@@ -155,11 +152,10 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, num_train: int
 def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
                 mesh) -> Callable:
   """``fn(state, examples, shared, num_steps, numbers=None) -> (state, metrics)``, a pure
-  function (not jitted: :class:`Step` maps it over runs or not, and jits it).
-
-  ``numbers``: one run's per-run numbers in a vectorised program, an instance of the model's
-  ``per_run_numbers`` (:mod:`capsjax.config.per_run`) handed to its loss; None: the config's.
-  The optimiser's per-run numbers (the peak learning rate) are in ``state``'s optimiser state.
+  function (not jitted: :class:`Step` maps it over runs or not, and jits it). ``numbers``: one
+  run's per-run numbers in a vectorised program, an instance of the model's ``per_run_numbers``
+  (:mod:`capsjax.config.per_run`) handed to its loss; None: the config's. The optimiser's per-run
+  numbers (the peak learning rate) are in ``state``'s optimiser state.
 
   ``num_steps`` (static) train steps run in one dispatch, through ``lax.scan`` when more than
   one; each metric comes back with a leading axis of that length, and the result equals that

@@ -1,7 +1,5 @@
-"""Several runs as one program: which runs can share it (the step is
-:class:`capsjax.training.train_step.Step`, mapped over the runs: each run's parameters,
-optimiser and model state and RNG, hence data order and augmentation, carry a leading run axis;
-the training data are shared; on several devices every run's batch is sharded over them).
+"""Several runs as one program (:class:`capsjax.training.train_step.Step`, mapped over a leading
+run axis of their states, data shared): which runs can share it.
 
 :func:`plan_groups` decides which runs can share a program from their configs and data, by
 declared rules (examples: docs/sweeps.md, "Which runs share a program"); nothing is guessed:
@@ -43,15 +41,10 @@ DATA_DIFFER = "each run's data, loaded from its own config, differ"
 
 @dataclasses.dataclass(frozen=True)
 class Group:
-  """Runs that train as one program.
-
-  Attributes:
-    indices: positions of the runs in the list given to :func:`plan_groups`.
-    per_run_keys: the per-run numbers that differ between them.
-    init_keys: the settings that differ between them and are declared initialisation-only.
-    apart: ``(setting, why)`` of each difference that set these runs apart from others
-      (:data:`DATA` when their data differ), for the sweep's budget.
-  """
+  """Runs that train as one program: their ``indices`` in the list given to :func:`plan_groups`;
+  the settings that differ between them, per-run numbers (``per_run_keys``) or declared
+  initialisation-only (``init_keys``); and ``apart``, ``(setting, why)`` of each difference that
+  set these runs apart from others (:data:`DATA` when their data differ), for the sweep's budget."""
   indices: tuple[int, ...]
   per_run_keys: tuple[str, ...] = ()
   init_keys: tuple[str, ...] = ()
@@ -80,8 +73,7 @@ def _matches(key: str, patterns: Sequence[str]) -> bool:
 
 
 def kind_of(key: str, setup: Setup) -> str | None:
-  """``"per_run"``, ``"init"`` or None (undeclared): how ``key`` may differ between runs of
-  ``setup``'s model."""
+  """``"per_run"``, ``"init"`` or None (undeclared): how ``key`` may differ between the runs."""
   per_run_keys, init_only = declared(setup)
   if _matches(key, per_run_keys):
     return "per_run"
@@ -124,8 +116,7 @@ def _buckets(indices, key: Callable) -> list[list[int]]:
 
 
 def _group(kinds, flat, indices, apart) -> Group:
-  """``indices`` as one group: the per-run numbers and initialisation-only settings in which
-  its runs differ."""
+  """``indices`` as one group, with the per-run and init-only settings its runs differ in."""
   keys = [k for k in kinds[indices[0]] if len({repr(flat[i].get(k)) for i in indices}) > 1]
   return Group(tuple(indices), tuple(k for k in keys if kinds[indices[0]][k] == "per_run"),
                tuple(k for k in keys if kinds[indices[0]][k] == "init"), tuple(apart))
