@@ -2,29 +2,11 @@
 
   python -m capsjax.benchmark --config=configs/mnist.py [--config.train.batch_size=32 ...]
 
-In one process, after compilation: train-step and eval-step images/s at the configured batch,
-compile time, XLA's temp memory for the train step, and the step against the two bounds of
-the device it runs on:
-
-* compute: the train step's FLOPs per image, counted from its jaxpr, the same on every
-  backend (:mod:`capsjax.perf.jaxpr_flops`; ``flops_source``; XLA's own count beside it,
-  ``xla_gflop_per_image``), at the measured rate of a dense f32 matmul on the same device
-  (``matmul_gflop_per_s``); ``compute_fraction`` (also ``peak_fraction``, its earlier name) is
-  the time that takes over the measured step time;
-* memory: the bytes per image the compiled step moves (``bytes_per_image``: every kernel's
-  operands and output, loops multiplied by their trip counts,
-  :mod:`capsjax.perf.hlo_traffic`; XLA's own ``bytes accessed`` before and after optimisation
-  are reported beside it, ``xla_bytes_per_image_*``, but count a loop's body once) at the
-  measured bandwidth of an elementwise pass over a large array (``copy_gb_per_s``, bytes read
-  plus written); ``memory_fraction`` likewise.
-
-``bound`` names the larger of the two times (None, as the fractions, where a loop's trip count
-was unknown and only lower bounds are known); a step far above both (fractions well below 1)
-is bound by neither: launch latency, host work or poorly shaped kernels. With ``--profile``,
-also the ops executed per step (``launches_per_step``: kernels on a GPU, thunks on the CPU)
-and a per-layer table of time and bytes. The last line printed is one JSON object with these
-numbers. Data are random bytes already on the device, through the same jitted step that
-training uses. docs/benchmarking.md defines each field, with its unit and caveats.
+In one process, after compilation, on random bytes already on the device through the jitted step
+that training uses: train-step and eval-step images/s, compile time, XLA's memory for the train
+step, and the step against the device's compute and memory bounds (``bound`` names the larger
+time); ``--profile`` adds a per-layer table. The last line printed is one JSON object;
+docs/benchmarking.md defines each field, with its unit, caveats and the code that counts it.
 """
 
 import json
@@ -44,13 +26,11 @@ from capsjax.training import memory, train_step
 from capsjax.training.setup import Setup
 from capsjax.training.tasks import Task
 
-# The command's flags (define_flags), once it runs.
-FLAGS: types.SimpleNamespace | None = None
+FLAGS: types.SimpleNamespace | None = None  # The command's flags (define_flags), once it runs.
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
-  """The command's flags, in ``flag_values``; ``argv`` (default sys.argv) holds the
-  config flags' overrides."""
+  """The command's flags, in ``flag_values``; ``argv`` (default sys.argv): config overrides."""
   global FLAGS
   define = dict(flag_values=flag_values)
   FLAGS = types.SimpleNamespace(
@@ -58,8 +38,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
       seconds=flags.DEFINE_float("seconds", 20.0, "Minimum time to measure each rate over.",
                                  **define),
       matmul_size=flags.DEFINE_integer(
-          "matmul_size", 0, "n of the n x n matmul; 0: 2048 on CPU, 8192 elsewhere.",
-          **define),
+          "matmul_size", 0, "n of the n x n matmul; 0: 2048 on CPU, 8192 elsewhere.", **define),
       copy_mb=flags.DEFINE_integer(
           "copy_mb", 0, "MiB of the array the bandwidth is measured on; 0: 64 on CPU, 1024 "
           "elsewhere (well beyond the caches).", **define),
@@ -153,12 +132,9 @@ def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
       "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
       "device": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
       "model": setup.config.model.name,
-      # The same field as the PyTorch peers' lines (experiments/torch_capsnet.py): one check
-      # that both sides built the same network.
       "trainable_parameters": int(sum(leaf.size for leaf in jax.tree.leaves(state.params))),
       "dataset": setup.config.dataset,
-      # Models without these settings (em_capsnet has no compute_dtype) report None.
-      "conv_impl": config.model.get("conv_impl"),          # Models without it: null.
+      "conv_impl": config.model.get("conv_impl"),
       "compute_dtype": config.model.get("compute_dtype"),
       "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),  # See capsjax/runs/hostmemory.py.
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -168,9 +144,7 @@ def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
 
 def _compile(setup, train_step, state, examples, shared, num_steps: int,
              profile_depth: int):
-  """The train step compiled for ``num_steps`` steps per dispatch, and the seconds it took;
-  with a profile, its ops labelled by the model's layers (named scopes only label ops: the
-  computation is the same)."""
+  """``(compiled, seconds)``: the train step compiled; with a profile, its ops labelled by layer."""
   import contextlib
 
   start = time.perf_counter()
@@ -183,8 +157,7 @@ def _compile(setup, train_step, state, examples, shared, num_steps: int,
 
 def _profile(train_once, compiled, traffic, depth: int, num_steps: int,
              train_seconds: float) -> dict:
-  """``launches_per_step`` and the per-layer table (``layer_profile``, and its markdown) of
-  three traced calls of ``train_once``."""
+  """``launches_per_step`` and the per-layer table (``layer_profile``, its markdown), traced."""
   seconds, launches = layer_profile.trace_ops(train_once, repeats=3)
   rows = layer_profile.layer_table(seconds, layer_profile.op_layers(compiled.as_text(), depth),
                                    per=num_steps, bytes_by_op=traffic.bytes_by_op)
@@ -194,20 +167,17 @@ def _profile(train_once, compiled, traffic, depth: int, num_steps: int,
 
 
 def _eval_rate(setup, variables, eval_batch: int, min_seconds: float) -> float:
-  """Eval images/s of one evaluation batch of the test split (``variables()``: the current
-  parameters)."""
+  """Eval images/s of one test batch (``variables()``: the current parameters)."""
   eval_set = setup.batched.eval_set(setup.splits["test"].first(eval_batch),
                                      setup.task.dataset.eval_batch)
-  seconds = rates.time_repeated(lambda: setup.batched.evaluate(variables(), eval_set),
-                                min_seconds)
+  seconds = rates.time_repeated(lambda: setup.batched.evaluate(variables(), eval_set), min_seconds)
   return eval_batch / seconds
 
 
 def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> list[dict]:
   """Per N of ``run_counts``: train images/s summed over N runs advanced by one vectorised
-  step (:class:`capsjax.training.train_step.Step`, vectorised; N=1: the ordinary jitted step),
-  ``speedup`` against N=1 (the rate of the same runs one by one), the seconds per dispatch
-  and the step's new memory per device; in ``config.matmul_precision``."""
+  :class:`capsjax.training.train_step.Step` (N=1: the ordinary jitted step), ``speedup`` against
+  N=1, the seconds per dispatch and the step's new memory per device; in the config's precision."""
   config = schema.resolve_config(config)
   with precision.scope(config):
     return _vectorized_rates(config, run_counts, min_seconds)
@@ -247,9 +217,8 @@ def _vectorized_rates(config, run_counts: list[int], min_seconds: float) -> list
 
 
 def _random_data_setup(config):
-  """``(setup, split, state)``: the config's setup loaded with random data of its train
-  split's shapes (at least 4 batches, 1,024 examples and an evaluation batch) as both train
-  and test, and fresh parameters."""
+  """``(setup, split, state)``: the config's setup on random data of its train split's shapes (at
+  least 4 batches, 1,024 examples and an eval batch) as train and test, and fresh parameters."""
   dataset = Task.from_config(config).dataset
   split = random_split(dataset, max(4 * config.train.batch_size, 1024, config.eval.batch_size))
   setup = Setup(config, splits={"train": split, "test": dataset.eval_split_like(split)})
@@ -257,8 +226,7 @@ def _random_data_setup(config):
 
 
 def random_split(builder, num_examples: int):
-  """Random bytes and labels of the shapes the builder's train split has (the data are
-  not read: benchmarks need no files)."""
+  """Random bytes and labels of the builder's train split's shapes (benchmarks read no files)."""
   import numpy as np
 
   rng = np.random.default_rng(0)
@@ -293,9 +261,8 @@ def main(argv):
                            f.copy_mb.value)
   table = result.pop("layer_profile_table", None)
   for key, value in result.items():
-    if key == "layer_profile":
-      continue
-    print(f"{key:>24}: {value:.4g}" if isinstance(value, float) else f"{key:>24}: {value}")
+    if key != "layer_profile":
+      print(f"{key:>24}: {value:.4g}" if isinstance(value, float) else f"{key:>24}: {value}")
   if table:
     print(table)
   print(json.dumps(result))

@@ -6,26 +6,12 @@
 
 A side is a run's workdir, a sweep directory whose finished runs share one setting (their seeds),
 or ``SWEEP_DIR:SETTING``: the runs of the sweep whose point name holds every ``key=value`` of
-SETTING (``iterations=1``, or the point's whole name without its seed). Two runs named directly
-are one pair whatever their seeds; where a side holds several runs, the runs of the two sides
-are paired by seed (A's seed 0 with B's seed 0, ...) and seeds on one side only are listed and
-left out. Each pair is compared on the examples both runs evaluated, and says how many; a pair
-that shares none is refused. Each run's ``predictions.npz`` (written at its end;
-``--predictions=evaluate``: the ``evaluation_predictions.npz`` of ``capsjax.evaluate``) says
-which examples it got wrong.
+SETTING (``iterations=1``, or the point's whole name without its seed). How runs are paired, and
+on which examples: :func:`pair_runs`, docs/training.md.
 
-Prints and writes to ``--output`` (default: ``compare_A_vs_B`` beside A): ``comparison.md``
-(what was compared: each side's model, data, budget, examples and accuracy beside chance, the
-settings that differ, warnings where the sides differ in more than the setting compared, share
-fewer examples than they evaluated or one is near chance: :mod:`capsjax.stats.sides`; each
-side's error on all shared examples and on the two halves of the source's order, MNIST's
-test[:5000] and test[5000:]; per seed pair the examples only A gets wrong, only B, both, and
-McNemar's exact p; the two verdicts: about these trained models, the sign-flip test over digits
-combined over seed pairs (:mod:`capsjax.stats.paired`), and about the setup, the training runs
-as the units, with the seed pairs the difference needs (:mod:`capsjax.stats.seed_pairs`)),
-``comparison.json`` (the same numbers) and ``disagreements.png`` (the examples of the first
-seed pair that only one side gets wrong, with the label and both predictions, titled with the
-pair and the sides).
+Prints and writes to ``--output`` (default: ``compare_A_vs_B`` beside A) ``comparison.md``,
+``comparison.json`` and ``disagreements.png``, as docs/training.md, "Compare two setups", shows
+(:mod:`capsjax.stats.sides`, :mod:`capsjax.stats.paired`, :mod:`capsjax.stats.seed_pairs`).
 """
 
 from __future__ import annotations
@@ -162,8 +148,7 @@ def draw(path: str, a, b, title: str) -> None:
     captions = [f"#{int(ids[k])} {label_text(a.label[rows_a[k]])}: "
                 f"A {label_text(a.predicted[rows_a[k]])}, B {label_text(b.predicted[rows_b[k]])}"
                 for k in chosen]
-    panels.append((disagreement_heading(caption, int(only.sum()), len(chosen)), images,
-                   captions))
+    panels.append((disagreement_heading(caption, int(only.sum()), len(chosen)), images, captions))
   figures.save_disagreements(path, panels, title=title)
 
 
@@ -193,8 +178,7 @@ def label_text(value) -> str:
 
 def compare_sides(spec_a: str, spec_b: str, evaluation: str = "test", which: str = "run",
                   output: str | None = None) -> dict:
-  """Compares the two sides, prints the tables and writes them; returns comparison.json's
-  data."""
+  """Compares the two sides, prints the tables and writes them; returns comparison.json's data."""
   side_a, side_b = (load_side(s, evaluation, which) for s in (spec_a, spec_b))
   pairs, unpaired = pair_runs(side_a, side_b)
   result = paired.compare([(label, a[2], b[2]) for label, a, b in pairs])

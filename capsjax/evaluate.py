@@ -1,36 +1,17 @@
 """Evaluates a run's saved checkpoint on every evaluation of its config and redraws its figures.
 
   python -m capsjax.evaluate --workdir=/tmp/run                 # the final checkpoint
-  python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=1500
   python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=best  # by validation accuracy
-  python -m capsjax.evaluate --workdir=/tmp/run --max_shift=2   # + the shifted test sets
-  python -m capsjax.evaluate --ensemble=/tmp/a,/tmp/b,/tmp/c     # average their class scores
-  python -m capsjax.evaluate --ensemble=/tmp/sweeps/cifar10      # a sweep's finished runs
+  python -m capsjax.evaluate --workdir=/tmp/run --checkpoint=1500 --max_shift=2  # + shifted tests
+  python -m capsjax.evaluate --ensemble=/tmp/a,/tmp/b,/tmp/c  # or a sweep dir: average scores
   python -m capsjax.evaluate --workdir=/tmp/run --evals=configs/evals/robustness.py:adversarial \
       --evals.adversarial.limit=200                              # evaluations the run had not
 
-The config is the one the run saved (WORKDIR/config.json); the data location
-can be changed with ``--data_dir`` (e.g. on another machine). Writes
-WORKDIR/evaluation.json: ``test_*`` for the main test set, every evaluation
-under ``evaluations``, the chance levels, how the checkpoint was chosen
-(``selected_on``: ``final``, ``validation`` or ``step N``), and with
-``--max_shift`` the grid of shifted test accuracies under
-``shifted_test_accuracy``; and WORKDIR/evaluation_predictions.npz, which class it predicted
-for each test (and validation) example (:mod:`capsjax.runs.predictions`; a run's own end
-writes predictions.npz). ``--checkpoint=best`` is refused for a run without a
-validation split: its best checkpoint would be chosen on the test set.
-
-With ``--evals=FILE`` (a config file whose ``get_config()`` returns ``{name: settings}`` as
-``config.evals`` holds them, e.g. ``configs/evals/robustness.py``; ``--evals.NAME.KEY=VALUE``
-overrides a setting) it runs those evaluations instead, on a run trained without them, and
-merges their results into WORKDIR/extra_evaluations.json under their names (with the
-checkpoint step and the settings); the run's own summary.json and evaluation.json are left as
-they are. A name the run's config already evaluates is refused.
-
-``--output=DIR`` writes these files (and the figures and TensorBoard images) into DIR instead
-of the workdir, which is then only read: a colleague's run on a read-only mount. A workdir
-that cannot be written to without it is refused in one line naming ``--output``, before
-anything is restored (:func:`output_folder`).
+Writes evaluation.json, evaluation_predictions.npz and the figures into the workdir, or into
+``--output=DIR`` with the workdir only read (:func:`output_folder`); ``--evals=FILE`` instead runs
+evaluations the run's config did not list and merges them into extra_evaluations.json
+(:func:`evaluate_new`). What each file holds, ``--data_dir``, ``--max_shift`` and
+``--checkpoint``: docs/training.md, "Evaluate a saved run".
 """
 
 import os
@@ -48,31 +29,27 @@ from capsjax.training import ensemble, restoring, run, run_figures
 from capsjax.training.run_figures import JittedModel
 from capsjax.training.setup import Setup
 
-# The command's flags (define_flags), once it runs.
-FLAGS: types.SimpleNamespace | None = None
+FLAGS: types.SimpleNamespace | None = None  # The command's flags (define_flags), once it runs.
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
-  """The command's flags, in ``flag_values``; ``argv`` (default sys.argv) holds the
-  config flags' overrides."""
+  """The command's flags, in ``flag_values``; ``argv`` (default sys.argv): config overrides."""
   global FLAGS
   define = dict(flag_values=flag_values)
   FLAGS = types.SimpleNamespace(
       workdir=flags.DEFINE_string("workdir", None, "The run's directory.", **define),
       ensemble=flags.DEFINE_string(
-          "ensemble", None, "Comma-separated run directories, or one sweep directory (its "
-          "finished runs): evaluate them as an ensemble, averaging their class scores.",
-          **define),
+          "ensemble", None, "Comma-separated run directories, or one sweep directory (its finished "
+          "runs): evaluate them as an ensemble, averaging their class scores.", **define),
       output=flags.DEFINE_string(
-          "output", None, "A folder for the files written: with --workdir, evaluation.json, "
-          "the predictions, figures and TensorBoard images (or --evals' "
-          "extra_evaluations.json), the workdir then only read (default: the workdir; give "
-          "one for a run you cannot write to); with --ensemble, ensemble.json (default: the "
-          "sweep directory, or the members' common parent).", **define),
+          "output", None, "A folder for the files written: with --workdir, evaluation.json, the "
+          "predictions, figures and TensorBoard images (or --evals' extra_evaluations.json), the "
+          "workdir then only read (default: the workdir; give one for a run you cannot write to); "
+          "with --ensemble, ensemble.json (default: the sweep directory, or the members' common "
+          "parent).", **define),
       checkpoint=flags.DEFINE_string(
           "checkpoint", "latest", "'latest' (the final checkpoint), a step number, or 'best' "
-          "(by validation accuracy; only for runs that held out a validation split).",
-          **define),
+          "(by validation accuracy; only for runs that held out a validation split).", **define),
       data_dir=flags.DEFINE_string("data_dir", None, "Override config.data.dir.", **define),
       max_shift=flags.DEFINE_integer(
           "max_shift", 0, "Also evaluate the test set shifted by every (dx, dy) with |dx|, "
@@ -188,7 +165,6 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
                              setup.batched, log=reporting.log)
     results = {name: evaluator.run(state.variables) for name, evaluator in built.items()}
     if jax.process_index() == 0:  # Recorded first, then drawn.
-
       stored.update({name: {"checkpoint_step": step, "selected_on": selected_on,
                             "settings": settings[name].to_dict(), "result": result}
                      for name, result in results.items()})

@@ -4,9 +4,8 @@
   python -m capsjax.main --config=configs/mnist.py --workdir=/tmp/run \
       --config.data.source=idx --config.data.dir=/path/to/mnist --config.train.num_epochs=1
 
-A rerun with the same --workdir resumes from its latest checkpoint. On a
-cluster, start one process per host with --distributed (or with
---coordinator_address, --num_processes and --process_id).
+A rerun with the same --workdir resumes from its latest checkpoint. On a cluster, start one process
+per host with --distributed (or with --coordinator_address, --num_processes and --process_id).
 """
 
 import types
@@ -15,13 +14,11 @@ from absl import app, flags, logging
 
 from capsjax.runs import cli, distributed
 
-# The command's flags (define_flags), once it runs.
-FLAGS: types.SimpleNamespace | None = None
+FLAGS: types.SimpleNamespace | None = None  # The command's flags (define_flags), once it runs.
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv=None):
-  """--config, --workdir and the multi-host flags, in ``flag_values``; ``argv`` (default
-  sys.argv) holds the --config.* overrides."""
+  """--config, --workdir and multi-host flags in ``flag_values``; ``argv``: --config.* overrides."""
   global FLAGS
   FLAGS = types.SimpleNamespace(
       config=cli.define_config_file("config", None, "Config file, e.g. configs/mnist.py.",

@@ -8,27 +8,17 @@ metrics), and :class:`capsjax.training.run.Run` keeps each run's records (how ch
 evaluations are chosen: its docstring).
 
 One loop, :func:`train_and_evaluate_group`, trains one run with its own jitted step
-(:func:`train_and_evaluate`) or the runs of a :class:`capsjax.training.vectorize.Group` (the
-same model, data and schedule; different seeds, learning rates, loss weights, ...) through one
-vectorised step. Each keeps its own workdir, lock, checkpoints, resume, metrics.jsonl,
-TensorBoard, evaluations, summary.json and figures, as if it had run alone (a vectorised run's
-results equal those of the run alone to float32 rounding: batched matrix products sum in
-another order).
+(:func:`train_and_evaluate`) or the runs of a :class:`capsjax.training.vectorize.Group` through
+one vectorised step. Each keeps its own workdir, lock, checkpoints, resume, metrics.jsonl,
+TensorBoard, evaluations, summary.json and figures, as if it had run alone (its results equal
+those of the run alone to float32 rounding: batched matrix products sum in another order).
 
-* A run whose loss becomes non-finite stops alone, as it would alone
-  (:class:`capsjax.common.errors.NonFiniteLossError`, its last good checkpoint kept); the
-  others go on without it. So does a run that reaches ``train.stop_at_accuracy``.
-* Runs restored at different steps (one's newest checkpoint was damaged, say) train as
-  separate programs, each from its step.
-* A group whose step needs more memory than the device has free is split in halves until
-  each part fits, and says so; a single run that does not fit is refused with advice.
-* SIGTERM or SIGINT saves every run at the step reached.
-* A workdir no file can be written to is refused in one line before the data is loaded
-  (:func:`capsjax.runs.workdirs.check_writable`); a write that fails later (a full disk) is
-  named for what it was writing, and the same command resumes from the last complete
-  checkpoint (:mod:`capsjax.common.files`).
-* A process of a multi-process run that loses another ends with one line
-  (:mod:`capsjax.runs.lost_peer`); the last complete checkpoint resumes.
+A run whose loss becomes non-finite (:class:`NonFiniteLossError`, its last good checkpoint
+kept) or that reaches ``train.stop_at_accuracy`` stops alone, as it would alone; the others go
+on. Runs restored at different steps (one's newest checkpoint was damaged, say) train as
+separate programs, each from its step. A group that does not fit in the device's free memory is
+split in halves (:func:`_train`); a single run that does not fit is refused with advice.
+SIGTERM, a full disk, a read-only workdir, a lost host: docs/training.md, "Stop and resume".
 """
 
 from __future__ import annotations
@@ -40,25 +30,19 @@ from typing import Sequence
 
 import ml_collections
 
-from capsjax.config import precision
 from capsjax.common.errors import NonFiniteLossError
+from capsjax.config import precision, schema
 from capsjax.runs import lost_peer, preemption, workdirs
 from capsjax.runs.reporting import is_finished, log
-from capsjax.training import run as run_lib
-from capsjax.training import inflight, memory, train_step, vectorize
-from capsjax.config import schema
+from capsjax.training import inflight, memory, run as run_lib, train_step, vectorize
 from capsjax.training.setup import Setup
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Trains, evaluates, checkpoints to ``workdir`` and resumes from it.
-
-  Holds ``workdir`` against other runs; SIGTERM or SIGINT saves the step reached and
-  raises :class:`capsjax.runs.preemption.Preempted`. Returns the summary that is also written to
-  ``WORKDIR/summary.json``; raises what stopped the run
-  (:class:`capsjax.common.errors.NonFiniteLossError`, :class:`capsjax.runs.workdirs.WorkdirBusy`,
-  :class:`capsjax.training.memory.OutOfMemory`, ...).
-  """
+  """Trains, evaluates, checkpoints to ``workdir`` and resumes from it: one run of
+  :func:`train_and_evaluate_group`, unvectorised. Returns the summary also written to
+  ``WORKDIR/summary.json``; raises what stopped the run (its outcome there, or
+  :class:`capsjax.training.memory.OutOfMemory`, ...)."""
   config = schema.as_resolved(config)  # Every setting checked before anything runs.
   with memory.advice_on_allocation_failure(config):
     (outcome,) = train_and_evaluate_group([config], [workdir], vectorised=False)
@@ -72,19 +56,18 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
                              setups: Sequence[Setup] | None = None,
                              memory_limit=None, vectorised: bool | None = None,
                              skip_finished: bool = False) -> list:
-  """Trains the runs of ``configs`` into ``run_dirs``.
+  """Trains the runs of ``configs`` into ``run_dirs``, each holding its workdir against others.
 
   ``per_run_keys``: the per-run numbers that differ between the runs
-  (:func:`capsjax.training.vectorize.plan_groups` finds them; any other difference must not
-  change the train step). ``setups``: the configs' setups already built (the planner's),
-  else built here; either way each run's data must equal the first's (ValueError).
-  ``vectorised``: one program over a leading run axis (default: when there are several runs);
-  False trains a single run with its own step. Returns, per run, its summary or the exception
-  that stopped it alone (:class:`NonFiniteLossError`, or
-  :class:`capsjax.runs.workdirs.WorkdirBusy` when another process holds its workdir; with
-  ``skip_finished``, :class:`capsjax.runs.workdirs.FinishedMeanwhile` when its run is finished
-  once held: a sweep's workers look before they hold). A stop signal saves every run and
-  raises :class:`capsjax.runs.preemption.Preempted`.
+  (:func:`capsjax.training.vectorize.plan_groups` finds them; any other difference must not change
+  the train step). ``setups``: the configs' setups already built (the planner's), else built here;
+  either way each run's data must equal the first's (ValueError). ``vectorised``: one program over a
+  leading run axis (default: when there are several runs); False trains a single run with its own
+  step. Returns, per run, its summary or the exception that stopped it alone
+  (:class:`NonFiniteLossError`, or :class:`capsjax.runs.workdirs.WorkdirBusy` when another process
+  holds its workdir; with ``skip_finished``, :class:`capsjax.runs.workdirs.FinishedMeanwhile` when
+  its run is finished once held: a sweep's workers look before they hold). SIGTERM or SIGINT saves
+  every run at the step reached and raises :class:`capsjax.runs.preemption.Preempted`.
   """
   configs = [schema.as_resolved(c) for c in configs]  # Checked before anything runs.
   vectorised = len(configs) > 1 if vectorised is None else vectorised
@@ -145,18 +128,16 @@ def train_and_evaluate_group(configs: Sequence[ml_collections.ConfigDict],
 
 def share_equal_data(setups: Sequence[Setup]) -> None:
   """Setups whose data (each loaded from its own config: a setting that only its dataset's
-  ``load()`` reads, or the seed that draws its validation split, may change them) come out
-  equal share one copy of the arrays on the host."""
+  ``load()`` reads, or the seed that draws its validation split, may change them) come out equal
+  share one copy of the arrays on the host."""
   by_fingerprint: dict[str, dict] = {}
   for setup in setups:
-    setup.splits = by_fingerprint.setdefault(vectorize.data_fingerprint(setup.splits),
-                                               setup.splits)
+    setup.splits = by_fingerprint.setdefault(vectorize.data_fingerprint(setup.splits), setup.splits)
 
 
 def check_same_data(setups: Sequence[Setup]) -> None:
-  """Shares equal data among ``setups`` (:func:`share_equal_data`), then raises ValueError
-  unless every setup holds the first's: the runs of one program all train on the first
-  one's (:func:`capsjax.training.vectorize.plan_groups` keeps runs whose data differ apart)."""
+  """Shares equal data among ``setups`` (:func:`share_equal_data`), then raises ValueError unless
+  every setup holds the first's, which the runs of one program all train on."""
   share_equal_data(setups)
   if any(setup.splits is not setups[0].splits for setup in setups[1:]):
     raise ValueError(
@@ -167,9 +148,8 @@ def check_same_data(setups: Sequence[Setup]) -> None:
 
 def _train(template: Setup, runs: list, new_steps, per_run_keys, stop, outcomes: list,
            indices: list[int]) -> None:
-  """Trains ``runs`` (all at the same step) together with the step ``new_steps()`` makes;
-  fills ``outcomes[indices[k]]``. Splits a group in halves while its program does not fit in
-  memory."""
+  """Trains ``runs`` (all at the same step) together with the step ``new_steps()`` makes; fills
+  ``outcomes[indices[k]]``. Splits a group in halves while its program does not fit in memory."""
   training = [k for k, run in enumerate(runs) if run.training]
   for k, run in enumerate(runs):
     if not run.training:  # Finished or reached its target before: only its final records.

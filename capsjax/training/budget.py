@@ -14,13 +14,11 @@ SETTINGS = run_settings.BUDGET  # config.train's length and cadence.
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-  """The steps of a run (``config.train``) over ``num_train`` training examples.
-
-  An epoch is ``num_train // batch_size`` steps (the last partial batch is dropped, as the
-  epoch permutation does). Logging, evaluation and checkpointing fall on multiples of their
-  intervals and on the last step; an evaluation is always checkpointed (so a best checkpoint
-  can be kept). ``eval_every_steps = 0`` evaluates at the end of each epoch.
-  """
+  """The steps of a run (``config.train``) over ``num_train`` training examples: an epoch is
+  ``num_train // batch_size`` steps (the last partial batch is dropped, as the epoch permutation
+  does). Logging, evaluation and checkpointing fall on multiples of their intervals and on the
+  last step; an evaluation is always checkpointed (so a best checkpoint can be kept).
+  ``eval_every_steps = 0`` evaluates at the end of each epoch."""
   num_train: int
   batch_size: int
   steps_per_epoch: int
@@ -58,8 +56,7 @@ class Budget:
     return step % self.checkpoint_every == 0 or self.eval_due(step)
 
   def meta(self, step: int, selection_accuracy: float | None) -> dict:
-    """The data position (and the accuracy the run watches: validation, else test) a
-    checkpoint records."""
+    """The data position a checkpoint records (and the accuracy watched: validation, else test)."""
     meta = {"step": step, "epoch": step // self.steps_per_epoch,
             "position_in_epoch": step % self.steps_per_epoch, "num_train": self.num_train,
             "batch_size": self.batch_size}

@@ -1,12 +1,9 @@
 """Ensembles (paper Sec. 7: CIFAR-10 with 7 models): average the members' class scores.
 
-``python -m capsjax.evaluate --ensemble=DIR1,DIR2,...`` (or one sweep directory, whose
-finished runs are the members) restores each member's checkpoint (the final one by default;
-``--checkpoint=best`` only for members that held out a validation split),
-computes its class scores (capsule lengths for CapsNet) on the test set, averages them
-over the members, as the official ``evaluate_ensemble`` does with its logits, and
-writes ``ensemble.json``: ``accuracy``, ``error``, and each member's own accuracy.
-Members must share the dataset, the number of classes and the input shape.
+``python -m capsjax.evaluate --ensemble=DIR1,DIR2,...`` (or one sweep directory: its finished runs)
+averages the members' class scores on the test set as the official ``evaluate_ensemble`` does
+with its logits, and writes ``ensemble.json``; members must share :data:`MUST_MATCH`.
+docs/paper_experiments.md, "CIFAR-10, SVHN and smallNORB (Sec. 7), and ensembles".
 """
 
 from __future__ import annotations
@@ -26,13 +23,12 @@ from capsjax.runs.reporting import chance_text, is_finished, log
 from capsjax.training import restoring
 from capsjax.training.setup import Setup
 
-# What members must share to be averaged over one test set.
 MUST_MATCH = (("dataset",), ("model", "num_classes"), ("model", "image_shape"))
 
 
 def members_of(paths: list[str]) -> tuple[list[str], str]:
-  """The run directories, and where ensemble.json goes: one sweep directory gives its
-  finished runs and itself; a list gives itself and the runs' common parent."""
+  """The run directories, and where ensemble.json goes: one sweep directory gives its finished
+  runs and itself; a list gives itself and the runs' common parent."""
   paths = [os.path.abspath(p) for p in paths if p]
   if len(paths) == 1 and not os.path.exists(os.path.join(paths[0], "config.json")):
     if not os.path.isdir(paths[0]):
@@ -113,8 +109,7 @@ def evaluate_ensemble(paths: list[str], checkpoint: str = "latest", data_dir: st
   all_scores, labels, results = member_scores(members, checkpoint, data_dir)
   mean_scores = np.mean(all_scores, axis=0)
   accuracy = float(np.mean(metrics.label_sets_correct(mean_scores, labels)["accuracy"]))
-  chance = metrics.chance_levels(mean_scores.shape[-1], 1 if labels.ndim == 1 else
-                                 labels.shape[-1])
+  chance = metrics.chance_levels(mean_scores.shape[-1], 1 if labels.ndim == 1 else labels.shape[-1])
   result = {"accuracy": accuracy, "error": 1.0 - accuracy, "chance": chance,
             "num_members": len(members), "test_examples": int(len(labels)),
             "members": results}

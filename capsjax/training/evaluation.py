@@ -1,20 +1,14 @@
 """Mapping a function over an evaluation set on every device: the one batching that every
 evaluation, ensemble, benchmark and experiment uses.
 
-An :class:`EvalSet` is a split on the devices, padded to whole batches (padding weighs 0),
-with the function that turns a slice of its examples into a batch. An :class:`BatchedEval` maps any
-pure ``fn(variables, batch) -> {name: per_example}`` over it, jitted once per ``fn`` and set
-kind, each batch sharded over the mesh's ``data`` axis::
-
-    batched.mean(fn, variables, eval_set)     # weighted means over the set: {name: float}
-    batched.collect(fn, variables, eval_set)  # per-example values: {name: (n, ...) array}
-
-``batched.evaluate_examples`` collects the task's forward (loss, its parts, metrics, class scores)
-per example and averages it on the host in float64 (what a split's evaluation keeps as the
-run's predictions); ``batched.evaluate`` is its means, and ``batched.scores`` ``collect`` of the
-class scores. An evaluator that needs gradients with
-respect to the input (an attack) writes its ``fn`` with ``jax.grad`` of
-:meth:`capsjax.training.tasks.Task.forward` (``batched.task.forward``) and hands it to the batched.
+An :class:`EvalSet` is a split on the devices, padded to whole batches. A :class:`BatchedEval`
+maps any pure ``fn(variables, batch) -> {name: per_example}`` over it, jitted once per ``fn`` and
+set kind, each batch sharded over the mesh's ``data`` axis: ``batched.mean(fn, variables,
+eval_set)`` gives weighted means over the set, ``{name: float}``; ``collect`` per-example values,
+``{name: (n, ...) array}``. ``evaluate_examples``, ``evaluate`` and ``scores`` apply it to the
+task's forward. An evaluator that needs gradients with respect to the input (an attack) writes
+its ``fn`` with ``jax.grad`` of :meth:`capsjax.training.tasks.Task.forward`
+(``batched.task.forward``).
 """
 
 from __future__ import annotations
@@ -54,11 +48,8 @@ def put_on_devices(split: datasets.Split,
 
 class EvalSet:
   """A split on the devices, padded to whole eval batches (padding has weight 0), and the
-  function that turns a slice of its examples into a model batch.
-
-  Attributes:
-    size: real examples; num_batches, batch_size; host: the split on the host.
-  """
+  function that turns a slice of its examples into a model batch. ``size``: the real examples;
+  ``host``: the split on the host."""
 
   def __init__(self, split: datasets.Split, make_batch: Callable, batch_size: int,
                sharding: NamedSharding):
@@ -85,11 +76,9 @@ class EvalSet:
 
 
 def _show_progress(label: str | None, done: int, total: int, values) -> None:
-  """``label batch done/total`` on process 0 once ``values`` are computed: every batch on a
-  terminal, about every quarter of the set in a log."""
+  """``label batch done/total`` on process 0: every batch on a terminal, each quarter in a log."""
   if label is None or jax.process_index() != 0:
     return
-
   every = 1 if reporting.is_terminal(sys.stderr) else max(1, -(-total // 4))
   if done % every == 0 or done == total:
     jax.block_until_ready(values)
@@ -97,13 +86,9 @@ def _show_progress(label: str | None, done: int, total: int, values) -> None:
 
 
 class BatchedEval:
-  """Maps functions of a task's variables over :class:`EvalSet`s: jitted per batch, data
-  parallel over the mesh.
-
-  Attributes:
-    task: the :class:`capsjax.training.tasks.Task` (``task.forward`` for evaluators' own functions).
-    mesh, batch_size.
-  """
+  """Maps functions of a ``task``'s variables (:class:`capsjax.training.tasks.Task`: its
+  ``forward`` for evaluators' own functions) over :class:`EvalSet`s: jitted per batch, data
+  parallel over the ``mesh``."""
 
   def __init__(self, task, mesh, batch_size: int):
     self.task, self.mesh, self.batch_size = task, mesh, batch_size
@@ -135,8 +120,7 @@ class BatchedEval:
       if kind == "collect":
         return values
       weights = take(weights)
-      sums = {k: jnp.tensordot(weights, v.astype(jnp.float32), axes=1)
-              for k, v in values.items()}
+      sums = {k: jnp.tensordot(weights, v.astype(jnp.float32), axes=1) for k, v in values.items()}
       return {"count": jnp.sum(weights), **sums}
 
     self._steps[key] = step
@@ -181,8 +165,7 @@ class BatchedEval:
                         b * eval_set.batch_size))
       in_flight.add(parts[-1])
       _show_progress(progress, b + 1, eval_set.num_batches, parts[-1])
-    return {k: np.concatenate([np.asarray(p[k]) for p in parts])[:eval_set.size]
-            for k in parts[0]}
+    return {k: np.concatenate([np.asarray(p[k]) for p in parts])[:eval_set.size] for k in parts[0]}
 
   def _evaluation_and_scores(self, variables, batch) -> dict:
     result = self.task.forward(variables, batch, train=False)
@@ -200,11 +183,11 @@ class BatchedEval:
     return self.evaluate_examples(variables, eval_set)[0]
 
   def evaluate_examples(self, variables, eval_set: EvalSet) -> tuple[dict, dict, dict]:
-    """``(metrics, per_example, outputs)``: :meth:`evaluate`'s means, computed on the host from
-    the values of each example; those values (``{name: (size, ...)}``: the loss, its parts and
-    the metrics); and ``outputs``: the class ``scores`` ``(size, num_classes)`` and the
-    ``labels`` of the batches (the dataset's, e.g. MultiMNIST's pairs'). One program, one
-    pass."""
+    """``(metrics, per_example, outputs)``: :meth:`evaluate`'s means, computed on the host in
+    float64 from the values of each example; those values (``{name: (size, ...)}``: the loss,
+    its parts and the metrics); and ``outputs``: the class ``scores`` ``(size, num_classes)``
+    and the ``labels`` of the batches (the dataset's, e.g. MultiMNIST's pairs'), which a split's
+    evaluation keeps as the run's predictions. One program, one pass."""
     values = self.collect(self._evaluation_and_scores, variables, eval_set)
     per_example = {k[len("per_example/"):]: v for k, v in values.items()
                    if k.startswith("per_example/")}
@@ -216,13 +199,10 @@ class BatchedEval:
     return metrics, per_example, {"scores": values["scores"], "labels": values["labels"]}
 
   def scores(self, variables, eval_set: EvalSet) -> tuple[np.ndarray, np.ndarray]:
-    """The model's class scores ``(n, num_classes)`` and the labels of every example of the
-    set (ensembles average the scores of several models)."""
+    """The class scores ``(n, num_classes)`` and labels of the set's examples (ensembles' input)."""
     values = self.collect(self._scores, variables, eval_set)
     return values["scores"], values["labels"]
 
 
-# ``Runner`` is now :class:`BatchedEval` (it is not a run's or a sweep's batched), served with a
-# DeprecationWarning for a release.
-
-__getattr__ = public_names.module_getattr(__name__)  # EvalRunner, for a release.
+# ``EvalRunner`` (now :class:`BatchedEval`: not a run's), with a DeprecationWarning for a release.
+__getattr__ = public_names.module_getattr(__name__)

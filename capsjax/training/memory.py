@@ -1,11 +1,9 @@
 """Whether a train step fits in the device's memory, known before it runs.
 
-XLA's memory analysis of the compiled step gives what it allocates when it runs (outputs that
-do not reuse an input's buffer, and temporaries); its inputs (the train state, the data on the
-device) are allocated already. :class:`CompiledSteps` compiles a jitted step once per number of
-steps per dispatch and refuses one that would not fit (:class:`OutOfMemory`, a UsageError that
-says what to change) before it runs, and turns an allocation failure while it runs (XLA's
-``RESOURCE_EXHAUSTED``) into the same error: no traceback, nothing of the run written.
+:class:`CompiledSteps` refuses a step whose memory (:func:`new_memory_bytes`, from XLA's
+analysis of the compiled step) would not fit before it runs, and an allocation failure while it
+runs becomes the same error (:class:`OutOfMemory`, a UsageError that says what to change): no
+traceback, nothing of the run written.
 """
 
 from __future__ import annotations
@@ -26,9 +24,9 @@ class OutOfMemory(UsageError):
 
 
 def available_memory_bytes(device: jax.Device | None = None) -> int | None:
-  """Free memory for a program on ``device``: the accelerator's allocator limit less what is
-  in use, or on a CPU the least of the host's available memory (``MemAvailable``) and what
-  the process's own limits leave (:func:`process_limit_bytes`); None if unknown."""
+  """Free memory for a program on ``device``: the accelerator's allocator limit less what is in
+  use, or on a CPU the least of the host's available memory (``MemAvailable``) and what the
+  process's own limits leave (:func:`process_limit_bytes`); None if unknown."""
   device = device or jax.local_devices()[0]
   stats = device.memory_stats() or {}
   if "bytes_limit" in stats:
@@ -122,8 +120,7 @@ def new_memory_bytes(compiled) -> int | None:
   memory = compiled.memory_analysis()
   if memory is None:
     return None
-  return int(memory.output_size_in_bytes - memory.alias_size_in_bytes
-             + memory.temp_size_in_bytes)
+  return int(memory.output_size_in_bytes - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
 
 
 def format_bytes(n: float) -> str:
@@ -131,10 +128,9 @@ def format_bytes(n: float) -> str:
 
 
 def advice(config, need: int | None = None, free: int | None = None) -> str:
-  """What to change for a train step that does not fit (``config`` resolved), with a batch
-  size that would: the
-  largest power of two at most ``batch x free / need`` where the need is known (a step's
-  memory grows about in proportion to its batch), else half the batch."""
+  """What to change for a train step that does not fit (``config`` resolved), with a batch size
+  that would: the largest power of two at most ``batch x free / need`` where the need is known
+  (a step's memory grows about in proportion to its batch), else half the batch."""
   batch = config.train.batch_size
   smaller = max(1, batch // 2)
   if need and free is not None and need > free:
@@ -152,8 +148,7 @@ def is_out_of_memory(error: BaseException) -> bool:
   """Whether ``error`` is an allocation failure: XLA's ``RESOURCE_EXHAUSTED`` or Python's
   MemoryError (NumPy under an address-space limit). A failed file write is never one, though
   TensorStore (under Orbax) words a full disk ``RESOURCE_EXHAUSTED`` too: memory and disk are
-  told apart by the error (:func:`capsjax.common.files.is_file_write_error`: its errno, or a
-  failed write to a named local file), not by that word."""
+  told apart by the error (:func:`capsjax.common.files.is_file_write_error`), not by that word."""
   if files.is_file_write_error(error):
     return False
   return (isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in str(error)
@@ -178,11 +173,10 @@ def advice_on_allocation_failure(config, what: str = "The run"):
 
 
 class CompiledSteps:
-  """``fn(*args, num_steps)`` of a jitted step ``fn(*args, num_steps)`` (``num_steps`` its
-  last, static argument; the other arguments' shapes fixed), compiled once per ``num_steps``
-  and checked against the device's
-  free memory before its first run (:class:`OutOfMemory`, naming ``what`` and the config's
-  remedies)."""
+  """``fn(*args, num_steps)`` of a jitted step ``fn(*args, num_steps)`` (``num_steps`` its last,
+  static argument; the other arguments' shapes fixed), compiled once per ``num_steps`` and
+  checked against the device's free memory before its first run (:class:`OutOfMemory`, naming
+  ``what`` and the config's remedies)."""
 
   def __init__(self, jitted: Callable, config, what: str = "The train step",
                memory_limit: Callable[[], int | None] | None = None):

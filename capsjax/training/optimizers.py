@@ -1,10 +1,10 @@
 """The optimiser and its learning-rate schedule, from ``config.optimizer``, through optax.
 
 Built once per run (:func:`build`) and used by the train step, the learning-rate log and the
-restore. Its settings, their defaults, ranges and resolution are :mod:`capsjax.config.optimizer`'s
-(``name`` picks the optimiser, ``schedule`` the schedule). The peak ``learning_rate`` is held in
-the optimiser state (``optax.inject_hyperparams``) so that the runs of one vectorised program
-may differ in it (:data:`PER_RUN_KEYS`).
+restore. Its settings, their defaults, ranges and resolution are
+:mod:`capsjax.config.optimizer`'s (``name`` picks the optimiser, ``schedule`` the schedule). The
+peak ``learning_rate`` is held in the optimiser state (``optax.inject_hyperparams``) so that the
+runs of one vectorised program may differ in it (:data:`PER_RUN_KEYS`).
 """
 
 from __future__ import annotations
@@ -106,18 +106,12 @@ def _transform(settings: dict, schedule: optax.Schedule) -> optax.GradientTransf
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
-  """What :func:`build` makes: the optax transformation, its schedule and the settings in
-  effect (``summary.json`` records them).
-
-  Attributes:
-    tx: the transformation, its per-run numbers in its state (:data:`PER_RUN_KEYS`): runs
-      stacked for one program each carry their own.
-    schedule: the learning rate at each step, at the config's peak (the training log's).
-    settings: :func:`resolve`'s.
-    uninjected: the same transformation with the peak compiled in, as runs before 2026-11-28
-      held their optimiser state: only to read their checkpoints
-      (:mod:`capsjax.runs.checkpoint_forms`).
-  """
+  """What :func:`build` makes: the optax transformation ``tx``, its per-run numbers in its state
+  (:data:`PER_RUN_KEYS`: runs stacked for one program each carry their own); its ``schedule``,
+  the learning rate at each step at the config's peak (the training log's); the ``settings`` in
+  effect (:func:`resolve`'s; ``summary.json`` records them); and ``uninjected``, the same
+  transformation with the peak compiled in, as runs before 2026-11-28 held their optimiser state:
+  only to read their checkpoints (:mod:`capsjax.runs.checkpoint_forms`)."""
   tx: optax.GradientTransformation
   schedule: optax.Schedule
   settings: dict
@@ -136,19 +130,17 @@ class Optimizer:
     return opt_state._replace(hyperparams={**opt_state.hyperparams, **numbers})
 
 
-# The optimiser's numbers that may differ between the runs of one program: hyperparameters of
-# its state (``optax.inject_hyperparams``), by the config key each comes from. The schedule's
-# shape (decay, warmup, floor) is not among them: it is the program's.
+# The optimiser's numbers the runs of one program may differ in (the module docstring), by config
+# key; not the schedule's shape (decay, warmup, floor): it is the program's.
 PER_RUN_KEYS = {"learning_rate": "optimizer.learning_rate"}
 
 
 def build(config: ml_collections.ConfigDict, steps_per_epoch: int | None = None,
           num_steps: int | None = None) -> Optimizer:
-  """The optimiser of ``config`` (``config.optimizer``): clipping, L2 decay (not for adamw,
-  which decays its own way), then the optimiser on the schedule, its peak learning rate held
-  in the optimiser state (``optax.inject_hyperparams``), so that runs of one program may
-  differ in it. A resolved config's section (frozen) holds every setting in effect; any
-  other is resolved first."""
+  """The optimiser of ``config`` (``config.optimizer``): clipping, L2 decay (not for adamw, which
+  decays its own way), then the optimiser on the schedule, its peak learning rate in its state
+  (the module docstring). A resolved config's section (frozen) holds every setting in effect;
+  any other is resolved first."""
   settings = dict(config) if settings_lib.in_effect(config) else resolve(config)
 
   def at(learning_rate) -> optax.GradientTransformation:

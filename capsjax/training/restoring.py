@@ -2,15 +2,12 @@
 ensembles use, and the one vocabulary for which parameters were evaluated.
 
 ``selected_on`` (in ``summary.json``, ``evaluation.json``, ``extra_evaluations.json`` and
-``ensemble.json``) is one of :data:`SELECTED_ON`:
-
-* ``final``: the parameters at the run's last step (nothing chosen);
-* ``validation``: chosen on the validation split (``--checkpoint=best``, or a run that stopped
-  when its validation accuracy reached ``train.stop_at_accuracy``);
-* ``test``: a run that stopped on its *test* accuracy (it held out no validation split; its
-  summary and the training log say so);
-* ``step N``: the checkpoint of step N, asked for by number, or the newest of a run that has
-  not finished.
+``ensemble.json``) is one of :data:`SELECTED_ON`: ``final``, the parameters at the run's last step
+(nothing chosen); ``validation``, chosen on the validation split (``--checkpoint=best``, or a run
+that stopped when its validation accuracy reached ``train.stop_at_accuracy``); ``test``, a run
+that stopped on its *test* accuracy (it held out no validation split; its summary and the
+training log say so); ``step N``, the checkpoint of step N, asked for by number, or the newest of
+a run that has not finished.
 """
 
 from __future__ import annotations
@@ -23,8 +20,7 @@ import ml_collections
 
 from capsjax.common import files
 from capsjax.runs import checkpointing
-from capsjax.config import runconfig
-from capsjax.config import schema
+from capsjax.config import runconfig, schema
 from capsjax.training.setup import Setup, check_no_test_selection
 
 SELECTED_ON = ("final", "validation", "test", "step N")
@@ -32,8 +28,7 @@ SELECTED_ON = ("final", "validation", "test", "step N")
 
 @dataclasses.dataclass
 class Restored:
-  """A run's restored train state: ``setup`` (its set-up), ``step``, ``state`` (the train
-  state) and ``selected_on`` (:data:`SELECTED_ON`)."""
+  """A run's restored ``setup``, ``step``, train ``state`` and ``selected_on``."""
   setup: Setup
   step: int
   state: Any
@@ -42,10 +37,9 @@ class Restored:
 
 def load_config(workdir: str, checkpoint: str = "latest", data_dir: str | None = None,
                 add_evals: dict | None = None) -> ml_collections.ConfigDict:
-  """The run's ``config.json`` as a resolved config (:func:`capsjax.config.schema.
-  resolve_config`), with ``data.dir`` replaced by ``data_dir`` when given and the evaluations
-  ``add_evals`` (``{name: settings}``) added; UsageError for ``--checkpoint=best`` of a run
-  without a validation split (a best checkpoint would be chosen on the test set)."""
+  """The run's ``config.json`` as a resolved config, with ``data.dir`` replaced by ``data_dir``
+  when given and the evaluations ``add_evals`` (``{name: settings}``) added; UsageError for
+  ``--checkpoint=best`` of a run without a validation split (:func:`check_no_test_selection`)."""
   config = runconfig.load(workdir)
   if data_dir:
     config.data.dir = data_dir
@@ -58,12 +52,11 @@ def load_config(workdir: str, checkpoint: str = "latest", data_dir: str | None =
 
 def restore(workdir: str, setup: Setup, checkpoint: str = "latest",
             own_data: bool = True) -> Restored:
-  """Restores ``checkpoint`` (``latest``, ``best`` or a step number) of ``workdir`` into
-  ``setup``'s train state (built from :func:`load_config`'s config). ``own_data``: False
-  when the setup holds another run's data (an ensemble's later members share the first
-  one's), so that its budget's length is not this run's: the run's summary then says where it
-  ended. A damaged checkpoint is reported and the next candidate tried; nothing is moved (a
-  training run may hold this workdir)."""
+  """Restores ``checkpoint`` (``latest``, ``best`` or a step number) of ``workdir`` into ``setup``'s
+  train state (built from :func:`load_config`'s config). ``own_data``: False when the setup holds
+  another run's data (an ensemble's later members share the first one's), so that its budget's
+  length is not this run's: the run's summary then says where it ended. A damaged checkpoint is
+  reported and the next candidate tried; nothing is moved (a training run may hold this workdir)."""
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                     keep=setup.config.train.keep_checkpoints,
                                     keep_best=checkpoint == "best")

@@ -1,9 +1,8 @@
 """The figures of a run, drawn after training (and by ``capsjax.evaluate``).
 
-Every run: training curves and, when the records have them, routing diagnostics. Then the
-model's own figures (its ``draw_figures`` hook: e.g. capsule models' reconstructions, paper
-Fig. 4 and 5) of a few test examples, and each evaluator's (e.g. affine test examples with
-predictions).
+Every run: training curves and, when the records have them, routing diagnostics; then the
+model's own (its ``draw_figures`` hook: e.g. capsule models' reconstructions, paper Fig. 4 and 5)
+and each evaluator's (e.g. affine test examples with predictions): :func:`draw_figures`.
 """
 
 from __future__ import annotations
@@ -24,15 +23,9 @@ SETTINGS = run_settings.FIGURES  # config.eval's figures.
 def draw_figures(workdir: str, task, variables, test_split, evaluations: dict,
                  num_examples: int, writer, step: int, output: str | None = None) -> None:
   """Draws every figure of the run in ``workdir`` into ``output`` (default: the workdir;
-  another folder for a run that cannot be written to) and images into ``writer``.
-
-  Args:
-    task: the run's :class:`capsjax.training.tasks.Task` (its model and dataset builder).
-    variables: the model's variables (``TrainState.variables``).
-    test_split: the host test split (:class:`capsjax.datasets.Split`).
-    evaluations: the run's evaluators; each may draw its own figures.
-    num_examples: how many test examples the model's figures show.
-  """
+  another folder for a run that cannot be written to) and images into ``writer``: the model's
+  (``task``: :class:`capsjax.training.tasks.Task`; ``variables``: ``TrainState.variables``) of
+  ``num_examples`` of the host ``test_split``, and those of each of the run's ``evaluations``."""
   records = reporting.read_metrics(workdir)
   output = output or workdir
   figures.save_training_curves(os.path.join(output, "training_curves.png"), records)
@@ -50,14 +43,10 @@ def draw_figures(workdir: str, task, variables, test_split, evaluations: dict,
 
 
 class JittedModel:
-  """A model's evaluation outputs (:meth:`capsjax.training.tasks.Task.forward`) and, where it can
-  reconstruct, ``decode`` under ``jax.jit``: one compilation each, instead of one per
-  operation when called eagerly.
-
-  Attributes:
-    capabilities: what the model declares (:data:`capsjax.models.CAPABILITIES`).
-    num_classes: the dataset's classes.
-  """
+  """A model's evaluation outputs (:meth:`capsjax.training.tasks.Task.forward`) and, where it
+  can reconstruct, ``decode`` under ``jax.jit``: one compilation each, instead of one per
+  operation when called eagerly. ``capabilities``: what the model declares
+  (:data:`capsjax.models.CAPABILITIES`); ``num_classes``: the dataset's."""
 
   def __init__(self, task, variables):
     self.capabilities = task.capabilities

@@ -7,10 +7,9 @@ evaluation batched.
     state = setup.fresh_state()      # or: step, state, meta = setup.restore(checkpointer)
     evals = setup.evaluations()      # config.evals on the devices
 
-The mesh is 1-D over every device of the job (axis ``data``): batches are sharded,
-parameters, optimiser state and the datasets replicated. ``setup.batched``
-(:class:`capsjax.training.evaluation.BatchedEval`) maps functions of the model over evaluation sets in
-jitted, data-parallel batches.
+The mesh is 1-D over every device of the job (axis ``data``): batches are sharded, parameters,
+optimiser state and the datasets replicated. ``setup.batched``
+(:class:`capsjax.training.evaluation.BatchedEval`) maps functions of the model over evaluation sets.
 """
 
 from __future__ import annotations
@@ -41,29 +40,22 @@ INIT_COMPILER_OPTIONS = {"cpu": {"xla_backend_optimization_level": 1}}
 
 def make_mesh() -> jax.sharding.Mesh:
   """A 1-D mesh over every device of the job, axis ``data``."""
-  return jax.make_mesh((jax.device_count(),), ("data",),
-                       axis_types=(jax.sharding.AxisType.Auto,))
+  return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
 
 
 class Setup:
-  """A config made runnable, complete when built: its task, mesh, data, budget and optimiser.
-
-  Attributes:
-    config, task, mesh, replicated (the sharding of replicated arrays);
-    splits: the dataset's host splits, by name;
-    budget: the run's :class:`capsjax.training.budget.Budget`;
-    optimizer: the :class:`capsjax.training.optimizers.Optimizer` of ``config.optimizer``
-      (epoch-based settings in steps of the budget).
-  """
+  """A config made runnable, complete when built: its ``task``, ``mesh`` (``replicated``: the
+  sharding of replicated arrays), ``splits`` (the dataset's, on the host, by name), ``budget``
+  (:class:`capsjax.training.budget.Budget`) and ``optimizer``
+  (:class:`capsjax.training.optimizers.Optimizer`, epoch-based settings in the budget's steps)."""
 
   def __init__(self, config: ml_collections.ConfigDict,
                splits: dict[str, datasets.Split] | None = None):
     """Raises UsageError, naming the key, for a config that cannot run here. ``self.config``
-    is the resolved copy (:func:`capsjax.training.tasks.resolve_config`); ``config`` is not
-    written. Reads the dataset's splits (or takes ``splits``: e.g. random data of their
-    shapes, or another setup's of the same dataset), checks that the model keeps its
-    contract on them (:meth:`capsjax.training.tasks.Task.check_outputs`) and plans the run's
-    steps."""
+    is the resolved copy (:func:`capsjax.config.schema.resolve_config`); ``config`` is not
+    written. Reads the dataset's splits (or takes ``splits``: e.g. random data of their shapes,
+    or another setup's of the same dataset), checks that the model keeps its contract on them
+    (:meth:`capsjax.training.tasks.Task.check_outputs`) and plans the run's steps."""
     budget.validate_train_config(config, jax.device_count())
     self.task = Task.from_config(config)
     self.config = self.task.config
@@ -87,11 +79,10 @@ class Setup:
 
   def restore(self, checkpointer, steps: list[int] | None = None, move_aside: bool = False,
               log: Callable[[str], None] = reporting.log):
-    """``(step, state, meta)`` of the newest checkpoint that restores (or the first of
-    ``steps``), or None when there is none; see
-    :meth:`capsjax.runs.checkpointing.Checkpointer.restore_newest`. Checkpoints of every
-    earlier layout restore (:func:`capsjax.runs.checkpoint_forms.older_forms`); the optimiser's
-    per-run numbers are the config's."""
+    """``(step, state, meta)`` of the newest checkpoint that restores (or the first of ``steps``),
+    or None when there is none; see :meth:`capsjax.runs.checkpointing.Checkpointer.restore_newest`.
+    Checkpoints of every earlier layout restore (:func:`capsjax.runs.checkpoint_forms.older_forms`);
+    the optimiser's per-run numbers are the config's."""
     abstract = self.abstract_state()
     found = checkpointer.restore_newest(
         abstract, log=log, move_aside=move_aside, steps=steps,
@@ -115,10 +106,8 @@ class Setup:
     return self._batched
 
   def evaluations(self, log: Callable[[str], None] = reporting.log) -> dict:
-    """The evaluators of ``config.evals`` on the loaded splits (plus ``validation`` when the
-    data hold one out), by name."""
-    return evaluators.build_all(self.config, self.task.dataset, self.splits, self.batched,
-                                log=log)
+    """The evaluators of ``config.evals`` (and ``validation``, if held out) on the splits."""
+    return evaluators.build_all(self.config, self.task.dataset, self.splits, self.batched, log=log)
 
   def on_devices(self, split: datasets.Split) -> tuple[dict, dict]:
     """A split's ``examples`` and ``shared`` arrays, replicated on the mesh."""
@@ -126,8 +115,7 @@ class Setup:
 
 
 def check_no_test_selection(config, which: str) -> None:
-  """Refuses ``--checkpoint=best`` for a run without a validation split: its "best" would be
-  chosen on the test set."""
+  """Refuses ``--checkpoint=best`` without a validation split: "best" would be the test's pick."""
   if which == "best" and not int(config.data.validation_size):
     raise UsageError(
         "--checkpoint=best: this run held out no validation split (config.data."

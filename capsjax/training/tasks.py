@@ -1,15 +1,12 @@
 """A task is what a run trains: a dataset builder and a model, both picked by the config, and
 the one forward function every caller uses.
 
-``Task.from_config(config)`` resolves the config (a copy with every default filled in and
-every value checked: :func:`capsjax.config.schema.resolve_config`; the caller's config is
-never written),
-looks the dataset and the model up in their registries (``config.dataset``,
-``config.model.name``, a registered name or an import path), builds the model's graph once
-(which validates its settings) and checks the model's contract (:mod:`capsjax.models`) before
-any data is read. The train step, every evaluation, the figures, the benchmark and the
-experiments call :meth:`Task.forward` and nothing else (the vote attack also calls
-:meth:`Task.vote_log_probabilities`).
+``Task.from_config(config)`` resolves the config (a copy: the caller's is never written), looks the
+dataset and the model up in their registries (``config.dataset``, ``config.model.name``, a
+registered name or an import path), builds the model's graph once (which validates its settings) and
+checks the model's contract (:mod:`capsjax.models`) before any data is read. The train step, every
+evaluation, the figures, the benchmark and the experiments call :meth:`Task.forward` and nothing
+else (the vote attack also calls :meth:`Task.vote_log_probabilities`).
 """
 
 from __future__ import annotations
@@ -56,11 +53,10 @@ def forward(graphdef, variables: dict, batch: dict, *, train: bool,
             rng: jax.Array | None = None, step: jax.Array | None = None,
             numbers=None) -> Forward:
   """The model of ``graphdef`` with ``variables`` (parameters and state, a pure dict) on a
-  complete ``batch`` (:meth:`Task.complete_batch`): its outputs (``apply``), per-example loss
-  and parts (``loss``) and metrics (``metrics``), and the state the pass wrote. A pure
-  function: the train step differentiates it, evaluations map it over a set (through
-  :meth:`Task.forward`). ``numbers``: one run's per-run numbers in a vectorised step (only a
-  model that declares ``per_run_numbers`` takes them); None: the config's."""
+  complete ``batch`` (:meth:`Task.complete_batch`): its outputs (``apply``), per-example loss and
+  parts (``loss``) and metrics (``metrics``), and the state the pass wrote. A pure function: the
+  train step differentiates it, evaluations map it over a set (through :meth:`Task.forward`,
+  whose Args these are; only a model that declares ``per_run_numbers`` takes ``numbers``)."""
   model = nnx.merge(graphdef, variables)
   outputs = model.apply(batch, train=train, rng=rng)
   extra = {"numbers": numbers} if numbers is not None else {}
@@ -82,13 +78,8 @@ def _shapes(tree, first: int = 0) -> tuple:
 
 @dataclasses.dataclass
 class Task:
-  """A resolved config, its dataset builder and its model class.
-
-  Attributes:
-    config: the resolved copy of the run config (what ``config.json`` records).
-    dataset: the :class:`capsjax.datasets.Builder`.
-    model_class: the model's class.
-  """
+  """A resolved ``config`` (the copy ``config.json`` records), its ``dataset`` builder
+  (:class:`capsjax.datasets.Builder`) and its ``model_class``."""
   config: ml_collections.ConfigDict
   dataset: datasets.Builder
   model_class: type[nnx.Module]
@@ -107,8 +98,7 @@ class Task:
     return task
 
   def chance_levels(self) -> dict[str, float]:
-    """The accuracies of random guessing on this dataset (``accuracy``, and ``at_least_one``
-    with several labels per example): :func:`capsjax.models.metrics.chance_levels`."""
+    """The accuracies of random guessing here: :func:`capsjax.models.metrics.chance_levels`."""
     info = self.dataset.info
     return metrics.chance_levels(info.num_classes, info.labels_per_example)
 
@@ -185,14 +175,13 @@ class Task:
     return list(hook(self.config, self.chance_levels()["accuracy"])) if hook else []
 
   def check_outputs(self, splits: dict) -> None:
-    """Traces :meth:`forward` (shapes only, nothing computed) on two examples, in evaluation
-    on a test batch and in training on a train batch as the train step builds it (and
-    :meth:`vote_log_probabilities` where the model declares ``votes``), and raises UsageError
-    naming the model and what breaks the contract (:func:`capsjax.models.check_forward`): at a
-    run's start, not at its end. ``splits``: the dataset's, ``train`` and ``test`` at
-    least. A check that passed is not traced again in this process for the same model class,
-    dataset builder, resolved config and example shapes (the runs of a sweep in one program,
-    the tests' many runs)."""
+    """Traces :meth:`forward` (shapes only, nothing computed) on two examples, in evaluation on a
+    test batch and in training on a train batch as the train step builds it (and
+    :meth:`vote_log_probabilities` where the model declares ``votes``), and raises UsageError naming
+    the model and what breaks the contract (:func:`capsjax.models.check_forward`): at a run's start,
+    not at its end. ``splits``: the dataset's, ``train`` and ``test`` at least. A check that passed
+    is not traced again in this process for the same model class, dataset builder, resolved config
+    and example shapes (the runs of a sweep in one program, the tests' many runs)."""
     key = (self.model_class, type(self.dataset), self.config.to_json_best_effort(sort_keys=True),
            *(_shapes(splits[name].examples, first=1) + _shapes(splits[name].shared)
              for name in ("train", "test")))

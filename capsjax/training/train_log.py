@@ -15,8 +15,7 @@ from capsjax.training.budget import Budget
 
 
 class TrainLog:
-  """Train metrics (fetched from the devices only at log points), timing, progress line,
-  metrics.jsonl and TensorBoard (process 0 writes)."""
+  """One run's train log (the module docstring)."""
 
   def __init__(self, workdir: str, budget: Budget, schedule, ckpt, watches=(),
                label: str | None = None):
@@ -35,8 +34,7 @@ class TrainLog:
     self.timer_start, self.timer_step = None, 0
 
   def add(self, step: int, metrics: dict, state) -> None:
-    """Metrics of the dispatch that started at ``step``; the first one compiles, so time
-    from its end."""
+    """Metrics of the dispatch that started at ``step`` (the first compiles: time from its end)."""
     self.pending.append((step, metrics))
     if self.timer_start is None:
       jax.block_until_ready(state)
@@ -47,8 +45,7 @@ class TrainLog:
     return self.steps_timed * self.budget.batch_size / self.seconds if self.seconds > 0 else None
 
   def flush(self, step: int, write: bool) -> None:
-    """Fetches the pending metrics, stops the run on a non-finite loss, and (``write``)
-    logs their mean."""
+    """Fetches the pending metrics, stops on a non-finite loss, and (``write``) logs their mean."""
     if not self.pending:
       return
     steps_, host = _host_metrics(self.pending)
@@ -106,8 +103,8 @@ class TrainLog:
 
 
 def _host_metrics(pending: list[tuple[int, dict]]) -> tuple[np.ndarray, dict]:
-  """The steps (1-based: step n's metrics are of the parameters before update n) and the
-  pending train metrics on the host, one row per step."""
+  """The steps (1-based: step n's metrics are of the parameters before update n) and the pending
+  train metrics on the host, one row per step."""
   steps_ = np.concatenate([start + 1 + np.arange(len(np.asarray(m["loss"])))
                            for start, m in pending])
   host = {k: np.concatenate([np.asarray(m[k]) for _, m in pending]) for k in pending[0][1]}

@@ -14,13 +14,12 @@ gradient, the update and the metrics; for one run, or several mapped over a lead
   into a batch (augmentation, synthetic data) inside the jitted step; the batch is sharded over
   the mesh, so XLA adds the gradient all-reduce, and a BatchNorm's statistics are the global
   batch's (synchronised BatchNorm).
-* **The step** (:func:`train_steps`): the model's forward pass (:func:`capsjax.training.tasks.forward`:
-  apply, loss, metrics), its gradient, the optimiser's update; ``num_steps`` of them per
-  dispatch through ``lax.scan``.
-* **One run or several** (:class:`Step`): the same step, jitted as it is for one run (its
-  numbers compiled in) or through ``jax.vmap`` over the runs of one program (each run's state
-  stacked, and the model's per-run numbers: :mod:`capsjax.config.per_run`), compiled once per
-  shape with its memory checked first (:mod:`capsjax.training.memory`).
+* **The step** (:func:`train_steps`): the model's forward pass
+  (:func:`capsjax.training.tasks.forward`: apply, loss, metrics), its gradient, the optimiser's
+  update; ``num_steps`` of them per dispatch through ``lax.scan``.
+* **One run or several** (:class:`Step`): the same step, jitted for one run or mapped by
+  ``jax.vmap`` over the runs of one program, its memory checked first
+  (:mod:`capsjax.training.memory`).
 """
 
 from __future__ import annotations
@@ -52,7 +51,6 @@ class TrainState:
   params: Any            # Pure dict of arrays (nnx.split -> to_pure_dict).
   opt_state: Any
   rng: jax.Array         # uint32[2] raw key; per-step keys are fold_in(rng, step).
-  # The model's other variables (BatchNorm statistics), a pure dict; {} for stateless models.
   # Last and defaulted: checkpoints written before it existed restore with {}.
   model_state: Any = struct.field(default_factory=dict)
 
@@ -89,10 +87,8 @@ def abstract_state(task: Task, tx: optax.GradientTransformation,
 
 
 class TrainOrder:
-  """The batches of a run's train steps over a train split of ``num_train`` examples.
-
-  Pure: :meth:`batch` and :meth:`dispatch` are functions of the train state's ``step`` and
-  ``rng`` (traced inside the jitted step)."""
+  """The batches of a run's train steps over ``num_train`` examples: :meth:`batch` and
+  :meth:`dispatch` are pure functions of the state's ``step`` and ``rng`` (traced in the step)."""
 
   def __init__(self, task, num_train: int, mesh):
     self.task, self.num_train = task, num_train
@@ -156,19 +152,16 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, num_train: int
 def train_steps(task: Task, tx: optax.GradientTransformation, num_train: int,
                 mesh) -> Callable:
   """``fn(state, examples, shared, num_steps, numbers=None) -> (state, metrics)``, a pure
-  function (not jitted: :class:`Step` maps it over runs or not, and jits it).
-
-  ``numbers``: one run's per-run numbers in a vectorised program, an instance of the model's
-  ``per_run_numbers`` (:mod:`capsjax.config.per_run`) handed to its loss; None: the
-  config's. The optimiser's per-run numbers (the peak learning rate) are in ``state``'s
-  optimiser state.
+  function (not jitted: :class:`Step` maps it over runs or not, and jits it). ``numbers``: one
+  run's per-run numbers in a vectorised program, an instance of the model's ``per_run_numbers``
+  (:mod:`capsjax.config.per_run`) handed to its loss; None: the config's. The optimiser's per-run
+  numbers (the peak learning rate) are in ``state``'s optimiser state.
 
   ``num_steps`` (static) train steps run in one dispatch, through ``lax.scan`` when more than
   one; each metric comes back with a leading axis of that length, and the result equals that
   many single steps. The metrics are the batch means of the model's loss, its parts and its
-  metrics, computed with the parameters before the step's update; the model state becomes
-  what the training forward pass wrote (BatchNorm: running statistics updated with the
-  global batch's).
+  metrics, computed with the parameters before the step's update; the model state becomes what
+  the training forward pass wrote (BatchNorm: running statistics of the global batch).
   """
   order = TrainOrder(task, num_train, mesh)
 
@@ -206,14 +199,13 @@ class Step:
   ``step(states, numbers, examples, shared, num_steps) -> (states, metrics)``.
 
   ``vectorised=False``: one run's state, its per-run numbers compiled in (``numbers`` None).
-  ``vectorised=True``: the runs' states stacked along a leading run axis and ``numbers`` the
-  model's ``per_run_numbers`` with ``(runs,)`` fields (:meth:`values`), the same step mapped
-  over the runs by ``jax.vmap``; metrics come back ``(runs, num_steps)``. Either way the
-  training data are shared, and a run's results equal those of the run alone to float32
-  rounding. Compiled once per number of runs and ``num_steps``, its memory checked before it
-  first runs (:class:`capsjax.training.memory.OutOfMemory`). The training loop
-  (:mod:`capsjax.train`) stacks, reads and drops runs through the methods below, the same
-  for one run as for several.
+  ``vectorised=True``: the runs' states stacked along a leading run axis and ``numbers`` the model's
+  ``per_run_numbers`` with ``(runs,)`` fields (:meth:`values`, :mod:`capsjax.config.per_run`), the
+  same step mapped over the runs by ``jax.vmap``; metrics come back ``(runs, num_steps)``. Either
+  way the training data are shared, and a run's results equal those of the run alone to float32
+  rounding. Compiled once per number of runs and ``num_steps``, its memory checked before it first
+  runs (:class:`memory.OutOfMemory`). The training loop (:mod:`capsjax.train`) stacks, reads and
+  drops runs through the methods below, the same for one run as for several.
   """
 
   def __init__(self, setup, vectorised: bool = False,
@@ -278,8 +270,7 @@ class Step:
 
 
 def stack(trees: Sequence, sharding: NamedSharding):
-  """The trees (e.g. train states) stacked along a new leading run axis, placed by
-  ``sharding``."""
+  """The trees (e.g. train states) stacked along a new leading run axis, placed by ``sharding``."""
   return jax.jit(lambda *ts: jax.tree.map(lambda *xs: jnp.stack(xs), *ts),
                  out_shardings=sharding)(*trees)
 

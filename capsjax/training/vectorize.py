@@ -1,31 +1,19 @@
-"""Several runs as one program: which runs can share it (the step is
-:class:`capsjax.training.train_step.Step`, mapped over the runs).
-
-Runs whose configs differ only in settings known to be safe (seeds, learning rates, loss
-weights, init scales) train as one jitted program: ``jax.vmap`` over a leading run axis of
-the ordinary pure train step (:func:`capsjax.training.train_step.train_steps`): parameters,
-optimiser and model state and RNG (hence data order and augmentation) carry that axis; the
-training data are shared. On several devices the batch of every run is sharded over them, as
-in a single run.
+"""Several runs as one program (:class:`capsjax.training.train_step.Step`, mapped over a leading
+run axis of their states, data shared): which runs can share it.
 
 :func:`plan_groups` decides which runs can share a program from their configs and data, by
-declared rules; nothing is guessed from the program:
+declared rules (examples: docs/sweeps.md, "Which runs share a program"); nothing is guessed:
 
 * ``seed`` never splits a group: each run is initialised and draws its batches from its own;
-* a per-run number (:mod:`capsjax.config.per_run`) never splits a group: the optimiser's
-  (:data:`capsjax.training.optimizers.PER_RUN_KEYS`, the peak learning rate: each run's
-  state holds its own) and the fields of the model class's ``per_run_numbers`` (the capsule
-  head's loss weights and margins: the step maps over one instance per run);
-* a setting used only to build the initial parameters is declared so beside its code
-  (``Setting(init_only=True)`` in the model class's ``SETTINGS``, e.g. CapsNet's
-  ``model.conv1.init_scale``; a model without ``SETTINGS`` may list the keys as
-  ``init_only_settings``) or in :data:`INIT_ONLY_KEYS`;
-* any other difference, of any type (a float read while loading data or inside the step, a
-  routing setting, a string, another model), splits the group, and the plan names it;
-* runs whose data differ (each run loads its own, from its own config: a dataset's setting,
-  or the seed that draws a validation split) never share a program either.
-
-Declarations are dotted config keys; ``*`` matches any one part (``model.*.init_scale``).
+* nor does a per-run number (:mod:`capsjax.config.per_run`): the optimiser's
+  (:data:`capsjax.training.optimizers.PER_RUN_KEYS`, held in each run's state) and the fields of
+  the model class's ``per_run_numbers`` (the step maps over one instance per run);
+* nor a setting used only to build the initial parameters, declared so beside its code
+  (``Setting(init_only=True)`` in the model class's ``SETTINGS``; a model without ``SETTINGS``
+  may list the keys as ``init_only_settings``) or in :data:`INIT_ONLY_KEYS`;
+* any other difference, of any type, splits the group, and the plan names it; so do data that
+  differ (each run loads its own, from its own config). Declarations are dotted config keys;
+  ``*`` matches any one part (``model.*.init_scale``).
 """
 
 from __future__ import annotations
@@ -43,29 +31,20 @@ from capsjax.config.runconfig import flatten
 from capsjax.training import optimizers
 from capsjax.training.setup import Setup
 
-# Never a reason to split: each run is initialised and its batches drawn from its own seed
-# (a seed that changes the data, e.g. by drawing the validation split, is caught with them).
-SEED_KEYS = ("seed",)
-# Used only to initialise, whatever the model (besides each model's init_only_settings).
-INIT_ONLY_KEYS: tuple[str, ...] = ()
+SEED_KEYS = ("seed",)  # Never a reason to split (a seed that changes the data is caught with it).
+INIT_ONLY_KEYS: tuple[str, ...] = ()  # Used only to initialise, whatever the model.
 
-# Why a setting sets runs apart, as the plan prints it.
-UNDECLARED = "neither a per-run number nor initialisation-only"
+UNDECLARED = "neither a per-run number nor initialisation-only"  # Why, as the plan prints it.
 DATA = "data"  # The pseudo-key of runs whose loaded data differ.
 DATA_DIFFER = "each run's data, loaded from its own config, differ"
 
 
 @dataclasses.dataclass(frozen=True)
 class Group:
-  """Runs that train as one program.
-
-  Attributes:
-    indices: positions of the runs in the list given to :func:`plan_groups`.
-    per_run_keys: the per-run numbers that differ between them.
-    init_keys: the settings that differ between them and are declared initialisation-only.
-    apart: ``(setting, why)`` of each difference that set these runs apart from others
-      (:data:`DATA` when their data differ), for the sweep's budget.
-  """
+  """Runs that train as one program: their ``indices`` in the list given to :func:`plan_groups`;
+  the settings that differ between them, per-run numbers (``per_run_keys``) or declared
+  initialisation-only (``init_keys``); and ``apart``, ``(setting, why)`` of each difference that
+  set these runs apart from others (:data:`DATA` when their data differ), for the sweep's budget."""
   indices: tuple[int, ...]
   per_run_keys: tuple[str, ...] = ()
   init_keys: tuple[str, ...] = ()
@@ -78,9 +57,8 @@ class Group:
 
 
 def declared(setup: Setup) -> tuple[tuple[str, ...], tuple[str, ...]]:
-  """``(per_run, init_only)``: the keys declared for ``setup``'s model: the per-run numbers
-  (the optimiser's and the fields of its class's ``per_run_numbers``) and the keys (or
-  patterns) of its initialisation-only settings and :data:`INIT_ONLY_KEYS`."""
+  """``(per_run, init_only)``: the keys (or patterns) declared for ``setup``'s model, by the
+  rules of the module docstring."""
   model = setup.task.model_class
   table = getattr(model, "SETTINGS", None) or {}
   init_only = tuple(key for key, s in settings.declared(table).items() if s.init_only)
@@ -91,13 +69,11 @@ def declared(setup: Setup) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def _matches(key: str, patterns: Sequence[str]) -> bool:
   parts = key.split(".")
-  return any(len(p.split(".")) == len(parts) and fnmatch.fnmatchcase(key, p)
-             for p in patterns)
+  return any(len(p.split(".")) == len(parts) and fnmatch.fnmatchcase(key, p) for p in patterns)
 
 
 def kind_of(key: str, setup: Setup) -> str | None:
-  """``"per_run"``, ``"init"`` or None (undeclared): how ``key`` may differ between runs of
-  ``setup``'s model."""
+  """``"per_run"``, ``"init"`` or None (undeclared): how ``key`` may differ between the runs."""
   per_run_keys, init_only = declared(setup)
   if _matches(key, per_run_keys):
     return "per_run"
@@ -107,9 +83,8 @@ def kind_of(key: str, setup: Setup) -> str | None:
 
 
 def plan_groups(setups: Sequence[Setup]) -> list[Group]:
-  """The runs of ``setups`` (each loaded from its own config: :meth:`Setup.load`) in
-  groups that can share one program, by the rules of the module docstring. Groups keep the
-  runs' order."""
+  """The runs of ``setups`` (each loaded from its own config) in groups that can share one
+  program, by the rules of the module docstring. Groups keep the runs' order."""
   flat = [flatten(r.config.to_dict()) for r in setups]
   differing = sorted(k for k in set().union(*flat) if k not in SEED_KEYS
                      and len({repr(f.get(k)) for f in flat}) > 1)
@@ -141,16 +116,14 @@ def _buckets(indices, key: Callable) -> list[list[int]]:
 
 
 def _group(kinds, flat, indices, apart) -> Group:
-  """``indices`` as one group: the per-run numbers and initialisation-only settings in which
-  its runs differ."""
+  """``indices`` as one group, with the per-run and init-only settings its runs differ in."""
   keys = [k for k in kinds[indices[0]] if len({repr(flat[i].get(k)) for i in indices}) > 1]
   return Group(tuple(indices), tuple(k for k in keys if kinds[indices[0]][k] == "per_run"),
                tuple(k for k in keys if kinds[indices[0]][k] == "init"), tuple(apart))
 
 
 class _Fingerprints:
-  """``fingerprint(splits)``, computed once per splits object (runs that share their arrays
-  share it)."""
+  """``fingerprint(splits)``, once per splits object (runs that share their arrays share it)."""
 
   def __init__(self):
     self._known: dict[int, tuple] = {}
@@ -162,8 +135,7 @@ class _Fingerprints:
 
 
 def data_fingerprint(splits: dict) -> str:
-  """A digest of every split's arrays (names, dtypes, shapes and bytes): equal for equal
-  data."""
+  """A digest of every split's arrays (names, dtypes, shapes and bytes): equal for equal data."""
   digest = hashlib.blake2b(digest_size=16)
   for name in sorted(splits):
     split = splits[name]
@@ -179,6 +151,5 @@ def default_min_runs(backend: str | None = None) -> int | None:
   """The smallest group ``capsjax.sweep`` vectorises when ``--vectorize`` is not given; None:
   none. On a CPU one run already keeps it busy; on a GPU, groups of 4 or more ran faster than
   their runs one by one (measured: docs/notes/performance_log.md, "Several runs in one
-  program").
-  ``backend``: None, the one programs are built for (:func:`capsjax.common.platform.target`)."""
+  program"). ``backend``: None, the one programs are built for (:func:`platform.target`)."""
   return None if (backend or platform.target()) == "cpu" else 4
