@@ -145,6 +145,7 @@ NOT_CONFIG = {
     "after": "a comparison of two configs, where a key is absent",
     "raw": "a config.json's sections walked (absent: none), not a setting",
     "sweep": "an experiment's sweep declaration (sweeps.md)",
+    "spec": "an experiment's search declaration, get_sweep()'s 'search' (sweeps.md)",
     "summary": "summary.json", "evaluations": "summary.json's evaluations",
     "evaluations.get(run, {})": "summary.json's evaluations",
     "members[0]": "a table's rows", "g": "a table's rows",
