@@ -144,7 +144,8 @@ def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
 
 def _compile(setup, train_step, state, examples, shared, num_steps: int,
              profile_depth: int):
-  """``(compiled, seconds)``: the train step compiled; with a profile, its ops labelled by layer."""
+  """``(compiled, seconds)``: the train step compiled; with a profile, its ops labelled by layer
+  (named scopes only label ops: the computation is the same)."""
   import contextlib
 
   start = time.perf_counter()

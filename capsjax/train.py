@@ -18,7 +18,8 @@ kept) or that reaches ``train.stop_at_accuracy`` stops alone, as it would alone;
 on. Runs restored at different steps (one's newest checkpoint was damaged, say) train as
 separate programs, each from its step. A group that does not fit in the device's free memory is
 split in halves (:func:`_train`); a single run that does not fit is refused with advice.
-SIGTERM, a full disk, a read-only workdir, a lost host: docs/training.md, "Stop and resume".
+SIGTERM, a full disk, a read-only workdir: docs/training.md, "Stop and resume"; a lost host:
+"Several GPUs or hosts".
 """
 
 from __future__ import annotations

@@ -276,8 +276,8 @@ def save_transform_curves(path: str, curves: dict[str, tuple], chance: float,
 def save_disagreements(path: str, panels: list[tuple[str, np.ndarray, list[str]]],
                        per_row: int = 8, title: str | None = None) -> None:
   """Examples two setups disagree on: ``panels`` is ``[(heading, images, captions)]``, each panel's
-  images in rows of ``per_row`` under its heading (an empty panel's heading says why), all under
-  ``title`` (which runs, which side is A)."""
+  images in rows of ``per_row`` under its heading (an empty panel's heading says why), all
+  under ``title`` (which runs, which side is A)."""
   rows = [max(1, -(-len(images) // per_row)) for _, images, _ in panels]
   fig, axes = pyplot().subplots(sum(rows), per_row,
                                 figsize=(1.4 * per_row, 1.5 * sum(rows) + 0.6), squeeze=False)

@@ -10,8 +10,8 @@ in tables ``{key: Setting}`` (keys relative to their section) beside the code th
 key left unset, each as one line naming the key (a :class:`capsjax.common.errors.UsageError`);
 :func:`read` is it over a table's own keys of a section. A router's, an optimiser's, an
 evaluation's and a whole run config's settings (:func:`capsjax.config.schema.resolve_config`,
-once per command before anything is compiled) all come through it; ``python -m
-capsjax.config.schema`` lists every table (docs/config_keys.md).
+once per command before anything is compiled) all come through it;
+``python -m capsjax.config.schema`` lists every table (docs/config_keys.md).
 
 A value that is legal but almost surely a mistake (a negative loss weight, m+ <= m-) is refused too,
 unless the config sets ``allow_unusual=True``: such a check is marked ``unusual`` and says so.

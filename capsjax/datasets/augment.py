@@ -20,9 +20,9 @@ def epoch_batch_indices(key: jax.Array, step: jax.Array, num_examples: int,
                         batch_size: int) -> jax.Array:
   """Indices of the examples of train ``step``: each epoch is a fresh permutation.
 
-  Epoch e = step // steps_per_epoch uses permutation(fold_in(key, e)); the last ``num_examples %
-  batch_size`` examples of each permutation are dropped. Being a function of the step, the data
-  position resumes exactly.
+  Epoch e = step // steps_per_epoch uses permutation(fold_in(key, e)); the last
+  ``num_examples % batch_size`` examples of each permutation are dropped. Being a function of the
+  step, the data position resumes exactly.
   """
   epoch = step // (num_examples // batch_size)
   return batch_from_permutation(epoch_permutation(key, epoch, num_examples), step, batch_size)

@@ -3,8 +3,8 @@
 As the reference's ``utils/pre_process_mnist.py`` (EscVM/Efficient-CapsNet) applies it to each
 training image, in this order (the constants are MNIST's 28 px; here they follow the image's
 height h and width w, and give the reference's values at 28x28; each function's docstring has
-the reference's formula): **rotation** (``image_rotate_random``: :func:`random_rotation`, when
-r1 <= 0, probability 1/2), **shift within the margins** (``image_shift_rand``:
+the reference's formula): **rotation** (``image_rotate_random``: :func:`random_rotation`, applied
+to half the images), **shift within the margins** (``image_shift_rand``:
 :func:`random_margin_shift`, so the digit stays whole), **squeeze** (``image_squish_random``:
 :func:`random_squeeze`, Lanczos-3 with antialiasing) and **erasure** (``image_erase_random``:
 :func:`random_erase`, a 4x4 patch set to zero).

@@ -15,7 +15,7 @@ from capsjax.datasets import augment
 from capsjax.runs import predictions, reporting
 
 
-SPLIT = Setting("test", "The split evaluated: test, or validation where the run holds one " "out.")
+SPLIT = Setting("test", "The split evaluated: test, or validation where the run holds one out.")
 
 
 def _split(evaluator: evaluators.Evaluator) -> datasets.Split:

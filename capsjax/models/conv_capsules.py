@@ -80,7 +80,8 @@ class ConvCapsules(nnx.Module):
     """Poses ``(batch, h, w, in_types, p*p)`` and activations ``(batch, h, w, in_types)`` -> the
     parents' poses ``(batch, oh, ow, out_types, p*p)``, activations ``(batch, oh, ow, out_types)``
     and the routing diagnostics ``{name: (batch, iterations)}`` (per receptive field routers: the
-    mean over positions). ``train``: VB's batch norms use (and update) the batch's statistics."""
+    mean over positions). ``train``: VB's batch norms use (and update) the batch's statistics;
+    ``rng``: for routers that draw."""
     b, h, w, i, _ = poses.shape
     k, s = self.kernel, self.stride
     oh, ow = (h - k) // s + 1, (w - k) // s + 1

@@ -1,5 +1,5 @@
-"""The losses: the batch means of CapsNet's margin loss (Eq. 4) and reconstruction loss (Sec.
-4.1), whose per-example forms are :mod:`capsjax.models.capsnet`'s (public here too), and the
+"""The losses: the batch means of CapsNet's margin loss (Eq. 4) and reconstruction loss
+(Sec. 4.1), whose per-example forms are :mod:`capsjax.models.capsnet`'s (public here too), and the
 spread loss of matrix capsules (Hinton et al. 2018); the head's settings: ``head_settings``."""
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ A convolution's output, in tiles of ``m x m``, is
 for each ``t x t`` input tile ``d`` (``t = m + 2``, tiles overlapping by 2), where ``.`` is the
 elementwise product over the ``t x t`` positions and a matmul over channels. The products of
 the ``t * t`` positions are ``t * t`` matmuls of ``(tiles, in) x (in, out)``: ``t^2 / m^2`` of
-the direct convolution's multiplications per output, 16/36 for F(2x2, 3x3) and 36/144 for F(4x4,
-3x3). The transforms are sums of strided views, which XLA fuses into elementwise loops; the
+the direct convolution's multiplications per output, 16/36 for F(2x2, 3x3) and 36/144 for
+F(4x4, 3x3). The transforms are sums of strided views, which XLA fuses into elementwise loops; the
 backward pass (a custom VJP) is Winograd too: the input gradient one more Winograd convolution,
 the kernel gradient formed in the Winograd domain, so it gets the same saving.
 

@@ -25,7 +25,8 @@ field it is in: EM, VB) also declares ``route_layer``; the layer hands it a :cla
 sums over each child's parents). The layers never branch on a router's name.
 
 The routers, with their papers, settings and parameter counts: docs/routers.md's table. Each
-module's docstring has its paper's equations and every place where its reference code differs.
+module's docstring has its paper's equations and every place where its reference code and the paper
+differ.
 
 Settings: each router declares its own (``SETTINGS``, beside its code: default, meaning, range);
 :func:`resolve` fills in the chosen router's defaults, and refuses a setting that is misspelled

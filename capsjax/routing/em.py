@@ -140,7 +140,8 @@ def against_parents(votes: jax.Array, parents: jax.Array) -> jax.Array:
 
 class Votes(NamedTuple):
   """The votes as the loop reads them, and their squares: parent-major ``(batch, out_caps,
-  positions, children, D)``, about ``shift`` (a constant: their mean over the children)."""
+  positions, children, D)``, about ``shift`` ``(batch, out_caps, positions, D)`` (a constant:
+  their mean over the children)."""
   votes: jax.Array
   squares: jax.Array
   shift: jax.Array

@@ -3,8 +3,8 @@ formulas for each parent and the E-step's distance of a vote from a parent, for 
 (:func:`capsjax.routing.em.em_routing`) and the two forms it replaced
 (``experiments/em_loop_forms.py``); only the sums over the children are each form's own.
 
-Names as in :mod:`capsjax.routing.em`: ``w = R a`` the weights of the children's votes V, ``m0 =
-sum_i w``, ``S1 = sum_i w V``, ``S2 = sum_i w (V - mu)^2`` (sums over the children), each
+Names as in :mod:`capsjax.routing.em`: ``w = R a`` the weights of the children's votes V,
+``m0 = sum_i w``, ``S1 = sum_i w V``, ``S2 = sum_i w (V - mu)^2`` (sums over the children), each
 parent-sized: ``(batch, out_caps, positions[, D])``.
 """
 

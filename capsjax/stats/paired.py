@@ -3,13 +3,14 @@ trained models* (the test digits as the units, the trained runs fixed) and about
 (the training runs as the units: :mod:`capsjax.stats.seed_pairs`). A difference of setups is
 separated only by the second.
 
-Three seeds with a spread of 0.04 points cannot separate two MNIST setups 0.04 points apart (4
-digits of 10,000); the same 10,000 digits scored by both tell whether the trained models differ, not
-whether the setups do. For one pair of runs (setup A's and B's of one seed) **McNemar's exact test**
-(McNemar 1947, Psychometrika 12:153; recommended for comparing two classifiers on one test set by
-Dietterich 1998, Neural Computation 10:1895): of the ``n = only_a + only_b`` examples exactly one of
-the two gets wrong, under the null hypothesis each is equally likely to be A's or B's, so ``only_a``
-is Binomial(n, 1/2); the two-sided p is ``min(1, 2 P(X <= min(only_a, only_b)))``.
+Three seeds with a spread of 0.04 points cannot separate two MNIST setups 0.04 points apart
+(4 digits of 10,000); the same 10,000 digits scored by both tell whether the trained models differ,
+not whether the setups do. For one pair of runs (setup A's and B's of one seed) **McNemar's exact
+test** (McNemar 1947, Psychometrika 12:153; recommended for comparing two classifiers on one test
+set by Dietterich 1998, Neural Computation 10:1895): of the ``n = only_a + only_b`` examples
+exactly one of the two gets wrong, under the null hypothesis each is equally likely to be A's or
+B's, so ``only_a`` is Binomial(n, 1/2); the two-sided p is
+``min(1, 2 P(X <= min(only_a, only_b)))``.
 
 **Combined over seeds**: the exact sign-flip (randomisation) test on each example's summed
 difference ``d_i = sum over seed pairs of (A wrong - B wrong)`` (Fisher 1935, The Design of

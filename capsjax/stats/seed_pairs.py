@@ -5,10 +5,10 @@ The tests over digits (:mod:`capsjax.stats.paired`) hold the trained models fixe
 (the training procedure), and a second training run of the same setup (another seed: other initial
 weights, another order of examples) gives another model; that run-to-run variance is left out of a
 test over digits, and Bouthillier et al. (2021, "Accounting for Variance in Machine Learning
-Benchmarks", MLSys) show that it is large enough to change the conclusions drawn without it; Dror et
-al. (2018, ACL, "The Hitchhiker's Guide to Testing Statistical Significance in Natural Language
-Processing") survey the same practice in NLP. Here the units are the training runs, paired by seed
-(A's seed k with B's seed k, or the two runs named directly):
+Benchmarks", MLSys) show that it is large enough to change the conclusions drawn without it;
+Dror et al. (2018, ACL, "The Hitchhiker's Guide to Testing Statistical Significance in Natural
+Language Processing") survey the same practice in NLP. Here the units are the training runs, paired
+by seed (A's seed k with B's seed k, or the two runs named directly):
 
 **The exact sign-flip test over seed pairs** (Fisher 1935, The Design of Experiments, Sec. 21;
 Pitman 1937): ``delta_k`` is A's test error minus B's in seed pair k (on the examples that pair
@@ -35,9 +35,9 @@ with few seed pairs a bootstrap interval is too narrow (it resamples K values, w
 underestimates by the factor ``(K - 1) / K`` and whose distinct resamples are few), so a difference
 of setups is **separated only by the exact test**.
 
-**The seed pairs a difference needs**: the smallest K at which the exact test above separates (p <
-0.05, two-sided) with probability 0.8 when each pair's difference is normal with the observed mean
-and standard deviation of the ``delta_k`` (the test is scale-free, so only their ratio ``d``
+**The seed pairs a difference needs**: the smallest K at which the exact test above separates
+(p < 0.05, two-sided) with probability 0.8 when each pair's difference is normal with the observed
+mean and standard deviation of the ``delta_k`` (the test is scale-free, so only their ratio ``d``
 matters). For K from 6 to 14 the power is simulated (2,000 draws of K differences,
 ``numpy.random.default_rng(0)``, each draw's exact p over all sign patterns), upwards from the
 paired t test's number: the sign-flip test, discrete and free of the normal assumption, never needs

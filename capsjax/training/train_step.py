@@ -51,6 +51,7 @@ class TrainState:
   params: Any            # Pure dict of arrays (nnx.split -> to_pure_dict).
   opt_state: Any
   rng: jax.Array         # uint32[2] raw key; per-step keys are fold_in(rng, step).
+  # The model's other variables (BatchNorm statistics), a pure dict; {} for stateless models.
   # Last and defaulted: checkpoints written before it existed restore with {}.
   model_state: Any = struct.field(default_factory=dict)
 
@@ -204,8 +205,8 @@ class Step:
   same step mapped over the runs by ``jax.vmap``; metrics come back ``(runs, num_steps)``. Either
   way the training data are shared, and a run's results equal those of the run alone to float32
   rounding. Compiled once per number of runs and ``num_steps``, its memory checked before it first
-  runs (:class:`memory.OutOfMemory`). The training loop (:mod:`capsjax.train`) stacks, reads and
-  drops runs through the methods below, the same for one run as for several.
+  runs (:class:`capsjax.training.memory.OutOfMemory`). The training loop (:mod:`capsjax.train`)
+  stacks, reads and drops runs through the methods below, the same for one run as for several.
   """
 
   def __init__(self, setup, vectorised: bool = False,

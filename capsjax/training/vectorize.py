@@ -14,6 +14,8 @@ declared rules (examples: docs/sweeps.md, "Which runs share a program"); nothing
 * any other difference, of any type, splits the group, and the plan names it; so do data that
   differ (each run loads its own, from its own config). Declarations are dotted config keys;
   ``*`` matches any one part (``model.*.init_scale``).
+
+On several devices every run's batch is sharded over them, as in a single run.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from capsjax.config.runconfig import flatten
 from capsjax.training import optimizers
 from capsjax.training.setup import Setup
 
-SEED_KEYS = ("seed",)  # Never a reason to split (a seed that changes the data is caught with it).
+SEED_KEYS = ("seed",)  # Never a reason to split (a seed that changes the data: by the data).
 INIT_ONLY_KEYS: tuple[str, ...] = ()  # Used only to initialise, whatever the model.
 
 UNDECLARED = "neither a per-run number nor initialisation-only"  # Why, as the plan prints it.
@@ -151,5 +153,6 @@ def default_min_runs(backend: str | None = None) -> int | None:
   """The smallest group ``capsjax.sweep`` vectorises when ``--vectorize`` is not given; None:
   none. On a CPU one run already keeps it busy; on a GPU, groups of 4 or more ran faster than
   their runs one by one (measured: docs/notes/performance_log.md, "Several runs in one
-  program"). ``backend``: None, the one programs are built for (:func:`platform.target`)."""
+  program"). ``backend``: None, the one programs are built for
+  (:func:`capsjax.common.platform.target`)."""
   return None if (backend or platform.target()) == "cpu" else 4
