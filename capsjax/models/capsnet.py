@@ -7,15 +7,14 @@ by Procedure 1: :mod:`capsjax.routing.dynamic`) -> lengths and the masked decode
 :meth:`CapsuleModel.classify`). The loss (:func:`capsule_loss`) is Eq. 4's margin loss plus
 0.0005 x the summed squared reconstruction error (Sec. 4.1).
 
-:class:`CapsuleModel` is that head as the model interface of :mod:`capsjax.models`. A capsule
-model built on it (CapsNet, :class:`capsjax.models.efficient_capsnet.EfficientCapsNet`, or a
-researcher's) sets ``class_capsules`` (:class:`capsjax.models.capsule_layers.ClassCapsules`)
-and ``decoder`` (:class:`capsjax.models.layers.Decoder`, or ``nnx.data(None)``), calls
-:meth:`CapsuleModel.init_head` and defines ``primary(images, *, train)`` (its backbone);
-parameter trees and checkpoints have the layout ``class_capsules/...``, ``decoder/...``. The
-head's settings (``config.loss``, ``model.class_capsules.scores``):
-:mod:`capsjax.models.head_settings`. The file reads: the head, CapsNet, then the loss and the
-metrics.
+:class:`CapsuleModel` is that head as the model interface of :mod:`capsjax.models`. A capsule model
+built on it (CapsNet, :class:`capsjax.models.efficient_capsnet.EfficientCapsNet`, or a researcher's)
+sets ``class_capsules`` (:class:`capsjax.models.capsule_layers.ClassCapsules`) and ``decoder``
+(:class:`capsjax.models.layers.Decoder`, or ``nnx.data(None)``), calls
+:meth:`CapsuleModel.init_head` and defines ``primary(images, *, train)`` (its backbone); parameter
+trees and checkpoints have the layout ``class_capsules/...``, ``decoder/...``. The head's settings
+(``config.loss``, ``model.class_capsules.scores``): :mod:`capsjax.models.head_settings`. The file
+reads: the head, CapsNet, then the loss and the metrics.
 """
 
 from __future__ import annotations
@@ -219,9 +218,8 @@ SETTINGS = {
 
 
 def class_bias(config: ml_collections.ConfigDict, router) -> bool:
-  """Whether the class capsules add a bias to s_j: ``config.class_capsules.use_bias``, or
-  unset (None; the default of configs/mnist.py, as the official code) wherever ``router``
-  forms s_j."""
+  """Whether the class capsules add a bias to s_j: ``config.class_capsules.use_bias``, or unset
+  (None; the default of configs/mnist.py, as the official code) wherever ``router`` forms s_j."""
   use_bias = config.class_capsules.use_bias
   return bool(router.uses_parent_bias if use_bias is None else use_bias)
 
@@ -278,30 +276,24 @@ class CapsNet(CapsuleModel):
     validate_model_config(config)
     dtype = layers.COMPUTE_DTYPES[config.compute_dtype]
     padding = config.padding
-    channels = config.image_shape[2]
     router, settings = routing.chosen(config.routing)
     # The primary capsules squash with the router's epsilon, or Eq. 1's where it has none.
-    squash_epsilon = (settings["squash_epsilon"] if "squash_epsilon" in settings
-                      else SQUASH_EPSILON.default)
-    self.conv1 = layers.Conv2D(channels, config.conv1.features, config.conv1.kernel_size,
-                               config.conv1.stride, impl=config.conv_impl,
+    squash_epsilon = settings.get("squash_epsilon", SQUASH_EPSILON.default)
+    self.conv1 = layers.Conv2D(config.image_shape[2], config.conv1.features,
+                               config.conv1.kernel_size, config.conv1.stride, impl=config.conv_impl,
                                compute_dtype=dtype, init_scale=config.conv1.init_scale,
                                bias_init=config.conv1.bias_init, padding=padding, rngs=rngs)
     self.primary_capsules = capsule_layers.PrimaryCapsules(
         config.conv1.features, config.primary.num_types, config.primary.dim,
-        config.primary.kernel_size, config.primary.stride,
-        squash_epsilon=squash_epsilon, impl=config.conv_impl,
-        compute_dtype=dtype, init_scale=config.primary.init_scale,
+        config.primary.kernel_size, config.primary.stride, squash_epsilon=squash_epsilon,
+        impl=config.conv_impl, compute_dtype=dtype, init_scale=config.primary.init_scale,
         bias_init=config.primary.bias_init, padding=padding,
-        output_scale=config.primary.output_scale,
-        rngs=rngs)
+        output_scale=config.primary.output_scale, rngs=rngs)
     grid_h, grid_w = primary_grid(config)
     self.class_capsules = capsule_layers.ClassCapsules(
-        grid_h * grid_w * config.primary.num_types, config.primary.dim,
-        config.num_classes, config.class_capsules.dim,
-        init_scale=config.class_capsules.init_scale,
-        use_bias=class_bias(config, router),
-        bias_init=config.class_capsules.bias_init,
+        grid_h * grid_w * config.primary.num_types, config.primary.dim, config.num_classes,
+        config.class_capsules.dim, init_scale=config.class_capsules.init_scale,
+        use_bias=class_bias(config, router), bias_init=config.class_capsules.bias_init,
         routing={"name": router.name, **settings}, rngs=rngs)
     self.decoder = nnx.data(layers.Decoder(
         config.num_classes, config.class_capsules.dim, config.decoder.hidden,
@@ -422,7 +414,6 @@ def capsule_saturation(lengths: jax.Array,
   (:mod:`capsjax.models.saturation_watch`)."""
   return {"class_capsule_length": jnp.mean(lengths, axis=-1),
           "saturated_fraction": jnp.mean((lengths > threshold).astype(jnp.float32), axis=-1)}
-
 
 
 # Registered (capsjax/config/registries.py): this module's name in the config.

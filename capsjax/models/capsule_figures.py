@@ -47,22 +47,20 @@ def draw_pair_reconstructions(workdir, model, batch, writer, step) -> None:
   longest capsule of a class that is not in the image."""
   images, labels = np.asarray(batch["images"]), np.asarray(batch["labels"])
   out = model.apply(batch, train=False)
-  predicted = np.asarray(out.predictions)
-  figures.save_pair_reconstructions(
-      os.path.join(workdir, "reconstructions.png"), images, np.asarray(out.reconstructions),
-      labels, predicted, "inputs (top) and the two predicted capsules decoded (red, green); "
-      "labels above, then the decoded classes")
-  if writer is not None:
-    writer.write_image("test/reconstructions", step, figures.tile(np.stack(
-        [np.repeat(images, 3, axis=-1), figures.overlay(np.asarray(out.reconstructions))])))
+
+  def save(name, decoded, classes, caption):
+    figures.save_pair_reconstructions(os.path.join(workdir, f"{name}.png"), images, decoded,
+                                      labels, classes, caption)
+    if writer is not None:
+      writer.write_image(f"test/{name}", step, figures.tile(np.stack(
+          [np.repeat(images, 3, axis=-1), figures.overlay(decoded)])))
+
+  save("reconstructions", np.asarray(out.reconstructions), np.asarray(out.predictions),
+       "inputs (top) and the two predicted capsules decoded (red, green); labels above, then "
+       "the decoded classes")
   absent_lengths = np.where(np.eye(model.num_classes, dtype=bool)[labels].any(axis=1),
                             -np.inf, np.asarray(out.lengths))
   forced = np.stack([labels[:, 0], absent_lengths.argmax(axis=1)], axis=1)
-  decoded = np.asarray(model.decode(out.class_capsules, jnp.asarray(forced)))
-  figures.save_pair_reconstructions(
-      os.path.join(workdir, "forced_reconstructions.png"), images, decoded, labels, forced,
-      "a present class (red) and a class not present (green, the paper's *): what the "
-      "capsule of an absent class decodes to")
-  if writer is not None:
-    writer.write_image("test/forced_reconstructions", step, figures.tile(np.stack(
-        [np.repeat(images, 3, axis=-1), figures.overlay(decoded)])))
+  save("forced_reconstructions", np.asarray(model.decode(out.class_capsules, jnp.asarray(forced))),
+       forced, "a present class (red) and a class not present (green, the paper's *): what the "
+       "capsule of an absent class decodes to")

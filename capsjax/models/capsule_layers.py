@@ -97,10 +97,9 @@ def split_routing(routing: dict) -> tuple[routing_lib.Router, tuple]:
 
 
 class PrimaryCapsules(nnx.Module):
-  """A convolution whose channels are grouped into capsules, then squashed.
-
-  With the paper's settings the 256 channels of a 9x9 stride-2 convolution are
-  32 capsule types of 8 dimensions; on a 6x6 grid that is 1152 capsules.
+  """A convolution whose channels are grouped into capsules, then squashed: with the paper's
+  settings the 256 channels of a 9x9 stride-2 convolution are 32 capsule types of 8 dimensions;
+  on a 6x6 grid that is 1152 capsules.
 
   ``output_scale`` multiplies the convolution (before its bias) ahead of the squash: 1 in the
   paper; the official code's PrimaryCaps (``conv_slim_capsule`` with one input capsule and one
@@ -112,9 +111,8 @@ class PrimaryCapsules(nnx.Module):
                compute_dtype=jnp.float32, init_scale: float = 0.0, bias_init: float = 0.0,
                padding: str = "VALID", output_scale: float = 1.0, rngs: nnx.Rngs):
     self.conv = layers.Conv2D(in_features, num_types * dim, kernel_size, stride, impl=impl,
-                       compute_dtype=compute_dtype, init_scale=init_scale,
-                       bias_init=bias_init, padding=padding, rngs=rngs)
-    self.num_types = num_types
+                              compute_dtype=compute_dtype, init_scale=init_scale,
+                              bias_init=bias_init, padding=padding, rngs=rngs)
     self.dim = dim
     self.squash_epsilon = squash_epsilon
     self.output_scale = output_scale
@@ -138,9 +136,7 @@ class ClassCapsules(nnx.Module):
   V_ij = M_i W_ij (Hinton et al. 2018; one ``p x p`` transform per pair, poses of ``p * p``);
   or a pair ``(weight_shape, vote_fn)`` as in :data:`VOTES` (:class:`GridMatrixVotes`: one
   transform per child type shared over positions, with coordinate addition). Votes are formed
-  without tiling W over the batch. The router (:mod:`capsjax.routing`) turns them into
-  parents, so every router runs on either kind; its own learned parameters, if it declares
-  any, are created here (``router_params``).
+  without tiling W over the batch; the router (:mod:`capsjax.routing`) turns them into parents.
 
   ``routing``, the one way to choose and configure the router: ``{"name": ..., **settings}``
   with every setting of that router filled in (:func:`capsjax.routing.resolve`); None:

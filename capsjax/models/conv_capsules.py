@@ -58,8 +58,7 @@ class ConvCapsules(nnx.Module):
         rngs.params(), (in_types, kernel, kernel, out_types, pose_size, pose_size)))
     dim = pose_size * pose_size
     self.router_params = nnx.data(router_parameters(
-        router, in_types * kernel * kernel, dim, out_types, dim, dict(self.settings_items),
-        rngs))
+        router, in_types * kernel * kernel, dim, out_types, dim, dict(self.settings_items), rngs))
     self.router = router
     self.kernel, self.stride, self.pose_size = kernel, stride, pose_size
     self.normalisation = normalisation
@@ -68,9 +67,9 @@ class ConvCapsules(nnx.Module):
   def votes(self, poses: jax.Array) -> jax.Array:
     """``(batch, h, w, in_types, p*p)`` -> ``(batch, in_types * k * k, out_types, oh * ow,
     p*p)`` (children of a receptive field, parents, positions, pose)."""
-    p = self.pose_size
-    patches = fields.receptive_fields(poses, self.kernel, self.stride)  # (b,oh,ow,k,k,i,pp)
-    b, oh, ow, k, _, i, _ = patches.shape
+    p, k = self.pose_size, self.kernel
+    patches = layers.valid_patches(poses, k, k, self.stride)  # (b, oh, ow, k, k, i, pp)
+    b, oh, ow, _, _, i, _ = patches.shape
     matrices = patches.reshape(b, oh, ow, k, k, i, p, p)
     votes = jnp.einsum("bpqhwirc,ihwocd->bihwopqrd", matrices, self.weights[...])
     return votes.reshape(b, i * k * k, votes.shape[4], oh * ow, p * p)
@@ -86,7 +85,7 @@ class ConvCapsules(nnx.Module):
     k, s = self.kernel, self.stride
     oh, ow = (h - k) // s + 1, (w - k) // s + 1
     votes = self.votes(poses)
-    child_activations = fields.receptive_fields(activations, k, s)  # (b, oh, ow, k, k, i)
+    child_activations = layers.valid_patches(activations, k, k, s)  # (b, oh, ow, k, k, i)
     child_activations = child_activations.transpose(0, 5, 3, 4, 1, 2).reshape(
         b, i * k * k, 1, oh * ow)
     params = parameter_values(self.router_params)
@@ -116,8 +115,9 @@ class ConvCapsules(nnx.Module):
                     diagnostics):
     """Any router, each receptive field on its own: the positions join the batch."""
     b, n, o, positions, d = votes.shape
+    k = self.kernel
     field_votes = votes.transpose(0, 3, 1, 2, 4).reshape(b * positions, n, o, d)
-    children = fields.receptive_fields(poses, self.kernel, self.stride)  # (b,oh,ow,k,k,i,d)
+    children = layers.valid_patches(poses, k, k, self.stride)  # (b, oh, ow, k, k, i, d)
     children = jnp.moveaxis(children, 5, 3).reshape(b * positions, n, d)
     field_activations = child_activations[:, :, 0].transpose(0, 2, 1).reshape(b * positions, n)
     result = self.router.route(

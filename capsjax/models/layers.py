@@ -73,32 +73,29 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto",
            padding: str = "VALID") -> jax.Array:
   """2-D convolution, ``(batch, h, w, in) * (k, k, in, out)``.
 
-  ``padding``: ``"VALID"`` (the paper's MNIST model) or ``"SAME"`` (TF's rule,
-  zeros added around the input first, so every ``impl`` computes the same).
+  ``padding``: ``"VALID"`` (the paper's MNIST model) or ``"SAME"`` (TF's rule, zeros added
+  around the input first, so every ``impl`` computes the same).
 
   ``impl``:
     * ``"native"``: one ``lax.conv_general_dilated``.
-    * ``"polyphase"``: a strided convolution written as the sum of
-      ``stride**2`` stride-1 convolutions over the polyphase components of
-      input and kernel. It is the same function (exact up to float rounding);
-      XLA:CPU computes its input gradient far faster than the strided
-      convolution's, whose input gradient it handles poorly.
-    * ``"im2col"``: gather the k*k shifted (strided) views of the input into
-      a patch matrix and multiply it with the kernel in one 2-D matmul. It
-      costs a patch tensor k*k times the output's size, and on XLA:CPU it was
-      the fastest for both of the paper's convolutions, forward and gradients
-      (docs/notes/performance_log.md, "On a CPU: measurements and what made the train step
-      fast", has the timings).
+    * ``"polyphase"``: a strided convolution written as the sum of ``stride**2`` stride-1
+      convolutions over the polyphase components of input and kernel. It is the same function
+      (exact up to float rounding); XLA:CPU computes its input gradient far faster than the
+      strided convolution's, whose input gradient it handles poorly.
+    * ``"im2col"``: gather the k*k shifted (strided) views of the input into a patch matrix and
+      multiply it with the kernel in one 2-D matmul. It costs a patch tensor k*k times the
+      output's size, and on XLA:CPU it was the fastest for both of the paper's convolutions,
+      forward and gradients (docs/notes/performance_log.md,
+      "On a CPU: measurements and what made the train step fast", has the timings).
     * ``"winograd"`` / ``"winograd4"``: 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) /
       F(4x4, 3x3) (:mod:`capsjax.models.winograd`: 16/36 and 36/144 of the multiplications,
       gradients included); other shapes by im2col.
-    * ``"auto"``: im2col on CPU. On a GPU, polyphase for strided convolutions with kernels
-      larger than 3x3 and native for the rest: with cuDNN the paper CapsNet's train step ran
-      1.7-1.9x faster with its 9x9 stride-2 PrimaryCapsules written as polyphase, and
-      Efficient-CapsNet's 0.86x as fast with its 3x3 stride-2 convolution so (an H200,
-      docs/performance.md); kernels between those two sizes were not measured. Native on
-      TPUs (not measured). The backend is the one programs are built for
-      (:func:`capsjax.common.platform.target`).
+    * ``"auto"``: im2col on CPU. On a GPU, polyphase for strided convolutions with kernels larger
+      than 3x3 and native for the rest: with cuDNN the paper CapsNet's train step ran 1.7-1.9x
+      faster with its 9x9 stride-2 PrimaryCapsules written as polyphase, and Efficient-CapsNet's
+      0.86x as fast with its 3x3 stride-2 convolution so (an H200, docs/performance.md); kernels
+      between those two sizes were not measured. Native on TPUs (not measured). The backend is the
+      one programs are built for (:func:`capsjax.common.platform.target`).
   """
   if impl not in CONV_IMPLS:
     raise ValueError(f"conv impl must be one of {CONV_IMPLS}, got {impl!r}.")
@@ -119,8 +116,7 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, impl: str = "auto",
 
 
 def _auto_conv_impl(backend: str, kernel_size: tuple[int, int], stride: int) -> str:
-  """What ``conv2d(impl="auto")`` computes a convolution as on ``backend``: see
-  :func:`conv2d`."""
+  """What ``conv2d(impl="auto")`` computes a convolution as on ``backend``: see :func:`conv2d`."""
   if backend == "cpu":
     return "im2col"
   if backend == "gpu" and stride > 1 and max(kernel_size) > 3:
@@ -152,12 +148,11 @@ def im2col_patches(x: jax.Array, kh: int, kw: int, stride: int) -> jax.Array:
 
 def _conv_im2col(x, kernel, stride):
   kh, kw, cin, cout = kernel.shape
-  out_h = (x.shape[1] - kh) // stride + 1
-  out_w = (x.shape[2] - kw) // stride + 1
-  # One 2-D matmul, (batch*out_h*out_w, kh*kw*cin) x (kh*kw*cin, cout): as an
-  # einsum over (p, c) XLA:CPU first transposed the patches to (c, p) order.
-  patches = im2col_patches(x, kh, kw, stride)
-  return (patches @ kernel.reshape(kh * kw * cin, cout)).reshape(x.shape[0], out_h, out_w, cout)
+  patches = valid_patches(x, kh, kw, stride)  # (batch, out_h, out_w, kh, kw, cin)
+  # One 2-D matmul, (batch*out_h*out_w, kh*kw*cin) x (kh*kw*cin, cout): as an einsum over (p, c)
+  # XLA:CPU first transposed the patches to (c, p) order.
+  y = patches.reshape(-1, kh * kw * cin) @ kernel.reshape(kh * kw * cin, cout)
+  return y.reshape(*patches.shape[:3], cout)
 
 
 def _conv_polyphase(x, kernel, stride):
@@ -175,22 +170,17 @@ def _conv_polyphase(x, kernel, stride):
 
 
 def kernel_init(init_scale: float) -> nnx.Initializer:
-  """Kernel initialiser: LeCun normal (Flax's default) for ``init_scale == 0``.
-
-  ``init_scale > 0`` draws normal(0, init_scale) cut at 2 std, as TF's
-  ``truncated_normal`` in the official code (std 0.88 x ``init_scale``).
-  """
+  """Kernel initialiser: LeCun normal (Flax's default) for ``init_scale == 0``; ``init_scale > 0``
+  draws normal(0, init_scale) cut at 2 std, as TF's ``truncated_normal`` in the official code
+  (std 0.88 x ``init_scale``)."""
   if init_scale > 0:
     return nnx.initializers.truncated_normal(stddev=init_scale)
   return nnx.initializers.lecun_normal()
 
 
 class Conv2D(nnx.Module):
-  """Convolution (VALID or SAME) with bias, optionally computed in a lower precision.
-
-  The kernel is drawn by :func:`kernel_init` (``init_scale``), the bias starts
-  at ``bias_init``.
-  """
+  """Convolution (VALID or SAME) with bias, optionally computed in a lower precision; the kernel
+  is drawn by :func:`kernel_init` (``init_scale``), the bias starts at ``bias_init``."""
 
   def __init__(self, in_features: int, out_features: int, kernel_size: int, stride: int,
                *, impl: str = "auto", compute_dtype=jnp.float32, init_scale: float = 0.0,
@@ -238,15 +228,9 @@ class Decoder(nnx.Module):
     self.image_shape = tuple(image_shape)
 
   def __call__(self, class_capsules: jax.Array, mask: jax.Array) -> jax.Array:
-    """Decodes the capsules that ``mask`` keeps.
-
-    Args:
-      class_capsules: ``(batch, num_classes, capsule_dim)``.
-      mask: ``(batch, num_classes)``, usually one-hot; the others are zeroed.
-
-    Returns:
-      Pixel intensities in (0, 1), ``(batch, *image_shape)``.
-    """
+    """Decodes the ``class_capsules`` ``(batch, num_classes, capsule_dim)`` that ``mask``
+    ``(batch, num_classes)`` keeps (usually one-hot; the others are zeroed): pixel intensities in
+    (0, 1), ``(batch, *image_shape)``."""
     x = (class_capsules * mask[..., None]).reshape(class_capsules.shape[0], -1)
     for layer in self.layers[:-1]:
       x = jax.nn.relu(layer(x))

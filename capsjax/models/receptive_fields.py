@@ -1,5 +1,6 @@
-"""Receptive fields of convolutional capsule layers: the patches a parent sees, the children a
-parent shares with its neighbours, and where each receptive field lies in the image.
+"""Receptive fields of convolutional capsule layers: the children a parent shares with its
+neighbours, and where each receptive field lies in the image (the patches a parent sees:
+:func:`capsjax.models.layers.valid_patches`).
 
 Pure JAX and NumPy. A convolutional capsule layer's routing arrays are ``(batch, in_types * k *
 k, out_types, oh * ow)``: a parent position's children are the ``in_types`` capsules at each of
@@ -15,15 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax.models import layers
-
 NORMALISATIONS = ("code", "child", "patch")
 COORDINATE_ADDITIONS = ("code", "paper", "none")
-
-
-def receptive_fields(x: jax.Array, kernel: int, stride: int) -> jax.Array:
-  """VALID patches: ``(batch, h, w, ...)`` -> ``(batch, oh, ow, kernel, kernel, ...)``."""
-  return layers.valid_patches(x, kernel, kernel, stride)
 
 
 def child_reduce(values: jax.Array, stride: int, op: str = "add") -> jax.Array:
@@ -45,15 +39,9 @@ def child_reduce(values: jax.Array, stride: int, op: str = "add") -> jax.Array:
 def gather_children(grid: jax.Array, stride: int, kernel: int, oh: int, ow: int) -> jax.Array:
   """The inverse map of :func:`child_reduce`: ``(..., H, W)`` -> ``(..., oh, ow, k, k)``,
   ``out[..., i, j, dy, dx] = grid[..., stride i + dy, stride j + dx]``."""
-  nd = grid.ndim
-  rows = []
-  for dy in range(kernel):
-    cols = []
-    for dx in range(kernel):
-      part = jax.lax.slice_in_dim(grid, dy, dy + stride * (oh - 1) + 1, stride, axis=nd - 2)
-      cols.append(jax.lax.slice_in_dim(part, dx, dx + stride * (ow - 1) + 1, stride, axis=nd - 1))
-    rows.append(jnp.stack(cols, axis=-1))
-  return jnp.stack(rows, axis=-2)
+  views = [grid[..., dy:dy + stride * (oh - 1) + 1:stride, dx:dx + stride * (ow - 1) + 1:stride]
+           for dy in range(kernel) for dx in range(kernel)]
+  return jnp.stack(views, axis=-1).reshape(*grid.shape[:-2], oh, ow, kernel, kernel)
 
 
 class ReceptiveFieldGrid:

@@ -67,11 +67,6 @@ def get(name: str) -> Router:
   return router
 
 
-def all_settings() -> dict[str, list[str]]:
-  """Every setting any registered router has -> the routers that have it (``schema``'s)."""
-  return schema.router_settings()
-
-
 def resolve(config, *, allow_unusual: bool = False) -> tuple[Router, dict[str, Any]]:
   """The router of ``config`` (``config.model.routing``, a ConfigDict or dict) and its
   settings with the defaults filled in: :func:`capsjax.config.schema.resolve_routing`, which
@@ -101,8 +96,7 @@ def fill(config: ml_collections.ConfigDict) -> tuple[Router, dict[str, Any]]:
 
 __all__ = [
     "DEFAULT", "ROUTERS", "SOFTMAX_AXES", "ConvLayer", "ParamSpec", "Router", "RoutingResult",
-    "RoutingTrace", "all_settings", "capsule_votes", "chosen", "coupled_parents",
-    "coupling_coefficients", "coupling_statistics", "dynamic_routing", "exp_squash", "fill",
-    "get", "matrix_votes", "resolve", "routing_diagnostics", "routing_diagnostics_per_example",
-    "safe_norm", "squash",
+    "RoutingTrace", "capsule_votes", "chosen", "coupled_parents", "coupling_coefficients",
+    "coupling_statistics", "dynamic_routing", "exp_squash", "fill", "get", "matrix_votes",
+    "resolve", "routing_diagnostics", "routing_diagnostics_per_example", "safe_norm", "squash",
 ]

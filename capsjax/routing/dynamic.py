@@ -1,27 +1,20 @@
-"""Dynamic routing (router ``"dynamic"``): Procedure 1 of Sabour, Frosst & Hinton (2017).
+"""Dynamic routing (router ``"dynamic"``): Procedure 1 of Sabour, Frosst & Hinton (2017),
+"Dynamic Routing Between Capsules", with the switches on which public implementations disagree,
+each defaulting to the paper's behaviour.
 
-Implements "Dynamic Routing Between Capsules", Procedure 1, together with the switches on
-which public implementations disagree. Every switch defaults to the paper's behaviour.
-
-Shapes used throughout:
-
-* ``votes`` -- the prediction vectors u_hat_{j|i}:
-  ``(batch, in_caps, out_caps, out_dim)``.
-* ``logits`` -- the routing logits b_ij, and ``coupling`` -- the coupling
-  coefficients c_ij: ``(batch, in_caps, out_caps)``.
-* output capsules v_j: ``(batch, out_caps, out_dim)``.
-
-The votes are the only large tensor: nothing here forms an array of size
-batch x in_caps x out_caps x out_dim x in_dim.
+Shapes used throughout: ``votes``, the prediction vectors u_hat_{j|i},
+``(batch, in_caps, out_caps, out_dim)``; ``logits`` (the routing logits b_ij) and ``coupling``
+(the coupling coefficients c_ij), ``(batch, in_caps, out_caps)``; the output capsules v_j,
+``(batch, out_caps, out_dim)``. The votes are the only large tensor: nothing here forms an
+array of size batch x in_caps x out_caps x out_dim x in_dim.
 
 Procedure 1 itself (:func:`procedure_1`) is written once, on parent-major votes
-``(batch, out_caps, out_dim, in_caps)`` (logits and coupling ``(batch, out_caps, in_caps)``):
-both products with the votes are then batched matrix-vector products over
-``(batch, out_caps)`` with no transpose of the votes between iterations (on XLA:CPU the faster
-layout). :func:`dynamic_routing` calls it, differentiated by JAX; so does the written-out
-backward pass that ``experiments/dynamic_gradient.py`` measures against it (its custom VJP
-runs :func:`procedure_1` forward and uses :func:`preactivation` and :func:`agreement` as each
-other's transposes).
+``(batch, out_caps, out_dim, in_caps)`` (logits and coupling ``(batch, out_caps, in_caps)``): both
+products with the votes are then batched matrix-vector products over ``(batch, out_caps)`` with no
+transpose of the votes between iterations (on XLA:CPU the faster layout). :func:`dynamic_routing`
+calls it, differentiated by JAX; so does the written-out backward pass that
+``experiments/dynamic_gradient.py`` measures against it (its custom VJP runs :func:`procedure_1`
+forward and uses :func:`preactivation` and :func:`agreement` as each other's transposes).
 """
 
 from __future__ import annotations
@@ -47,10 +40,9 @@ def coupling_coefficients(logits: jax.Array, softmax_axis: str = "output",
     softmax_axis: ``"output"`` normalises over the parents j of each child i,
       as in the paper; ``"input"`` normalises over the children i of each
       parent j, as several public implementations do.
-    leaky: add one extra logit fixed at 0 to the softmax and drop its share,
-      as the official code's ``_leaky_routing`` does; a child can then send
-      part of its vote to no parent ("orphan" class), so the coefficients sum
-      to less than 1.
+    leaky: add one extra logit fixed at 0 to the softmax and drop its share, as the official code's
+      ``_leaky_routing`` does; a child can then send part of its vote to no parent ("orphan" class),
+      so the coefficients sum to less than 1.
 
   Returns:
     ``(batch, in_caps, out_caps)``.
@@ -61,20 +53,16 @@ def coupling_coefficients(logits: jax.Array, softmax_axis: str = "output",
 def _softmax(logits, axis, leaky):
   if not leaky:
     return jax.nn.softmax(logits, axis=axis)
-  leak_shape = list(logits.shape)
-  leak_shape[axis] = 1
+  leak_shape = logits.shape[:axis] + (1,) + logits.shape[axis + 1:]
   padded = jnp.concatenate([logits, jnp.zeros(leak_shape, logits.dtype)], axis=axis)
-  return jax.lax.slice_in_dim(jax.nn.softmax(padded, axis=axis), 0,
-                              logits.shape[axis], axis=axis)
+  return jax.lax.slice_in_dim(jax.nn.softmax(padded, axis=axis), 0, logits.shape[axis], axis=axis)
 
 
 def _softmax_axis_index(softmax_axis: str) -> int:
   """The axis of ``softmax_axis`` in a ``(batch, in_caps, out_caps)`` array."""
-  if softmax_axis == "output":
-    return 2
-  if softmax_axis == "input":
-    return 1
-  raise ValueError(f"softmax_axis must be one of {SOFTMAX_AXES}, got {softmax_axis!r}.")
+  if softmax_axis not in SOFTMAX_AXES:
+    raise ValueError(f"softmax_axis must be one of {SOFTMAX_AXES}, got {softmax_axis!r}.")
+  return 2 if softmax_axis == "output" else 1
 
 
 # --- Procedure 1 on parent-major votes ---------------------------------------------------
@@ -126,10 +114,9 @@ def procedure_1(votes: jax.Array, *, iterations: int,
       with the logits it started from (zeros for t = 0), its coupling and ``s_t`` (a trace
       for diagnostics, or the residuals of a backward pass); ``t`` may be traced.
     observed: what ``observe`` starts from (arrays of fixed shapes, unless ``python_loop``).
-    python_loop: run the iterations as a Python loop instead of ``fori_loop``, so that
-      ``observe`` sees each ``t`` as an int and may keep what it is given in a list (the
-      residuals of experiments/dynamic_gradient.py's backward pass: no arrays to write them
-      into).
+    python_loop: run the iterations as a Python loop instead of ``fori_loop``, so that ``observe``
+      sees each ``t`` as an int and may keep what it is given in a list (the residuals of
+      experiments/dynamic_gradient.py's backward pass: no arrays to write them into).
 
   Returns:
     The parents v_{r-1}, ``(batch, out_caps, out_dim)``, and ``observed``.
@@ -182,36 +169,28 @@ def dynamic_routing(votes: jax.Array,
                     bias: jax.Array | None = None,
                     squash_epsilon: float = 0.0,
                     return_trace: bool = False):
-  """Routing-by-agreement, Procedure 1 of the paper.
-
-  ::
-
-      b_ij <- 0
-      repeat r times:
-        c_i <- softmax(b_i)                    # over parents j (softmax_axis)
-        s_j <- sum_i c_ij u_hat_{j|i} (+ bias)
-        v_j <- squash(s_j)                     # Eq. 1
-        b_ij <- b_ij + u_hat_{j|i} . v_j       # skipped after the last pass
+  """Routing-by-agreement, Procedure 1 of the paper (the loop, line by line:
+  :func:`procedure_1`), on child-major votes; the coupling c_i = softmax(b_i) over the parents j
+  (``softmax_axis``).
 
   Args:
     votes: u_hat_{j|i}, ``(batch, in_caps, out_caps, out_dim)``.
-    num_iterations: r >= 1, a Python int (the loop bounds must be static for
-      reverse-mode differentiation).
-    softmax_axis: ``"output"`` (paper) or ``"input"``; see
-      :func:`coupling_coefficients`.
-    stop_gradient: if True, gradients do not flow through the votes of the
-      intermediate iterations: logits are built from ``stop_gradient(votes)``
-      and only the final ``s_j`` sees the votes themselves. The outputs are
-      unchanged. The paper does not stop gradients (default False).
+    num_iterations: r >= 1, a Python int (the loop bounds must be static for reverse-mode
+      differentiation).
+    softmax_axis: ``"output"`` (paper) or ``"input"``; see :func:`coupling_coefficients`.
+    stop_gradient: if True, gradients do not flow through the votes of the intermediate
+      iterations: logits are built from ``stop_gradient(votes)`` and only the final ``s_j`` sees
+      the votes themselves. The outputs are unchanged. The paper does not stop gradients
+      (default False).
     leaky: leaky routing, an extra zero logit (official code); default False.
-    bias: optional ``(out_caps, out_dim)`` added to s_j (the official code has
-      one, the paper does not); None for no bias.
+    bias: optional ``(out_caps, out_dim)`` added to s_j (the official code has one, the paper
+      does not); None for no bias.
     squash_epsilon: see :func:`squash`.
     return_trace: also return a :class:`RoutingTrace`.
 
   Returns:
-    The output capsules v_j, ``(batch, out_caps, out_dim)``; with
-    ``return_trace``, the pair ``(v, trace)``.
+    The output capsules v_j, ``(batch, out_caps, out_dim)``; with ``return_trace``, the pair
+    ``(v, trace)``.
   """
   if not isinstance(num_iterations, int) or isinstance(num_iterations, bool):
     raise TypeError(f"num_iterations must be a Python int, got {num_iterations!r}.")
@@ -239,9 +218,8 @@ def dynamic_routing(votes: jax.Array,
   trace = None
   if return_trace:
     empty = jnp.zeros((num_iterations, batch, in_caps, out_caps), votes.dtype)
-    trace = RoutingTrace(logits=empty, coupling=empty,
-                         preactivation_norm=jnp.zeros((num_iterations, batch, out_caps),
-                                                      votes.dtype))
+    norms = jnp.zeros((num_iterations, batch, out_caps), votes.dtype)
+    trace = RoutingTrace(logits=empty, coupling=empty, preactivation_norm=norms)
   outputs, trace = procedure_1(
       votes, iterations=num_iterations, normalise=normalise, uniform=uniform, bias=bias,
       squash_epsilon=squash_epsilon, observe=record if return_trace else None, observed=trace,
@@ -284,8 +262,7 @@ def route(votes, *, inputs=None, activations=None, params=None, rng=None, settin
   if not diagnostics:
     return RoutingResult(result, None, {})
   capsules, trace = result
-  return RoutingResult(capsules, None,
-                       routing_diagnostics_per_example(trace, s["softmax_axis"]))
+  return RoutingResult(capsules, None, routing_diagnostics_per_example(trace, s["softmax_axis"]))
 
 
 ROUTER = Router(name="dynamic", settings=SETTINGS, route=route,

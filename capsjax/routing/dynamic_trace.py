@@ -42,11 +42,8 @@ def routing_diagnostics_per_example(trace: RoutingTrace, softmax_axis: str = "ou
   stats = jax.vmap(lambda c: coupling_statistics(c, axis))(trace.coupling)
   logits = trace.logits
   change = jnp.abs(jnp.concatenate([jnp.zeros_like(logits[:1]), jnp.diff(logits, axis=0)]))
-  per_iteration = {
-      "coupling_entropy": stats["coupling_entropy"],
-      "coupling_max": stats["coupling_max"],
-      "logit_change": jnp.mean(change.reshape(*change.shape[:2], -1), axis=2),
-  }  # Each (iterations, batch).
+  logit_change = jnp.mean(change.reshape(*change.shape[:2], -1), axis=2)
+  per_iteration = {**stats, "logit_change": logit_change}  # Each (iterations, batch).
   if trace.preactivation_norm is not None:
     per_iteration["preactivation_norm"] = jnp.mean(trace.preactivation_norm, axis=2)
   return {k: v.T for k, v in per_iteration.items()}

@@ -72,6 +72,7 @@ from capsjax.config.settings import POSITIVE, Setting, above, one_of
 from capsjax.routing.router import (ConvLayer, Router, RoutingResult, check_iterations,
                                     iterations_setting)
 from capsjax.routing.em import parameters
+from capsjax.routing.em_arithmetic import LOG_2PI
 
 ASSIGNMENTS = ("code", "first_commits", "textbook")
 CONV_NORMALISATIONS = ("child", "patch")
@@ -98,9 +99,6 @@ SETTINGS = {
     "beta_u_init": Setting(0.0, "beta_u's initial value."),
     "beta_a_init": Setting(0.0, "beta_a's initial value."),
 }
-
-_LOG_2PI = math.log(2.0 * math.pi)
-
 
 class Posterior(NamedTuple):
   """The parents' posteriors after a parameter update, each ``(batch, out_caps, positions
@@ -161,7 +159,7 @@ def log_predictive(votes: jax.Array, q: Posterior) -> jax.Array:
   d = votes.shape[-1]
   quadratic = jnp.sum(q.precision_scale[:, None] * jnp.square(votes - q.mean[:, None]), axis=-1)
   expected = d / q.kappa[:, None] + q.nu[:, None] * quadratic
-  return 0.5 * (q.log_det_precision[:, None] - d * _LOG_2PI - expected)
+  return 0.5 * (q.log_det_precision[:, None] - d * LOG_2PI - expected)
 
 
 def assignments_from(log_p: jax.Array, q: Posterior, mode: str, floor: float = 1e-11,
@@ -182,7 +180,7 @@ def assignments_from(log_p: jax.Array, q: Posterior, mode: str, floor: float = 1
 def activation_logits(q: Posterior, beta_u: jax.Array, beta_a: jax.Array) -> jax.Array:
   """``beta_a - (exp(E ln pi_j) H_j + beta_u)``, ``H_j`` the Gaussian's expected entropy."""
   d = q.mean.shape[-1]
-  entropy = 0.5 * d * (_LOG_2PI + 1.0) - 0.5 * q.log_det_precision
+  entropy = 0.5 * d * (LOG_2PI + 1.0) - 0.5 * q.log_det_precision
   return beta_a[:, None] - (jnp.exp(q.log_mixing) * entropy + beta_u[:, None])
 
 
