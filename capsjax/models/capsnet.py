@@ -96,8 +96,7 @@ class CapsuleModel(nnx.Module):
     return Outputs(scores=scores, predictions=predicted,
                    log_probabilities=jax.nn.log_softmax(scores),
                    score_kind="activations" if self.scores_are_activations else "lengths",
-                   class_capsules=class_capsules, lengths=lengths,
-                   reconstructions=reconstructions,
+                   class_capsules=class_capsules, lengths=lengths, reconstructions=reconstructions,
                    label_reconstructions=label_reconstructions,
                    diagnostics=routed.diagnostics if diagnostics else None)
 

@@ -164,10 +164,8 @@ class ClassCapsules(nnx.Module):
       raise UsageError(f"config.model.class_capsules.use_bias adds a bias to s_j, which router "
                        f"{router.name!r} does not form; leave it False.")
     init = initializer or nnx.initializers.truncated_normal(stddev=init_scale)
-    self.weights = nnx.Param(init(rngs.params(),
-                                  weight_shape(in_caps, in_dim, out_caps, out_dim)))
-    self.bias = nnx.data(
-        nnx.Param(jnp.full((out_caps, out_dim), bias_init)) if use_bias else None)
+    self.weights = nnx.Param(init(rngs.params(), weight_shape(in_caps, in_dim, out_caps, out_dim)))
+    self.bias = nnx.data(nnx.Param(jnp.full((out_caps, out_dim), bias_init)) if use_bias else None)
     self.router_params = nnx.data(router_parameters(
         router, in_caps, in_dim, out_caps, out_dim, self.routing_settings, rngs))
     check_routing_norms(routing_norms, router)
@@ -182,8 +180,7 @@ class ClassCapsules(nnx.Module):
     return self.vote_fn(poses, self.weights[...])
 
   def route(self, capsules: Capsules | jax.Array, *, train: bool = False,
-            rng: jax.Array | None = None,
-            diagnostics: bool = False) -> routing_lib.RoutingResult:
+            rng: jax.Array | None = None, diagnostics: bool = False) -> routing_lib.RoutingResult:
     """Child :class:`Capsules` (or bare vector poses ``(batch, in_caps, in_dim)``, their
     lengths the activations) -> :class:`capsjax.routing.RoutingResult` (parents
     ``(batch, out_caps, out_dim)``, their activations or None, diagnostics)."""

@@ -157,8 +157,7 @@ class EMCapsNet(nnx.Module):
     self.primary_capsules = matrix_capsules.MatrixPrimaryCapsules(
         config.conv1.features, config.primary.types, pose,
         pose_init=config.primary.pose_init, activation_init=config.primary.activation_init,
-        activation_offset=config.primary.activation_offset, layout=config.primary.layout,
-        rngs=rngs)
+        activation_offset=config.primary.activation_offset, layout=config.primary.layout, rngs=rngs)
     caps = config.conv_caps
     types = [config.primary.types, *caps.types]
     self.conv_capsules = nnx.List([
@@ -217,8 +216,7 @@ class EMCapsNet(nnx.Module):
     labels = batch["labels"]
     per_example = labels.shape[1] if labels.ndim == 2 else 1
     poses, scores, diagnostics = self.capsules(batch["images"], train=train,
-                                               rng=rng if train else None,
-                                               diagnostics=not train)
+                                               rng=rng if train else None, diagnostics=not train)
     return Outputs(scores=scores, predictions=metrics.predictions(scores, per_example),
                    log_probabilities=jax.nn.log_softmax(scores), score_kind="activations",
                    class_capsules=poses, diagnostics=None if train else diagnostics)

@@ -234,9 +234,8 @@ def dynamic_routing(votes: jax.Array,
 # ``config.model.routing`` of dynamic routing: the paper's values (Procedure 1).
 SETTINGS = {
     "iterations": iterations_setting(3, "r, the routing iterations (paper: 3 for MNIST)."),
-    "softmax_axis": Setting("output", "The coupling's softmax over parents j (\"output\", "
-                            "the paper's) or children i (\"input\").",
-                            check=one_of(*SOFTMAX_AXES)),
+    "softmax_axis": Setting("output", "The coupling's softmax over parents j (\"output\", the "
+                            "paper's) or children i (\"input\").", check=one_of(*SOFTMAX_AXES)),
     "stop_gradient": Setting(False, "True: no gradient through the intermediate iterations "
                              "(the paper has none)."),
     "leaky": Setting(False, "The official code's extra zero logit (leaky routing); the "
@@ -265,5 +264,4 @@ def route(votes, *, inputs=None, activations=None, params=None, rng=None, settin
   return RoutingResult(capsules, None, routing_diagnostics_per_example(trace, s["softmax_axis"]))
 
 
-ROUTER = Router(name="dynamic", settings=SETTINGS, route=route,
-                uses_parent_bias=True)
+ROUTER = Router(name="dynamic", settings=SETTINGS, route=route, uses_parent_bias=True)

@@ -262,9 +262,8 @@ def route(votes, *, inputs=None, activations, params, rng=None, settings, train=
   way, each element a Gaussian dimension, their lengths the a_i); ``params``: beta_u, beta_a."""
   del inputs, rng, train
   result = em_routing(votes[:, :, :, None, :], activations[:, :, None, None], params["beta_u"],
-                      params["beta_a"], settings=settings,
-                      normalise=lambda log_p: jax.nn.softmax(log_p, axis=2),
-                      diagnostics=diagnostics)
+                      params["beta_a"], settings=settings, diagnostics=diagnostics,
+                      normalise=lambda log_p: jax.nn.softmax(log_p, axis=2))
   return RoutingResult(result.poses[:, :, 0], result.activations[:, :, 0], result.diagnostics)
 
 

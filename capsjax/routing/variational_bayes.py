@@ -240,9 +240,8 @@ def route(votes, *, inputs=None, activations, params, rng=None, settings, train=
   ``params`` as under ``em`` (:func:`capsjax.routing.em.route`). Parent poses ``m_j`` and
   activations ``sigmoid(a_j)``, without the code's batch norms (state: module docstring)."""
   del inputs, rng, train
-  result = vb_routing(votes[:, :, :, None, :], activations[:, :, None, None],
-                      params["beta_u"], params["beta_a"], settings=settings,
-                      diagnostics=diagnostics)
+  result = vb_routing(votes[:, :, :, None, :], activations[:, :, None, None], params["beta_u"],
+                      params["beta_a"], settings=settings, diagnostics=diagnostics)
   logits = result.activation_logits[:, :, 0]
   return RoutingResult(result.poses[:, :, 0], jax.nn.sigmoid(logits), result.diagnostics,
                        activation_logits=logits)
