@@ -100,6 +100,7 @@ SETTINGS = {
     "beta_a_init": Setting(0.0, "beta_a's initial value."),
 }
 
+
 class Posterior(NamedTuple):
   """The parents' posteriors after a parameter update, each ``(batch, out_caps, positions
   [, D])``: ``mean`` m_j, ``precision_scale`` Psi_j (diagonal), ``kappa``, ``nu``,
