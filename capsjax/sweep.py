@@ -5,34 +5,20 @@
   python -m capsjax.sweep experiments/routing_iterations.py --workdir=DIR --index=$K  # one point
   python -m capsjax.sweep experiments/routing_iterations.py --workdir=DIR --collect
 
-An experiment file defines ``BASE_CONFIG`` (a config path relative to the
-repository, optionally with ``:variant``) and ``get_sweep()``, returning a dict
-with ``grid`` (``{dotted.key: [values]}``, crossed) or ``points`` (a list of
-``{dotted.key: value}``), and ``seeds``. The key ``config`` swaps the base
-config of a point for another config file, e.g. ``{"config":
-"configs/affnist.py:baseline"}`` to compare two models. Command-line
-``--config.*`` overrides apply to every run (``--config=...`` replaces the base
-config). Each run has its own sub-workdir ``DIR/<point>``; finished runs are skipped and
-unfinished ones resume, so rerunning a sweep continues it.
+An experiment file defines ``BASE_CONFIG`` (a config path relative to the repository, optionally
+with ``:variant``) and ``get_sweep()``, returning a dict with ``grid``
+(``{dotted.key: [values]}``, crossed) or ``points`` (a list of ``{dotted.key: value}``), and
+``seeds``. The key ``config`` swaps the base config of a point for another config file, e.g.
+``{"config": "configs/affnist.py:baseline"}`` to compare two models. Command-line ``--config.*``
+overrides apply to every run (``--config=...`` replaces the base config). Each run has its own
+sub-workdir ``DIR/<point>``; finished runs are skipped and unfinished ones resume, so rerunning a
+sweep continues it. ``--vectorize``, ``--index`` and ``--collect`` (also done after a full run):
+their flags' help and docs/sweeps.md.
 
-``--vectorize`` trains the points that differ only in settings declared safe to (seeds,
-learning rates, loss weights, init scales) and load equal data as one jitted program each
-(``jax.vmap`` over the runs; the plan names what sets the others apart); each point
-keeps its own workdir, checkpoints and results (:mod:`capsjax.train`). Without
-the flag, groups of at least four runs are vectorised on accelerators and none on CPUs, as
-measured (:func:`capsjax.training.vectorize.default_min_runs`); ``--novectorize``: never.
-``--index=K`` runs point K only, for SLURM arrays or Kubernetes indexed jobs (``--index=K,L``:
-those points); ``--collect`` (also done after a full run) writes ``results.csv``,
-``results.md`` and plots. An experiment may also define ``TABLES``
-(``{title: ["EVALUATION/KEY", ...]}``: further tables of results.md) and
-``MATCHED`` (a comparison at matched familiar error: :mod:`capsjax.stats.matched`) and
-``REFERENCES`` (``{column title: function(setting) -> text}``: published numbers beside each
-row of results.md; ``setting`` maps each swept key to the row's value as the table shows it)
-and ``PAIRED_REFERENCE`` (a point's settings, ``{dotted.key: value}``: results.md then compares
-every other row with it on the same test examples, seed by seed, with a verdict about these
-trained models and one about the setup: :mod:`capsjax.stats.paired`).
-``EXPERIMENT.py:variant`` calls ``get_sweep(variant)``. A ``search`` in ``get_sweep()``'s dict
-tunes each grid point on its validation split before its seeds train
+An experiment may also define ``TABLES``, ``MATCHED``, ``REFERENCES`` and ``PAIRED_REFERENCE``:
+further tables and columns of results.md (:func:`capsjax.training.sweep_results.collect` says
+what each holds). ``EXPERIMENT.py:variant`` calls ``get_sweep(variant)``. A ``search`` in
+``get_sweep()``'s dict tunes each grid point on its validation split before its seeds train
 (:mod:`capsjax.training.search`; ``--search_storage``: its store).
 """
 
@@ -57,7 +43,7 @@ from capsjax.common.errors import NonFiniteLossError, UsageError
 from capsjax.config import runconfig, schema
 from capsjax.runs import cli, preemption, workdirs
 from capsjax.runs.reporting import is_finished
-from capsjax.training.sweep_results import CONFIG_KEY, collect, config_label, format_value
+from capsjax.training.sweep_results import CONFIG_KEY, collect, shown_value
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -113,61 +99,47 @@ class Point(NamedTuple):
 
 
 SWEEP_KEYS = ("grid", "points", "seeds", "search")
-# capsjax.training.vectorize.DATA, the pseudo-key of runs whose data differ (here without
-# importing JAX: tests/test_vectorize.py checks the two agree).
-DATA_KEY = "data"
 
 
 def expand(sweep: dict) -> list[Point]:
   """The sweep's points: grid (crossed) or points (listed), each with every seed."""
-  for key in sweep:
-    if key not in SWEEP_KEYS:
-      close = difflib.get_close_matches(str(key), SWEEP_KEYS, n=1, cutoff=0.5)
-      raise UsageError(f"get_sweep() returned the key {key!r}, which a sweep does not have "
-                       f"(it has {', '.join(SWEEP_KEYS)})"
-                       + (f"; did you mean {close[0]!r}?" if close else "."))
+  if unknown := [key for key in sweep if key not in SWEEP_KEYS]:
+    close = difflib.get_close_matches(str(unknown[0]), SWEEP_KEYS, n=1, cutoff=0.5)
+    raise UsageError(f"get_sweep() returned the key {unknown[0]!r}, which a sweep does not have "
+                     f"(it has {', '.join(SWEEP_KEYS)})"
+                     + (f"; did you mean {close[0]!r}?" if close else "."))
   if ("grid" in sweep) == ("points" in sweep):
     raise UsageError("get_sweep() must return exactly one of 'grid' or 'points'.")
   if "grid" in sweep:
-    keys = list(sweep["grid"])
-    settings = [dict(zip(keys, values))
-                for values in itertools.product(*(sweep["grid"][k] for k in keys))]
+    grid = sweep["grid"]
+    settings = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
   else:
     settings = [dict(p) for p in sweep["points"]]
-  seeds = list(sweep.get("seeds", [0]))
-  points = []
-  for setting in settings:
-    for seed in seeds:
-      points.append(Point(len(points), setting, seed, point_name(setting, seed)))
-  return points
+  pairs = itertools.product(settings, sweep.get("seeds", [0]))
+  return [Point(k, setting, seed, point_name(setting, seed))
+          for k, (setting, seed) in enumerate(pairs)]
 
 
 def point_name(setting: dict, seed: int) -> str:
   """A folder name such as ``iterations=3,reconstruction_weight=0.0005,seed=0``."""
   short = [k.rsplit(".", 1)[-1] for k in setting]
-  keys = short if len(set(short)) == len(short) else list(setting)
-  values = [config_label(v) if k == CONFIG_KEY else format_value(v) for k, v in setting.items()]
-  parts = [f"{k}={v}" for k, v in zip(keys, values)] + [f"seed={seed}"]
-  return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", ",".join(parts))
-
-
-def load_config_file(spec: str, experiment_path: str | None = None):
-  """``get_config(variant)`` of ``PATH[:variant]``, the path resolved as BASE_CONFIG is."""
-  path, _, variant = spec.partition(":")
-  roots = [REPO] + ([pathlib.Path(experiment_path).resolve().parent] if experiment_path else [])
-  for root in roots:
-    if (root / path).is_file():
-      return runconfig.import_config_file(root / path).get_config(variant or None)
-  raise UsageError(f"Config file {path!r} (sweep key {CONFIG_KEY!r}) not found.")
+  names = short if len(set(short)) == len(short) else list(setting)
+  parts = [f"{name}={shown_value(k, v)}" for name, (k, v) in zip(names, setting.items())]
+  return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", ",".join([*parts, f"seed={seed}"]))
 
 
 def point_config(base, point: "Point", command_line: dict):
-  """The config of one point: its own config file (key ``config``) with the command line's
-  ``--config.*`` overrides, or the base config (which has them), then the point's values."""
+  """The config of one point: its own config file (key ``config``: ``PATH[:variant]``, the path
+  relative to the repository) with the command line's ``--config.*`` overrides, or the base
+  config (which has them), then the point's values."""
   overrides = dict(point.overrides)
   spec = overrides.pop(CONFIG_KEY, None)
   if spec is not None:
-    base = apply_overrides(load_config_file(spec), command_line)
+    path, _, variant = spec.partition(":")
+    if not (REPO / path).is_file():
+      raise UsageError(f"Config file {path!r} (sweep key {CONFIG_KEY!r}) not found.")
+    own = runconfig.import_config_file(REPO / path).get_config(variant or None)
+    base = apply_overrides(own, command_line)
     try:
       schema.resolve_config(base)
     except UsageError as e:
@@ -201,8 +173,7 @@ def apply_overrides(config, overrides: dict, seed: int | None = None):
 def train_points(config, points: list[Point], workdir: str, command_line: dict | None = None,
                skip_held: bool = True, min_runs: int | None = None) -> None:
   """Runs each point not yet finished in ``WORKDIR/<point name>``, every one the same way:
-  planned into groups, each group trained by
-  :func:`capsjax.train.train_and_evaluate_group`.
+  planned into groups, each group trained by :func:`capsjax.train.train_and_evaluate_group`.
 
   ``min_runs``: None trains each point alone, its data loaded when its turn comes; a number
   vectorises: the points that differ only in settings declared safe
@@ -210,24 +181,23 @@ def train_points(config, points: list[Point], workdir: str, command_line: dict |
   loaded once for all and shared where equal) train as one program each when a group has at
   least ``max(2, min_runs)`` runs, the others alone on the data already loaded.
 
-  A point whose workdir another worker holds is skipped (``skip_held``), so several workers
-  can share one sweep directory; every point runs once (a point finished by another worker
-  between this one's look and its hold is skipped too). A point whose loss becomes
-  non-finite stops alone; the others go on, and the sweep ends with
-  :class:`NonFiniteLossError` naming it. SIGTERM or SIGINT during a group saves its runs and
-  raises :class:`capsjax.runs.preemption.Preempted`; between groups, it stops before the
-  next one.
+  A point whose workdir another worker holds is skipped (``skip_held``), so several workers can
+  share one sweep directory; every point runs once (a point finished by another worker between
+  this one's look and its hold is skipped too). A point whose loss becomes non-finite stops
+  alone; the others go on, and the sweep ends with :class:`NonFiniteLossError` naming it.
+  SIGTERM or SIGINT during a group saves its runs and raises
+  :class:`capsjax.runs.preemption.Preempted`; between groups, it stops before the next one.
   """
   # JAX and the models are imported once a point trains, not for --list or --collect.
   from capsjax import train
   from capsjax.training import memory, setup as setup_lib, vectorize
 
-  pending = []
-  for point in points:
-    if is_finished(os.path.join(workdir, point.name)):
+  def finished(point: Point) -> bool:  # Whether its run is (then said, and skipped).
+    if done := is_finished(os.path.join(workdir, point.name)):
       print(f"{_tag(point, points)}: finished, skipped.", flush=True)
-    else:
-      pending.append(point)
+    return done
+
+  pending = [point for point in points if not finished(point)]
   if not pending:
     return
   configs = [point_config(config, p, command_line or {}) for p in pending]
@@ -239,17 +209,12 @@ def train_points(config, points: list[Point], workdir: str, command_line: dict |
       setups = [setup_lib.Setup(c) for c in configs]
     train.share_equal_data(setups)
     groups = vectorize.plan_groups(setups)
-    print(describe_groups(groups, pending), flush=True)
+    print(vectorize.describe_groups(groups, pending), flush=True)
   diverged = []
   with preemption.watch() as stop:
     for k, group in enumerate(groups):
       # Another worker on the same sweep directory may have finished some since the budget.
-      indices = []
-      for i in group.indices:
-        if is_finished(os.path.join(workdir, pending[i].name)):
-          print(f"{_tag(pending[i], points)}: finished, skipped.", flush=True)
-        else:
-          indices.append(i)
+      indices = [i for i in group.indices if not finished(pending[i])]
       if not indices:
         continue
       members = [pending[i] for i in indices]
@@ -282,9 +247,9 @@ def train_points(config, points: list[Point], workdir: str, command_line: dict |
 
 def _train_group(indices: list[int], per_run_keys, configs: list, setups: list,
                  run_dirs: list[str], min_runs: int | None) -> list:
-  """The outcomes (summaries, or what stopped a run alone) of training the runs ``indices``
-  of ``configs`` into ``run_dirs``: as one program when there are at least ``max(2,
-  min_runs)``, else one by one (each on its setup already loaded, if any)."""
+  """The outcomes (summaries, or what stopped a run alone) of training the runs ``indices`` of
+  ``configs`` into ``run_dirs``: as one program when there are at least ``max(2, min_runs)``,
+  else one by one (each on its setup already loaded, if any)."""
   from capsjax import train  # Imported by train_points already: no start time to save here.
   from capsjax.training import memory
 
@@ -304,60 +269,33 @@ def _train_group(indices: list[int], per_run_keys, configs: list, setups: list,
 def _tag(point: Point, points: list[Point]) -> str:
   """``[k/n] name`` as the sweep's progress names a point (and ``(point i)`` for a subset)."""
   k = points.index(point)
-  tag = f"[{k + 1}/{len(points)}] {point.name}"
-  if point.index != k:  # A subset (--index): name the point as --list numbers it.
-    tag += f" (point {point.index})"
-  return tag
-
-
-def describe_groups(groups, points: list[Point]) -> str:
-  """The vectorisation budget: one line per group, its per-run numbers and what set it apart
-  from the others, with why (:mod:`capsjax.training.vectorize`; ``DATA``, the pseudo-key of
-  runs whose data differ, is not named among the keys)."""
-  lines = [f"Vectorised: {len(points)} run(s) in {len(groups)} program(s)."]
-  for k, group in enumerate(groups):
-    names = ", ".join(points[i].name for i in group.indices)
-    notes = []
-    if group.per_run_keys:
-      notes.append(f"per-run: {', '.join(group.per_run_keys)}")
-    if group.init_keys:
-      notes.append(f"initialisation only: {', '.join(group.init_keys)}")
-    for why in dict.fromkeys(why for _, why in group.apart):
-      keys = [key for key, w in group.apart if w == why and key != DATA_KEY]
-      notes.append(f"apart by {', '.join(keys)} ({why})" if keys else f"apart: {why}")
-    lines.append(f"  program {k + 1}: {len(group.indices)} run(s) [{names}]"
-                 + (f"; {'; '.join(notes)}" if notes else ""))
-  return "\n".join(lines)
+  # A subset (--index): the point also named as --list numbers it.
+  subset = f" (point {point.index})" if point.index != k else ""
+  return f"[{k + 1}/{len(points)}] {point.name}{subset}"
 
 
 # --- Command line ------------------------------------------------------------------
 
-def _experiment_path_from_argv(argv: list[str]) -> str | None:
-  """The positional experiment file, found before flags are defined (its base
-  config is the default of --config, so --config.* overrides parse against it)."""
-  for arg in argv[1:]:
-    if not arg.startswith("-"):
-      return arg
-  return None
+USAGE = ("Usage: python -m capsjax.sweep EXPERIMENT.py --workdir=DIR [--config.KEY=VALUE ...] "
+         "[--index=K | --list | --collect]")
 
 
 def _default_config_from_argv(argv: list[str]) -> str | None:
-  """The experiment's BASE_CONFIG, the default of --config (None for --help)."""
+  """The experiment's BASE_CONFIG, the default of --config (None for --help), from the
+  positional experiment file, found before flags are defined."""
   if any(a.startswith("--help") for a in argv):
     return None
-  path = _experiment_path_from_argv(argv)
+  path = next((arg for arg in argv[1:] if not arg.startswith("-")), None)
   try:
     if path is None:
-      raise UsageError("Usage: python -m capsjax.sweep EXPERIMENT.py --workdir=DIR "
-                       "[--config.KEY=VALUE ...] [--index=K | --list | --collect]")
+      raise UsageError(USAGE)
     return base_config_path(load_experiment(path), path)
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
 
 
-# The command's flags (define_flags), once it runs.
-FLAGS: types.SimpleNamespace | None = None
+FLAGS: types.SimpleNamespace | None = None  # The command's flags (define_flags), once it runs.
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS, argv: list[str] | None = None):
@@ -394,8 +332,7 @@ def main(argv):
   f = FLAGS
   with cli.clear_errors():
     if len(argv) != 2:
-      raise UsageError("Usage: python -m capsjax.sweep EXPERIMENT.py --workdir=DIR "
-                       "[--config.KEY=VALUE ...] [--index=K | --list | --collect]")
+      raise UsageError(USAGE)
     experiment = load_experiment(argv[1])
     spec = experiment_sweep(experiment, argv[1])
     points = expand(spec)
@@ -410,36 +347,31 @@ def main(argv):
     workdirs.check_writable(workdir)  # Refused in one line before any data or compiling.
     command_line = config_flags.get_override_values(cli.flag_of(f.config))
     config = cli.config_from_flag(f.config)
-    report = {"tables": getattr(experiment, "TABLES", None),
-              "matched": getattr(experiment, "MATCHED", None),
-              "references": getattr(experiment, "REFERENCES", None),
-              "paired_reference": getattr(experiment, "PAIRED_REFERENCE", None),
-              "searched": "search" in spec}
+    report = {name.lower(): getattr(experiment, name, None)
+              for name in ("TABLES", "MATCHED", "REFERENCES", "PAIRED_REFERENCE")}
+    report["searched"] = "search" in spec
     if f.collect.value:
       collect(points, workdir, **report)
       return
     from capsjax.training import vectorize  # JAX: not for --list or --collect.
 
-    min_runs = 2 if f.vectorize.value else None
-    if f.vectorize.value is None:
-      min_runs = vectorize.default_min_runs()
-    run = functools.partial(train_points, min_runs=min_runs)
+    min_runs = (vectorize.default_min_runs() if f.vectorize.value is None
+                else 2 if f.vectorize.value else None)
     tune = _tuning(spec, points, os.path.basename(argv[1]), config, command_line, workdir)
-    if f.index.value:
-      selected = [points[k] for k in _indices(f.index.value, len(points))]
-      for p in selected:  # Every point's settings checked before any run starts.
-        schema.resolve_config(point_config(config, p, command_line))
-      run(config, tune(selected), workdir, command_line, skip_held=False)
-      return
-    for p in points:  # Every point's settings checked before any run starts.
+    selected = ([points[k] for k in _indices(f.index.value, len(points))] if f.index.value
+                else points)
+    for p in selected:  # Every point's settings checked before any run starts.
       schema.resolve_config(point_config(config, p, command_line))
-    points = tune(points)
+    selected = tune(selected)
+    if f.index.value:
+      train_points(config, selected, workdir, command_line, skip_held=False, min_runs=min_runs)
+      return
     try:
-      run(config, points, workdir, command_line)
+      train_points(config, selected, workdir, command_line, min_runs=min_runs)
     except NonFiniteLossError:  # The finished runs' tables all the same.
-      collect(points, workdir, **report)
+      collect(selected, workdir, **report)
       raise
-    collect(points, workdir, **report)
+    collect(selected, workdir, **report)
 
 
 def _tuning(spec: dict, points: list[Point], experiment: str, config, command_line: dict,
@@ -462,13 +394,11 @@ def _tuning(spec: dict, points: list[Point], experiment: str, config, command_li
 
 def _indices(texts: list[str], num_points: int) -> list[int]:
   """``--index`` as point numbers, each checked against the sweep's size."""
-  indices = []
   for text in texts:
     if not text.strip().lstrip("-").isdigit() or not 0 <= int(text) < num_points:
       raise UsageError(f"--index={text} is out of range: the sweep has {num_points} points "
                        f"(0..{num_points - 1}); see --list.")
-    indices.append(int(text))
-  return indices
+  return [int(text) for text in texts]
 
 
 if __name__ == "__main__":

@@ -8,17 +8,14 @@ metrics), and :class:`capsjax.training.run.Run` keeps each run's records (how ch
 evaluations are chosen: its docstring).
 
 One loop, :func:`train_and_evaluate_group`, trains one run with its own jitted step
-(:func:`train_and_evaluate`) or the runs of a :class:`capsjax.training.vectorize.Group` through
-one vectorised step. Each keeps its own workdir, lock, checkpoints, resume, metrics.jsonl,
-TensorBoard, evaluations, summary.json and figures, as if it had run alone (its results equal
-those of the run alone to float32 rounding: batched matrix products sum in another order).
-
-A run whose loss becomes non-finite (:class:`NonFiniteLossError`, its last good checkpoint
-kept) or that reaches ``train.stop_at_accuracy`` stops alone, as it would alone; the others go
-on. Runs restored at different steps (one's newest checkpoint was damaged, say) train as
-separate programs, each from its step. A group that does not fit in the device's free memory is
-split in halves (:func:`_train`); a single run that does not fit is refused with advice.
-SIGTERM, a full disk, a read-only workdir: docs/training.md, "Stop and resume"; a lost host:
+(:func:`train_and_evaluate`) or the runs of a :class:`capsjax.training.vectorize.Group` through one
+vectorised step. Each keeps its own workdir, lock and records and ends as it would alone, to float32
+rounding, as batched matrix products sum in another order (docs/sweeps.md,
+"Which runs share a program"); a run that diverges or reaches ``train.stop_at_accuracy`` stops
+alone. Runs restored at different steps (one's newest checkpoint was damaged, say) train as separate
+programs, each from its step. A group that does not fit in the device's free memory is split in
+halves (:func:`_train`); a single run that does not fit is refused with advice. SIGTERM, a full
+disk, a read-only workdir: docs/training.md, "Stop and resume"; a lost host:
 "Several GPUs or hosts".
 """
 
@@ -151,12 +148,10 @@ def _train(template: Setup, runs: list, new_steps, per_run_keys, stop, outcomes:
            indices: list[int]) -> None:
   """Trains ``runs`` (all at the same step) together with the step ``new_steps()`` makes; fills
   ``outcomes[indices[k]]``. Splits a group in halves while its program does not fit in memory."""
-  training = [k for k, run in enumerate(runs) if run.training]
-  for k, run in enumerate(runs):
+  for run, i in zip(runs, indices):
     if not run.training:  # Finished or reached its target before: only its final records.
-      outcomes[indices[k]] = run.finish(run.initial_state)
-  runs = [runs[k] for k in training]
-  indices = [indices[k] for k in training]
+      outcomes[i] = run.finish(run.initial_state)
+  runs, indices = [r for r in runs if r.training], [i for r, i in zip(runs, indices) if r.training]
   if not runs:
     return
   step_fn = new_steps()

@@ -244,7 +244,7 @@ def test_groups_follow_the_declared_rules(data_dir):
   assert groups[1].per_run_keys == ()
   assert all(g.split_by == ("model.routing.iterations", "model.routing.squash_epsilon")
              for g in groups)
-  text = sweep.describe_groups(groups, sweep.expand({"points": [{}] * 5, "seeds": [0]}))
+  text = vectorize.describe_groups(groups, sweep.expand({"points": [{}] * 5, "seeds": [0]}))
   assert ("apart by model.routing.iterations, model.routing.squash_epsilon (neither a per-run "
           "number nor initialisation-only)") in text and "per-run: loss.m_plus" in text
 
@@ -280,7 +280,7 @@ def test_runs_whose_data_differ_never_share_the_first_runs_data(data_dir, tmp_pa
   groups = vectorize.plan_groups(setups)
   assert [g.indices for g in groups] == [(0, 3), (1,), (2,)]
   assert groups[0].per_run_keys == ("loss.m_plus",)
-  text = sweep.describe_groups(groups, sweep.expand({"points": [{}] * 4, "seeds": [0]}))
+  text = vectorize.describe_groups(groups, sweep.expand({"points": [{}] * 4, "seeds": [0]}))
   assert ("apart by data.flip_fraction, data.flip_test (neither a per-run number nor "
           "initialisation-only)") in text
 
@@ -298,8 +298,7 @@ def test_runs_whose_data_differ_never_share_the_first_runs_data(data_dir, tmp_pa
   groups = vectorize.plan_groups(setups)
   assert [g.indices for g in groups] == [(0, 2), (1,)]
   assert groups[1].apart == ((vectorize.DATA, vectorize.DATA_DIFFER),)
-  assert sweep.DATA_KEY == vectorize.DATA  # The sweep names it without importing vectorize.
-  assert "apart: each run's data, loaded from its own config, differ" in sweep.describe_groups(
+  assert "apart: each run's data, loaded from its own config, differ" in vectorize.describe_groups(
       groups, sweep.expand({"points": [{}] * 3, "seeds": [0]}))
 
 
@@ -316,7 +315,7 @@ def test_a_researchers_model_shares_a_program_only_in_what_it_declares(data_dir,
   assert [g.indices for g in groups] == [(0, 1), (2,)]
   assert groups[0].init_keys == ("model.init_std",) and groups[0].per_run_keys == ()
   assert "apart by model.temperature (neither a per-run number nor initialisation-only)" in (
-      sweep.describe_groups(groups, sweep.expand({"points": [{}] * 3, "seeds": [0]})))
+      vectorize.describe_groups(groups, sweep.expand({"points": [{}] * 3, "seeds": [0]})))
   dirs = [str(tmp_path / f"together{k}") for k in range(2)]
   train.train_and_evaluate_group(configs[:2], dirs, setups=setups[:2])
   for k in range(2):

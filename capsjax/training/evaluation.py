@@ -1,14 +1,13 @@
 """Mapping a function over an evaluation set on every device: the one batching that every
 evaluation, ensemble, benchmark and experiment uses.
 
-An :class:`EvalSet` is a split on the devices, padded to whole batches. A :class:`BatchedEval`
-maps any pure ``fn(variables, batch) -> {name: per_example}`` over it, jitted once per ``fn`` and
-set kind, each batch sharded over the mesh's ``data`` axis: ``batched.mean(fn, variables,
-eval_set)`` gives weighted means over the set, ``{name: float}``; ``collect`` per-example values,
+An :class:`EvalSet` is a split on the devices, padded to whole batches. A :class:`BatchedEval` maps
+any pure ``fn(variables, batch) -> {name: per_example}`` over it, jitted once per ``fn`` and set
+kind, each batch sharded over the mesh's ``data`` axis: ``batched.mean(fn, variables, eval_set)``
+gives weighted means over the set, ``{name: float}``; ``collect`` per-example values,
 ``{name: (n, ...) array}``. ``evaluate_examples``, ``evaluate`` and ``scores`` apply it to the
-task's forward. An evaluator that needs gradients with respect to the input (an attack) writes
-its ``fn`` with ``jax.grad`` of :meth:`capsjax.training.tasks.Task.forward`
-(``batched.task.forward``).
+task's forward. An evaluator that needs gradients with respect to the input (an attack) writes its
+``fn`` with ``jax.grad`` of :meth:`capsjax.training.tasks.Task.forward` (``batched.task.forward``).
 """
 
 from __future__ import annotations
@@ -60,9 +59,7 @@ class EvalSet:
     self.examples, self.shared = put_on_devices(
         datasets.Split({k: pad(v) for k, v in split.examples.items()}, split.shared), sharding)
     self.weights = replicated_array(pad(np.ones(self.size, np.float32)), sharding)
-    self.make_batch = make_batch
-    self.batch_size = batch_size
-    self.host = split
+    self.make_batch, self.batch_size, self.host = make_batch, batch_size, split
     self._sharding = sharding
 
   def with_shared(self, **arrays: np.ndarray) -> "EvalSet":
@@ -100,21 +97,18 @@ class BatchedEval:
     return EvalSet(split, make_batch or self.task.dataset.eval_batch, self.batch_size,
                    self.replicated)
 
-  def _take(self, start):
-    sharding = NamedSharding(self.mesh, P("data"))
-    return lambda a: jax.lax.with_sharding_constraint(
-        jax.lax.dynamic_slice_in_dim(a, start, self.batch_size), sharding)
-
   def _step(self, kind: str, fn: Callable, make_batch: Callable) -> Callable:
     # One jitted function per platform built for: JAX's trace cache does not tell them apart.
     key = (kind, fn, make_batch, platform.target())
     if key in self._steps:
       return self._steps[key]
 
+    batches = NamedSharding(self.mesh, P("data"))
     # Per-example values come back replicated: every process can read them (multi-host).
     @functools.partial(jax.jit, out_shardings=self.replicated if kind == "collect" else None)
     def step(variables, examples, shared, weights, start):
-      take = self._take(start)
+      take = lambda a: jax.lax.with_sharding_constraint(
+          jax.lax.dynamic_slice_in_dim(a, start, self.batch_size), batches)
       batch = self.task.complete_batch(make_batch(jax.tree.map(take, examples), shared))
       values = fn(variables, batch)
       if kind == "collect":

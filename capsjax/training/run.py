@@ -1,16 +1,15 @@
-"""One run's bookkeeping around its train steps: restore or start, log, evaluate, checkpoint,
-stop, summarise.
+"""One run's bookkeeping around its train steps: restore or start, log, evaluate, checkpoint, stop,
+summarise.
 
-One loop (:func:`capsjax.train.train_and_evaluate_group`) advances every
-:class:`Run`: one alone with its own train step (:func:`capsjax.train.train_and_evaluate`),
-several with one vectorised step. Either way a run's workdir ends the same: ``config.json``,
-``metrics.jsonl``, TensorBoard events, checkpoints, ``summary.json`` and figures.
+The one loop (:mod:`capsjax.train`) advances every :class:`Run`, alone or with others; either way a
+run's workdir ends the same: ``config.json``, ``metrics.jsonl``, TensorBoard events, checkpoints,
+``summary.json`` and figures.
 
-Nothing is chosen on the test set: with a validation split (``data.validation_size``) the
-run keeps the best checkpoint by validation accuracy and ``train.stop_at_accuracy`` watches
-validation; without one there is no best checkpoint, the test set is evaluated periodically
-only to draw the curves, and a stop on its accuracy is said to be one. ``summary.json``
-records how its numbers were chosen (``selected_on``).
+Nothing is chosen on the test set: with a validation split (``data.validation_size``) the run keeps
+the best checkpoint by validation accuracy and ``train.stop_at_accuracy`` watches validation;
+without one there is no best checkpoint, the test set is evaluated periodically only to draw the
+curves, and a stop on its accuracy is said to be one. ``summary.json`` records how its numbers were
+chosen (``selected_on``).
 """
 
 from __future__ import annotations
@@ -43,9 +42,8 @@ EVALUATION_LISTENERS: list[Callable] = []
 
 
 class Run:
-  """A :class:`Setup` training into ``workdir`` (held by the caller), complete when built:
-  the newest checkpoint that restores (or fresh parameters), the evaluations and the train
-  log.
+  """A :class:`Setup` training into ``workdir`` (held by the caller), complete when built: the
+  newest checkpoint that restores (or fresh parameters), the evaluations and the train log.
 
   Attributes:
     setup, workdir, budget, label (its name on progress lines, when trained with others),
@@ -72,14 +70,12 @@ class Run:
     self.closed = False
     self.config_recorded = False
     try:
-      self._state, self.reached, self.resumed_step = init_or_restore(setup, self.ckpt,
-                                                                     workdir)
+      self._state, self.reached, self.resumed_step = init_or_restore(setup, self.ckpt, workdir)
       self.step = self.first_step = int(self._state.step)
       self.evals = setup.evaluations()
       # Recorded beside it (e.g. novel viewpoints, for comparisons at matched familiar error);
       # never used to choose anything.
-      self.recorded = [n for n in checks.names(config.train.eval_during)
-                       if n != self.watched]
+      self.recorded = [n for n in checks.names(config.train.eval_during) if n != self.watched]
       if unknown := [n for n in self.recorded if n not in self.evals]:
         raise UsageError(f"config.train.eval_during names {unknown}, which config.evals "
                          f"does not hold (it has {sorted(self.evals)}).")
@@ -131,8 +127,7 @@ class Run:
     """``config.json`` (and the earlier one kept) once a step has run with these settings:
     a run that fails at its first step (out of memory, say) leaves the record as it was."""
     if not self.config_recorded and jax.process_index() == 0:
-      history.record(self.workdir, self.setup.config, self.resumed_step, log=log,
-                       announce=False)
+      history.record(self.workdir, self.setup.config, self.resumed_step, log=log, announce=False)
     self.config_recorded = True
 
   def log(self) -> bool:
@@ -248,11 +243,10 @@ def stopped(stop: preemption.StopRequest, runs: list[tuple[Run, object]]) -> Non
   stop.saving = True
   for run, state in runs:
     run.save_for_stop(state)
-  where = (f"at step {runs[0][0].step}; checkpoint saved in {runs[0][0].ckpt.directory}"
-           if len(runs) == 1 else
-           f"at step {runs[0][0].step}; each of the {len(runs)} runs saved its checkpoint")
-  raise preemption.Preempted(f"Stopped by {stop.signal_name} {where}; rerun the same command "
-                             "to resume.", stop.signal_name)
+  saved = (f"checkpoint saved in {runs[0][0].ckpt.directory}" if len(runs) == 1 else
+           f"each of the {len(runs)} runs saved its checkpoint")
+  raise preemption.Preempted(f"Stopped by {stop.signal_name} at step {runs[0][0].step}; {saved}; "
+                             "rerun the same command to resume.", stop.signal_name)
 
 
 # --- What a run uses -------------------------------------------------------------------
@@ -320,31 +314,25 @@ def init_or_restore(setup: Setup, ckpt, workdir: str):
 
 def write_predictions(path: str, setup: Setup, found: dict, what: str = "the run's predictions",
                       **meta) -> None:
-  """The predictions ``found`` (``{evaluation: Predictions}``) at ``path``, with what they were
-  made on (:mod:`capsjax.runs.predictions`); ``what``: their name in a failed write's
-  error."""
+  """The predictions ``found`` (``{evaluation: Predictions}``) at ``path``, with what they were made
+  on (:mod:`capsjax.runs.predictions`); ``what``: their name in a failed write's error."""
   if found:
     predictions.write(path, found, dataset=setup.task.dataset.describe(),
-                      source=setup.config.data.get("source"), what=what,
-                      **meta)  # Its own: none.
+                      source=setup.config.data.get("source"), what=what, **meta)  # Its own: none.
 
 
 def _truncate_metrics(workdir: str, step: int) -> None:
   """After a resume, drop records newer than the restored step (they will be redone)."""
   records = reporting.read_metrics(workdir)
   with files.atomic_write(os.path.join(workdir, "metrics.jsonl"), what="the metrics log") as f:
-    for r in records:
-      if r["step"] <= step:
-        f.write(json.dumps(r) + "\n")
+    f.writelines(json.dumps(r) + "\n" for r in records if r["step"] <= step)
 
 
 def summarise(setup: Setup, step: int, params, results: dict, progress: TrainLog, ckpt,
               selected_on: str) -> dict:
   """What ``summary.json`` holds: the main test set at the top level, every evaluation under
-  ``evaluations``, the chance levels, and how the numbers were chosen: ``selected_on`` is
-  ``final`` (the parameters at the last step), ``validation`` (training stopped when the
-  validation accuracy reached ``train.stop_at_accuracy``) or ``test`` (it stopped on the test
-  accuracy, since no validation split was held out)."""
+  ``evaluations``, the chance levels, and how the numbers were chosen (``selected_on``: ``final``,
+  ``validation`` or ``test``, :data:`capsjax.training.restoring.SELECTED_ON`)."""
   config, budget = setup.config, setup.budget
   summary = {
       "num_params": int(sum(np.size(x) for x in jax.tree.leaves(params))),

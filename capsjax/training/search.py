@@ -54,9 +54,8 @@ class Search:
 
   @classmethod
   def from_spec(cls, spec: dict, seed: int) -> "Search":
-    """``get_sweep()["search"]``; UsageError, one line naming what to change, for an unknown
-    field, a malformed dimension, fewer than one trial or a metric not the validation
-    split's."""
+    """``get_sweep()["search"]``; UsageError, one line naming what to change, for an unknown field,
+    a malformed dimension, fewer than one trial or a metric not the validation split's."""
     if unknown := [k for k in spec if k not in SPEC_KEYS]:
       raise UsageError(f"{WHERE} has the field {unknown[0]!r}; it has {', '.join(SPEC_KEYS)}.")
     space, trials = dict(spec.get("space") or {}), spec.get("trials")
@@ -236,18 +235,20 @@ def setting_name(point) -> str:
   return re.sub(r",?seed=-?\d+$", "", point.name) or "default"
 
 
+def _read_chosen(workdir: str, name: str) -> dict | None:
+  """Grid point ``name``'s ``chosen.json`` (:func:`chosen`); None until its search has chosen."""
+  path = os.path.join(workdir, "search", name, "chosen.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
 def tuned_points(points: list, workdir: str) -> list:
   """``points`` (:class:`capsjax.sweep.Point`) with the values their search chose added to
   their overrides where it has chosen (their names, and so their workdirs, stay)."""
-  out = []
-  for point in points:
-    path = os.path.join(workdir, "search", setting_name(point), "chosen.json")
-    values = {}
-    if os.path.exists(path):
-      with open(path) as f:
-        values = json.load(f)["values"]
-    out.append(point._replace(overrides={**point.overrides, **values}))
-  return out
+  records = [_read_chosen(workdir, setting_name(p)) or {"values": {}} for p in points]
+  return [p._replace(overrides={**p.overrides, **r["values"]}) for p, r in zip(points, records)]
 
 
 def results_section(points: list, workdir: str) -> str:
@@ -258,12 +259,9 @@ def results_section(points: list, workdir: str) -> str:
            "", "| point | values chosen | on | trials: complete, pruned, failed | pictures |",
            "|---|---|---|---|---|"]
   for name in dict.fromkeys(setting_name(p) for p in points):
-    path = os.path.join(workdir, "search", name, "chosen.json")
-    if not os.path.exists(path):
+    if (c := _read_chosen(workdir, name)) is None:
       lines.append(f"| {name} | search not finished | | | |")
       continue
-    with open(path) as f:
-      c = json.load(f)
     lines.append(f"| {name} | {describe(c['values'])} | {c['metric']} {c['best_value']:.4f} "
                  f"(trial {c['best_trial']}) | {c['complete']}, {c['pruned']}, "
                  f"{c['failed']} | [history](search/{name}/history.png), "
@@ -274,26 +272,24 @@ def results_section(points: list, workdir: str) -> str:
 def run_searches(search: Search, points: list, selected: list, experiment: str,
                  workdir: str, storage_url: str | None, config_of: Callable,
                  train_fn: Callable, say=print) -> list:
-  """Searches each grid point of ``selected`` (one study each, in the store of
-  ``storage_url`` or ``WORKDIR/search/journal.log``), every search checked and the store
-  opened before any trial trains; returns ``selected`` with the values chosen.
-  ``config_of(point, overrides)``: a point's config with ``overrides``; ``experiment``
-  names the studies' experiment."""
+  """Searches each grid point of ``selected`` (one study each, in the store of ``storage_url`` or
+  ``WORKDIR/search/journal.log``), every search checked and the store opened before any trial
+  trains; returns ``selected`` with the values chosen. ``config_of(point, overrides)``: a point's
+  config with ``overrides``; ``experiment`` names the studies' experiment."""
   first = {}
   for point in points:  # The trials' config: the grid point's, at the search's seed.
     first.setdefault(setting_name(point), point._replace(seed=search.seed))
   names = list(dict.fromkeys(setting_name(p) for p in selected))
+  trial_config = {n: lambda overrides, p=first[n]: config_of(p, overrides) for n in names}
   for name in names:
-    search.check(lambda overrides: config_of(first[name], overrides))
+    search.check(trial_config[name])
   storage = open_store(storage_url, os.path.join(workdir, "search", "journal.log"))
   optuna.logging.set_verbosity(optuna.logging.WARNING)  # The trials' own lines say enough.
   studies = {name: study_of(storage, name, search.identity(experiment, first[name].overrides),
                             search) for name in names}
   for name, study in studies.items():
     directory = os.path.join(workdir, "search", name)
-    trials_lib.tune(study, search, directory,
-                    lambda overrides, name=name: config_of(first[name], overrides),
-                    train_fn, say)
+    trials_lib.tune(study, search, directory, trial_config[name], train_fn, say)
     record = chosen(study, search, directory)
     say(f"{name}: chose {describe(record['values'])} ({search.metric} "
         f"{record['best_value']:.4f}, trial {record['best_trial']}; {record['complete']} "

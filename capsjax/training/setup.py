@@ -14,6 +14,7 @@ optimiser state and the datasets replicated. ``setup.batched``
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Callable
 
@@ -66,7 +67,6 @@ class Setup:
     self.budget = budget.Budget.from_config(self.config.train, len(self.splits["train"]))
     self.optimizer = optimizers.build(self.config.optimizer, self.budget.steps_per_epoch,
                                       self.budget.num_steps)
-    self._batched: BatchedEval | None = None
 
   def fresh_state(self) -> train_step.TrainState:
     """Parameters and optimiser state from ``config.seed``, replicated on the mesh."""
@@ -99,11 +99,9 @@ class Setup:
     return train_step.make_train_step(self.task, self.optimizer.tx, self.budget.num_train,
                                       self.mesh)
 
-  @property
-  def batched(self) -> "BatchedEval":
-    if self._batched is None:
-      self._batched = BatchedEval(self.task, self.mesh, self.config.eval.batch_size)
-    return self._batched
+  @functools.cached_property
+  def batched(self) -> BatchedEval:
+    return BatchedEval(self.task, self.mesh, self.config.eval.batch_size)
 
   def evaluations(self, log: Callable[[str], None] = reporting.log) -> dict:
     """The evaluators of ``config.evals`` (and ``validation``, if held out) on the splits."""

@@ -43,6 +43,11 @@ def config_label(spec: str) -> str:
   return pathlib.Path(path).stem + (f":{variant}" if variant else "")
 
 
+def shown_value(key: str, value) -> str:
+  """A point's ``value`` of ``key`` as its name and the tables show it."""
+  return config_label(value) if key == CONFIG_KEY else format_value(value)
+
+
 def value_in_effect(run_config: dict | None, key: str) -> str:
   """The value of dotted ``key`` in a run's saved config, its router and optimiser defaults
   filled in (:func:`capsjax.config.history.comparable`); "" where the run has none (the setting
@@ -88,15 +93,14 @@ def collect(points: list, workdir: str, tables: dict | None = None,
 
   ``points``: the sweep's :class:`capsjax.sweep.Point` s; each run is ``WORKDIR/point.name``.
   ``tables`` (an experiment's ``TABLES``): ``{title: ["EVALUATION/KEY", ...]}``, each a further
-  table in results.md, one column per metric (percent, mean ± std over seeds); ``matched``
-  (an experiment's ``MATCHED``): ``{"familiar", "novel", "target_errors"}``, the comparison at
-  matched familiar error of :mod:`capsjax.stats.matched`; ``references`` (an experiment's
-  ``REFERENCES``): ``{column title: function(setting) -> text}``, published numbers in
-  columns beside the test error (``setting``: the row's ``{key: value as shown}``);
-  ``paired_reference`` (an experiment's ``PAIRED_REFERENCE``): the settings of the row every
-  other row is compared with, seed by seed on the same test examples
-  (:func:`paired_table`). ``searched``: the points' values come from their search
-  (:mod:`capsjax.training.search`), whose choices results.md gives after the main table.
+  table in results.md, one column per metric (percent, mean ± std over seeds); ``matched`` (an
+  experiment's ``MATCHED``): ``{"familiar", "novel", "target_errors"}``, the comparison at matched
+  familiar error of :mod:`capsjax.stats.matched`; ``references`` (an experiment's ``REFERENCES``):
+  ``{column title: function(setting) -> text}``, published numbers in columns beside the test error
+  (``setting``: the row's ``{key: value as shown}``); ``paired_reference`` (an experiment's
+  ``PAIRED_REFERENCE``): the settings of the row every other row is compared with, seed by seed on
+  the same test examples (:func:`paired_table`). ``searched``: the points' values come from their
+  search (:mod:`capsjax.training.search`), whose choices results.md gives after the main table.
   """
   if searched:
     from capsjax.training import search  # Optuna: only for a search.
@@ -114,14 +118,9 @@ def collect(points: list, workdir: str, tables: dict | None = None,
     run_config = runconfig.read_raw(os.path.join(workdir, point.name))
     run_config = (history.comparable(migrations.migrate(run_config))
                   if run_config is not None else None)
-    row = {"run": point.name, "seed": point.seed}
-    for k in keys:
-      if k not in point.overrides:
-        row[k] = value_in_effect(run_config, k)
-      elif k == CONFIG_KEY:
-        row[k] = config_label(point.overrides[k])
-      else:
-        row[k] = format_value(point.overrides[k])
+    row = {"run": point.name, "seed": point.seed,
+           **{k: shown_value(k, point.overrides[k]) if k in point.overrides
+              else value_in_effect(run_config, k) for k in keys}}
     row.update({c: summary.get(c) for c in RESULT_COLUMNS})
     row["chance"] = chance_text(summary.get("chance"))
     row.update({c: summary.get("comparison_only", {}).get(c) for c in COMPARISON_COLUMNS})
@@ -183,8 +182,7 @@ def paired_table(rows: list[dict], keys: list[str], workdir: str, reference: dic
   the two verdicts (these trained models; the setup) and the seed pairs the difference needs
   (:mod:`capsjax.stats.paired`), and the warnings of :mod:`capsjax.stats.sides`. A setting
   whose runs kept no predictions (before 2026-11-28) says so."""
-  shown = {k: config_label(v) if k == CONFIG_KEY else format_value(v)
-           for k, v in reference.items()}
+  shown = {k: shown_value(k, v) for k, v in reference.items()}
   groups = _group(rows, keys)
   matching = [g for g in groups if all(g["setting"].get(k) == v for k, v in shown.items())]
   title = ", ".join(f"{k}={v}" for k, v in shown.items())
@@ -269,10 +267,9 @@ def _group(rows: list[dict], keys: list[str]) -> list[dict]:
     groups.setdefault(tuple(row[k] for k in keys), []).append(row)
   out = []
   for setting, members in groups.items():
-    stats = {c: spread.mean_std([m.get(c) for m in members]) for c in
-             ("test_error", "test_loss", "train_images_per_second", *COMPARISON_COLUMNS)}
-    extra = {c: spread.mean_std([m.get(c) for m in members]) for c in
-             dict.fromkeys(c for m in members for c in m if _is_extra(c))}
+    mean_std = lambda columns: {c: spread.mean_std([m.get(c) for m in members]) for c in columns}
+    stats = mean_std(("test_error", "test_loss", "train_images_per_second", *COMPARISON_COLUMNS))
+    extra = mean_std(dict.fromkeys(c for m in members for c in m if _is_extra(c)))
     selected = sorted({str(m.get("selected_on") or "final") for m in members})
     out.append({"setting": dict(zip(keys, setting)), "seeds": len(members), **stats,
                 "chance": members[0].get("chance", "?"), "selected_on": ", ".join(selected),
@@ -281,34 +278,27 @@ def _group(rows: list[dict], keys: list[str]) -> list[dict]:
 
 
 def markdown_table(groups: list[dict], keys: list[str], references: dict | None = None) -> str:
-  """Mean ± std over seeds per setting (the mean alone for one seed); beside the test error its chance level and how the
-  numbers were chosen (``selected_on``: ``final``, ``validation`` or ``test`` when a run
-  stopped on test accuracy); other evaluations' accuracies (and at-least-one rates) as
-  extra columns; last, where runs logged them, the comparison-only errors chosen during
-  training (:mod:`capsjax.stats.chosen`), headed as such."""
-  extra = list(dict.fromkeys(c for g in groups for c in g.get("extra", {})))
-  compared = [c for c in COMPARISON_COLUMNS
-              if any(g.get(c, (float("nan"),))[0] == g.get(c, (float("nan"),))[0]
-                     for g in groups)]
+  """Mean ± std over seeds per setting (the mean alone for one seed); beside the test error its
+  chance level and how the numbers were chosen (:data:`capsjax.training.restoring.SELECTED_ON`);
+  other evaluations' accuracies (and at-least-one rates) as extra columns; last, where runs
+  logged them, the comparison-only errors chosen during training (:mod:`capsjax.stats.chosen`),
+  headed as such."""
+  extra = list(dict.fromkeys(c for g in groups for c in g["extra"]))
+  compared = [c for c in COMPARISON_COLUMNS if any(g[c][0] == g[c][0] for g in groups)]  # Not NaN.
   references = references or {}
   header = [*keys, "seeds", "test error (%)", *references, "chance (%)", "selected on",
             "test loss", "train images/s", *(_extra_header(c) for c in extra),
             *(COMPARISON_COLUMNS[c] for c in compared)]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for g in groups:
-    err_m, err_s = g["test_error"]
-    loss_m, loss_s = g["test_loss"]
-    ips_m, _ = g["train_images_per_second"]
-    extra_cells = [spread.mean_pm(*g.get("extra", {}).get(c, (float("nan"), None)))
-                   for c in extra]
+    extra_cells = [spread.mean_pm(*g["extra"].get(c, (float("nan"), None))) for c in extra]
     lines.append("| " + " | ".join([*(g["setting"][k] or NOT_APPLICABLE for k in keys),
-                                    str(g["seeds"]),
-                                    spread.mean_pm(err_m, err_s),
+                                    str(g["seeds"]), spread.mean_pm(*g["test_error"]),
                                     *(str(ref(dict(g["setting"]))) for ref in
                                       references.values()),
-                                    g.get("chance", "?"), g.get("selected_on", "final"),
-                                    spread.mean_pm(loss_m, loss_s, 1.0, 4), f"{ips_m:.0f}",
-                                    *extra_cells,
+                                    g["chance"], g["selected_on"],
+                                    spread.mean_pm(*g["test_loss"], 1.0, 4),
+                                    f"{g['train_images_per_second'][0]:.0f}", *extra_cells,
                                     *(spread.mean_pm(*g[c]) for c in compared)]) + " |")
   if any(not g["setting"][k] for g in groups for k in keys):
     lines.append(f"\n{NOT_APPLICABLE}: the setting does not apply to that run (e.g. a router "
@@ -324,10 +314,10 @@ def _extra_header(column: str) -> str:
 
 
 def _plot(groups: list[dict], keys: list[str], workdir: str) -> None:
-  """For each swept key: test error against its values, one series per setting of the other
-  keys; runs to which the key does not apply are left out of that plot. Numeric values are
-  joined by lines; categories (router names), in the sweep's order, share one axis and are
-  drawn as markers side by side. The error axis is logarithmic when the errors span more than a factor of ten."""
+  """For each swept key: test error against its values, one series per setting of the other keys;
+  runs to which the key does not apply are left out of that plot. Numeric values are joined by
+  lines; categories (router names), in the sweep's order, share one axis and are drawn as markers
+  side by side. The error axis is logarithmic when the errors span more than a factor of ten."""
   if not groups:
     return
 
@@ -339,7 +329,7 @@ def _plot(groups: list[dict], keys: list[str], workdir: str) -> None:
       continue
     others = [k for k in keys if k != key]
     values = list(dict.fromkeys(g["setting"][key] for g in applicable))  # The sweep's order.
-    numeric = _numeric(values)
+    numeric = all(_sort_key(v)[0] == 0 for v in values)  # Every value a number.
     if numeric:
       values.sort(key=float)
     position = ({v: float(v) for v in values} if numeric else
@@ -370,14 +360,6 @@ def _plot(groups: list[dict], keys: list[str], workdir: str) -> None:
     if others:
       ax.legend(fontsize=8)
     figures.save(fig, os.path.join(workdir, f"test_error_vs_{key.rsplit('.', 1)[-1]}.png"))
-
-
-def _numeric(values) -> bool:
-  try:
-    [float(v) for v in values]
-    return True
-  except (TypeError, ValueError):
-    return False
 
 
 def _sort_key(value):

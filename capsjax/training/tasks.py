@@ -193,13 +193,12 @@ class Task:
   def _check_outputs(self, splits: dict) -> None:
     take = lambda a: jax.ShapeDtypeStruct((2, *a.shape[1:]), a.dtype)
     abstract = jax.eval_shape(lambda: nnx.to_pure_dict(nnx.state(self.abstract_model)))
-    test, train_split = splits["test"], splits["train"]
     batches = {
         False: lambda e, s: self.dataset.eval_batch(e, s),
         True: lambda e, s: self.dataset.train_batch(jax.random.PRNGKey(0), jnp.arange(2), e, s),
     }
     for train in (False, True):
-      split = train_split if train else test
+      split = splits["train" if train else "test"]
       examples = jax.tree.map(take, split.examples)
       result = jax.eval_shape(
           lambda v, e, s, t=train: self.forward(v, batches[t](e, s), train=t,

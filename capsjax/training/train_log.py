@@ -29,7 +29,7 @@ class TrainLog:
     self.pending: list[tuple[int, dict]] = []   # (first step, stacked metrics) not yet fetched.
     # Fetched at a checkpoint that was not a log point: logged with the next log point's, so a
     # logged mean is over every step since the last log, however often the run checkpoints.
-    self.unwritten: list[tuple[np.ndarray, dict]] = []
+    self.unwritten: list[dict] = []
     self.seconds, self.steps_timed = 0.0, 0
     self.timer_start, self.timer_step = None, 0
 
@@ -50,13 +50,13 @@ class TrainLog:
       return
     steps_, host = _host_metrics(self.pending)
     self.pending = []
-    self.unwritten.append((steps_, host))
-    bad_step = _first_nonfinite(steps_, host)
-    if bad_step is not None:
+    self.unwritten.append(host)
+    bad = np.flatnonzero(~np.isfinite(host["loss"]))  # The rows whose loss is not finite.
+    if bad.size:
       self.ckpt.wait()
       good = self.ckpt.latest_step()
       raise NonFiniteLossError(
-          f"The training loss became non-finite at step {bad_step}. Nothing after step "
+          f"The training loss became non-finite at step {steps_[bad[0]]}. Nothing after step "
           f"{good if good is not None else 0} was saved; the last good checkpoint is "
           f"{'step ' + str(good) if good is not None else 'none'} in {self.ckpt.directory}. "
           "Lower config.optimizer.learning_rate or check the data, then rerun to resume.")
@@ -71,7 +71,8 @@ class TrainLog:
     rate = self.images_per_second() or float("nan")
     if not write:
       return
-    means = {k: np.mean(v, axis=0).tolist() for k, v in _joined(self.unwritten)[1].items()}
+    means = {k: np.mean(np.concatenate([part[k] for part in self.unwritten]), axis=0).tolist()
+             for k in self.unwritten[0]}
     self.unwritten = []
     if self.writer is not None:
       # No rate until a step after the compiling one is timed (e.g. the first log of a resumed
@@ -109,15 +110,3 @@ def _host_metrics(pending: list[tuple[int, dict]]) -> tuple[np.ndarray, dict]:
                            for start, m in pending])
   host = {k: np.concatenate([np.asarray(m[k]) for _, m in pending]) for k in pending[0][1]}
   return steps_, host
-
-
-def _joined(parts: list[tuple[np.ndarray, dict]]) -> tuple[np.ndarray, dict]:
-  """Fetched ``(steps, metrics)`` of consecutive flushes as one."""
-  return (np.concatenate([steps_ for steps_, _ in parts]),
-          {k: np.concatenate([host[k] for _, host in parts]) for k in parts[0][1]})
-
-
-def _first_nonfinite(steps_: np.ndarray, host: dict) -> int | None:
-  """The first step whose loss is not finite."""
-  bad = np.flatnonzero(~np.isfinite(host["loss"]))
-  return int(steps_[bad[0]]) if bad.size else None

@@ -77,11 +77,8 @@ def _matches(key: str, patterns: Sequence[str]) -> bool:
 def kind_of(key: str, setup: Setup) -> str | None:
   """``"per_run"``, ``"init"`` or None (undeclared): how ``key`` may differ between the runs."""
   per_run_keys, init_only = declared(setup)
-  if _matches(key, per_run_keys):
-    return "per_run"
-  if _matches(key, init_only):
-    return "init"
-  return None
+  return ("per_run" if _matches(key, per_run_keys) else "init" if _matches(key, init_only)
+          else None)
 
 
 def plan_groups(setups: Sequence[Setup]) -> list[Group]:
@@ -100,13 +97,35 @@ def plan_groups(setups: Sequence[Setup]) -> list[Group]:
 
   buckets = _buckets(range(len(setups)), signature)
   apart = tuple((k, UNDECLARED) for k in undeclared) if len(buckets) > 1 else ()
-  fingerprints = _Fingerprints()
+  # Once per splits object (runs that share their arrays share it), by id while setups holds it.
+  splits_by_id = {id(s.splits): s.splits for s in setups}
+  fingerprints = {key: data_fingerprint(splits) for key, splits in splits_by_id.items()}
   groups = []
   for bucket in buckets:
-    for sub in _buckets(bucket, lambda i: fingerprints(setups[i].splits)):
+    for sub in _buckets(bucket, lambda i: fingerprints[id(setups[i].splits)]):
       data_apart = ((DATA, DATA_DIFFER),) if len(sub) < len(bucket) else ()
       groups.append(_group(kinds, flat, sub, apart + data_apart))
   return groups
+
+
+def describe_groups(groups: Sequence[Group], points: Sequence) -> str:
+  """The vectorisation budget of a sweep's ``points`` (:class:`capsjax.sweep.Point`): one line
+  per group, its per-run numbers and what set it apart from the others, with why (:data:`DATA`
+  is not named among the keys)."""
+  lines = [f"Vectorised: {len(points)} run(s) in {len(groups)} program(s)."]
+  for k, group in enumerate(groups):
+    names = ", ".join(points[i].name for i in group.indices)
+    notes = []
+    if group.per_run_keys:
+      notes.append(f"per-run: {', '.join(group.per_run_keys)}")
+    if group.init_keys:
+      notes.append(f"initialisation only: {', '.join(group.init_keys)}")
+    for why in dict.fromkeys(why for _, why in group.apart):
+      keys = [key for key, w in group.apart if w == why and key != DATA]
+      notes.append(f"apart by {', '.join(keys)} ({why})" if keys else f"apart: {why}")
+    lines.append(f"  program {k + 1}: {len(group.indices)} run(s) [{names}]"
+                 + (f"; {'; '.join(notes)}" if notes else ""))
+  return "\n".join(lines)
 
 
 def _buckets(indices, key: Callable) -> list[list[int]]:
@@ -124,18 +143,6 @@ def _group(kinds, flat, indices, apart) -> Group:
                tuple(k for k in keys if kinds[indices[0]][k] == "init"), tuple(apart))
 
 
-class _Fingerprints:
-  """``fingerprint(splits)``, once per splits object (runs that share their arrays share it)."""
-
-  def __init__(self):
-    self._known: dict[int, tuple] = {}
-
-  def __call__(self, splits) -> str:
-    if id(splits) not in self._known:
-      self._known[id(splits)] = (splits, data_fingerprint(splits))  # Kept alive: ids stay.
-    return self._known[id(splits)][1]
-
-
 def data_fingerprint(splits: dict) -> str:
   """A digest of every split's arrays (names, dtypes, shapes and bytes): equal for equal data."""
   digest = hashlib.blake2b(digest_size=16)
@@ -150,9 +157,8 @@ def data_fingerprint(splits: dict) -> str:
 
 
 def default_min_runs(backend: str | None = None) -> int | None:
-  """The smallest group ``capsjax.sweep`` vectorises when ``--vectorize`` is not given; None:
-  none. On a CPU one run already keeps it busy; on a GPU, groups of 4 or more ran faster than
-  their runs one by one (measured: docs/notes/performance_log.md, "Several runs in one
-  program"). ``backend``: None, the one programs are built for
-  (:func:`capsjax.common.platform.target`)."""
+  """The smallest group ``capsjax.sweep`` vectorises when ``--vectorize`` is not given; None: none.
+  On a CPU one run already keeps it busy; on a GPU, groups of 4 or more ran faster than their runs
+  one by one (measured: docs/notes/performance_log.md, "Several runs in one program"). ``backend``:
+  None, the one programs are built for (:func:`capsjax.common.platform.target`)."""
   return None if (backend or platform.target()) == "cpu" else 4
