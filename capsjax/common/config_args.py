@@ -19,6 +19,8 @@ Imports nothing of JAX: config files are read before the accelerator starts.
 
 from __future__ import annotations
 
+import contextlib
+
 import ml_collections
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -27,33 +29,22 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 def _typed(key: str, text: str, default, where: str):
   """``text`` as the type of ``default``."""
   kind = type(default)
-  if kind is bool:
-    if text.lower() in _TRUE:
-      return True
-    if text.lower() in _FALSE:
-      return False
-  else:
-    try:
+  if kind is bool and text.lower() in _TRUE + _FALSE:
+    return text.lower() in _TRUE
+  if kind is not bool:
+    with contextlib.suppress(ValueError):
       return text if kind is str else kind(text)
-    except ValueError:
-      pass
   raise ValueError(f"{where}: variant keyword {key}={text!r} is not a {kind.__name__} "
                    f"(its default is {default!r}).")
 
 
 def parse_arg(arg: str | None, where: str, *, aliases: dict[str, str] | None = None,
               **spec) -> ml_collections.ConfigDict:
-  """Parses ``arg`` (``"key,key=value,..."``, or None/"" for all defaults) against ``spec``.
-
-  Args:
-    arg: the variant string of ``--config=FILE:arg``.
-    where: the config file's name, for error messages.
-    aliases: whole-item spellings to expand first, e.g. ``{"baseline_smoke": "baseline,smoke"}``.
-    **spec: each accepted keyword and its default; the default's type types the value.
-
-  Returns:
-    A locked ConfigDict with every keyword of ``spec``.
-  """
+  """Parses ``arg``, the variant string of ``--config=FILE:arg`` (``"key,key=value,..."``, or
+  None/"" for all defaults), against ``spec``: each accepted keyword and its default, whose type
+  types the value. ``where``: the config file's name, for error messages; ``aliases``: whole-item
+  spellings expanded first (the module docstring). Returns a locked ConfigDict with every keyword
+  of ``spec``."""
   aliases = aliases or {}
   args = ml_collections.ConfigDict(dict(spec))
   items = [item.strip() for item in (arg or "").split(",") if item.strip()]

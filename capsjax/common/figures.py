@@ -38,11 +38,9 @@ def save(fig, path: str) -> None:
 def tile(images: np.ndarray) -> np.ndarray:
   """``(rows, cols, h, w, c)`` -> one ``(rows*h, cols*w, c)`` image with 1-px gaps."""
   rows, cols, h, w, c = images.shape
-  canvas = np.ones((rows * (h + 1) - 1, cols * (w + 1) - 1, c), np.float32)
-  for r in range(rows):
-    for k in range(cols):
-      canvas[r * (h + 1):r * (h + 1) + h, k * (w + 1):k * (w + 1) + w] = images[r, k]
-  return canvas
+  gapped = np.pad(np.asarray(images, np.float32), [(0, 0), (0, 0), (0, 1), (0, 1), (0, 0)],
+                  constant_values=1)  # A gap after each image, the last ones' cut off below.
+  return gapped.transpose(0, 2, 1, 3, 4).reshape(rows * (h + 1), cols * (w + 1), c)[:-1, :-1]
 
 
 def displayable(images: np.ndarray) -> np.ndarray:
@@ -84,8 +82,7 @@ def save_reconstructions(path: str, images, reconstructions, labels, predictions
 
 def save_latent_perturbations(path: str, decoded: np.ndarray, label: int) -> None:
   """Paper Fig. 4: ``decoded`` is ``(capsule_dim, len(PERTURBATIONS), h, w, c)``."""
-  dims = decoded.shape[0]
-  fig, ax = pyplot().subplots(figsize=(0.6 * decoded.shape[1] + 1, 0.6 * dims + 0.8))
+  fig, ax = pyplot().subplots(figsize=(0.6 * decoded.shape[1] + 1, 0.6 * decoded.shape[0] + 0.8))
   _show(ax, tile(decoded))
   ax.set_xlabel("perturbation " + " ".join(f"{p:+.2f}" for p in PERTURBATIONS), fontsize=7)
   ax.set_ylabel("capsule dimension (1 at top)")
@@ -153,10 +150,9 @@ def save_routing_diagnostics(path: str, records: list[dict]) -> None:
   iterations, from the last evaluation record that has any; nothing if none has. Each panel's
   title gives its first and last values and the change between them, and its axis spans at
   least 2% of the values, so that a tiny change looks tiny."""
-  rows = [r for r in records if routing_diagnostic_names(r)]
-  if not rows:
+  last = next((r for r in reversed(records) if routing_diagnostic_names(r)), None)
+  if last is None:
     return
-  last = rows[-1]
   names = routing_diagnostic_names(last)
   cols = min(len(names), 3)
   nrows = -(-len(names) // cols)
@@ -188,13 +184,12 @@ def save_examples(path: str, images: np.ndarray, labels, predictions, title: str
   fig, axes = pyplot().subplots(rows, per_row, figsize=(1.3 * per_row, 1.45 * rows + 0.4),
                                 squeeze=False)
   for k, ax in enumerate(axes.ravel()):
-    if k >= n:
+    if k < n:
+      _show(ax, images[k])
+      ax.set_title(f"{int(labels[k])} -> {int(predictions[k])}", fontsize=8,
+                   color="red" if int(labels[k]) != int(predictions[k]) else "black")
+    else:
       ax.axis("off")
-      continue
-    _show(ax, images[k])
-    wrong = int(labels[k]) != int(predictions[k])
-    ax.set_title(f"{int(labels[k])} -> {int(predictions[k])}", fontsize=8,
-                 color="red" if wrong else "black")
   fig.suptitle(title, fontsize=8)
   save(fig, path)
 
@@ -212,9 +207,8 @@ def save_pair_reconstructions(path: str, images: np.ndarray, reconstructions: np
   ``(n, 2, h, w, 1)`` overlaid in red and green; the column titles show ``labels`` ``(n, 2)``, the
   true classes, and ``decoded`` ``(n, 2)``, the classes reconstructed (red, green)."""
   grey = np.repeat(np.clip(images, 0, 1), 3, axis=-1)
-  grid = tile(np.stack([grey, overlay(reconstructions)]))
   fig, ax = pyplot().subplots(figsize=(1.3 * len(images), 3.0))
-  _show(ax, grid)
+  _show(ax, tile(np.stack([grey, overlay(reconstructions)])))
   width = images.shape[2] + 1
   for k, (label, shown) in enumerate(zip(labels, decoded)):
     ax.text(k * width + width / 2, -2, f"{label[0]},{label[1]}\n"

@@ -44,7 +44,7 @@ class NotWritable(UsageError):
   """A file could not be written: a read-only filesystem or no permission."""
 
 
-def _chain(error: BaseException | None):
+def chain(error: BaseException | None):
   """``error`` and the errors it was raised from or during, each once."""
   seen = set()
   while error is not None and id(error) not in seen:
@@ -56,7 +56,7 @@ def _chain(error: BaseException | None):
 def _errnos(error: BaseException) -> set[int]:
   """The errnos of ``error``'s chain: its OSErrors', and those TensorStore's words quote."""
   found = set()
-  for e in _chain(error):
+  for e in chain(error):
     if isinstance(e, OSError) and e.errno:
       found.add(e.errno)
     found.update(int(code) for code in _OS_ERROR_CODE.findall(str(e)))
@@ -64,13 +64,13 @@ def _errnos(error: BaseException) -> set[int]:
 
 
 def _says(error: BaseException, words) -> bool:
-  return any(w in str(e) for e in _chain(error) for w in words)
+  return any(w in str(e) for e in chain(error) for w in words)
 
 
 def written_path(error: BaseException) -> str | None:
   """The file ``error`` failed to write, where it says: an ``OSError``'s filename, or the
   path TensorStore's message quotes (``... at local file "PATH"``)."""
-  for e in _chain(error):
+  for e in chain(error):
     if isinstance(e, OSError) and e.filename:
       return os.fspath(e.filename)
     if found := _WRITTEN_PATH.search(str(e)):
@@ -86,7 +86,7 @@ def is_disk_full(error: BaseException) -> bool:
   if _errnos(error) & set(DISK_FULL_ERRNOS) or _says(error, _DISK_FULL_WORDS):
     return True
   return any("RESOURCE_EXHAUSTED" in str(e) and _WRITE_WORDS.search(str(e))
-             and _WRITTEN_PATH.search(str(e)) for e in _chain(error))
+             and _WRITTEN_PATH.search(str(e)) for e in chain(error))
 
 
 def is_not_writable(error: BaseException, permission: bool = True) -> bool:
@@ -142,9 +142,7 @@ def free_space(path: str) -> str:
 
 def _named(what: str, path: str | None) -> str:
   """``the run's summary (/run/summary.json)``: what was written, and where."""
-  if what and path:
-    return f"{what} ({path})"
-  return what or path or "a file"
+  return f"{what} ({path})" if what and path else what or path or "a file"
 
 
 def disk_full(error: BaseException, path: str | None = None, what: str = "",

@@ -2,10 +2,9 @@
 
 :data:`PUBLIC` lists, per module, what a researcher's code may import: the extension points
 (datasets, models, routers, evaluators), their building blocks and the config helpers.
-``tests/test_public_names.py`` checks that each resolves and that README.md, docs/ and
-examples/ name no other ``capsjax`` attribute. Renaming or moving one of these is a change for
-users: the old name keeps a deprecated alias for a release (:data:`MOVED`) and CHANGELOG.md
-says so.
+``tests/test_public_names.py`` checks that each resolves and that README.md, docs/ and examples/
+name no other ``capsjax`` attribute. Renaming or moving one of these is a change for users: the old
+name keeps a deprecated alias for a release (:data:`MOVED`) and CHANGELOG.md says so.
 
 :data:`MOVED` maps ``(old module, old name)`` to ``"new.module:Name"``. The old module's
 ``__getattr__`` (:func:`module_getattr`) returns the object at its new place with a

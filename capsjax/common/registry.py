@@ -89,9 +89,7 @@ def registered(package: str, export: str) -> dict[str, str]:
   spec = importlib.util.find_spec(package)
   entries = {}
   for folder in spec.submodule_search_locations:
-    for path in sorted(pathlib.Path(folder).glob("*.py")):
-      if path.name == "__init__.py":
-        continue
+    for path in sorted(p for p in pathlib.Path(folder).glob("*.py") if p.name != "__init__.py"):
       module = f"{package}.{path.stem}"
       for node in ast.parse(path.read_text(), str(path)).body:
         target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 \

@@ -9,6 +9,7 @@ files are) may change on a resume without a word.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -52,17 +53,13 @@ def _sections_resolved(raw: dict) -> dict:
   """``raw`` with its optimiser and router sections resolved where they can be, the rest as
   written (a config this version cannot resolve whole)."""
   if isinstance(raw.get("optimizer"), dict):
-    try:
+    with contextlib.suppress(UsageError):
       raw["optimizer"] = optimizer.resolve(raw["optimizer"])
-    except UsageError:
-      pass
   section = raw.get("model", {}).get("routing")
   if isinstance(section, dict):
-    try:
+    with contextlib.suppress(UsageError):
       router, settings = schema.resolve_routing(section)
       raw["model"]["routing"] = {"name": router.name, **settings}
-    except UsageError:
-      pass
   return raw
 
 

@@ -51,24 +51,20 @@ ADDED_KEYS_OF = {
 }
 
 
-def _node(raw: dict, key: str) -> tuple[dict, str]:
+def _set_default(raw: dict, key: str, value):
   node, (*parents, leaf) = raw, key.split(".")
   for p in parents:
     node = node.setdefault(p, {})
-  return node, leaf
+  return node.setdefault(leaf, value)
 
 
 def _add_keys(raw: dict) -> None:
   """Version 1: :data:`ADDED_KEYS` and :data:`ADDED_KEYS_OF` set where a file lacks them."""
-  for key, value in ADDED_KEYS.items():
-    node, leaf = _node(raw, key)
-    node.setdefault(leaf, value)
+  found = {key: _set_default(raw, key, value) for key, value in ADDED_KEYS.items()}
   for (key, value), keys in ADDED_KEYS_OF.items():
-    node, leaf = _node(raw, key)
-    if node[leaf] == value:
+    if found[key] == value:
       for added, default in keys.items():
-        node, leaf = _node(raw, added)
-        node.setdefault(leaf, default)
+        _set_default(raw, added, default)
 
 
 def _unset_dynamic_gradient(raw: dict) -> None:

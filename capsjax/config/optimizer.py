@@ -115,9 +115,8 @@ def resolve(config, *, allow_unusual: bool = False) -> dict[str, Any]:
   others = {}
   for kind, tables in (("optimiser", OPTIMIZERS), ("schedule", SCHEDULES)):
     for other, own in tables.items():
-      for key in own:
-        if key not in table:
-          others.setdefault(key, []).append(f"{kind} {other!r}")
+      for key in own.keys() - table.keys():
+        others.setdefault(key, []).append(f"{kind} {other!r}")
   settings = settings_lib.resolve(
       given, table, "config.optimizer", owner=f"optimiser {name!r} with schedule {schedule!r}",
       elsewhere={k: ", ".join(v) for k, v in others.items()}, allow_unusual=allow_unusual)

@@ -1,9 +1,8 @@
 """The numbers that may differ between the runs of one program, declared as typed pytrees.
 
-``python -m capsjax.sweep ... --vectorize`` trains the points of a sweep that differ only in
-numbers as one jitted program: ``jax.vmap`` over the runs of the ordinary train step
-(:mod:`capsjax.training.vectorize`). What may differ is declared in two places, and nowhere
-else:
+``python -m capsjax.sweep ... --vectorize`` trains the points of a sweep that differ only in numbers
+as one jitted program: ``jax.vmap`` over the runs of the ordinary train step
+(:mod:`capsjax.training.vectorize`). What may differ is declared in two places, and nowhere else:
 
 * **the optimiser's** numbers are hyperparameters of its state (``optax.inject_hyperparams``;
   :data:`capsjax.training.optimizers.PER_RUN_KEYS`, the peak learning rate): each run's train

@@ -42,9 +42,7 @@ def scope(config: ml_collections.ConfigDict) -> contextlib.AbstractContextManage
   command traces, so that backward passes traced after the forward one (custom VJPs) are in
   it too. Nothing for ``"default"``."""
   value = of(config)
-  if value == "default":
-    return contextlib.nullcontext()
-  return jax.default_matmul_precision(value)
+  return contextlib.nullcontext() if value == "default" else jax.default_matmul_precision(value)
 
 
 def group_scope(configs) -> contextlib.AbstractContextManager:

@@ -2,13 +2,11 @@
 (``config.dataset``), routers (``config.model.routing.name``) and evaluators
 (``config.evals.NAME.type``).
 
-Each is read from its package's files (:class:`capsjax.common.registry.Registry`): a module
-registers by a top-level ``MODEL = ...``, ``DATASET = ...``, ``ROUTER = ...`` or ``EVALUATOR = ...``
-under its own name (``capsjax/routing/uniform.py`` is the router ``"uniform"``), or by the plural, a
-dict, for several under names of their own. Adding one is one file. They live here, below every
-package they name, so that resolving a config (:mod:`capsjax.config.schema`) finds each class's
-settings without importing those packages statically. A researcher's own class is named by import
-path in the config (``"package.module:Class"`` or ``"path/to/file.py:Class"``).
+Each is read from its package's files (:mod:`capsjax.common.registry`: a module registers by a
+top-level ``MODEL = ...``, ``DATASET = ...``, ``ROUTER = ...`` or ``EVALUATOR = ...``; a
+researcher's own class is named by import path). They live here, below every package they name,
+so that resolving a config (:mod:`capsjax.config.schema`) finds each class's settings without
+importing those packages statically.
 """
 
 from capsjax.common.registry import Registry

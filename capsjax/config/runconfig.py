@@ -13,18 +13,9 @@ import ml_collections
 
 from capsjax.common.errors import UsageError
 from capsjax.common import files
-from capsjax.config import migrations
+from capsjax.config import migrations, settings
 
-def flatten(tree: dict, prefix: str = "") -> dict:
-  """A nested dict as ``{"dotted.key": value}``."""
-  flat = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      flat.update(flatten(value, f"{prefix}{key}."))
-    else:
-      flat[f"{prefix}{key}"] = value
-  return flat
-
+flatten = settings.flatten  # A nested dict as ``{"dotted.key": value}``.
 
 DAMAGED_CONFIG_ADVICE = (
     "It records the run's settings. Restore it from a backup, or move it away to go on with "

@@ -84,9 +84,8 @@ def resolve_routing(section, *, allow_unusual: bool = False):
   given = {k: section[k] for k in section}
   name = given.pop("name", None) or DEFAULT_ROUTER
   chosen = router(name)
-  owners = router_settings()
   elsewhere = {key: f"router {', '.join(map(repr, names))}"
-               for key, names in owners.items() if key not in chosen.settings}
+               for key, names in router_settings().items() if key not in chosen.settings}
   settings = settings_lib.resolve(given, chosen.settings, "config.model.routing",
                                   owner=f"router {name!r}", elsewhere=elsewhere,
                                   allow_unusual=allow_unusual)

@@ -1,17 +1,13 @@
 """Settings, declared once each, and the one function that resolves them.
 
-Every key a config may hold is declared once, as a :class:`Setting`: its default (or
-:data:`REQUIRED`: every config file sets it), what it means, its type and the values it may take,
-in tables ``{key: Setting}`` (keys relative to their section) beside the code that reads them
-(which tables: :mod:`capsjax.config.schema`).
-
-:func:`resolve` is the one resolver: it fills in the defaults, and refuses a key nobody declared
-(naming the nearest declared one), a value of the wrong type or outside its range, and a required
-key left unset, each as one line naming the key (a :class:`capsjax.common.errors.UsageError`);
-:func:`read` is it over a table's own keys of a section. A router's, an optimiser's, an
-evaluation's and a whole run config's settings (:func:`capsjax.config.schema.resolve_config`,
-once per command before anything is compiled) all come through it;
-``python -m capsjax.config.schema`` lists every table (docs/config_keys.md).
+Every key a config may hold is declared once, as a :class:`Setting` (its default, meaning, type and
+range), in tables ``{key: Setting}`` (keys relative to their section) beside the code that reads
+them (which tables: :mod:`capsjax.config.schema`). :func:`resolve` is the one resolver (defaults
+filled in, a bad key or value refused in one line naming the key; :func:`read` is it over a
+table's own keys of a section): a router's, an optimiser's, an evaluation's and a whole run
+config's settings (:func:`capsjax.config.schema.resolve_config`, once per command before anything
+is compiled) all come through it; ``python -m capsjax.config.schema`` lists every table
+(docs/config_keys.md).
 
 A value that is legal but almost surely a mistake (a negative loss weight, m+ <= m-) is refused too,
 unless the config sets ``allow_unusual=True``: such a check is marked ``unusual`` and says so.
@@ -163,20 +159,14 @@ def declared(table: Mapping[str, Any]) -> dict[str, Setting]:
 def _accepts(kind, value) -> bool:
   """Whether ``value`` is of ``kind`` (bools are not numbers; an int is a float)."""
   kinds = kind.__args__ if isinstance(kind, types.UnionType) else (kind,)
-  for k in kinds:
-    if k is type(None) and value is None:
-      return True
-    if k is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-      return True
-    if k is int and isinstance(value, int) and not isinstance(value, bool):
-      return True
-    if k is tuple and isinstance(value, (tuple, list)):
-      return True
-    if k is dict and callable(getattr(value, "items", None)):  # A dict or a ConfigDict.
-      return True
-    if k not in (float, int, tuple) and k is not type(None) and isinstance(value, k):
-      return True
-  return False
+  number = not isinstance(value, bool)
+  return any((k is type(None) and value is None)
+             or (k is float and isinstance(value, (int, float)) and number)
+             or (k is int and isinstance(value, int) and number)
+             or (k is tuple and isinstance(value, (tuple, list)))
+             or (k is dict and callable(getattr(value, "items", None)))  # A dict or a ConfigDict.
+             or (k not in (float, int, tuple, type(None)) and isinstance(value, k))
+             for k in kinds)
 
 
 def _coerced(kind, value):
@@ -193,12 +183,9 @@ def _coerced(kind, value):
 def nearest(key: str, known) -> str | None:
   """The declared key closest in spelling to ``key`` (or one that ends the same way)."""
   known = list(known)
-  close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
-  if close:
-    return close[0]
   last = key.rsplit(".", 1)[-1]
-  same_end = [k for k in known if k.rsplit(".", 1)[-1] == last]
-  return same_end[0] if same_end else None
+  return (difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+          or [k for k in known if k.rsplit(".", 1)[-1] == last] or [None])[0]
 
 
 def _a(words: str) -> str:

@@ -7,13 +7,11 @@ A checkpoint holds two items:
 
 Saving is asynchronous; a process killed mid-save leaves a temporary folder that orbax ignores,
 and the previous complete checkpoint restores. A save that fails to write (a full disk, a
-read-only folder) fails in Orbax's background threads: it is raised at the next save or wait as
-one line naming the step (:class:`capsjax.common.files.DiskFull`,
-:class:`~capsjax.common.files.NotWritable`); the tracebacks Orbax logs for it are dropped, and its
-temporary folder is removed when the run resumes (``tidy``). A checkpoint damaged after it was
-written (truncated files after a crash or a full disk) is found when it fails to restore:
-:meth:`Checkpointer.restore_newest` then says which and why, and falls back to the newest one
-that restores.
+read-only folder) fails in Orbax's background threads: it is raised at the next save or wait
+(:meth:`Checkpointer.wait`), the tracebacks Orbax logs for it dropped, and its temporary folder
+removed when the run resumes (``tidy``). A checkpoint damaged after it was written (truncated
+files after a crash or a full disk) is found when it fails to restore
+(:meth:`Checkpointer.restore_newest`).
 """
 
 from __future__ import annotations
@@ -68,37 +66,27 @@ def _tensorstore_noise_dropped(settle_seconds: float = 0.5):
     real.write("".join(kept))
 
 
-class _OrphanedReadFailures(logging.Filter):
-  """Drops asyncio's "Task exception was never retrieved" for Orbax's array reads.
+def _no_orphaned_read_failures(record: logging.LogRecord) -> bool:
+  """A logging filter that drops asyncio's "Task exception was never retrieved" for Orbax's
+  array reads.
 
   When a damaged checkpoint fails to restore, the reads that failed after the first one are never
   awaited; asyncio logs each with a traceback when it is garbage collected, which may be long
   after the restore (even at exit). They repeat the warning already given.
   """
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    message = record.getMessage()
-    return not (message.startswith("Task exception was never retrieved")
-                and "async_deserialize" in message)
+  message = record.getMessage()
+  return not (message.startswith("Task exception was never retrieved")
+              and "async_deserialize" in message)
 
 
-_ORPHANED_READ_FILTER = _OrphanedReadFailures()
-
-
-class _FailedWritesLogged(logging.Filter):
-  """Drops what Orbax logs when a checkpoint's files cannot be written (a full disk, a
-  read-only filesystem): each of its background threads logs the error with a traceback
-  (four for one save), and the save's wait raises it, which :meth:`Checkpointer.wait` names
-  in one line. Every other record passes."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    error = record.exc_info[1] if record.exc_info else None
-    if error is not None and files.is_file_write_error(error):
-      return False
-    return not files.is_file_write_error(RuntimeError(record.getMessage()))
-
-
-_FAILED_WRITES_FILTER = _FailedWritesLogged()
+def _no_failed_writes(record: logging.LogRecord) -> bool:
+  """A logging filter that drops what Orbax logs when a checkpoint's files cannot be written (a
+  full disk, a read-only filesystem): each of its background threads logs the error with a
+  traceback (four for one save), and the save's wait raises it, which :meth:`Checkpointer.wait`
+  names in one line. Every other record passes."""
+  error = record.exc_info[1] if record.exc_info else None
+  return not ((error is not None and files.is_file_write_error(error))
+              or files.is_file_write_error(RuntimeError(record.getMessage())))
 
 
 def _no_replica_parallel_saves_on_the_cpu() -> ocp.handlers.CheckpointHandlerRegistry:
@@ -175,7 +163,7 @@ class Checkpointer:
     self.keep_best = keep_best
     self._pending: int | None = None  # The step of a save that may still be writing.
     self._failed: BaseException | None = None  # Orbax raises it again at every later wait.
-    logging.getLogger("absl").addFilter(_FAILED_WRITES_FILTER)  # Orbax logs through absl.
+    logging.getLogger("absl").addFilter(_no_failed_writes)  # Orbax logs through absl.
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -183,9 +171,7 @@ class Checkpointer:
   def best_step(self) -> int | None:
     """The step of the best checkpoint by validation accuracy; None without ``keep_best`` or
     before any checkpoint was saved with one."""
-    if not self.keep_best:
-      return None
-    return self._manager.best_step()
+    return self._manager.best_step() if self.keep_best else None
 
   def all_steps(self) -> list[int]:
     return list(self._manager.all_steps())
@@ -204,7 +190,6 @@ class Checkpointer:
     self._pending = step
 
   def path(self, step: int) -> str:
-    """The folder of checkpoint ``step``."""
     return os.path.join(self.directory, str(step))
 
   def restore(self, step: int, abstract_state: Any,
@@ -272,8 +257,8 @@ class Checkpointer:
         with _tensorstore_noise_dropped():
           state, meta = self.restore(step, abstract_state, older_forms)
       except Exception as e:  # Orbax and TensorStore raise many types for damaged files.
-        logging.getLogger("asyncio").addFilter(_ORPHANED_READ_FILTER)  # Idempotent.
-        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+        logging.getLogger("asyncio").addFilter(_no_orphaned_read_failures)  # Idempotent.
+        reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
         failures.append((step, reason))
         log(f"Warning: the checkpoint at step {step} in {self.directory} cannot be restored "
             f"({reason}).")
@@ -359,7 +344,6 @@ class Checkpointer:
             f"({self.path(failed)}.orbax-checkpoint-tmp)")
 
   def close(self) -> None:
-    """Waits for a save still writing (:meth:`wait`) and closes the manager."""
     self.wait()
     try:
       self._manager.close()

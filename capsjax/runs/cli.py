@@ -193,12 +193,9 @@ def clear_errors():
   :mod:`capsjax.runs.lost_peer`). Every other error surfaces unchanged."""
   try:
     yield
-  except UsageError as e:
+  except (UsageError, NonFiniteLossError) as e:
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  except NonFiniteLossError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+    sys.exit(2 if isinstance(e, UsageError) else 1)
   except Preempted as e:
     print(str(e), file=sys.stderr, flush=True)
     sys.exit(e.exit_status)

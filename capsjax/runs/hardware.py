@@ -30,10 +30,7 @@ def describe() -> str:
 
 def present_accelerator(files=ACCELERATOR_FILES) -> tuple[str, str, str] | None:
   """``(what, evidence path, pip extra)`` of an accelerator this machine has, or None."""
-  for path, what, extra in files:
-    if os.path.exists(path):
-      return what, path, extra
-  return None
+  return next(((what, path, extra) for path, what, extra in files if os.path.exists(path)), None)
 
 
 def cpu_fallback_warning(backend: str, files=ACCELERATOR_FILES) -> str | None:

@@ -29,9 +29,8 @@ OPT_OUT = "CAPSJAX_MALLOC_TUNING"
 
 def tuned_environment(environ: dict[str, str]) -> dict[str, str] | None:
   """``environ`` with the tunables added, or None where they do not apply."""
-  if environ.get(OPT_OUT, "1") == "0" or "GLIBC_TUNABLES" in environ:
-    return None
-  if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+  if (environ.get(OPT_OUT, "1") == "0" or "GLIBC_TUNABLES" in environ
+      or sys.platform != "linux" or platform.libc_ver()[0] != "glibc"):
     return None
   return {**environ, "GLIBC_TUNABLES": TUNABLES}
 

@@ -1,7 +1,7 @@
 """A multi-process run that loses one of its processes (a host preempted or crashed, a
 ``kill -9``): every survivor ends with one line on stderr and exit status :data:`EXIT_STATUS`,
 no traceback and no abort dump; nothing saved is lost, and the same command on every host
-resumes from the last checkpoint.
+resumes from the last checkpoint (docs/training.md, "Several GPUs or hosts").
 
 What the survivors see of a loss, and what turns it into the line:
 
@@ -9,8 +9,7 @@ What the survivors see of a loss, and what turns it into the line:
   where a step's results are read; a barrier (Orbax's save, ``sync_global_devices``) or the
   coordinator's key-value store fails. The training loop, :class:`capsjax.training.run.Run`
   and :func:`capsjax.runs.cli.clear_errors` pass what they catch to :func:`exit_if_lost` before
-  any clean-up that would wait for the lost process (finishing a checkpoint needs every one);
-  it ends the process (:func:`report`).
+  any clean-up that would wait for the lost process (finishing a checkpoint needs every one).
 * JAX's distributed service stops hearing the process's heartbeats (after
   ``heartbeat_timeout_seconds``), or a process loses the coordinator (its error polling fails at
   once). JAX's client then aborts the process from a thread of its own: ``Terminating process
@@ -28,15 +27,14 @@ What the survivors see of a loss, and what turns it into the line:
   parent killed outright takes the child with it: the child reads the end of their socket, and
   kills itself with SIGKILL, so the other processes see this one lost.
 
-The child tells the parent, over that socket, its place in the job (:func:`joined`), each run's
-checkpoint folder (:func:`watch_checkpoints`) and a loss that :func:`exit_if_lost` found (then
-the parent prints the line). On a terminal the child's stderr is a pseudo-terminal, so process
+Over that socket the child tells the parent its place in the job (:func:`joined`), each run's
+checkpoint folder (:func:`watch_checkpoints`) and a loss that :func:`exit_if_lost` found (the
+parent then prints the line). On a terminal the child's stderr is a pseudo-terminal, so process
 0's progress bar is redrawn in place as without a parent.
 
-The line names the lost process where it is known (the other one of two; the one a heartbeat
-timeout names; process 0 when the coordinator is unreachable) and the last complete checkpoint
-of each run (a checkpoint's folder is renamed to its step only once every process has written
-it). The child ends with ``os._exit``: no atexit handlers (JAX's calls
+The line names the lost process where it is known (:func:`_lost_process`) and the last complete
+checkpoint of each run (a checkpoint's folder is renamed to its step only once every process has
+written it). The child ends with ``os._exit``: no atexit handlers (JAX's calls
 ``jax.distributed.shutdown()``, whose barrier waits for the lost process) and no waiting for a
 checkpoint still being written (it needs the lost process; the previous one is intact).
 """
@@ -56,6 +54,8 @@ import subprocess
 import sys
 import threading
 import tty
+
+from capsjax.common import files
 
 # EX_TEMPFAIL (sysexits.h): a temporary failure; the same command resumes.
 EXIT_STATUS = 75
@@ -96,24 +96,16 @@ def joined(process_id: int, num_processes: int) -> None:
 
 
 def lost_peer_error(error: BaseException) -> BaseException | None:
-  """The exception in ``error``'s chain (``__cause__``, ``__context__``) that says another
+  """The exception in ``error``'s chain (:func:`capsjax.common.files.chain`) that says another
   process is gone, or None."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    if isinstance(error, Exception) and _LOST.search(str(error)):
-      return error
-    error = error.__cause__ or error.__context__
-  return None
+  return next((e for e in files.chain(error) if isinstance(e, Exception) and _LOST.search(str(e))),
+              None)
 
 
 def exit_if_lost(error: BaseException) -> None:
   """Ends the process with the line (:func:`report`) when ``error`` says another process of
   this run is gone; returns otherwise (and always before :func:`joined`)."""
-  if not _watching:
-    return
-  found = lost_peer_error(error)
-  if found is not None:
+  if _watching and (found := lost_peer_error(error)) is not None:
     report(str(found))
 
 
@@ -127,8 +119,7 @@ def report(detail: str | None) -> None:
       stream.flush()
   if _parent is not None and _tell(lost=detail):
     os._exit(EXIT_STATUS)  # The parent prints the line.
-  with contextlib.suppress(Exception):
-    # On a terminal, process 0's progress bar leaves its line open.
+  with contextlib.suppress(Exception):  # Process 0's progress bar may leave a terminal line open.
     os.write(2, (("\n" if os.isatty(2) else "") + _line(detail) + "\n").encode())
   os._exit(EXIT_STATUS)
 
@@ -156,7 +147,8 @@ def message(detail: str | None, status: str | None = None) -> str:
 
 
 def _lost_process(detail: str | None, me: int | None, count: int | None) -> int | None:
-  """The lost process's index, where ``detail`` or the job's size tells it."""
+  """The lost process's index, where ``detail`` or the job's size tells it: the one a heartbeat
+  timeout names, process 0 when the coordinator is unreachable, the other one of two."""
   text = detail or ""
   named = [int(n) for n in re.findall(r"Task (\d+) heartbeat timeout", text)]
   if m := re.search(r"stopped sending heartbeats\):\s*([\d,\s]+)", text):
@@ -186,15 +178,12 @@ def _checkpoints_text() -> str:
   steps = {d: _last_step(d) for d in _checkpoint_dirs}
   if not steps:
     return "run the same command on every host to resume from the last checkpoint"
-  if len(steps) == 1:
-    (directory, step), = steps.items()
-    if step is None:
-      return (f"no checkpoint was saved yet in {directory}: run the same command on every "
-              "host to start again")
-    return f"the last checkpoint is step {step} in {directory}: {resume}"
   saved = sorted({s for s in steps.values() if s is not None})
   if not saved:
-    return "no checkpoint was saved yet: run the same command on every host to start again"
+    where = f" in {next(iter(steps))}" if len(steps) == 1 else ""
+    return f"no checkpoint was saved yet{where}: run the same command on every host to start again"
+  if len(steps) == 1:
+    return f"the last checkpoint is step {saved[0]} in {next(iter(steps))}: {resume}"
   if len(saved) == 1 and None not in steps.values():
     return f"the last checkpoint of each of the {len(steps)} runs is step {saved[0]}: {resume}"
   return (f"the {len(steps)} runs' last checkpoints are at steps "
@@ -204,11 +193,9 @@ def _checkpoints_text() -> str:
 def _last_step(directory: str) -> int | None:
   """The newest complete checkpoint in ``directory`` (one still being written is a
   ``*.orbax-checkpoint-tmp*`` folder)."""
-  try:
-    steps = [int(n) for n in os.listdir(directory) if n.isdigit()]
-  except OSError:
-    return None
-  return max(steps) if steps else None
+  with contextlib.suppress(OSError):
+    return max((int(n) for n in os.listdir(directory) if n.isdigit()), default=None)
+  return None
 
 
 # --- The supervising parent and its child ----------------------------------------------
@@ -226,30 +213,25 @@ def supervise(process_id: int | None = None, num_processes: int | None = None) -
     _parent = socket.socket(fileno=int(fd))
     threading.Thread(target=_die_with_the_parent, name="capsjax-parent", daemon=True).start()
     return
-  if not sys.executable:  # No interpreter to run the child: unsupervised, as JAX leaves it.
-    return
-  _end_as(_Supervisor((process_id, num_processes)).run())
+  if sys.executable:  # Else no interpreter to run the child: unsupervised, as JAX leaves it.
+    _end_as(_Supervisor((process_id, num_processes)).run())
 
 
 def _tell(**note) -> bool:
   """Sends ``note`` to the parent (in a supervised child); whether it was sent."""
-  if _parent is None:
-    return False
-  try:
-    _parent.sendall((json.dumps(note) + "\n").encode())
-  except OSError:
-    return False
-  return True
+  if _parent is not None:
+    with contextlib.suppress(OSError):
+      _parent.sendall((json.dumps(note) + "\n").encode())
+      return True
+  return False
 
 
 def _die_with_the_parent() -> None:
   """The child's watch on its parent: the parent never writes, so the socket reads nothing
   until the parent is gone (killed: its end closed). Then this process is killed as it was."""
-  try:
+  with contextlib.suppress(OSError):
     while _parent.recv(4096):
       pass
-  except OSError:
-    pass
   os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -340,7 +322,9 @@ class _Supervisor:
         if any(key.fileobj is mine for key, _ in ready) and not self._read_notes(mine):
           selector.unregister(mine)
         if any(key.fileobj == errors for key, _ in ready):
-          data = _read(errors)
+          data = b""
+          with contextlib.suppress(OSError):  # At its end, a pseudo-terminal says EIO.
+            data = os.read(errors, 65536)
           if not data:
             break
           self._write(dump.feed(data))
@@ -375,10 +359,9 @@ class _Supervisor:
       except ValueError:
         continue
       if "watch" in note:
-        _checkpoint_dirs.append(note["watch"])
+        watch_checkpoints(note["watch"])
       elif "forget" in note:
-        with contextlib.suppress(ValueError):
-          _checkpoint_dirs.remove(note["forget"])
+        forget_checkpoints(note["forget"])
       elif "job" in note:
         _job = tuple(note["job"])
       elif "lost" in note:
@@ -395,14 +378,6 @@ class _Supervisor:
         return  # No stderr left to write to.
       self.last_byte = data[written - 1:written]
       data = data[written:]
-
-
-def _read(fd: int) -> bytes:
-  """What the child wrote to its stderr; b"" at its end (a pseudo-terminal says EIO)."""
-  try:
-    return os.read(fd, 65536)
-  except OSError:
-    return b""
 
 
 def _end_as(status: int) -> None:

@@ -55,13 +55,9 @@ FIELDS = ("id", "label", "predicted", "correct", "scores", "digest", "wrong_imag
 
 @dataclasses.dataclass
 class Predictions:
-  """One evaluation's predictions, one row per example (see the module docstring).
-
-  Attributes:
-    id, label, predicted, correct, scores, digest, wrong_images, wrong_ids: the arrays.
-    source_size: the size of the source split the ids index (its halves: ids below and
-      from ``source_size // 2``).
-  """
+  """One evaluation's predictions, one row per example (the module docstring's arrays), and
+  ``source_size``: the size of the source split the ids index (its halves: ids below and from
+  ``source_size // 2``)."""
   id: np.ndarray
   label: np.ndarray
   predicted: np.ndarray
@@ -115,8 +111,7 @@ def write(path: str, predictions: dict[str, Predictions], what: str = "the predi
           **meta) -> None:
   """``{evaluation name: Predictions}`` and ``meta`` (JSON-able: step, selected_on, dataset,
   source) into ``path``, atomically; ``what``: their name in a failed write's error."""
-  arrays = {}
-  sizes = {}
+  arrays, sizes = {}, {}
   for name, p in predictions.items():
     if "/" in name:
       raise ValueError(f"evaluation name {name!r} holds '/'")

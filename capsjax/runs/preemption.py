@@ -52,8 +52,7 @@ class StopRequest:
     self._previous: dict[int, object] = {}
 
   def install(self) -> None:
-    signals = [signal.SIGINT] if self.distributed else [signal.SIGTERM, signal.SIGINT]
-    for signum in signals:
+    for signum in [signal.SIGINT] if self.distributed else [signal.SIGTERM, signal.SIGINT]:
       self._previous[signum] = signal.signal(signum, self._handle)
 
   def uninstall(self) -> None:

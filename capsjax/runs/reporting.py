@@ -115,7 +115,6 @@ class MetricWriter:
     self._tb.flush()
 
   def close(self) -> None:
-    """Closes both files; a failed write raised before is not raised again."""
     try:
       if self._jsonl is not None:
         with self._writes.closing():
@@ -188,10 +187,8 @@ def count_progress(prefix: str, n: int, total: int, stream=None) -> None:
   """``prefix n/total``: redrawn in place on a terminal, one line per update otherwise (a log
   file then reads line by line)."""
   stream = stream or sys.stderr
-  if is_terminal(stream):
-    stream.write(f"\r{prefix} {n}/{total}" + ("\n" if n >= total else ""))
-  else:
-    stream.write(f"{prefix} {n}/{total}\n")
+  end = "\n" if n >= total or not is_terminal(stream) else ""
+  stream.write(("\r" if is_terminal(stream) else "") + f"{prefix} {n}/{total}{end}")
   stream.flush()
 
 
@@ -218,10 +215,7 @@ class ProgressBar:
     line = (f"{self.prefix}step {step}/{self.total} [{'#' * filled}{'-' * (self.width - filled)}] "
             f"{100 * frac:3.0f}% | loss {loss:.4f} | acc {100 * accuracy:.1f}% | "
             f"{rate} img/s | ETA {format_duration(eta)}")
-    if self.interactive:
-      self.stream.write("\r" + line)
-    else:
-      self.stream.write(line + "\n")
+    self.stream.write("\r" + line if self.interactive else line + "\n")
     self.stream.flush()
 
   def message(self, text: str) -> None:

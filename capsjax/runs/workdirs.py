@@ -38,7 +38,6 @@ def prepare(workdir: str, flag: str = "--workdir") -> str:
 
 
 def _refuse_a_file_in_the_way(path: str, flag: str) -> None:
-  """UsageError when ``path`` is a file, or lies inside one."""
   if os.path.exists(path) and not os.path.isdir(path):
     raise UsageError(f"{flag}={path} is a file, not a directory; choose another path.")
   parent = path
@@ -71,8 +70,7 @@ def check_writable(folder: str, flag: str = "--workdir", advice: str = "") -> No
   makes it when the run starts), and one that cannot be (inside a file; where /proc holds no
   folders) is refused as :func:`prepare` refuses it. Called before a run loads data or compiles."""
   path = os.path.abspath(os.fspath(folder))
-  missing = []
-  parent = path
+  missing, parent = [], path
   while not os.path.exists(parent):  # Created here, removed after, deepest first.
     missing.append(parent)
     parent = os.path.dirname(parent)
@@ -209,15 +207,12 @@ def remove_failed_start(workdir: str, created: bool) -> bool:
   the workdir if ``created`` and it is empty. Leaves everything when the workdir holds a checkpoint,
   a summary or a logged metric (a run to resume or read). Returns whether it removed the files."""
   path = lambda name: os.path.join(workdir, name)
-  metrics = path("metrics.jsonl")
-  checkpoints = path("checkpoints")
+  metrics, checkpoints, tensorboard = map(path, ("metrics.jsonl", "checkpoints", "tensorboard"))
   if (os.path.exists(path("summary.json"))
       or (os.path.exists(metrics) and os.path.getsize(metrics) > 0)
-      or (os.path.isdir(checkpoints) and os.listdir(checkpoints))):
-    return False
-  tensorboard = path("tensorboard")
-  if os.path.isdir(tensorboard) and not all(
-      n.startswith("events.out.tfevents") for n in os.listdir(tensorboard)):
+      or (os.path.isdir(checkpoints) and os.listdir(checkpoints))
+      or (os.path.isdir(tensorboard) and not all(
+          n.startswith("events.out.tfevents") for n in os.listdir(tensorboard)))):
     return False
   for name in _START_DIRS:
     if os.path.isdir(path(name)):
