@@ -84,18 +84,14 @@ class TransformsEvaluator(evaluators.Evaluator):
     self.sweeps = {kind: tuple(float(v) for v in get(kind)) for kind in KINDS}
     familiar = get("familiar_degrees")
     if familiar is None:
-      data = self.config.data
-      familiar = float(data.rotation_degrees if "rotation_degrees" in data else 0) or 30.0
+      familiar = float(self.config.data.get("rotation_degrees", 0)) or 30.0
     self.familiar = float(familiar)
     rotations = self.sweeps["rotations"]
     if not (any(abs(a) <= self.familiar for a in rotations)
             and any(self.familiar < abs(a) <= 90 for a in rotations)):
       raise UsageError(f"{where}.rotations={rotations}: give angles within and beyond "
                        f"familiar_degrees={self.familiar:g} (up to 90).")
-    split = get("split")
-    if split not in self.splits:
-      raise UsageError(f"{where}.split={split!r}: the dataset has {tuple(self.splits)}.")
-    sample = self.splits[split].sample(self.count("limit"))
+    sample = self._chosen_split().sample(self.count("limit"))
     if "images" not in sample.examples or sample.examples["images"].dtype != np.uint8:
       raise UsageError(f"{where}: type 'transforms' moves uint8 images; this dataset's "
                        "examples hold none.")
@@ -120,9 +116,8 @@ class TransformsEvaluator(evaluators.Evaluator):
         [at(a) for a in angles if abs(a) <= self.familiar]))
     result["novel_rotation_accuracy"] = float(np.mean(
         [at(a) for a in angles if self.familiar < abs(a) <= 90]))
-    result["accuracy"] = result["novel_rotation_accuracy"]
-    result["error"] = 1.0 - result["accuracy"]
-    result["chance"] = self.chance
+    result.update(accuracy=result["novel_rotation_accuracy"],
+                  error=1.0 - result["novel_rotation_accuracy"], chance=self.chance)
     result["seconds"] = time.perf_counter() - started  # Compilation included.
     self.last_result = result
     return result

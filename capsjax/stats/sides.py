@@ -62,18 +62,16 @@ class Side:
   def read(cls, spec: str, runs: list[tuple[object, str, Predictions]]) -> "Side":
     """From ``[(seed, workdir, the evaluation's predictions)]``."""
     summaries = [_summary(workdir) for _, workdir, _ in runs]
-    summary = summaries[0]
     # For display only: the config.json as recorded (a run of another version or model may
     # lack a key, shown as "?"), not settings to run with.
     recorded = runconfig.flatten(runconfig.read_raw(runs[0][1]) or {})
     model = recorded.get("model.name", "?")
-    params = summary.get("num_params")
-    chance = (summary.get("chance") or {}).get("accuracy")
-    source = recorded.get("data.source")
+    params = summaries[0].get("num_params")
+    chance = (summaries[0].get("chance") or {}).get("accuracy")
     return cls(
         spec=spec, seeds=[seed for seed, _, _ in runs],
         model=f"{model}, {params:,} parameters" if isinstance(params, int) else str(model),
-        data=f"{recorded.get('dataset', '?')} ({source if source else 'its own files'})",
+        data=f"{recorded.get('dataset', '?')} ({recorded.get('data.source') or 'its own files'})",
         steps=[s.get("step") for s in summaries], epochs=[s.get("epochs") for s in summaries],
         examples=[len(p) for _, _, p in runs],
         accuracies=[float(np.mean(p.correct)) if len(p) else float("nan") for _, _, p in runs],
