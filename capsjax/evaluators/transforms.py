@@ -47,19 +47,14 @@ KINDS = ("rotations", "scales", "shears", "translations")
 def transform(images: np.ndarray, kind: str, value: float) -> np.ndarray:
   """``images`` ``(n, h, w, c)`` uint8, every one moved by one transform about its centre."""
   n = len(images)
-  zero, one = np.zeros(n), np.ones(n)
-  translations = np.zeros((n, 2))
-  if kind == "rotations":
-    matrices = affine.linear_part(np.full(n, np.deg2rad(value)), zero, one, one)
-  elif kind == "scales":
-    matrices = affine.linear_part(zero, zero, np.full(n, value), np.full(n, value))
-  elif kind == "shears":
-    matrices = affine.linear_part(zero, np.full(n, value), one, one)
-  elif kind == "translations":
-    matrices, translations[:, 1] = affine.linear_part(zero, zero, one, one), value
-  else:
+  zero, one, full = np.zeros(n), np.ones(n), np.full(n, value)
+  # Per kind: the rotation (radians), shear, x and y scale; translations move right: (ty, tx).
+  linear = {"rotations": (np.deg2rad(full), zero, one, one), "scales": (zero, zero, full, full),
+            "shears": (zero, full, one, one), "translations": (zero, zero, one, one)}
+  if kind not in linear:
     raise ValueError(f"unknown transform {kind!r}")
-  return affine.warp(images, matrices, translations, images.shape[1:3])
+  translations = np.stack([zero, full if kind == "translations" else zero], axis=1)
+  return affine.warp(images, affine.linear_part(*linear[kind]), translations, images.shape[1:3])
 
 
 class TransformsEvaluator(evaluators.Evaluator):
@@ -84,7 +79,8 @@ class TransformsEvaluator(evaluators.Evaluator):
     self.sweeps = {kind: tuple(float(v) for v in get(kind)) for kind in KINDS}
     familiar = get("familiar_degrees")
     if familiar is None:
-      familiar = float(self.config.data.get("rotation_degrees", 0)) or 30.0
+      data = self.config.data
+      familiar = float(data.rotation_degrees if "rotation_degrees" in data else 0) or 30.0
     self.familiar = float(familiar)
     rotations = self.sweeps["rotations"]
     if not (any(abs(a) <= self.familiar for a in rotations)

@@ -128,8 +128,7 @@ def program_traffic(hlo_text: str) -> Traffic:
     nonlocal unknown
     for op in computations.get(computation, []):
       if op.opcode == "while":
-        if op.trip_count is None:
-          unknown += 1
+        unknown += op.trip_count is None
         n = op.trip_count or 1
         for body in op.called.get("body", []):
           visit(body, times * n)

@@ -116,8 +116,7 @@ def count_jaxpr(jaxpr) -> Count:
   jaxpr = jaxpr.jaxpr if hasattr(jaxpr, "jaxpr") else jaxpr  # A ClosedJaxpr's own.
   total = Count()
   for eqn in jaxpr.eqns:
-    name = eqn.primitive.name
-    params = eqn.params
+    name, params = eqn.primitive.name, eqn.params
     if name == "dot_general":
       total.matmul += dot_general_flops(eqn.invars[0].aval.shape, eqn.invars[1].aval.shape,
                                         params["dimension_numbers"])

@@ -293,8 +293,7 @@ def errors_text(counts: list[PairCounts], side: int) -> str:
   values = [100 * c.errors[side] / c.total for c in counts if c.total]
   if not values:
     return "no shared example"
-  mean, std = spread.mean_std(values)
-  return spread.mean_pm(mean, std, scale=1.0)
+  return spread.mean_pm(*spread.mean_std(values), scale=1.0)
 
 
 def markdown(result: Comparison, evaluation: str = "test") -> str:

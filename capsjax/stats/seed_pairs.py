@@ -83,9 +83,11 @@ def fewest_pairs(alpha: float = SIGNIFICANCE) -> int:
   return next(k for k in itertools.count(1) if smallest_p(k) < alpha)
 
 
-def sign_patterns(num_pairs: int) -> np.ndarray:
-  """Every vector of ``num_pairs`` signs, ``(2**K, K)`` float64."""
-  return 1.0 - 2.0 * ((np.arange(2 ** num_pairs)[:, None] >> np.arange(num_pairs)) & 1)
+def sign_patterns(num_pairs: int, numbers=None) -> np.ndarray:
+  """The vectors of ``num_pairs`` signs whose bits are ``numbers`` (default: every one of the
+  ``2**K``), ``(len(numbers), K)`` float64."""
+  numbers = np.arange(2 ** num_pairs) if numbers is None else numbers
+  return 1.0 - 2.0 * ((numbers[:, None] >> np.arange(num_pairs)) & 1)
 
 
 def sign_flip_p(differences, seed: int = 0) -> float:
@@ -98,8 +100,7 @@ def sign_flip_p(differences, seed: int = 0) -> float:
   hits = lambda signs: int(np.sum(np.abs(signs @ np.abs(d)) >= observed * (1 - TIES)))
   if len(d) <= EXACT_PAIRS:
     chunks = np.array_split(np.arange(2 ** len(d)), max(1, 2 ** len(d) // 65536))
-    return sum(hits(1.0 - 2.0 * ((c[:, None] >> np.arange(len(d))) & 1)) for c in chunks) / (
-        2 ** len(d))
+    return sum(hits(sign_patterns(len(d), numbers)) for numbers in chunks) / 2 ** len(d)
   signs = np.random.default_rng(seed).choice((-1.0, 1.0), size=(MONTE_CARLO_PATTERNS, len(d)))
   return (hits(signs) + 1) / (MONTE_CARLO_PATTERNS + 1)
 
