@@ -9,12 +9,15 @@ time); ``--profile`` adds a per-layer table. The last line printed is one JSON o
 docs/benchmarking.md defines each field, with its unit, caveats and the code that counts it.
 """
 
+import contextlib
 import json
 import os
 import resource
 import time
 import types
 
+import jax
+import numpy as np
 from absl import app, flags, logging
 
 from capsjax import datasets
@@ -65,93 +68,83 @@ def run_benchmark(config, min_seconds: float = 20.0, matmul_size: int = 0,
   ``config.matmul_precision``."""
   config = schema.as_resolved(config)  # Every setting checked before anything runs.
   with precision.scope(config):
-    report = _measure(config, min_seconds, matmul_size, profile_depth, copy_mb)
-  return {**report, "matmul_precision": precision.of(config)}
+    devices = jax.devices()
+    batch, num_steps = config.train.batch_size, config.train.steps_per_dispatch
+    setup, state, examples, shared = _random_data_setup(config)
+    train_step = setup.make_train_step()
+    compiled, compile_seconds = _compile(setup, train_step, state, examples, shared,
+                                         num_steps, profile_depth)
+    cost = costs.step_costs(train_step, compiled, state, examples, shared, batch, num_steps,
+                            len(devices))
+    holder = [state]
+
+    def train_once():
+      holder[0], metrics = compiled(holder[0], examples, shared)
+      jax.block_until_ready(metrics)
+
+    train_seconds = rates.time_repeated(train_once, min_seconds)
+    train_rate = batch * num_steps / train_seconds
+    profiled = (_profile(train_once, compiled, cost["traffic"], profile_depth, num_steps,
+                         train_seconds) if profile_depth else {})
+    eval_batch = config.eval.batch_size  # Eval images/s: of one test batch.
+    eval_set = setup.batched.eval_set(setup.splits["test"].first(eval_batch),
+                                      setup.task.dataset.eval_batch)
+    eval_rate = eval_batch / rates.time_repeated(
+        lambda: setup.batched.evaluate(holder[0].variables, eval_set), min_seconds / 2)
+    n = matmul_size or (2048 if devices[0].platform == "cpu" else 8192)
+    matmul_rate = rates.matmul_gflop_per_s(n, min_seconds / 2)
+    copy_bytes = (copy_mb or (64 if devices[0].platform == "cpu" else 1024)) * 2 ** 20
+    copy_rate = rates.copy_gb_per_s(copy_bytes, min_seconds / 2)
+    flops_per_image, bytes_per_image = cost["flops_per_image"], cost["bytes_per_image"]
+    train_gflops = flops_per_image * train_rate / 1e9
+    per_image = lambda moved, shards=1: None if moved is None else moved * shards / batch
+    return {
+        "batch_size": batch,
+        "steps_per_dispatch": num_steps,
+        "train_seconds_per_step": train_seconds / num_steps,
+        "train_images_per_second": train_rate,
+        "eval_images_per_second": eval_rate,
+        "train_gflop_per_image": flops_per_image / 1e9,
+        "flops_source": cost["flops_source"],
+        "xla_gflop_per_image": cost["xla_flops_per_image"] / 1e9,
+        "xla_flops_source": cost["xla_flops_source"],
+        "train_gflop_per_s": train_gflops,
+        "matmul_size": n,
+        "matmul_gflop_per_s": matmul_rate,
+        "peak_fraction": train_gflops / matmul_rate,
+        "bytes_per_image": bytes_per_image,
+        "xla_bytes_per_image_before_optimisation": per_image(cost["xla_before"]),
+        "xla_bytes_per_image_after_optimisation": per_image(cost["xla_after"], len(devices)),
+        "loops_of_unknown_trip_count": cost["traffic"].unknown_trip_counts,
+        "copy_size_bytes": copy_bytes,
+        "copy_gb_per_s": copy_rate,
+        **costs.roofline(flops_per_image, bytes_per_image, train_rate, matmul_rate, copy_rate,
+                         exact=(cost["flops_source"] == "jaxpr"
+                                and not cost["traffic"].unknown_trip_counts)),
+        "compile_seconds": compile_seconds,
+        "temp_memory_bytes": cost["temp_bytes"],
+        "step_memory_bytes": cost["step_bytes"],
+        "device_peak_bytes": (devices[0].memory_stats() or {}).get("peak_bytes_in_use"),
+        "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "device": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
+        "model": setup.config.model.name,
+        "trainable_parameters": int(sum(leaf.size for leaf in jax.tree.leaves(state.params))),
+        "dataset": setup.config.dataset,
+        "conv_impl": config.model.get("conv_impl"),
+        "compute_dtype": config.model.get("compute_dtype"),
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),  # See capsjax/runs/hostmemory.py.
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        **profiled,
+        "matmul_precision": precision.of(config),
+    }
 
 
-def _measure(config, min_seconds, matmul_size, profile_depth, copy_mb) -> dict:
-  import jax
-
-  devices = jax.devices()
-  batch, num_steps = config.train.batch_size, config.train.steps_per_dispatch
-  setup, split, state = _random_data_setup(config)
-  examples, shared = setup.on_devices(split)
-  train_step = setup.make_train_step()
-  compiled, compile_seconds = _compile(setup, train_step, state, examples, shared,
-                                       num_steps, profile_depth)
-  cost = costs.step_costs(train_step, compiled, state, examples, shared, batch, num_steps,
-                          len(devices))
-  holder = [state]
-
-  def train_once():
-    holder[0], metrics = compiled(holder[0], examples, shared)
-    jax.block_until_ready(metrics)
-
-  train_seconds = rates.time_repeated(train_once, min_seconds)
-  train_rate = batch * num_steps / train_seconds
-  profiled = (_profile(train_once, compiled, cost["traffic"], profile_depth, num_steps,
-                       train_seconds) if profile_depth else {})
-  eval_rate = _eval_rate(setup, lambda: holder[0].variables, config.eval.batch_size,
-                         min_seconds / 2)
-  n = matmul_size or (2048 if devices[0].platform == "cpu" else 8192)
-  matmul_rate = rates.matmul_gflop_per_s(n, min_seconds / 2)
-  copy_bytes = (copy_mb or (64 if devices[0].platform == "cpu" else 1024)) * 2 ** 20
-  copy_rate = rates.copy_gb_per_s(copy_bytes, min_seconds / 2)
-  flops_per_image, bytes_per_image = cost["flops_per_image"], cost["bytes_per_image"]
-  train_gflops = flops_per_image * train_rate / 1e9
-  xla_before, xla_after = cost["xla_before"], cost["xla_after"]
-  return {
-      "batch_size": batch,
-      "steps_per_dispatch": num_steps,
-      "train_seconds_per_step": train_seconds / num_steps,
-      "train_images_per_second": train_rate,
-      "eval_images_per_second": eval_rate,
-      "train_gflop_per_image": flops_per_image / 1e9,
-      "flops_source": cost["flops_source"],
-      "xla_gflop_per_image": cost["xla_flops_per_image"] / 1e9,
-      "xla_flops_source": cost["xla_flops_source"],
-      "train_gflop_per_s": train_gflops,
-      "matmul_size": n,
-      "matmul_gflop_per_s": matmul_rate,
-      "peak_fraction": train_gflops / matmul_rate,
-      "bytes_per_image": bytes_per_image,
-      "xla_bytes_per_image_before_optimisation": (xla_before / batch
-                                                  if xla_before is not None else None),
-      "xla_bytes_per_image_after_optimisation": (xla_after * len(devices) / batch
-                                                 if xla_after is not None else None),
-      "loops_of_unknown_trip_count": cost["traffic"].unknown_trip_counts,
-      "copy_size_bytes": copy_bytes,
-      "copy_gb_per_s": copy_rate,
-      **costs.roofline(flops_per_image, bytes_per_image, train_rate, matmul_rate, copy_rate,
-                       exact=(cost["flops_source"] == "jaxpr"
-                              and not cost["traffic"].unknown_trip_counts)),
-      "compile_seconds": compile_seconds,
-      "temp_memory_bytes": cost["temp_bytes"],
-      "step_memory_bytes": cost["step_bytes"],
-      "device_peak_bytes": (devices[0].memory_stats() or {}).get("peak_bytes_in_use"),
-      "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-      "device": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
-      "model": setup.config.model.name,
-      "trainable_parameters": int(sum(leaf.size for leaf in jax.tree.leaves(state.params))),
-      "dataset": setup.config.dataset,
-      "conv_impl": config.model.get("conv_impl"),
-      "compute_dtype": config.model.get("compute_dtype"),
-      "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),  # See capsjax/runs/hostmemory.py.
-      "xla_flags": os.environ.get("XLA_FLAGS", ""),
-      **profiled,
-  }
-
-
-def _compile(setup, train_step, state, examples, shared, num_steps: int,
-             profile_depth: int):
+def _compile(setup, train_step, state, examples, shared, num_steps: int, profile_depth: int):
   """``(compiled, seconds)``: the train step compiled; with a profile, its ops labelled by layer
   (named scopes only label ops: the computation is the same)."""
-  import contextlib
-
   start = time.perf_counter()
-  scopes = (layer_profile.module_scopes(setup.task.model_class, setup.task.abstract_model)
-            if profile_depth else contextlib.nullcontext())
-  with scopes:
+  with (layer_profile.module_scopes(setup.task.model_class, setup.task.abstract_model)
+        if profile_depth else contextlib.nullcontext()):
     compiled = train_step.lower(state, examples, shared, num_steps).compile()
   return compiled, time.perf_counter() - start
 
@@ -167,77 +160,59 @@ def _profile(train_once, compiled, traffic, depth: int, num_steps: int,
           "layer_profile_table": layer_profile.format_table(rows, train_seconds / num_steps)}
 
 
-def _eval_rate(setup, variables, eval_batch: int, min_seconds: float) -> float:
-  """Eval images/s of one test batch (``variables()``: the current parameters)."""
-  eval_set = setup.batched.eval_set(setup.splits["test"].first(eval_batch),
-                                     setup.task.dataset.eval_batch)
-  seconds = rates.time_repeated(lambda: setup.batched.evaluate(variables(), eval_set), min_seconds)
-  return eval_batch / seconds
-
-
 def vectorized_throughput(config, run_counts: list[int], min_seconds: float) -> list[dict]:
   """Per N of ``run_counts``: train images/s summed over N runs advanced by one vectorised
   :class:`capsjax.training.train_step.Step` (N=1: the ordinary jitted step), ``speedup`` against
   N=1, the seconds per dispatch and the step's new memory per device; in the config's precision."""
   config = schema.resolve_config(config)
   with precision.scope(config):
-    return _vectorized_rates(config, run_counts, min_seconds)
+    batch, num_steps = config.train.batch_size, config.train.steps_per_dispatch
+    setup, state, examples, shared = _random_data_setup(config)
+    rows = []
+    for runs in run_counts:
+      if runs == 1:
+        step = setup.make_train_step()
+        compiled = step.lower(state, examples, shared, num_steps).compile()
+        holder = [jax.tree.map(lambda x: x.copy(), state)]
+        call = lambda: compiled(holder[0], examples, shared)
+      else:
+        vstep = train_step.Step(setup, vectorised=True)
+        holder = [vstep.stack([state] * runs)]
+        compiled = vstep.prepare(holder[0], None, examples, shared, num_steps)
+        call = lambda: compiled(holder[0], None, examples, shared)
 
+      def once():
+        holder[0], metrics = call()
+        jax.block_until_ready(metrics)
 
-def _vectorized_rates(config, run_counts: list[int], min_seconds: float) -> list[dict]:
-  import jax
-
-  batch, num_steps = config.train.batch_size, config.train.steps_per_dispatch
-  setup, split, state = _random_data_setup(config)
-  examples, shared = setup.on_devices(split)
-  rows = []
-  for runs in run_counts:
-    if runs == 1:
-      step = setup.make_train_step()
-      compiled = step.lower(state, examples, shared, num_steps).compile()
-      holder = [jax.tree.map(lambda x: x.copy(), state)]
-      call = lambda: compiled(holder[0], examples, shared)
-    else:
-      vstep = train_step.Step(setup, vectorised=True)
-      holder = [vstep.stack([state] * runs)]
-      compiled = vstep.prepare(holder[0], None, examples, shared, num_steps)
-      call = lambda: compiled(holder[0], None, examples, shared)
-
-    def once():
-      holder[0], metrics = call()
-      jax.block_until_ready(metrics)
-
-    seconds = rates.time_repeated(once, min_seconds)
-    rate = runs * batch * num_steps / seconds
-    rows.append({"runs": runs, "images_per_second": rate,
-                 "speedup": rate / rows[0]["images_per_second"] if rows else 1.0,
-                 "seconds_per_dispatch": seconds,
-                 "new_memory_bytes": memory.new_memory_bytes(compiled)})
-    holder = compiled = None  # Freed before the next program is compiled.
-  return rows
+      seconds = rates.time_repeated(once, min_seconds)
+      rate = runs * batch * num_steps / seconds
+      rows.append({"runs": runs, "images_per_second": rate,
+                   "speedup": rate / rows[0]["images_per_second"] if rows else 1.0,
+                   "seconds_per_dispatch": seconds,
+                   "new_memory_bytes": memory.new_memory_bytes(compiled)})
+      holder = compiled = None  # Freed before the next program is compiled.
+    return rows
 
 
 def _random_data_setup(config):
-  """``(setup, split, state)``: the config's setup on random data of its train split's shapes (at
-  least 4 batches, 1,024 examples and an eval batch) as train and test, and fresh parameters."""
+  """``(setup, state, examples, shared)``: the config's setup on random data of its train split's
+  shapes (at least 4 batches, 1,024 examples and an eval batch) as train and test, fresh
+  parameters, and the train split on the devices."""
   dataset = Task.from_config(config).dataset
   split = random_split(dataset, max(4 * config.train.batch_size, 1024, config.eval.batch_size))
   setup = Setup(config, splits={"train": split, "test": dataset.eval_split_like(split)})
-  return setup, split, setup.fresh_state()
+  return (setup, setup.fresh_state(), *setup.on_devices(split))
 
 
 def random_split(builder, num_examples: int):
   """Random bytes and labels of the builder's train split's shapes (benchmarks read no files)."""
-  import numpy as np
-
   rng = np.random.default_rng(0)
   examples = {}
   for name, spec in builder.train_spec().items():
-    if np.issubdtype(spec.dtype, np.integer) and name.startswith("label"):
-      examples[name] = rng.integers(0, builder.info.num_classes,
-                                    (num_examples, *spec.shape)).astype(spec.dtype)
-    else:
-      examples[name] = rng.integers(0, 256, (num_examples, *spec.shape)).astype(spec.dtype)
+    label = np.issubdtype(spec.dtype, np.integer) and name.startswith("label")
+    high = builder.info.num_classes if label else 256
+    examples[name] = rng.integers(0, high, (num_examples, *spec.shape)).astype(spec.dtype)
   return datasets.Split(examples, builder.train_shared(examples))
 
 
@@ -276,8 +251,6 @@ def _positive_int(text: str) -> int:
 
 
 def _print_runs_table(rows: list[dict]) -> None:
-  import jax
-
   device = jax.devices()[0]
   print(f"{len(jax.devices())} x {device.device_kind} ({device.platform})")
   print("| runs | train img/s, summed | per run | x one by one | ms per dispatch | "

@@ -20,6 +20,7 @@ import dataclasses
 import os
 import types
 
+import numpy as np
 from absl import flags
 
 from capsjax.common import figures, files
@@ -129,8 +130,6 @@ def draw(path: str, a, b, title: str) -> None:
   """disagreements.png: the examples only A gets wrong, then only B (``a``, ``b``: one seed
   pair's Predictions), from the images of misclassified examples each run kept, under
   ``title`` (the pair and which side is A)."""
-  import numpy as np
-
   rows_a, rows_b = paired.aligned(a, b)
   wrong_a, wrong_b = ~a.correct[rows_a], ~b.correct[rows_b]
   ids = a.id[rows_a]
@@ -170,10 +169,8 @@ def disagreement_heading(caption: str, count: int, shown: int) -> str:
 
 
 def label_text(value) -> str:
-  import numpy as np
-
-  value = np.asarray(value)
-  return str(int(value)) if value.ndim == 0 else "+".join(str(int(v)) for v in value)
+  """``7``, or ``3+5`` for a MultiMNIST pair's two labels."""
+  return "+".join(str(int(v)) for v in np.atleast_1d(value))
 
 
 def compare_sides(spec_a: str, spec_b: str, evaluation: str = "test", which: str = "run",

@@ -83,7 +83,7 @@ def test_op_seconds_times_the_ops_of_the_compiled_program():
   # Every op the program runs (its entry's instructions that compute), and nothing else.
   runs = {i.name for i in computations[entry]
           if i.opcode not in ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")}
-  seconds = layer_profile.op_seconds(lambda: f(a).block_until_ready(), repeats=2)
+  seconds = layer_profile.trace_ops(lambda: f(a).block_until_ready(), repeats=2)[0]
   assert set(seconds) == runs, (seconds, runs)
   assert all(s > 0 for s in seconds.values())
   assert runs <= set(layer_profile.op_layers(text))
@@ -103,7 +103,7 @@ def test_self_times_take_nested_events_out_of_the_event_around_them():
 def test_op_seconds_does_not_count_a_loop_body_twice():
   f = jax.jit(lambda a: jax.lax.fori_loop(0, 20, lambda i, x: jnp.tanh(x @ a), a))
   a = jnp.ones((256, 256)) / 256
-  seconds = layer_profile.op_seconds(lambda: f(a).block_until_ready(), repeats=2)
+  seconds = layer_profile.trace_ops(lambda: f(a).block_until_ready(), repeats=2)[0]
   loops = [op for op in layer_profile.op_layers(f.lower(a).compile().as_text())
            if op.startswith("while") and op in seconds]
   assert loops, seconds

@@ -139,7 +139,7 @@ NOT_CONFIG = {
     "DIAGNOSTIC_LABELS": "a table of labels", "self.entries": "a registry's table",
     "splits": "a dataset's splits", "setup.splits": "a dataset's splits",
     "split.examples": "a split's arrays", "metrics": "logged metrics",
-    "record": "a metrics record", "means": "logged means", "summed": "counts",
+    "record": "a metrics record", "means": "logged means",
     "stats": "device memory statistics", "info": "a lock file's contents",
     "before": "a comparison of two configs, where a key is absent",
     "after": "a comparison of two configs, where a key is absent",

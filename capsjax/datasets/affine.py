@@ -38,8 +38,7 @@ def linear_part(rotation: np.ndarray, shear: np.ndarray, scale_x: np.ndarray,
   rotate = np.stack([np.stack([c, s], -1), np.stack([-s, c], -1)], -2)
   shear_m = np.stack([np.stack([ones, shear], -1), np.stack([zeros, ones], -1)], -2)
   scale = np.stack([np.stack([scale_x, zeros], -1), np.stack([zeros, scale_y], -1)], -2)
-  xy = rotate @ shear_m @ scale
-  return xy[:, ::-1, ::-1]  # (x, y) -> (y, x) order on both sides.
+  return (rotate @ shear_m @ scale)[:, ::-1, ::-1]  # (x, y) -> (y, x) order on both sides.
 
 
 def warp(images: np.ndarray, matrices: np.ndarray, translations: np.ndarray,

@@ -126,9 +126,7 @@ def margins(image: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Arra
     blank = ~jnp.any(filled)
     return jnp.where(blank, 0, first), jnp.where(blank, 0, size - 1 - last)
 
-  left, right = ends(columns, w)
-  top, bottom = ends(rows, h)
-  return left, right, top, bottom
+  return (*ends(columns, w), *ends(rows, h))  # (left, right), (top, bottom).
 
 
 def random_margin_shift(key: jax.Array, image: jax.Array) -> jax.Array:

@@ -38,8 +38,7 @@ def random_crop(key, images, size: int):
 def centre_crop(images, size: int):
   """The central ``size`` x ``size`` patch (offset ``(h - size) // 2``, as TF's
   ``resize_image_with_crop_or_pad``)."""
-  top, left = (images.shape[1] - size) // 2, (images.shape[2] - size) // 2
-  return images[:, top:top + size, left:left + size]
+  return crop_at(images, size, 0, 0)
 
 
 def crop_at(images, size: int, dy, dx):
@@ -158,16 +157,15 @@ class TFDSImages(datasets.Builder):
     del shared
     d = self.config.data
     images = examples["images"][indices].astype(jnp.float32)  # 0..255, as the official code.
-    keys = dict(zip(self.TRAIN_OPS, jax.random.split(key, len(self.TRAIN_OPS))))
-    for op in self.TRAIN_OPS:
+    for op, op_key in zip(self.TRAIN_OPS, jax.random.split(key, len(self.TRAIN_OPS))):
       if op == "crop" and self.crop:
-        images = random_crop(keys[op], images, self.crop)
+        images = random_crop(op_key, images, self.crop)
       elif op == "flip" and d.flip:
-        images = random_flip(keys[op], images)
+        images = random_flip(op_key, images)
       elif op == "brightness" and d.brightness:
-        images = random_brightness(keys[op], images, float(d.brightness))
+        images = random_brightness(op_key, images, float(d.brightness))
       elif op == "contrast" and (d.contrast_lower, d.contrast_upper) != (1.0, 1.0):
-        images = random_contrast(keys[op], images, float(d.contrast_lower), float(d.contrast_upper))
+        images = random_contrast(op_key, images, float(d.contrast_lower), float(d.contrast_upper))
     return {"images": self._finish(images), "labels": examples["labels"][indices]}
 
   def eval_batch(self, examples, shared):

@@ -107,8 +107,7 @@ class MultiMNIST(datasets.Builder):
         splits[name] = datasets.Split(examples, self.train_shared(examples))
         continue
       pairs = self.fixed_pairs(labels, seed=self.pair_seed + (name == "validation"))
-      limit = int(self.config.data.test_limit or 0)
-      pairs = datasets.Split(pairs).sample(limit).examples
+      pairs = datasets.Split(pairs).sample(int(self.config.data.test_limit or 0)).examples
       splits[name] = datasets.Split(pairs, {"digits": images, "digit_labels": labels})
     return splits
 

@@ -101,7 +101,6 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
   else:
     raise UsageError(f"config.data.source must be 'tfds' or 'idx', got {config.source!r}.")
   where = config.dir if config.source == "idx" else f"tfds dataset {config.name!r}"
-  novel_split = None
   sizes = {}  # Each split's size in the source, before any selection.
   for split in ("train", "test"):
     images, labels, features = arrays[split]
@@ -111,10 +110,9 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
     ids, sizes[split] = np.arange(len(labels)), len(labels)
     if partition:
       familiar = np.asarray(partition[1](features), bool)
-      if split == "test":
-        novel_split = partition[2]
-        arrays[novel_split] = (images[~familiar], labels[~familiar], ids[~familiar])
-        sizes[novel_split] = len(labels)
+      if split == "test":  # Its other examples: the split partition[2] names.
+        arrays[partition[2]] = (images[~familiar], labels[~familiar], ids[~familiar])
+        sizes[partition[2]] = len(labels)
       images, labels, ids = images[familiar], labels[familiar], ids[familiar]
     arrays[split] = (images, labels, ids)
   splits = {name: Split({"images": images, "labels": labels}, ids=ids,
@@ -130,10 +128,9 @@ def load(config: ml_collections.ConfigDict, image_shape, num_classes: int, seed:
   if n_val < 0 or n_val >= len(train):
     raise UsageError(f"config.data.validation_size={n_val} must be in [0, "
                      f"{len(train)}) for {len(train)} training examples.")
-  if config.validation_split == "first":  # The official code's --validate: the first 10,000.
-    order = np.arange(len(train))
-  else:  # "random", drawn with the seed.
-    order = np.random.default_rng(seed).permutation(len(train))
+  # "first": the official code's --validate (the first 10,000); "random": drawn with the seed.
+  order = (np.arange(len(train)) if config.validation_split == "first"
+           else np.random.default_rng(seed).permutation(len(train)))
   return {"train": train.take(np.sort(order[n_val:])),
           "validation": train.take(np.sort(order[:n_val])), **splits}
 
@@ -230,14 +227,11 @@ def _load_idx(directory: str | None) -> dict:
     raise UsageError(f"config.data.dir={directory!r} does not exist or is not a folder. "
                      "Point it at a folder with MNIST-format IDX files.")
   arrays = {key: read_idx(_find_idx(directory, stem)) for key, stem in IDX_FILES.items()}
-  for key in ("train_images", "test_images"):
-    if arrays[key].ndim != 3:
-      raise UsageError(f"{_find_idx(directory, IDX_FILES[key])}: expected images of shape "
-                       f"(n, h, w), got {arrays[key].shape}.")
-  for key in ("train_labels", "test_labels"):
-    if arrays[key].ndim != 1:
-      raise UsageError(f"{_find_idx(directory, IDX_FILES[key])}: expected labels of shape (n,), "
-                       f"got {arrays[key].shape}.")
+  for key in ("train_images", "test_images", "train_labels", "test_labels"):
+    ndim, what = (3, "images of shape (n, h, w)") if "image" in key else (1, "labels of shape (n,)")
+    if arrays[key].ndim != ndim:
+      raise UsageError(f"{_find_idx(directory, IDX_FILES[key])}: expected {what}, got "
+                       f"{arrays[key].shape}.")
   return {split: (arrays[f"{split}_images"][..., None], arrays[f"{split}_labels"].astype(np.int32),
                   {}) for split in ("train", "test")}
 

@@ -52,9 +52,8 @@ class Evaluator:
   """Base class: one named evaluation. Subclasses build their sets in ``__init__``
   (through ``self.batched.eval_set``) and implement :meth:`run`."""
   type_name: ClassVar[str] = ""
-  # The settings it reads besides ``type`` (``config.evals.NAME.*``), declared: ``{key:
-  # Setting}`` (or ``{key: default}``); any other is refused, so that a misspelled one never
-  # runs its default. None: not declared (nothing checked, nothing filled in).
+  # Its settings besides ``type`` (module docstring; ``{key: default}`` also serves): a misspelled
+  # one is refused, never run at its default. None: undeclared (nothing checked or filled in).
   SETTINGS: ClassVar[dict[str, Any] | None] = None
   # How many examples a sample of this evaluation holds (:meth:`sampled`); None: not a sample.
   examples: int | None = None
@@ -81,6 +80,14 @@ class Evaluator:
   def limited(self, split: datasets.Split) -> datasets.Split:
     """``split`` limited as :func:`limit` does."""
     return limit(split, self.config)
+
+  def _chosen_split(self) -> datasets.Split:
+    """The split its setting ``split`` names; UsageError naming those the dataset has."""
+    name = self.setting("split")
+    if name not in self.splits:
+      raise UsageError(f"config.evals.{self.name}.split={name!r}: the dataset has the splits "
+                       f"{tuple(self.splits)}.")
+    return self.splits[name]
 
   def setting(self, key: str) -> Any:
     """The setting ``key`` of this evaluation in effect: the config's, or its declared default

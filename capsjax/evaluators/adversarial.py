@@ -107,16 +107,15 @@ class AdversarialEvaluator(evaluators.Evaluator):
     self.loss = get("loss")
     self.low, self.high = (float(v) for v in get("value_range"))
     self.seed = int(get("seed"))
-    if not self.attacks or {a for a in self.attacks if not a.startswith(
-        foolbox_attacks.PREFIX)} - set(ATTACKS):
+    self.by_foolbox = [a for a in self.attacks if a.startswith(foolbox_attacks.PREFIX)]
+    if not self.attacks or set(self.attacks) - set(self.by_foolbox) - set(ATTACKS):
       raise UsageError(f"{where}.attacks={self.attacks!r}: choose from {ATTACKS}, or name "
                        "any foolbox attack as 'foolbox:Name'.")
-    for attack in self.attacks:
-      if attack.startswith(foolbox_attacks.PREFIX):
-        foolbox_attacks.attack_class(attack, where)
+    for attack in self.by_foolbox:
+      foolbox_attacks.attack_class(attack, where)
     # The attacks' names in the results (foolbox:Name -> foolbox_Name).
-    self.result_names = {a: foolbox_attacks.result_name(a) if a.startswith(
-        foolbox_attacks.PREFIX) else a for a in self.attacks}
+    self.result_names = {a: foolbox_attacks.result_name(a) if a in self.by_foolbox else a
+                         for a in self.attacks}
     if not self.epsilons or any(e < 0 for e in self.epsilons):
       raise UsageError(f"{where}.epsilons={self.epsilons!r}: give budgets >= 0.")
     if self.loss not in LOSSES:
@@ -138,16 +137,12 @@ class AdversarialEvaluator(evaluators.Evaluator):
       raise UsageError(f"{where}: the images are standardised per image "
                        "(config.data.standardize), so an L-infinity budget in pixel units "
                        "has no fixed meaning; set config.data.standardize=False.")
-    split = get("split")
-    if split not in self.splits:
-      raise UsageError(f"{where}.split={split!r}: the dataset has {tuple(self.splits)}.")
-    sample = self.splits[split].sample(self.count("limit"))
+    sample = self._chosen_split().sample(self.count("limit"))
     self.set = self.batched.eval_set(sample)
     self.num_examples = len(sample)
     self.chance = self.batched.task.chance_levels()["accuracy"]
     # One object per attack: each keys the batched's jit cache.
-    self.attack_fns = {name: self._attack_fn(name) for name in self.attacks
-                       if not name.startswith(foolbox_attacks.PREFIX)}
+    self.attack_fns = {a: self._attack_fn(a) for a in self.attacks if a not in self.by_foolbox}
 
   def _step_size(self, attack: str, epsilon: float) -> float:
     if self.step_size is not None:
@@ -233,26 +228,26 @@ class AdversarialEvaluator(evaluators.Evaluator):
         else:
           result[key] = value
     result["chance"] = self.chance
-    largest = max(self.epsilons)
-    for attack in self.attacks:
-      if attack.startswith(foolbox_attacks.PREFIX):
-        result.update(foolbox_attacks.run_attack(self, attack, variables))
-    result["accuracy"] = min(result[f"{a}_eps{largest:g}_accuracy"]
+    for attack in self.by_foolbox:
+      result.update(foolbox_attacks.run_attack(self, attack, variables))
+    result["accuracy"] = min(result[f"{a}_eps{max(self.epsilons):g}_accuracy"]
                              for a in self.result_names.values())
     result["error"] = 1.0 - result["accuracy"]
-    self.add_checks(result)
-    result["seconds"] = time.perf_counter() - started  # Compilation included.
-    self.last_result = result
-    return result
+    return self._finished(result, started)
 
-  def add_checks(self, result: dict) -> None:
-    """Adds :meth:`checks` to ``result`` and logs a warning for each that fails."""
+  def _finished(self, result: dict, started: float) -> dict:
+    """``result`` with :meth:`checks` (a warning logged for each that fails) and ``seconds``
+    since ``started`` (compilation included), kept for :meth:`draw`."""
     result.update(self.checks(result))
     for check, holds in result.items():
       if check.startswith("check_") and not holds:
         logging.warning("Evaluation %r: %s fails: the attack may be weakened by gradient "
                         "masking, so accuracy under attack can overstate robustness (%s).",
-                        self.name, check, _describe(result))
+                        self.name, check, ", ".join(f"{k}={v:.3f}" for k, v in result.items()
+                                                    if k.endswith("accuracy")))
+    result["seconds"] = time.perf_counter() - started
+    self.last_result = result
+    return result
 
   def draw(self, model, workdir: str, writer, step: int) -> None:
     """``NAME_accuracy_vs_epsilon.png``: the last :meth:`run`'s accuracy against epsilon."""
@@ -287,10 +282,6 @@ class AdversarialEvaluator(evaluators.Evaluator):
           result[f"{unbounded}_unbounded_accuracy"] <= self.chance + sampling(self.chance)
           + tolerance)
     return checks
-
-
-def _describe(result: dict) -> str:
-  return ", ".join(f"{k}={v:.3f}" for k, v in result.items() if k.endswith("accuracy"))
 
 
 # Registered (capsjax/config/registries.py): this module's name in the config.

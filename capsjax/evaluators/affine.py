@@ -14,13 +14,6 @@ from capsjax.common.errors import UsageError
 from capsjax.datasets import affine, affnist
 
 
-def _check_canvas(evaluator: evaluators.Evaluator, shape: tuple) -> None:
-  expected = tuple(evaluator.builder.info.image_shape)
-  if tuple(shape) != expected:
-    raise UsageError(f"config.evals.{evaluator.name}: its images are {tuple(shape)} but the "
-                     f"model takes {expected} (config.model.image_shape).")
-
-
 class _ExamplesFigure:
   """Evaluates ``self.set``, and draws its first examples with the model's predictions."""
   figure_title = ""
@@ -29,8 +22,7 @@ class _ExamplesFigure:
     return self.batched.evaluate(params, self.set)
 
   def draw(self, model, workdir, writer, step):
-    examples = int(self.config.eval.num_figure_examples)
-    n = min(examples * 2, self.set.size)
+    n = min(int(self.config.eval.num_figure_examples) * 2, self.set.size)
     if n == 0:
       return
     batch = self.builder.eval_batch({k: v[:n] for k, v in self.set.host.examples.items()},
@@ -92,7 +84,10 @@ class AffNISTEvaluator(_ExamplesFigure, evaluators.Evaluator):
           f"no affNIST files given; set --config.evals.{self.name}.path=PATH to test.mat or "
           "the folder of test batches (https://www.cs.toronto.edu/~tijmen/affNIST/).")
     images, labels = affnist.load(path, self.builder.info.num_classes)
-    _check_canvas(self, images.shape[1:])
+    expected = tuple(self.builder.info.image_shape)
+    if images.shape[1:] != expected:
+      raise UsageError(f"config.evals.{self.name}: its images are {images.shape[1:]} but the "
+                       f"model takes {expected} (config.model.image_shape).")
     self.set = self.batched.eval_set(
         self.limited(datasets.Split({"images": images, "labels": labels})),
         self.builder.eval_batch)

@@ -47,10 +47,7 @@ class CropAverageEvaluator(evaluators.Evaluator):
                        f"(config.data.crop > 0, e.g. smallnorb); {self.config.dataset!r} "
                        "does not.")
     self.offsets = tuple(tuple(int(v) for v in o) for o in self.setting("offsets"))
-    split = self.setting("split")
-    if split not in self.splits:
-      raise UsageError(f"{where}.split={split!r}: the dataset has {tuple(self.splits)}.")
-    sample = self.limited(self.splits[split]).sample(self.count("limit"))
+    sample = self.limited(self._chosen_split()).sample(self.count("limit"))
     h, w = self.builder.stored_shape[:2]
     room = (h - self.builder.crop) // 2, (w - self.builder.crop) // 2
     if not self.offsets or any(abs(dy) > room[0] or abs(dx) > room[1]

@@ -82,8 +82,7 @@ class ReconstructionDetectionEvaluator(AdversarialEvaluator):
       raise UsageError(f"{where}.split='validation': the threshold is taken there; attack "
                        "the test split.")
     self.percentile = float(self.setting("percentile"))
-    sample = validation.sample(self.count("validation_limit"))
-    self.validation_set = self.batched.eval_set(sample)
+    self.validation_set = self.batched.eval_set(validation.sample(self.count("validation_limit")))
     self.distances: dict[str, np.ndarray] = {}
 
   def measure(self, images, outputs) -> dict:
@@ -120,13 +119,9 @@ class ReconstructionDetectionEvaluator(AdversarialEvaluator):
         result[f"{tag}_undetected_success_rate"] = float(
             np.sum(fooled & ~flagged) / max(np.sum(correct), 1))
         self.distances[tag] = values[key]
-    result["accuracy"] = result["clean_accuracy"]
-    result["error"] = 1.0 - result["accuracy"]
-    result["chance"] = self.chance
-    self.add_checks(result)
-    result["seconds"] = time.perf_counter() - started  # Compilation included.
-    self.last_result = result
-    return result
+    result.update(accuracy=result["clean_accuracy"], error=1.0 - result["clean_accuracy"],
+                  chance=self.chance)
+    return self._finished(result, started)
 
   def draw(self, model, workdir: str, writer, step: int) -> None:
     """``NAME_distances.png``: clean against attacked distances at the largest epsilon."""

@@ -76,29 +76,27 @@ def run_attack(evaluator, attack: str, variables) -> dict:
   log_probabilities = jax.jit(lambda v, batch, x: task.forward(
       v, {**batch, "images": x}, train=False).outputs.log_probabilities)
   model_of = differentiable(log_probabilities)
-  host, size = eval_set.host, eval_set.batch_size
-  correct, kept, fooled = [], {e: [] for e in evaluator.epsilons}, {e: [] for e in
-                                                                     evaluator.epsilons}
+  host, size, epsilons = eval_set.host, eval_set.batch_size, evaluator.epsilons
+  correct, kept, fooled = [], {e: [] for e in epsilons}, {e: [] for e in epsilons}
   for start in range(0, len(host), size):
     examples = {k: jnp.asarray(v[start:start + size]) for k, v in host.examples.items()}
     batch = task.complete_batch(eval_set.make_batch(
         examples, {k: jnp.asarray(v) for k, v in host.shared.items()}))
     labels = batch["labels"]
+    target = (labels + 1) % num_classes
     model = foolbox.JAXModel(model_of(variables, batch), bounds=(evaluator.low, evaluator.high))
-    aim = (foolbox.criteria.TargetedMisclassification(
-        (labels + 1) % num_classes) if evaluator.targeted else labels)
-    _, moved, _ = instance(model, batch["images"], aim, epsilons=list(evaluator.epsilons))
+    aim = foolbox.criteria.TargetedMisclassification(target) if evaluator.targeted else labels
+    _, moved, _ = instance(model, batch["images"], aim, epsilons=list(epsilons))
     clean = np.asarray(jnp.argmax(model(batch["images"]), axis=1) == labels)
     correct.append(clean)
-    for epsilon, images in zip(evaluator.epsilons, moved):
-      predicted = np.asarray(jnp.argmax(model(images), axis=1))
-      kept[epsilon].append(predicted == np.asarray(labels))
-      succeeded = (predicted == np.asarray((labels + 1) % num_classes) if evaluator.targeted
-                   else predicted != np.asarray(labels))
-      fooled[epsilon].append(clean & succeeded)
+    for epsilon, images in zip(epsilons, moved):
+      predicted = jnp.argmax(model(images), axis=1)
+      kept[epsilon].append(np.asarray(predicted == labels))
+      fooled[epsilon].append(clean & np.asarray(
+          predicted == target if evaluator.targeted else predicted != labels))
   correct = np.concatenate(correct)
   result = {"clean_accuracy": float(np.mean(correct))}
-  for epsilon in evaluator.epsilons:
+  for epsilon in epsilons:
     result[f"{name}_eps{epsilon:g}_accuracy"] = float(np.mean(np.concatenate(kept[epsilon])))
     result[f"{name}_eps{epsilon:g}_success_rate"] = float(
         np.sum(np.concatenate(fooled[epsilon])) / max(np.sum(correct), 1))

@@ -18,14 +18,6 @@ from capsjax.runs import predictions, reporting
 SPLIT = Setting("test", "The split evaluated: test, or validation where the run holds one out.")
 
 
-def _split(evaluator: evaluators.Evaluator) -> datasets.Split:
-  name = evaluator.setting("split")
-  if name not in evaluator.splits:
-    raise UsageError(f"config.evals.{evaluator.name}.split={name!r}: the dataset has the "
-                     f"splits {tuple(evaluator.splits)}.")
-  return evaluator.limited(evaluator.splits[name])
-
-
 def _images_of(evaluator: evaluators.Evaluator, split: datasets.Split) -> np.ndarray:
   if "images" not in split.examples:
     raise UsageError(f"config.evals.{evaluator.name}: type {evaluator.type_name!r} moves "
@@ -40,7 +32,7 @@ class SplitEvaluator(evaluators.Evaluator):
 
   def __init__(self, *args):
     super().__init__(*args)
-    self.set = self.batched.eval_set(_split(self), self.builder.eval_batch)
+    self.set = self.batched.eval_set(self.limited(self._chosen_split()), self.builder.eval_batch)
 
   def run(self, params) -> dict:
     return self.run_and_predict(params)[0]
@@ -71,7 +63,7 @@ class ShiftGridEvaluator(evaluators.Evaluator):
 
   def __init__(self, *args):
     super().__init__(*args)
-    self.split = _split(self)
+    self.split = self.limited(self._chosen_split())
     images = _images_of(self, self.split)
     self.max_shift = int(self.setting("max_shift"))
     largest = min(images.shape[1:3]) - 1
@@ -118,7 +110,7 @@ class RandomlyShiftedEvaluator(evaluators.Evaluator):
 
   def __init__(self, *args):
     super().__init__(*args)
-    split = _split(self)
+    split = self.limited(self._chosen_split())
     images = _images_of(self, split)
     max_shift = self.setting("max_shift")
     max_shift = int(self.config.data.shift_pixels if max_shift is None else max_shift)

@@ -47,19 +47,14 @@ KINDS = ("rotations", "scales", "shears", "translations")
 def transform(images: np.ndarray, kind: str, value: float) -> np.ndarray:
   """``images`` ``(n, h, w, c)`` uint8, every one moved by one transform about its centre."""
   n = len(images)
-  zero, one = np.zeros(n), np.ones(n)
-  translations = np.zeros((n, 2))
-  if kind == "rotations":
-    matrices = affine.linear_part(np.full(n, np.deg2rad(value)), zero, one, one)
-  elif kind == "scales":
-    matrices = affine.linear_part(zero, zero, np.full(n, value), np.full(n, value))
-  elif kind == "shears":
-    matrices = affine.linear_part(zero, np.full(n, value), one, one)
-  elif kind == "translations":
-    matrices, translations[:, 1] = affine.linear_part(zero, zero, one, one), value
-  else:
+  zero, one, full = np.zeros(n), np.ones(n), np.full(n, value)
+  # Per kind: the rotation (radians), shear, x and y scale; translations move right: (ty, tx).
+  linear = {"rotations": (np.deg2rad(full), zero, one, one), "scales": (zero, zero, full, full),
+            "shears": (zero, full, one, one), "translations": (zero, zero, one, one)}
+  if kind not in linear:
     raise ValueError(f"unknown transform {kind!r}")
-  return affine.warp(images, matrices, translations, images.shape[1:3])
+  translations = np.stack([zero, full if kind == "translations" else zero], axis=1)
+  return affine.warp(images, affine.linear_part(*linear[kind]), translations, images.shape[1:3])
 
 
 class TransformsEvaluator(evaluators.Evaluator):
@@ -92,10 +87,7 @@ class TransformsEvaluator(evaluators.Evaluator):
             and any(self.familiar < abs(a) <= 90 for a in rotations)):
       raise UsageError(f"{where}.rotations={rotations}: give angles within and beyond "
                        f"familiar_degrees={self.familiar:g} (up to 90).")
-    split = get("split")
-    if split not in self.splits:
-      raise UsageError(f"{where}.split={split!r}: the dataset has {tuple(self.splits)}.")
-    sample = self.splits[split].sample(self.count("limit"))
+    sample = self._chosen_split().sample(self.count("limit"))
     if "images" not in sample.examples or sample.examples["images"].dtype != np.uint8:
       raise UsageError(f"{where}: type 'transforms' moves uint8 images; this dataset's "
                        "examples hold none.")
@@ -120,9 +112,8 @@ class TransformsEvaluator(evaluators.Evaluator):
         [at(a) for a in angles if abs(a) <= self.familiar]))
     result["novel_rotation_accuracy"] = float(np.mean(
         [at(a) for a in angles if self.familiar < abs(a) <= 90]))
-    result["accuracy"] = result["novel_rotation_accuracy"]
-    result["error"] = 1.0 - result["accuracy"]
-    result["chance"] = self.chance
+    result.update(accuracy=result["novel_rotation_accuracy"],
+                  error=1.0 - result["novel_rotation_accuracy"], chance=self.chance)
     result["seconds"] = time.perf_counter() - started  # Compilation included.
     self.last_result = result
     return result

@@ -20,6 +20,7 @@ the whole buffer, so it errs high, never low, for such ops.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 # Element sizes in bytes of HLO's primitive types.
@@ -42,13 +43,8 @@ _TRIP_COUNT = re.compile(r'known_trip_count"?:\{"n":"(\d+)"')
 
 def shape_bytes(shape: str) -> int:
   """Bytes of an HLO shape, e.g. ``f32[128,10]{1,0}`` (5,120) or a tuple of arrays (the sum)."""
-  total = 0
-  for kind, dims in _ARRAY.findall(shape):
-    count = 1
-    for d in filter(None, dims.split(",")):
-      count *= int(d)
-    total += ELEMENT_BYTES[kind] * count
-  return total
+  return sum(ELEMENT_BYTES[kind] * math.prod(int(d) for d in filter(None, dims.split(",")))
+             for kind, dims in _ARRAY.findall(shape))
 
 
 _WORKSPACE = re.compile(r",\s*[us]8\[\d+\](?:\{0\})?\s*\)\s*$")
@@ -132,8 +128,7 @@ def program_traffic(hlo_text: str) -> Traffic:
     nonlocal unknown
     for op in computations.get(computation, []):
       if op.opcode == "while":
-        if op.trip_count is None:
-          unknown += 1
+        unknown += op.trip_count is None
         n = op.trip_count or 1
         for body in op.called.get("body", []):
           visit(body, times * n)

@@ -94,13 +94,8 @@ def _valid_taps(size: int, window: int, out: int, stride: int, padding: tuple[in
                 lhs_dilation: int, rhs_dilation: int) -> int:
   """In one spatial dimension, the (output position, window tap) pairs that read an input
   element: not the padding, not a hole of a dilated input (a transposed convolution's)."""
-  low = padding[0]
-  taps = 0
-  for o in range(out):
-    for k in range(window):
-      at = o * stride + k * rhs_dilation - low
-      taps += at >= 0 and at % lhs_dilation == 0 and at // lhs_dilation < size
-  return taps
+  at = [o * stride + k * rhs_dilation - padding[0] for o in range(out) for k in range(window)]
+  return sum(a >= 0 and a % lhs_dilation == 0 and a // lhs_dilation < size for a in at)
 
 
 def conv_flops(lhs_shape, rhs_shape, out_shape, params) -> int:
@@ -108,11 +103,10 @@ def conv_flops(lhs_shape, rhs_shape, out_shape, params) -> int:
   its window's taps that read input (padding and a dilated input's holes are skipped, as
   XLA's count skips them), the kernel's input features (already one group's)."""
   lhs_spec, rhs_spec, out_spec = params["dimension_numbers"]
-  taps = 1
-  for d, (l, r, o) in enumerate(zip(lhs_spec[2:], rhs_spec[2:], out_spec[2:])):
-    taps *= _valid_taps(lhs_shape[l], rhs_shape[r], out_shape[o], params["window_strides"][d],
-                        params["padding"][d], params["lhs_dilation"][d],
-                        params["rhs_dilation"][d])
+  taps = math.prod(_valid_taps(lhs_shape[l], rhs_shape[r], out_shape[o],
+                               params["window_strides"][d], params["padding"][d],
+                               params["lhs_dilation"][d], params["rhs_dilation"][d])
+                   for d, (l, r, o) in enumerate(zip(lhs_spec[2:], rhs_spec[2:], out_spec[2:])))
   batch, features = out_shape[out_spec[0]], out_shape[out_spec[1]]
   return 2 * batch * features * rhs_shape[rhs_spec[1]] * taps
 
@@ -122,8 +116,7 @@ def count_jaxpr(jaxpr) -> Count:
   jaxpr = jaxpr.jaxpr if hasattr(jaxpr, "jaxpr") else jaxpr  # A ClosedJaxpr's own.
   total = Count()
   for eqn in jaxpr.eqns:
-    name = eqn.primitive.name
-    params = eqn.params
+    name, params = eqn.primitive.name, eqn.params
     if name == "dot_general":
       total.matmul += dot_general_flops(eqn.invars[0].aval.shape, eqn.invars[1].aval.shape,
                                         params["dimension_numbers"])

@@ -67,9 +67,7 @@ def module_scopes(model_class: type, model: nnx.Module) -> Iterator[None]:
     @functools.wraps(method)
     def call(self, *args, **kwargs):
       path = paths.get(id(self))
-      if path is None:
-        return method(self, *args, **kwargs)
-      with jax.named_scope(SCOPE_PREFIX + path):
+      with contextlib.nullcontext() if path is None else jax.named_scope(SCOPE_PREFIX + path):
         return method(self, *args, **kwargs)
     return call
 
@@ -105,14 +103,9 @@ def op_layers(hlo_text: str, depth: int = 2) -> dict[str, tuple[str, str]]:
   return found
 
 
-def op_seconds(run: Callable[[], None], repeats: int) -> dict[str, float]:
-  """Seconds per call of ``run`` spent in each XLA op (by HLO instruction name), from a
-  profiler trace of ``repeats`` calls."""
-  return trace_ops(run, repeats)[0]
-
-
 def trace_ops(run: Callable[[], None], repeats: int) -> tuple[dict[str, float], float]:
-  """:func:`op_seconds`, and the number of op executions per call of ``run``: the events that
+  """From a profiler trace of ``repeats`` calls of ``run``: the seconds per call spent in each
+  XLA op (by HLO instruction name), and the number of op executions per call: the events that
   name an HLO op on the accelerators' planes (kernels launched) where the trace has such
   planes, else on the host's (the CPU's thunks)."""
   launches = 0

@@ -55,13 +55,11 @@ def at_matched_error(records: list[dict], familiar: Metric, novel: Metric,
   """``{"step", "familiar_error", "novel_error"}`` at the first evaluation whose familiar
   error is at most ``target_error``; None if none is (or it has no novel error)."""
   familiar_errors, novel_errors = error_curve(records, familiar), error_curve(records, novel)
-  for step in sorted(familiar_errors):
-    if familiar_errors[step] <= target_error + 1e-9:  # 1 - 0.95 is 0.05000000000000004.
-      if step not in novel_errors:
-        return None
-      return {"step": step, "familiar_error": familiar_errors[step],
-              "novel_error": novel_errors[step]}
-  return None
+  step = min((s for s in familiar_errors if familiar_errors[s] <= target_error + 1e-9),
+             default=None)  # The tolerance: 1 - 0.95 is 0.05000000000000004.
+  if step not in novel_errors:
+    return None
+  return {"step": step, "familiar_error": familiar_errors[step], "novel_error": novel_errors[step]}
 
 
 def matched_table(runs: dict[str, str], familiar: str, novel: str, target_errors) -> str:

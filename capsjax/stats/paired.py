@@ -49,9 +49,8 @@ SIGNIFICANCE = seed_pairs.SIGNIFICANCE  # Where a verdict says "not separated".
 def fair_binomial(n: int) -> np.ndarray:
   """``P(X = k)`` for ``k = 0..n``, X ~ Binomial(n, 1/2), float64 (from log-gamma: exact to
   rounding; tails below 1e-308 are 0)."""
-  k = np.arange(n + 1)
-  log_choose = (math.lgamma(n + 1) - np.array([math.lgamma(i + 1) + math.lgamma(n - i + 1)
-                                               for i in k]))
+  log_choose = math.lgamma(n + 1) - np.array([math.lgamma(i + 1) + math.lgamma(n - i + 1)
+                                              for i in range(n + 1)])
   return np.exp(log_choose - n * math.log(2.0))
 
 
@@ -65,8 +64,7 @@ def binomial_two_sided(k: int, n: int, p: float) -> float:
   counts = np.arange(n + 1)
   log = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in counts])
   with np.errstate(divide="ignore"):
-    log = log + counts * np.log(p) + (n - counts) * np.log1p(-p)
-  pmf = np.exp(log)
+    pmf = np.exp(log + counts * np.log(p) + (n - counts) * np.log1p(-p))
   return float(min(1.0, pmf[pmf <= pmf[k] * (1 + 1e-7)].sum()))
 
 
@@ -183,8 +181,7 @@ class Comparison:
 
   def models_verdict(self) -> str:
     """The verdict about these trained models: the sign-flip test over digits combined."""
-    errors_a = sum(c.errors[0] for c in self.counts)
-    errors_b = sum(c.errors[1] for c in self.counts)
+    errors_a, errors_b = (sum(c.errors[side] for c in self.counts) for side in (0, 1))
     return _floored(verdict(self.combined_p, errors_a - errors_b), self.distinct, "shared example")
 
   def setup_verdict(self) -> str:
@@ -219,10 +216,9 @@ def compare(pairs: list[tuple[object, Predictions, Predictions]]) -> Comparison:
   """:class:`Comparison` of ``[(pair label, A's predictions, B's predictions)]``."""
   if not pairs:
     raise UsageError("No pair of runs to compare: the two sides share no seed.")
-  counts, halves, summed, own = [], {"first": [], "second": []}, {}, []
+  counts, halves, own, digests = [], {"first": [], "second": []}, [], {}
   half_size = pairs[0][1].source_size // 2
   rows = []  # Per pair: its shared ids, where A's run is wrong and where B's is.
-  digests = {}
   for label, a, b in pairs:
     rows_a, rows_b = aligned(a, b, f"the runs of seed pair {label} (A's {len(a)} examples, "
                                    f"B's {len(b)})")
@@ -237,19 +233,16 @@ def compare(pairs: list[tuple[object, Predictions, Predictions]]) -> Comparison:
     first = ids < half_size
     halves["first"].append(PairCounts.of(wrong_a[first], wrong_b[first]))
     halves["second"].append(PairCounts.of(wrong_a[~first], wrong_b[~first]))
-    for i, d in zip(ids.tolist(), (wrong_a.astype(int) - wrong_b.astype(int)).tolist()):
-      summed[i] = summed.get(i, 0) + d
     own.append((len(a), len(b)))
     rows.append((ids, wrong_a, wrong_b))
   union = np.unique(np.concatenate([ids for ids, _, _ in rows]))
-  shape = (len(rows), len(union))
-  wrong_a, wrong_b, evaluated = (np.zeros(shape, bool) for _ in range(3))
+  wrong_a, wrong_b, evaluated = (np.zeros((len(rows), len(union)), bool) for _ in range(3))
   for k, (ids, a_wrong, b_wrong) in enumerate(rows):
     columns = np.searchsorted(union, ids)
     wrong_a[k, columns], wrong_b[k, columns], evaluated[k, columns] = a_wrong, b_wrong, True
   return Comparison([label for label, _, _ in pairs], counts, halves, half_size,
-                    sign_flip_exact(np.array(list(summed.values()), np.int64)), own,
-                    seed_pairs.SetupTest.of(wrong_a, wrong_b, evaluated), len(summed))
+                    sign_flip_exact((wrong_a.astype(np.int64) - wrong_b).sum(0)), own,
+                    seed_pairs.SetupTest.of(wrong_a, wrong_b, evaluated), len(union))
 
 
 def format_p(p: float) -> str:
@@ -268,8 +261,7 @@ def p_text(p: float) -> str:
 def halves_test(counts: dict[str, list[PairCounts]], side: int) -> tuple[int, int, float]:
   """One side's errors in the first and the second half (summed over seed pairs) and the exact
   binomial p that an error is as likely in either half, given the halves' sizes."""
-  first = sum(c.errors[side] for c in counts["first"])
-  second = sum(c.errors[side] for c in counts["second"])
+  first, second = (sum(c.errors[side] for c in counts[half]) for half in ("first", "second"))
   share = sum(c.total for c in counts["first"]) / max(
       1, sum(c.total for c in counts["first"] + counts["second"]))
   return first, second, binomial_two_sided(first, first + second, share)
@@ -278,11 +270,6 @@ def halves_test(counts: dict[str, list[PairCounts]], side: int) -> tuple[int, in
 def points(fraction: float) -> str:
   """An error difference in percentage points, signed: ``-0.24``."""
   return f"{100 * fraction:+.2f}"
-
-
-def interval_text(test: seed_pairs.SetupTest) -> str:
-  """``-0.24 [-0.55, +0.07]``: the mean difference (points) and its 95% interval."""
-  return f"{points(test.mean)} [{points(test.low)}, {points(test.high)}]"
 
 
 def needed_text(test: seed_pairs.SetupTest) -> str:
@@ -306,8 +293,7 @@ def errors_text(counts: list[PairCounts], side: int) -> str:
   values = [100 * c.errors[side] / c.total for c in counts if c.total]
   if not values:
     return "no shared example"
-  mean, std = spread.mean_std(values)
-  return spread.mean_pm(mean, std, scale=1.0)
+  return spread.mean_pm(*spread.mean_std(values), scale=1.0)
 
 
 def markdown(result: Comparison, evaluation: str = "test") -> str:
@@ -321,12 +307,9 @@ def markdown(result: Comparison, evaluation: str = "test") -> str:
       f"pair(s), mean ± std over the pairs; the halves by id in the source's order (MNIST's "
       f"files: [:{h}] and [{h}:]):", "",
       "| examples (per seed pair) | A | B |", "|---|---|---|",
-      f"| all shared ({count_text(result.examples)}) | {errors_text(result.counts, 0)} | "
-      f"{errors_text(result.counts, 1)} |",
-      f"| ids < {h} ({count_text([c.total for c in first])}) | {errors_text(first, 0)} | "
-      f"{errors_text(first, 1)} |",
-      f"| ids >= {h} ({count_text([c.total for c in second])}) | {errors_text(second, 0)} | "
-      f"{errors_text(second, 1)} |", "",
+      *(f"| {subset} ({count_text([c.total for c in counts])}) | {errors_text(counts, 0)} | "
+        f"{errors_text(counts, 1)} |" for subset, counts in (
+            ("all shared", result.counts), (f"ids < {h}", first), (f"ids >= {h}", second))), "",
       "Per seed pair (the seed, or A's/B's): the examples both runs evaluated, each run's "
       "errors on them, the examples only A gets wrong, only B, both; McNemar's exact p (all "
       "shared examples, and each half; - where a half holds none):", "",
@@ -374,12 +357,13 @@ ROW_HEADER = ("seed pairs", "examples shared per seed pair (A's own, B's own)", 
 
 def row(result: Comparison) -> list[str]:
   """A sweep's paired table's cells (:data:`ROW_HEADER`) for one comparison."""
-  own_a = count_text([a for a, _ in result.own])
-  own_b = count_text([b for _, b in result.own])
+  own_a, own_b = (count_text([own[side] for own in result.own]) for side in (0, 1))
+  setup = result.setup
   return [str(len(result.seeds)), f"{count_text(result.examples)} ({own_a}, {own_b})",
           str(sum(c.only_a for c in result.counts)), str(sum(c.only_b for c in result.counts)),
           ", ".join(format_p(c.p_value) for c in result.counts), result.models_verdict(),
-          interval_text(result.setup), result.setup_verdict(), needed_text(result.setup)]
+          f"{points(setup.mean)} [{points(setup.low)}, {points(setup.high)}]",
+          result.setup_verdict(), needed_text(setup)]
 
 
 def as_json(result: Comparison) -> dict:

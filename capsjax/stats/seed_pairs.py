@@ -55,6 +55,7 @@ Host-side NumPy and ``statistics`` only.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 
@@ -79,15 +80,14 @@ def smallest_p(num_pairs: int) -> float:
 
 def fewest_pairs(alpha: float = SIGNIFICANCE) -> int:
   """The fewest seed pairs at which the exact test can give p < ``alpha`` (6 at 0.05)."""
-  k = 1
-  while smallest_p(k) >= alpha:
-    k += 1
-  return k
+  return next(k for k in itertools.count(1) if smallest_p(k) < alpha)
 
 
-def sign_patterns(num_pairs: int) -> np.ndarray:
-  """Every vector of ``num_pairs`` signs, ``(2**K, K)`` float64."""
-  return 1.0 - 2.0 * ((np.arange(2 ** num_pairs)[:, None] >> np.arange(num_pairs)) & 1)
+def sign_patterns(num_pairs: int, numbers=None) -> np.ndarray:
+  """The vectors of ``num_pairs`` signs whose bits are ``numbers`` (default: every one of the
+  ``2**K``), ``(len(numbers), K)`` float64."""
+  numbers = np.arange(2 ** num_pairs) if numbers is None else numbers
+  return 1.0 - 2.0 * ((numbers[:, None] >> np.arange(num_pairs)) & 1)
 
 
 def sign_flip_p(differences, seed: int = 0) -> float:
@@ -97,17 +97,12 @@ def sign_flip_p(differences, seed: int = 0) -> float:
   observed = abs(d.sum())
   if not len(d) or not np.any(d):
     return 1.0
+  hits = lambda signs: int(np.sum(np.abs(signs @ np.abs(d)) >= observed * (1 - TIES)))
   if len(d) <= EXACT_PAIRS:
-    hits = total = 0
-    for chunk in np.array_split(np.arange(2 ** len(d)), max(1, 2 ** len(d) // 65536)):
-      signs = 1.0 - 2.0 * ((chunk[:, None] >> np.arange(len(d))) & 1)
-      hits += int(np.sum(np.abs(signs @ np.abs(d)) >= observed * (1 - TIES)))
-      total += len(chunk)
-    return hits / total
-  rng = np.random.default_rng(seed)
-  signs = rng.choice((-1.0, 1.0), size=(MONTE_CARLO_PATTERNS, len(d)))
-  hits = int(np.sum(np.abs(signs @ np.abs(d)) >= observed * (1 - TIES)))
-  return (hits + 1) / (MONTE_CARLO_PATTERNS + 1)
+    chunks = np.array_split(np.arange(2 ** len(d)), max(1, 2 ** len(d) // 65536))
+    return sum(hits(sign_patterns(len(d), numbers)) for numbers in chunks) / 2 ** len(d)
+  signs = np.random.default_rng(seed).choice((-1.0, 1.0), size=(MONTE_CARLO_PATTERNS, len(d)))
+  return (hits(signs) + 1) / (MONTE_CARLO_PATTERNS + 1)
 
 
 def pair_differences(wrong_a: np.ndarray, wrong_b: np.ndarray, evaluated: np.ndarray) -> np.ndarray:
@@ -119,9 +114,8 @@ def pair_differences(wrong_a: np.ndarray, wrong_b: np.ndarray, evaluated: np.nda
 
 def bootstrap(wrong_a: np.ndarray, wrong_b: np.ndarray, evaluated: np.ndarray,
               replicates: int = BOOTSTRAP_REPLICATES, seed: int = 0) -> np.ndarray:
-  """The two-level bootstrap's replicates of the mean error difference (module docstring):
-  ``(K, n)`` booleans as :func:`pair_differences`; the replicates draw in turn from one
-  ``default_rng(seed)``, each K pair indices, then n example indices. A replicate whose drawn
+  """The two-level bootstrap's replicates of the mean error difference, drawn as the module
+  docstring says, from ``(K, n)`` booleans as :func:`pair_differences`. A replicate whose drawn
   examples hold none of a drawn pair's is NaN (left out of the interval)."""
   difference = (wrong_a.astype(np.float64) - wrong_b.astype(np.float64)) * evaluated
   evaluated = evaluated.astype(np.float64)
@@ -228,8 +222,7 @@ class SetupTest:
     """From ``(K, n)`` booleans over the union of the pairs' examples: where A's run of pair k
     is wrong, where B's is, and which examples pair k shares."""
     differences = pair_differences(wrong_a, wrong_b, evaluated)
-    low, high = interval(bootstrap(wrong_a, wrong_b, evaluated, seed=seed))
-    needed, why = pairs_needed(differences)
-    return cls([float(x) for x in differences], sign_flip_p(differences, seed), low, high,
-               needed, why)
+    return cls([float(x) for x in differences], sign_flip_p(differences, seed),
+               *interval(bootstrap(wrong_a, wrong_b, evaluated, seed=seed)),
+               *pairs_needed(differences))
 

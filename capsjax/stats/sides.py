@@ -69,11 +69,10 @@ class Side:
     model = recorded.get("model.name", "?")
     params = summary.get("num_params")
     chance = (summary.get("chance") or {}).get("accuracy")
-    source = recorded.get("data.source")
     return cls(
         spec=spec, seeds=[seed for seed, _, _ in runs],
         model=f"{model}, {params:,} parameters" if isinstance(params, int) else str(model),
-        data=f"{recorded.get('dataset', '?')} ({source if source else 'its own files'})",
+        data=f"{recorded.get('dataset', '?')} ({recorded.get('data.source') or 'its own files'})",
         steps=[s.get("step") for s in summaries], epochs=[s.get("epochs") for s in summaries],
         examples=[len(p) for _, _, p in runs],
         accuracies=[float(np.mean(p.correct)) if len(p) else float("nan") for _, _, p in runs],
@@ -92,9 +91,8 @@ class Side:
 
   def accuracy_text(self) -> str:
     """``89.15 ± 2.05 (chance 10.00)``: accuracy (%) on its own examples, mean ± std over runs."""
-    mean, std = spread.mean_std(self.accuracies)
     chance = "?" if self.chance is None else f"{100 * self.chance:.2f}"
-    return f"{spread.mean_pm(mean, std)} (chance {chance})"
+    return f"{spread.mean_pm(*spread.mean_std(self.accuracies))} (chance {chance})"
 
 
 def _summary(workdir: str) -> dict:
@@ -111,12 +109,6 @@ def _range(values) -> str:
   return text(low) if low == high else f"{text(low)}-{text(high)}"
 
 
-def is_compared(key: str, compared) -> bool:
-  """Whether the dotted ``key`` is one of the settings ``compared`` names (dotted, or by its
-  last part as point names shorten them)."""
-  return key in compared or key.rsplit(".", 1)[-1] in compared
-
-
 def warnings(a: Side, b: Side, differing: list[str], compared: set[str] | None,
              own: list[tuple[int, int]], shared: list[int], labels: list) -> list[str]:
   """The warnings of the module docstring.
@@ -131,8 +123,8 @@ def warnings(a: Side, b: Side, differing: list[str], compared: set[str] | None,
     extra = keys if len(keys) > 1 else []
   elif CONFIG_KEY in compared:
     extra = []  # The point's config file is the setting compared: it sets the others.
-  else:
-    extra = [k for k in keys if not is_compared(k, compared)]
+  else:  # A setting compared is named dotted, or by its last part as point names shorten it.
+    extra = [k for k in keys if k not in compared and k.rsplit(".", 1)[-1] not in compared]
   if extra:
     about = ("" if compared is None else f" ({', '.join(sorted(compared))})" if compared else "")
     # Settings both sides have first: one that only one side has follows from another (a model's
