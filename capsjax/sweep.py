@@ -53,7 +53,8 @@ def load_experiment(spec: str):
   and get_sweep()."""
   path = spec.partition(":")[0]
   if not os.path.isfile(path):
-    raise UsageError(f"Experiment file {path!r} not found (e.g. experiments/routing_iterations.py).")
+    raise UsageError(f"Experiment file {path!r} not found "
+                     "(e.g. experiments/routing_iterations.py).")
   spec = importlib.util.spec_from_file_location(f"capsjax_experiment_{pathlib.Path(path).stem}",
                                                 path)
   module = importlib.util.module_from_spec(spec)

@@ -46,7 +46,7 @@ def test_the_seeds_train_with_the_best_validation_trial_and_no_trial_evaluates_t
   evaluation of a trial is built on the test split (a copy that scored trials on test would
   build one: its "test" evaluation is the validation split)."""
   from capsjax import train
-  from capsjax.evaluators import splits
+  from capsjax.evaluators import Evaluator
 
   in_trial, evaluated = [False], []
   train_one = train.train_and_evaluate
@@ -61,9 +61,9 @@ def test_the_seeds_train_with_the_best_validation_trial_and_no_trial_evaluates_t
     summary["evaluations"]["validation"]["loss"] = (1.0, 0.25, 0.5)[int(workdir[-1])]
     return summary
 
-  split_of = splits._split
+  split_of = Evaluator._chosen_split
   monkeypatch.setattr(train, "train_and_evaluate", trial)  # What the search trains with.
-  monkeypatch.setattr(splits, "_split", lambda e: (
+  monkeypatch.setattr(Evaluator, "_chosen_split", lambda e: (
       evaluated.append(e.setting("split")) if in_trial[0] else None, split_of(e))[1])
   result = sweep_in_process(capsys, write_experiment(tmp_path / "exp.py", trials=3),
                             tmp_path / "sweep", data_dir=data_dir)

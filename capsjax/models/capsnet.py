@@ -277,7 +277,8 @@ class CapsNet(CapsuleModel):
     padding = config.padding
     router, settings = routing.chosen(config.routing)
     # The primary capsules squash with the router's epsilon, or Eq. 1's where it has none.
-    squash_epsilon = settings.get("squash_epsilon", SQUASH_EPSILON.default)
+    squash_epsilon = (settings["squash_epsilon"] if "squash_epsilon" in settings
+                      else SQUASH_EPSILON.default)
     self.conv1 = layers.Conv2D(config.image_shape[2], config.conv1.features,
                                config.conv1.kernel_size, config.conv1.stride, impl=config.conv_impl,
                                compute_dtype=dtype, init_scale=config.conv1.init_scale,

@@ -41,6 +41,7 @@ from typing import Any
 
 import ml_collections
 
+from capsjax.common import public_names
 from capsjax.config import schema
 from capsjax.config import settings as settings_lib
 from capsjax.common.errors import UsageError
@@ -100,3 +101,5 @@ __all__ = [
     "coupling_statistics", "dynamic_routing", "exp_squash", "fill", "get", "matrix_votes",
     "resolve", "routing_diagnostics", "routing_diagnostics_per_example", "safe_norm", "squash",
 ]
+
+__getattr__ = public_names.module_getattr(__name__)

@@ -17,13 +17,20 @@ from capsjax.routing.router import (SQUASH_EPSILON, ConvLayer, ParamSpec, Router
 
 def safe_norm(x: jax.Array, axis: int = -1, epsilon: float = 0.0,
               keepdims: bool = False) -> jax.Array:
-  """Euclidean norm ``sqrt(sum(x**2) + epsilon)`` along ``axis`` with a finite gradient at 0:
-  ``x``'s shape without ``axis`` (or with size 1 there, ``keepdims``); ``epsilon`` 0 gives the
-  exact norm.
+  """Euclidean norm ``sqrt(sum(x**2) + epsilon)`` with a finite gradient at 0.
 
-  ``jnp.linalg.norm`` has a NaN gradient at the zero vector (0/0). Here the square root only ever
-  sees positive numbers, and the zero vector gets norm ``sqrt(epsilon)`` and gradient 0 (the
-  subgradient of minimum norm).
+  ``jnp.linalg.norm`` has a NaN gradient at the zero vector (0/0). Here the
+  square root only ever sees positive numbers, and the zero vector gets norm
+  ``sqrt(epsilon)`` and gradient 0 (the subgradient of minimum norm).
+
+  Args:
+    x: any array.
+    axis: the vector axis.
+    epsilon: added under the square root; 0 gives the exact norm.
+    keepdims: keep the reduced axis with size 1.
+
+  Returns:
+    The norms, ``x``'s shape without ``axis`` (or with size 1 there).
   """
   squared = jnp.sum(jnp.square(x), axis=axis, keepdims=keepdims) + epsilon
   positive = squared > 0
@@ -31,13 +38,21 @@ def safe_norm(x: jax.Array, axis: int = -1, epsilon: float = 0.0,
 
 
 def squash(s: jax.Array, axis: int = -1, epsilon: float = 0.0) -> jax.Array:
-  """The squashing non-linearity, Eq. 1: ``v = |s|^2/(1+|s|^2) * s/|s|`` of the capsule
-  pre-activations ``s``, vectors along ``axis``; ``v`` has the shape of ``s``, ``|v| < 1``.
+  """The squashing non-linearity, Eq. 1: ``v = |s|^2/(1+|s|^2) * s/|s|``.
 
-  Short vectors shrink to almost zero length and long vectors to a length just below 1; the
-  direction is kept. ``epsilon`` is added under the square root of ``|s|`` in the denominator,
-  as many public implementations do (1e-7, 1e-8, 1e-9 are common). The paper's Eq. 1 has none,
-  which is the default 0; the gradient is finite at the zero vector either way.
+  Short vectors shrink to almost zero length and long vectors to a length
+  just below 1; the direction is kept.
+
+  Args:
+    s: capsule pre-activations, vectors along ``axis``.
+    axis: the capsule-vector axis.
+    epsilon: added under the square root of ``|s|`` in the denominator, as many
+      public implementations do (1e-7, 1e-8, 1e-9 are common). The paper's
+      Eq. 1 has none, which is the default 0; the gradient is finite at the
+      zero vector either way.
+
+  Returns:
+    ``v`` with the shape of ``s``; ``|v| < 1``.
   """
   squared = jnp.sum(jnp.square(s), axis=axis, keepdims=True)
   norm = safe_norm(s, axis=axis, epsilon=epsilon, keepdims=True)
@@ -48,10 +63,12 @@ def squash(s: jax.Array, axis: int = -1, epsilon: float = 0.0) -> jax.Array:
 def exp_squash(s: jax.Array, axis: int = -1) -> jax.Array:
   """Efficient-CapsNet's squash (Mazzia et al. 2021, Eq. 5): ``v = (1 - e^{-|s|}) s/|s|``.
 
-  Steeper near zero than Eq. 1; ``v`` has the shape of ``s``, ``|v| < 1``. Written as
-  ``-expm1(-|s|)/|s| * s``, whose factor tends to 1 at the zero vector, so value and gradient are
-  finite there without the reference code's fuzz factor (``eps = 1e-20`` in
-  ``(1 - 1/(e^{|s|} + eps)) s/(|s| + eps)``).
+  Steeper near zero than Eq. 1. Written as ``-expm1(-|s|)/|s| * s``, whose factor tends to 1 at
+  the zero vector, so value and gradient are finite there without the reference code's fuzz
+  factor (``eps = 1e-20`` in ``(1 - 1/(e^{|s|} + eps)) s/(|s| + eps)``).
+
+  Returns:
+    ``v`` with the shape of ``s``; ``|v| < 1``.
   """
   norm = safe_norm(s, axis=axis, keepdims=True)
   positive = norm > 0
@@ -61,9 +78,15 @@ def exp_squash(s: jax.Array, axis: int = -1) -> jax.Array:
 
 @jax.custom_vjp
 def capsule_votes(capsules: jax.Array, weights: jax.Array) -> jax.Array:
-  """Prediction vectors u_hat_{j|i} = W_ij u_i (paper, Eq. 2), W not tiled over the batch:
-  child capsules u_i ``(batch, in_caps, in_dim)`` and W_ij ``(in_caps, out_caps, out_dim, in_dim)``
-  -> votes ``(batch, in_caps, out_caps, out_dim)``."""
+  """Prediction vectors u_hat_{j|i} = W_ij u_i (paper, Eq. 2), W not tiled over the batch.
+
+  Args:
+    capsules: child capsules u_i, ``(batch, in_caps, in_dim)``.
+    weights: W_ij, ``(in_caps, out_caps, out_dim, in_dim)``.
+
+  Returns:
+    votes, ``(batch, in_caps, out_caps, out_dim)``.
+  """
   return jnp.einsum("bik,ijdk->bijd", capsules, weights)
 
 
@@ -72,9 +95,10 @@ def _capsule_votes_fwd(capsules, weights):
 
 
 def _capsule_votes_bwd(residuals, votes_grad):
-  # Both gradients are matmuls batched over children i. Written with the vote gradient child-major,
-  # (in_caps, batch, out_caps*out_dim), XLA:CPU transposes it once; from autodiff of the einsum it
-  # made two transposed copies (docs/performance.md has the timings).
+  # Both gradients are matmuls batched over children i. Written with the vote
+  # gradient child-major, (in_caps, batch, out_caps*out_dim), XLA:CPU transposes
+  # it once; from autodiff of the einsum it made two transposed copies
+  # (docs/performance.md has the timings).
   capsules, weights = residuals
   in_caps, out_caps, out_dim, in_dim = weights.shape
   grad = jnp.transpose(votes_grad, (1, 0, 2, 3)).reshape(in_caps, -1, out_caps * out_dim)
@@ -89,10 +113,16 @@ capsule_votes.defvjp(_capsule_votes_fwd, _capsule_votes_bwd)
 
 def matrix_votes(poses: jax.Array, weights: jax.Array) -> jax.Array:
   """Votes of matrix capsules, V_ij = M_i W_ij (Hinton, Sabour & Frosst 2018, Sec. 2): each
-  child's ``p x p`` pose matrix times a learned ``p x p`` transform per (child, parent). Child
-  poses M_i flattened ``(batch, in_caps, p * p)`` (p = 4 in the paper) and W_ij
-  ``(in_caps, out_caps, p, p)`` -> votes flattened ``(batch, in_caps, out_caps, p * p)``, which
-  every router takes as it takes vector votes."""
+  child's ``p x p`` pose matrix times a learned ``p x p`` transform per (child, parent).
+
+  Args:
+    poses: child poses M_i flattened, ``(batch, in_caps, p * p)`` (p = 4 in the paper).
+    weights: W_ij, ``(in_caps, out_caps, p, p)``.
+
+  Returns:
+    votes flattened, ``(batch, in_caps, out_caps, p * p)``: every router takes them as it
+    takes vector votes.
+  """
   batch, in_caps, _ = poses.shape
   _, out_caps, p, _ = weights.shape
   matrices = poses.reshape(batch, in_caps, p, p)
@@ -101,10 +131,16 @@ def matrix_votes(poses: jax.Array, weights: jax.Array) -> jax.Array:
 
 
 def coupling_statistics(coupling: jax.Array, axis: int = 2) -> dict[str, jax.Array]:
-  """Per example, of ``coupling`` ``(batch, in_caps, out_caps)`` (each distribution along
-  ``axis``): ``{"coupling_entropy": (batch,), "coupling_max": (batch,)}``, the mean entropy
-  (nats) of the distributions and the mean of their largest coefficient. Uniform over n parents
-  gives ``log n`` and ``1/n``; a one-hot coupling 0 and 1."""
+  """Per example: the mean entropy (nats) of the coupling distributions along ``axis`` and
+  the mean of their largest coefficient.
+
+  Args:
+    coupling: ``(batch, in_caps, out_caps)``, each distribution along ``axis``.
+
+  Returns:
+    A dict, ``{"coupling_entropy": (batch,), "coupling_max": (batch,)}``. Uniform over n
+    parents gives ``log n`` and ``1/n``; a one-hot coupling 0 and 1.
+  """
   c = coupling
   entropy = -jnp.sum(jnp.where(c > 0, c * jnp.log(jnp.where(c > 0, c, 1.0)), 0.0), axis=axis)
   peak = jnp.max(c, axis=axis)
@@ -114,11 +150,16 @@ def coupling_statistics(coupling: jax.Array, axis: int = 2) -> dict[str, jax.Arr
 
 def coupled_parents(votes: jax.Array, coupling: jax.Array, *, bias: jax.Array | None = None,
                     squash_epsilon: float = 0.0, diagnostics: bool = False):
-  """One pass without agreement: ``v_j = squash(sum_i c_ij u_hat_{j|i} + bias)`` (Eq. 1-2), of
-  votes ``(batch, in_caps, out_caps, out_dim)``, coupling ``(batch, in_caps, out_caps)`` and an
-  optional bias ``(out_caps, out_dim)`` on s_j. A :class:`RoutingResult`; its diagnostics (one
-  iteration, when asked for): ``coupling_entropy``, ``coupling_max``, ``preactivation_norm``
-  (mean |s_j|)."""
+  """One pass without agreement: ``v_j = squash(sum_i c_ij u_hat_{j|i} + bias)`` (Eq. 1-2).
+
+  Args:
+    votes: ``(batch, in_caps, out_caps, out_dim)``; coupling ``(batch, in_caps, out_caps)``.
+    bias: optional ``(out_caps, out_dim)`` on s_j.
+
+  Returns:
+    A :class:`RoutingResult`; its diagnostics (one iteration, when asked for):
+    ``coupling_entropy``, ``coupling_max``, ``preactivation_norm`` (mean |s_j|).
+  """
   preactivation = jnp.einsum("bijd,bij->bjd", votes, coupling)
   if bias is not None:
     preactivation = preactivation + bias

@@ -93,9 +93,13 @@ class ParamSpec:
     return not isinstance(self.init, (int, float))
 
   def create(self, key: jax.Array | None) -> jax.Array:
-    if callable(self.init):
-      return self.init(key, self.shape)
-    return jnp.full(self.shape, {"zeros": 0.0, "ones": 1.0}.get(self.init, self.init), jnp.float32)
+    if self.init == "zeros":
+      return jnp.zeros(self.shape, jnp.float32)
+    if self.init == "ones":
+      return jnp.ones(self.shape, jnp.float32)
+    if not self.needs_key:
+      return jnp.full(self.shape, self.init, jnp.float32)
+    return self.init(key, self.shape)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

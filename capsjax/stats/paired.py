@@ -126,7 +126,8 @@ class PairCounts:
                int(np.sum(wrong_a & wrong_b)), int(np.sum(~wrong_a & ~wrong_b)))
 
 
-def aligned(a: Predictions, b: Predictions, what: str = "the two runs") -> tuple[np.ndarray, np.ndarray]:
+def aligned(a: Predictions, b: Predictions,
+            what: str = "the two runs") -> tuple[np.ndarray, np.ndarray]:
   """Rows of ``a`` and of ``b`` holding the same examples, in order of id: the examples both
   evaluated. Raises UsageError when an id they share holds different inputs or labels (other
   data, another order of tensorflow-datasets' files, other padding) or none is shared."""
