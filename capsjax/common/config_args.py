@@ -40,11 +40,17 @@ def _typed(key: str, text: str, default, where: str):
 
 def parse_arg(arg: str | None, where: str, *, aliases: dict[str, str] | None = None,
               **spec) -> ml_collections.ConfigDict:
-  """Parses ``arg``, the variant string of ``--config=FILE:arg`` (``"key,key=value,..."``, or
-  None/"" for all defaults), against ``spec``: each accepted keyword and its default, whose type
-  types the value. ``where``: the config file's name, for error messages; ``aliases``: whole-item
-  spellings expanded first (the module docstring). Returns a locked ConfigDict with every keyword
-  of ``spec``."""
+  """Parses ``arg`` (``"key,key=value,..."``, or None/"" for all defaults) against ``spec``.
+
+  Args:
+    arg: the variant string of ``--config=FILE:arg``.
+    where: the config file's name, for error messages.
+    aliases: whole-item spellings to expand first, e.g. ``{"baseline_smoke": "baseline,smoke"}``.
+    **spec: each accepted keyword and its default; the default's type types the value.
+
+  Returns:
+    A locked ConfigDict with every keyword of ``spec``.
+  """
   aliases = aliases or {}
   args = ml_collections.ConfigDict(dict(spec))
   items = [item.strip() for item in (arg or "").split(",") if item.strip()]

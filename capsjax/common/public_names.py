@@ -82,7 +82,7 @@ MOVED: dict[tuple[str, str], str] = {
     ("capsjax.common.per_run", "config_keys"): "capsjax.config.per_run:config_keys",
     ("capsjax.common.per_run", "of_config"): "capsjax.config.per_run:of_config",
     ("capsjax.common.per_run", "stacked"): "capsjax.config.per_run:stacked",
-    # Removed in 0.2.0 as a forwarder: the table is the schema's, which the router resolves by.
+    # Moved in 0.2.0: the table of every router's settings is the schema's, which resolves by it.
     ("capsjax.routing", "all_settings"): "capsjax.config.schema:router_settings",
 }
 

@@ -60,6 +60,7 @@ def _set_default(raw: dict, key: str, value):
 
 def _add_keys(raw: dict) -> None:
   """Version 1: :data:`ADDED_KEYS` and :data:`ADDED_KEYS_OF` set where a file lacks them."""
+  # Each condition of ADDED_KEYS_OF is on a key of ADDED_KEYS (model.name, dataset): set by now.
   found = {key: _set_default(raw, key, value) for key, value in ADDED_KEYS.items()}
   for (key, value), keys in ADDED_KEYS_OF.items():
     if found[key] == value:

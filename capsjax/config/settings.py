@@ -184,8 +184,11 @@ def nearest(key: str, known) -> str | None:
   """The declared key closest in spelling to ``key`` (or one that ends the same way)."""
   known = list(known)
   last = key.rsplit(".", 1)[-1]
-  return (difflib.get_close_matches(key, known, n=1, cutoff=0.5)
-          or [k for k in known if k.rsplit(".", 1)[-1] == last] or [None])[0]
+  close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+  if close:
+    return close[0]
+  same_end = [k for k in known if k.rsplit(".", 1)[-1] == last]
+  return same_end[0] if same_end else None
 
 
 def _a(words: str) -> str:

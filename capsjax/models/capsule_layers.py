@@ -113,6 +113,7 @@ class PrimaryCapsules(nnx.Module):
     self.conv = layers.Conv2D(in_features, num_types * dim, kernel_size, stride, impl=impl,
                               compute_dtype=compute_dtype, init_scale=init_scale,
                               bias_init=bias_init, padding=padding, rngs=rngs)
+    self.num_types = num_types
     self.dim = dim
     self.squash_epsilon = squash_epsilon
     self.output_scale = output_scale

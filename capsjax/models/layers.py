@@ -228,9 +228,15 @@ class Decoder(nnx.Module):
     self.image_shape = tuple(image_shape)
 
   def __call__(self, class_capsules: jax.Array, mask: jax.Array) -> jax.Array:
-    """Decodes the ``class_capsules`` ``(batch, num_classes, capsule_dim)`` that ``mask``
-    ``(batch, num_classes)`` keeps (usually one-hot; the others are zeroed): pixel intensities in
-    (0, 1), ``(batch, *image_shape)``."""
+    """Decodes the capsules that ``mask`` keeps.
+
+    Args:
+      class_capsules: ``(batch, num_classes, capsule_dim)``.
+      mask: ``(batch, num_classes)``, usually one-hot; the others are zeroed.
+
+    Returns:
+      Pixel intensities in (0, 1), ``(batch, *image_shape)``.
+    """
     x = (class_capsules * mask[..., None]).reshape(class_capsules.shape[0], -1)
     for layer in self.layers[:-1]:
       x = jax.nn.relu(layer(x))

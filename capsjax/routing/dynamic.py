@@ -53,7 +53,8 @@ def coupling_coefficients(logits: jax.Array, softmax_axis: str = "output",
 def _softmax(logits, axis, leaky):
   if not leaky:
     return jax.nn.softmax(logits, axis=axis)
-  leak_shape = logits.shape[:axis] + (1,) + logits.shape[axis + 1:]
+  leak_shape = list(logits.shape)
+  leak_shape[axis] = 1
   padded = jnp.concatenate([logits, jnp.zeros(leak_shape, logits.dtype)], axis=axis)
   return jax.lax.slice_in_dim(jax.nn.softmax(padded, axis=axis), 0, logits.shape[axis], axis=axis)
 

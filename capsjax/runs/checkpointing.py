@@ -344,6 +344,7 @@ class Checkpointer:
             f"({self.path(failed)}.orbax-checkpoint-tmp)")
 
   def close(self) -> None:
+    """Waits for a save still writing (:meth:`wait`) and closes the manager."""
     self.wait()
     try:
       self._manager.close()

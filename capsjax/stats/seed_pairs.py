@@ -222,7 +222,8 @@ class SetupTest:
     """From ``(K, n)`` booleans over the union of the pairs' examples: where A's run of pair k
     is wrong, where B's is, and which examples pair k shares."""
     differences = pair_differences(wrong_a, wrong_b, evaluated)
-    return cls([float(x) for x in differences], sign_flip_p(differences, seed),
-               *interval(bootstrap(wrong_a, wrong_b, evaluated, seed=seed)),
-               *pairs_needed(differences))
+    low, high = interval(bootstrap(wrong_a, wrong_b, evaluated, seed=seed))
+    needed, why = pairs_needed(differences)
+    return cls([float(x) for x in differences], sign_flip_p(differences, seed), low, high,
+               needed, why)
 

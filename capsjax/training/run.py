@@ -332,7 +332,7 @@ def summarise(setup: Setup, step: int, params, results: dict, progress: TrainLog
               selected_on: str) -> dict:
   """What ``summary.json`` holds: the main test set at the top level, every evaluation under
   ``evaluations``, the chance levels, and how the numbers were chosen (``selected_on``: ``final``,
-  ``validation`` or ``test``, :data:`capsjax.training.restoring.SELECTED_ON`)."""
+  ``validation`` or ``test``, :mod:`capsjax.training.restoring`)."""
   config, budget = setup.config, setup.budget
   summary = {
       "num_params": int(sum(np.size(x) for x in jax.tree.leaves(params))),

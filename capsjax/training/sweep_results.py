@@ -279,7 +279,7 @@ def _group(rows: list[dict], keys: list[str]) -> list[dict]:
 
 def markdown_table(groups: list[dict], keys: list[str], references: dict | None = None) -> str:
   """Mean ± std over seeds per setting (the mean alone for one seed); beside the test error its
-  chance level and how the numbers were chosen (:data:`capsjax.training.restoring.SELECTED_ON`);
+  chance level and how the numbers were chosen (:mod:`capsjax.training.restoring`);
   other evaluations' accuracies (and at-least-one rates) as extra columns; last, where runs
   logged them, the comparison-only errors chosen during training (:mod:`capsjax.stats.chosen`),
   headed as such."""
