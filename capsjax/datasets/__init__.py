@@ -119,9 +119,12 @@ class Builder:
     """What a run trains on, for its banner: the builder's name, where the files are read
     from and how the images are padded (the settings ``config.data.source``, ``dir`` and
     ``pad`` mean this for every builder that has them)."""
-    d = self.config.data
-    return (self.name + (f" (IDX files in {d.dir})" if d.get("source") == "idx" else "")
-            + (f" (padded by {d.pad} px)" if d.get("pad") else ""))
+    d, text = self.config.data, self.name
+    if d.get("source") == "idx":
+      text += f" (IDX files in {d.dir})"
+    if d.get("pad"):
+      text += f" (padded by {d.pad} px)"
+    return text
 
   def load(self) -> dict[str, Split]:
     """Host arrays of the splits: ``train``, ``test`` and, if held out, ``validation``."""

@@ -128,7 +128,8 @@ def program_traffic(hlo_text: str) -> Traffic:
     nonlocal unknown
     for op in computations.get(computation, []):
       if op.opcode == "while":
-        unknown += op.trip_count is None
+        if op.trip_count is None:
+          unknown += 1
         n = op.trip_count or 1
         for body in op.called.get("body", []):
           visit(body, times * n)

@@ -193,9 +193,11 @@ def _checkpoints_text() -> str:
 def _last_step(directory: str) -> int | None:
   """The newest complete checkpoint in ``directory`` (one still being written is a
   ``*.orbax-checkpoint-tmp*`` folder)."""
-  with contextlib.suppress(OSError):
-    return max((int(n) for n in os.listdir(directory) if n.isdigit()), default=None)
-  return None
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return None
+  return max((int(n) for n in names if n.isdigit()), default=None)
 
 
 # --- The supervising parent and its child ----------------------------------------------
@@ -219,11 +221,13 @@ def supervise(process_id: int | None = None, num_processes: int | None = None) -
 
 def _tell(**note) -> bool:
   """Sends ``note`` to the parent (in a supervised child); whether it was sent."""
-  if _parent is not None:
-    with contextlib.suppress(OSError):
-      _parent.sendall((json.dumps(note) + "\n").encode())
-      return True
-  return False
+  if _parent is None:
+    return False
+  try:
+    _parent.sendall((json.dumps(note) + "\n").encode())
+  except OSError:
+    return False
+  return True
 
 
 def _die_with_the_parent() -> None:

@@ -77,8 +77,11 @@ def _matches(key: str, patterns: Sequence[str]) -> bool:
 def kind_of(key: str, setup: Setup) -> str | None:
   """``"per_run"``, ``"init"`` or None (undeclared): how ``key`` may differ between the runs."""
   per_run_keys, init_only = declared(setup)
-  return ("per_run" if _matches(key, per_run_keys) else "init" if _matches(key, init_only)
-          else None)
+  if _matches(key, per_run_keys):
+    return "per_run"
+  if _matches(key, init_only):
+    return "init"
+  return None
 
 
 def plan_groups(setups: Sequence[Setup]) -> list[Group]:
