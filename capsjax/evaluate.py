@@ -140,14 +140,14 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
   import ml_collections
 
   config = restoring.load_config(workdir, checkpoint, data_dir)
-  settings = {name: ml_collections.ConfigDict(evals[name]) for name in evals}
-  if not settings:
+  given = {name: ml_collections.ConfigDict(evals[name]) for name in evals}
+  if not given:
     raise UsageError("--evals lists no evaluation: its get_config() returned nothing.")
   taken = set(evaluators.eval_settings(config)) | {"validation"}
-  if clash := sorted(set(settings) & taken):
+  if clash := sorted(set(given) & taken):
     raise UsageError(f"--evals names {clash}, which the run's config already evaluates "
                      f"({sorted(taken)}); give them other names in the file.")
-  evaluators.check_types(settings, "--evals")
+  settings = evaluators.check_types(given, "--evals")  # In effect, frozen: resolved once.
   output = output_folder(workdir, output)
   path = os.path.join(output, EXTRA)
   # Read (and refused if damaged) before anything is evaluated or drawn: nothing is
@@ -166,7 +166,7 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
     results = {name: evaluator.run(state.variables) for name, evaluator in built.items()}
     if jax.process_index() == 0:  # Recorded first, then drawn.
       stored.update({name: {"checkpoint_step": step, "selected_on": selected_on,
-                            "settings": settings[name].to_dict(), "result": result}
+                            "settings": given[name].to_dict(), "result": result}
                      for name, result in results.items()})
       files.write_json(path, stored, what="the extra evaluations' results")
       model = JittedModel(setup.task, jax.tree.map(jax.device_get, state.variables))

@@ -56,7 +56,7 @@ class TinyCapsNet(nnx.Module):
   """Conv (ReLU) -> primary capsules -> class capsules; scores are the capsule lengths."""
 
   def __init__(self, image_shape, num_classes: int, *, features: int, types: int, dim: int,
-               class_dim: int, routing_settings: dict, margin_steps: int, rngs: nnx.Rngs):
+               class_dim: int, routing: tuple, margin_steps: int, rngs: nnx.Rngs):
     h, w, c = image_shape
     self.conv = layers.Conv2D(c, features, 5, 2, rngs=rngs)
     self.primary = capsule_layers.PrimaryCapsules(features, types, dim, 3, 2, rngs=rngs)
@@ -64,7 +64,7 @@ class TinyCapsNet(nnx.Module):
     if grid(h) < 1 or grid(w) < 1:
       raise UsageError(f"TinyCapsNet: images of {h}x{w} are too small (at least 11x11).")
     self.class_capsules = capsule_layers.ClassCapsules(grid(h) * grid(w) * types, dim, num_classes,
-                                               class_dim, routing=routing_settings, rngs=rngs)
+                                               class_dim, routing=routing, rngs=rngs)
     self.margin_steps = margin_steps
 
   SETTINGS = SETTINGS
@@ -73,10 +73,11 @@ class TinyCapsNet(nnx.Module):
   @classmethod
   def from_config(cls, config, *, rngs: nnx.Rngs) -> "TinyCapsNet":
     m = config.model
-    router, settings = routing.resolve(m.routing)
+    # The router the run's resolved config chose, its section's settings in effect.
+    chosen = routing.chosen(m.routing, routing.chosen_router(config))
     return cls(tuple(m.image_shape), m.num_classes, features=m.features, types=m.types,
                dim=m.dim, class_dim=m.class_dim, margin_steps=m.margin_steps,
-               routing_settings={"name": router.name, **settings}, rngs=rngs)
+               routing=chosen, rngs=rngs)
 
   def apply(self, batch: dict, *, train: bool, rng=None) -> Outputs:
     features = jax.nn.relu(self.conv(batch["images"]))

@@ -40,6 +40,11 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
   evaluate = lambda *args: run_in_process(capsys, "capsjax.evaluate", f"--workdir={trained}",
                                           *args)
   summary = _digest(trained / "summary.json")
+  from capsjax.config import schema
+  resolved_names = []  # Each evaluation given is resolved once, at the command's entry.
+  original = schema.resolve_evaluation
+  monkeypatch.setattr(schema, "resolve_evaluation", lambda cls, name, *args, **kwargs: (
+      resolved_names.append(name), original(cls, name, *args, **kwargs))[1])
   # One attack each (every attack is a compilation): the command is under test, not them.
   result = evaluate("--evals=configs/evals/robustness.py:adversarial,detection,vote,limit=12",
                     "--evals.adversarial.steps=2", "--evals.detection.steps=2",
@@ -47,9 +52,11 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
                     "--evals.adversarial.attacks=pgd", "--evals.detection.attacks=pgd",
                     "--evals.vote_attack.attacks=vote_pgd")
   assert result.returncode == 0, result.stderr
+  during_command = list(resolved_names)
   assert _digest(trained / "summary.json") == summary  # The run's own results stay.
   extra = json.loads((trained / "extra_evaluations.json").read_text())
   assert set(extra) == {"adversarial", "detection", "vote_attack"}
+  assert sorted(n for n in during_command if n in extra) == sorted(extra)
   adversarial = extra["adversarial"]
   assert adversarial["checkpoint_step"] == 4 and adversarial["selected_on"] == "final"
   assert adversarial["settings"]["epsilons"] == [0, 0.2]  # The overrides reached it.
@@ -94,6 +101,7 @@ def test_new_evaluations_are_written_beside_the_run_and_bad_ones_refused(trained
   assert again.returncode == 0, again.stderr
   extra = json.loads((trained / "extra_evaluations.json").read_text())
   assert set(extra) == {"adversarial", "detection", "vote_attack"}
+  assert sorted(n for n in during_command if n in extra) == sorted(extra)
   assert extra["adversarial"]["settings"]["limit"] == 8
   assert {"fgsm_eps0.2_accuracy", "pgd_eps0.2_accuracy"} <= set(extra["adversarial"]["result"])
   assert extra["detection"]["settings"]["limit"] == 12

@@ -141,6 +141,28 @@ def test_validation_split_is_evaluated_and_the_registry_checks_types(bars_64_37)
     evaluators.validate(config)
 
 
+def test_a_resolved_configs_evaluators_are_built_resolving_and_looking_up_nothing(
+    bars_64_37, monkeypatch):
+  """config.evals and the validation evaluation the data add were resolved with the config (its
+  choices): building their evaluators resolves no setting and asks no registry."""
+  from capsjax.config import registries, schema, settings
+
+  config = evaluator_config(bars_64_37)
+  config.data.validation_size = 16
+  resolved = schema.resolve_config(config)
+  assert resolved.choices.held_out.to_dict() == {"type": "split", "split": "validation"}
+  assert resolved.choices.evaluators == {"split": splits_evaluators.SplitEvaluator}
+
+  def refuse(*args, **kwargs):
+    raise AssertionError(f"resolved or looked up again: {args}")
+  for module, name in ((schema, "resolve_evaluation"), (settings, "resolve"),
+                       (registries.EVALUATORS, "get"), (registries.ROUTERS, "get")):
+    monkeypatch.setattr(module, name, refuse)
+  built, *_ = build_evaluators(resolved)
+  assert set(built) == {"test", "validation"} and built["validation"].set.size == 16
+  assert built["validation"].settings is resolved.choices.held_out
+
+
 def test_a_misspelled_evaluator_setting_is_refused_not_defaulted():
   """Every capsjax evaluator declares the settings it reads: one it does not have (here
   ``epsilon`` for ``epsilons``) stops the run naming it, instead of running the default. A

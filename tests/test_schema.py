@@ -315,6 +315,28 @@ def test_a_resolved_config_is_frozen_and_handed_down_as_it_is():
   assert schema.as_resolved(copy).seed == 3
 
 
+def test_a_resolved_config_keeps_what_it_found_through_copies_and_pickling():
+  """The classes and routers resolving found (``choices``) are the registered ones, a copy is
+  the config itself, and a pickled one comes back equal, resolved, with its choices."""
+  import copy
+  import pickle
+  from capsjax import datasets, models, routing
+
+  config = _config("mnist", "smoke")
+  config.model.routing = ml_collections.ConfigDict({"name": "uniform"})
+  resolved = schema.resolve_config(config)
+  found = resolved.choices
+  assert found.model is models.MODELS.get("capsnet")
+  assert found.dataset is datasets.DATASETS.get("mnist")
+  assert found.routers == {"model.routing": routing.get("uniform")}
+  assert copy.copy(resolved) is resolved and copy.deepcopy(resolved) is resolved
+  loaded = pickle.loads(pickle.dumps(resolved))
+  assert isinstance(loaded, schema.ResolvedConfig) and loaded == resolved
+  assert loaded.choices.routers["model.routing"].name == "uniform"
+  with pytest.raises(KeyError):  # A config that resolving did not make has none.
+    schema.ResolvedConfig(resolved.as_configdict()).choices
+
+
 def test_a_run_resolves_its_config_once(monkeypatch, capsys, tmp_path, idx_dir):
   """One command, one resolution: every call of a resolver comes from within the one
   resolve_config at the command's entry (the run, its task, set-up, evaluations and model)."""

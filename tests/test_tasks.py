@@ -10,9 +10,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from flax import nnx
 
+import efficient_capsnet
+import em_mnist
 import mnist
-from capsjax import routing
+from capsjax import models, routing
+from capsjax.config import registries, schema
 from capsjax.common import registry
 from capsjax.common.errors import UsageError
 from capsjax.models.head_settings import LossSettings
@@ -108,6 +112,50 @@ def test_the_loss_sees_the_training_step(bars_32_16):
   forward = jitted_forward(capsnet, train=False)
   at = [np.asarray(forward(variables, batch, s).loss) for s in (0, 9)]
   np.testing.assert_array_equal(at[0], at[1])
+
+
+def _model_configs(bars_32_16):
+  """CapsNet, Efficient-CapsNet, EM's CapsNet (their smoke configs) and the example model (by
+  path), on the generated digits."""
+  configs = [smoke(bars_32_16), efficient_capsnet.get_config("smoke"), em_mnist.get_config("smoke"),
+             _tiny(bars_32_16, f"{EXAMPLES / 'tiny_capsnet.py'}:TinyCapsNet")]
+  for c in configs[1:3]:
+    c.data.source, c.data.dir = "idx", str(bars_32_16)
+  return configs
+
+
+def test_a_resolved_config_builds_its_model_without_looking_a_name_up(bars_32_16, monkeypatch):
+  """Resolving found the dataset, the model and the router; building the task and the model
+  from the resolved config (config.json's) asks no registry, and the layers route with the very
+  router resolving chose."""
+  resolved = [schema.resolve_config(c) for c in _model_configs(bars_32_16)]
+
+  def refuse(name, *args, **kwargs):
+    raise AssertionError(f"{name!r} looked up after the config was resolved")
+  monkeypatch.setattr(schema, "router", refuse)
+  for table in (registries.ROUTERS, registries.MODELS, registries.DATASETS):
+    monkeypatch.setattr(table, "get", refuse)
+  for config in resolved:
+    task = tasks.Task.from_config(config)
+    assert task.model_class is config.choices.model
+    assert type(task.dataset) is config.choices.dataset
+    router = config.choices.routers["model.routing"]
+    assert router.name == config.model.routing.name
+    model = task.abstract_model
+    routed = [model.class_capsules, *getattr(model, "conv_capsules", [])]
+    assert all(layer.router is router for layer in routed)
+    assert type(models.create(config, rngs=nnx.Rngs(0))) is config.choices.model
+
+
+def test_a_model_built_from_a_config_not_resolved_resolves_its_router(bars_32_16):
+  """The other way in (a mutable copy, its routing section edited): the section is resolved
+  where it is read, the router's defaults filled in."""
+  config = schema.resolve_config(smoke(bars_32_16)).as_configdict()
+  config.model.routing = ml_collections.ConfigDict({"name": "dynamic"})
+  assert routing.chosen_router(config) is None
+  model = models.create(config, rngs=nnx.Rngs(0))
+  assert model.class_capsules.router is routing.get("dynamic")
+  assert dict(model.class_capsules.routing_items)["iterations"] == 3
 
 
 class _Broken:

@@ -43,12 +43,50 @@ TOP = run_settings_lib.TOP
 OPTIMIZER, EVALS = "optimizer", "evals"
 
 
+@dataclasses.dataclass(frozen=True)
+class Choices:
+  """What resolving a config found by name, so that nothing after it looks a name up again.
+
+  Attributes:
+    dataset: the dataset builder class ``config.dataset`` names.
+    model: the model class ``config.model.name`` names.
+    routers: ``{path: Router}``, the router of each section the model routes with
+      (``{"model.routing": ...}``), as :func:`resolve_routing` chose it.
+    evaluators: ``{type: class}``, the evaluator class of each ``config.evals.NAME.type`` (and
+      of ``held_out``'s).
+    held_out: the settings in effect (frozen) of the evaluation a run adds on a validation split
+      where its data hold one and ``config.evals`` names no ``validation``; else None.
+  """
+  dataset: type
+  model: type
+  routers: dict[str, Any]
+  evaluators: dict[str, type]
+  held_out: ml_collections.FrozenConfigDict | None
+
+
 class ResolvedConfig(ml_collections.FrozenConfigDict):
-  """A config as :func:`resolve_config` made it: every setting in effect, checked, frozen.
+  """A config as :func:`resolve_config` made it: every setting in effect, checked, frozen, and
+  what it names found (:attr:`choices`).
 
   Only :func:`resolve_config` makes one. Functions handed one use it as it is; handed any other
   config, they resolve it first (:func:`as_resolved`). ``as_configdict()`` gives a mutable copy
   (which is no longer resolved)."""
+
+  @property
+  def choices(self) -> Choices:
+    """The classes and routers the config names (:class:`Choices`)."""
+    return self.__dict__["_choices"]
+
+  # Frozen, so a copy is the config itself; pickled (the choices hold functions), it is its
+  # values, resolved again where it is loaded.
+  def __copy__(self) -> "ResolvedConfig":
+    return self
+
+  def __deepcopy__(self, memo) -> "ResolvedConfig":
+    return self
+
+  def __reduce__(self):
+    return resolve_config, (self.as_configdict(),)
 
 
 def as_resolved(config) -> ResolvedConfig:
@@ -205,32 +243,47 @@ def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
 
   resolved = unflatten(values)
   resolved[OPTIMIZER] = optimizer_settings.resolve(optimizer, allow_unusual=allow_unusual)
+  routers = {}
   for path, section in routed.items():
-    chosen, settings = resolve_routing(section or {}, allow_unusual=allow_unusual)
+    routers[path], settings = resolve_routing(section or {}, allow_unusual=allow_unusual)
     node = _section(resolved, path.rsplit(".", 1)[0]) if "." in path else resolved
-    node[path.rsplit(".", 1)[-1]] = {"name": chosen.name, **settings}
-  resolved[EVALS] = resolved_evals(evals, allow_unusual)
+    node[path.rsplit(".", 1)[-1]] = {"name": routers[path].name, **settings}
+  resolved[EVALS], evaluators = resolved_evals(evals, allow_unusual)
+  held_out = None
+  if "validation" not in resolved[EVALS]:
+    added, classes = resolved_evals({"validation": HELD_OUT}, allow_unusual, test=False)
+    held_out = ml_collections.FrozenConfigDict(added["validation"])
+    evaluators.update(classes)
   out = ml_collections.ConfigDict(resolved)
   fill_model_shapes(out, dataset_class)
   hook = getattr(model_class, "resolve_config", None)
   if hook is not None:
     hook(out.model)
-  return ResolvedConfig(out)
+  result = ResolvedConfig(out)
+  object.__setattr__(result, "_choices", Choices(dataset_class, model_class, routers,
+                                                  evaluators, held_out))
+  return result
 
 
-def resolved_evals(evals, allow_unusual: bool = False) -> dict:
-  """``config.evals`` (None: the test split alone) with each evaluation's settings in effect."""
+# The evaluation a run adds where its data hold a validation split and config.evals names none.
+HELD_OUT = {"type": "split", "split": "validation"}
+
+
+def resolved_evals(evals, allow_unusual: bool = False, test: bool = True
+                   ) -> tuple[dict, dict[str, type]]:
+  """``config.evals`` (None: the test split alone) with each evaluation's settings in effect,
+  and ``{type: evaluator class}``. ``test``: refuse evaluations without one named 'test'."""
   if evals is None:
     evals = {"test": {"type": "split", "split": "test"}}
-  out = {}
+  out, classes = {}, {}
   for name, section in evals.items():
-    cls = evaluator_class(section.get("type"), name=name)
+    cls = classes[section.get("type")] = evaluator_class(section.get("type"), name=name)
     out[name] = {"type": section["type"],
                  **resolve_evaluation(cls, name, section, allow_unusual=allow_unusual)}
-  if "test" not in out:
+  if test and "test" not in out:
     raise UsageError("config.evals needs an evaluation named 'test' (the main test set, "
                      "e.g. dict(type='split', split='test')).")
-  return out
+  return out, classes
 
 
 def fill_model_shapes(config: ml_collections.ConfigDict, dataset_class: type) -> None:

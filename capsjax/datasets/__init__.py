@@ -193,10 +193,13 @@ def names() -> tuple[str, ...]:
 def get(config: ml_collections.ConfigDict) -> Builder:
   """The builder ``config.dataset`` names, constructed from ``config``. A resolved config
   (:func:`capsjax.config.schema.resolve_config`) holds every setting of ``config.data`` in
-  effect; any other has the ones the builder declares read first (their defaults filled in,
-  each value checked: :func:`capsjax.config.settings.read`)."""
+  effect and the class found (:attr:`capsjax.config.schema.ResolvedConfig.choices`); any other
+  has the ones the builder declares read first (their defaults filled in, each value checked:
+  :func:`capsjax.config.settings.read`)."""
+  if isinstance(config, schema.ResolvedConfig):
+    return config.choices.dataset(config)
   cls = DATASETS.get(config.dataset)
-  if cls.SETTINGS is None or isinstance(config, schema.ResolvedConfig):
+  if cls.SETTINGS is None:
     return cls(config)
   table = {key.split(".", 1)[1]: s for key, s in cls.SETTINGS.items() if key.startswith("data.")}
   config = copy.deepcopy(config)

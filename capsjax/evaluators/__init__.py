@@ -138,17 +138,23 @@ def eval_settings(config) -> dict[str, ml_collections.ConfigDict]:
   return {name: evals[name] for name in evals}
 
 
-def check_types(settings: dict, where: str = "config.evals") -> None:
+def check_types(settings: dict, where: str = "config.evals") -> dict:
   """Raises UsageError for an evaluation whose ``type`` names no evaluator class, or whose
-  settings it does not declare or cannot take (those of a resolved config are checked)."""
+  settings it does not declare or cannot take; returns ``settings`` with each one's in effect,
+  frozen, so that they are not resolved again (those of a resolved config, checked already, as
+  they are)."""
+  checked = {}
   for name, s in settings.items():
     if settings_lib.in_effect(s):
+      checked[name] = s
       continue
     cls = schema.evaluator_class(s.get("type"), where, name)
     if not issubclass(cls, Evaluator):
       raise UsageError(f"{where}.{name}.type={s.get('type')!r} is not a subclass of "
                        f"capsjax.evaluators.Evaluator.")
-    schema.resolve_evaluation(cls, name, s, where)
+    checked[name] = ml_collections.FrozenConfigDict(
+        {"type": s["type"], **schema.resolve_evaluation(cls, name, s, where)})
+  return checked
 
 
 def validate(config) -> None:
@@ -163,12 +169,14 @@ def validate(config) -> None:
 def build(settings: dict, config, builder, splits: dict, batched,
           log: Callable[[str], None] = print) -> dict[str, Evaluator]:
   """The evaluators of ``settings`` (``{name: settings}``), skipping (and logging) those whose
-  data are missing (:class:`SkipEvaluation`)."""
-  check_types(settings)
+  data are missing (:class:`SkipEvaluation`). The classes of a resolved ``config``'s types are
+  the ones resolving found (:attr:`capsjax.config.schema.ResolvedConfig.choices`)."""
+  classes = config.choices.evaluators if isinstance(config, schema.ResolvedConfig) else {}
   built = {}
-  for name, s in settings.items():
+  for name, s in check_types(settings).items():
     try:
-      built[name] = EVALUATORS.get(s.type)(name, s, config, builder, splits, batched)
+      cls = classes[s.type] if s.type in classes else EVALUATORS.get(s.type)
+      built[name] = cls(name, s, config, builder, splits, batched)
     except SkipEvaluation as e:
       log(f"Skipping evaluation {name!r}: {e}")
   return built
@@ -176,11 +184,11 @@ def build(settings: dict, config, builder, splits: dict, batched,
 
 def build_all(config, builder, splits: dict, batched,
               log: Callable[[str], None] = print) -> dict[str, Evaluator]:
-  """The evaluators of ``config.evals`` (plus ``validation`` when the data hold one out)."""
-  validate(config)
+  """The evaluators of ``config.evals`` (``config`` resolved first:
+  :func:`capsjax.config.schema.as_resolved`), plus ``validation`` when the data hold one out
+  (:attr:`capsjax.config.schema.Choices.held_out`)."""
+  config = schema.as_resolved(config)
   settings = eval_settings(config)
   if len(splits.get("validation", ())) and "validation" not in settings:
-    settings["validation"] = ml_collections.FrozenConfigDict({"type": "split", **(
-        schema.resolve_evaluation(EVALUATORS.get("split"), "validation",
-                                  {"type": "split", "split": "validation"}))})
+    settings["validation"] = config.choices.held_out
   return build(settings, config, builder, splits, batched, log)

@@ -71,7 +71,7 @@ from flax import nnx
 
 from capsjax.common import public_names
 from capsjax.common.errors import UsageError
-from capsjax.config import registries
+from capsjax.config import registries, schema
 from capsjax.config.settings import POSITIVE, Setting
 from capsjax.models.outputs import SCORE_KINDS, Outputs
 
@@ -89,7 +89,10 @@ MODELS = registries.MODELS  # The table: capsjax/config/registries.py
 
 
 def get(config: ml_collections.ConfigDict) -> type[nnx.Module]:
-  """The model class ``config.model.name`` (resolved) names: registered, or by import path."""
+  """The model class ``config.model.name`` names: the one resolving found
+  (:attr:`capsjax.config.schema.ResolvedConfig.choices`), else registered or by import path."""
+  if isinstance(config, schema.ResolvedConfig):
+    return config.choices.model
   return MODELS.get(config.model.name)
 
 

@@ -223,10 +223,11 @@ def class_bias(config: ml_collections.ConfigDict, router) -> bool:
   return bool(router.uses_parent_bias if use_bias is None else use_bias)
 
 
-def validate_model_config(config: ml_collections.ConfigDict) -> None:
+def validate_model_config(config: ml_collections.ConfigDict,
+                          router: routing.Router | None = None) -> None:
   """Raises UsageError (a ValueError) naming the config key for settings that cannot work.
-  Reads ``config`` (``config.model``) only."""
-  router, _ = routing.chosen(config.routing)
+  Reads ``config`` (``config.model``) only; ``router``: :func:`capsjax.routing.chosen`'s."""
+  router, _ = routing.chosen(config.routing, router)
   head_settings.check_scores(config, router)
   if class_bias(config, router) and not router.uses_parent_bias:
     raise UsageError(f"config.model.class_capsules.use_bias adds a bias to s_j, which router "
@@ -270,12 +271,13 @@ class CapsNet(CapsuleModel):
       config.class_capsules.use_bias = class_bias(config, routing.get(config.routing.name))
 
   def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs,
-               loss: LossSettings | None = None):
-    """``config`` is ``config.model``; ``loss`` the settings of :meth:`loss`."""
-    validate_model_config(config)
+               loss: LossSettings | None = None, router: routing.Router | None = None):
+    """``config`` is ``config.model``; ``loss`` the settings of :meth:`loss`; ``router`` the one
+    resolving the run's config chose (:func:`capsjax.routing.chosen_router`)."""
+    validate_model_config(config, router)
     dtype = layers.COMPUTE_DTYPES[config.compute_dtype]
     padding = config.padding
-    router, settings = routing.chosen(config.routing)
+    router, settings = routing.chosen(config.routing, router)
     # The primary capsules squash with the router's epsilon, or Eq. 1's where it has none.
     squash_epsilon = (settings["squash_epsilon"] if "squash_epsilon" in settings
                       else SQUASH_EPSILON.default)
@@ -294,7 +296,7 @@ class CapsNet(CapsuleModel):
         grid_h * grid_w * config.primary.num_types, config.primary.dim, config.num_classes,
         config.class_capsules.dim, init_scale=config.class_capsules.init_scale,
         use_bias=class_bias(config, router), bias_init=config.class_capsules.bias_init,
-        routing={"name": router.name, **settings}, rngs=rngs)
+        routing=(router, settings), rngs=rngs)
     self.decoder = nnx.data(layers.Decoder(
         config.num_classes, config.class_capsules.dim, config.decoder.hidden,
         config.image_shape, compute_dtype=dtype, init_scale=config.decoder.init_scale,
@@ -305,7 +307,8 @@ class CapsNet(CapsuleModel):
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> "CapsNet":
     """From a whole run config: ``config.model`` and ``config.loss``."""
-    return cls(config.model, rngs=rngs, loss=LossSettings.from_config(config.get("loss")))
+    return cls(config.model, rngs=rngs, loss=LossSettings.from_config(config.get("loss")),
+               router=routing.chosen_router(config))
 
   validate_config = staticmethod(validate_model_config)
 

@@ -88,12 +88,16 @@ def parameter_values(router_params) -> dict:
   return {} if router_params is None else {k: p[...] for k, p in router_params.items()}
 
 
-def split_routing(routing: dict) -> tuple[routing_lib.Router, tuple]:
-  """``{"name": ..., **settings}`` -> the router and its settings as sorted pairs (hashable,
-  static in NNX's graph definition)."""
-  routing = dict(routing)
-  router = routing_lib.get(routing.pop("name"))
-  return router, tuple(sorted(routing.items()))
+def split_routing(routing) -> tuple[routing_lib.Router, tuple]:
+  """``(router, settings)`` (as :func:`capsjax.routing.chosen` gives them), or ``{"name": ...,
+  **settings}`` (the router then looked up by name) -> the router and its settings as sorted
+  pairs (hashable, static in NNX's graph definition)."""
+  if isinstance(routing, tuple):
+    router, settings = routing
+  else:
+    settings = dict(routing)
+    router = routing_lib.get(settings.pop("name"))
+  return router, tuple(sorted(settings.items()))
 
 
 class PrimaryCapsules(nnx.Module):
@@ -139,14 +143,14 @@ class ClassCapsules(nnx.Module):
   transform per child type shared over positions, with coordinate addition). Votes are formed
   without tiling W over the batch; the router (:mod:`capsjax.routing`) turns them into parents.
 
-  ``routing``, the one way to choose and configure the router: ``{"name": ..., **settings}``
-  with every setting of that router filled in (:func:`capsjax.routing.resolve`); None:
-  dynamic routing with the paper's settings.
+  ``routing``, the one way to choose and configure the router: ``(router, settings)`` or
+  ``{"name": ..., **settings}``, with every setting of that router filled in
+  (:func:`capsjax.routing.chosen`); None: dynamic routing with the paper's settings.
   """
 
   def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, *,
                init_scale: float = 0.1, use_bias: bool = False, bias_init: float = 0.1,
-               routing: dict | None = None, initializer: nnx.Initializer | None = None,
+               routing: tuple | dict | None = None, initializer: nnx.Initializer | None = None,
                votes: str | tuple[Callable, Callable] = "vector", routing_norms: bool = False,
                rngs: nnx.Rngs):
     """``initializer``, if given, draws W (shape ``(in_caps, out_caps, out_dim, in_dim)`` for

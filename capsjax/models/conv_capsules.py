@@ -44,11 +44,12 @@ class ConvCapsules(nnx.Module):
   ``beta_u`` and ``beta_a`` per output type, the code's sigma_biases and activation_biases)."""
 
   def __init__(self, in_types: int, out_types: int, kernel: int, stride: int, pose_size: int,
-               *, init_scale: float, routing: dict, normalisation: str = "code",
+               *, init_scale: float, routing: tuple | dict, normalisation: str = "code",
                routing_norms: bool = False, rngs: nnx.Rngs):
-    """``routing``: ``{"name": ..., **settings}`` with every setting filled in (EM's, the
-    code's: inverse temperature 0.01, mass epsilon 1e-7, beta inits 0.5); ``normalisation``:
-    EM's (module docstring); ``routing_norms``: VB's batch norms of the parents."""
+    """``routing``: ``(router, settings)`` or ``{"name": ..., **settings}``, every setting
+    filled in (EM's, the code's: inverse temperature 0.01, mass epsilon 1e-7, beta inits 0.5);
+    ``normalisation``: EM's (module docstring); ``routing_norms``: VB's batch norms of the
+    parents."""
     router, self.settings_items = split_routing(routing)
     if normalisation not in fields.NORMALISATIONS:
       raise UsageError(f"config.model.conv_caps.normalisation must be one of "

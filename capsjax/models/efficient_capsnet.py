@@ -97,9 +97,11 @@ def backbone_grid(config: ml_collections.ConfigDict) -> tuple[int, int]:
   return size[0], size[1]
 
 
-def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Raises UsageError naming the ``config.model`` key that cannot work (reads ``config.model``)."""
-  router, _ = routing.chosen(config.routing)
+def validate_config(config: ml_collections.ConfigDict,
+                    router: routing.Router | None = None) -> None:
+  """Raises UsageError naming the ``config.model`` key that cannot work (reads ``config.model``;
+  ``router``: :func:`capsjax.routing.chosen`'s)."""
+  router, _ = routing.chosen(config.routing, router)
   convs = config.convs
   lengths = {len(tuple(convs[k])) for k in ("features", "kernel_sizes", "strides")}
   if len(lengths) != 1 or not tuple(convs.features):
@@ -150,11 +152,12 @@ class EfficientCapsNet(CapsuleModel):
   the BatchNorm statistics are model state (``nnx.BatchStat``, :mod:`capsjax.models`)."""
 
   def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs,
-               loss: LossSettings | None = None):
-    """``config`` is ``config.model`` (``configs/efficient_capsnet.py``)."""
-    validate_config(config)
+               loss: LossSettings | None = None, router: routing.Router | None = None):
+    """``config`` is ``config.model`` (``configs/efficient_capsnet.py``); ``router`` the one
+    resolving the run's config chose (:func:`capsjax.routing.chosen_router`)."""
+    validate_config(config, router)
     dtype = layers.COMPUTE_DTYPES[config.compute_dtype]
-    router, settings = routing.chosen(config.routing)
+    router, settings = routing.chosen(config.routing, router)
     convs, bn = config.convs, config.batch_norm
     channels = [config.image_shape[2], *convs.features]
     self.convs = nnx.List([
@@ -173,7 +176,7 @@ class EfficientCapsNet(CapsuleModel):
         grid_h * grid_w * channels[-1] // config.primary.dim, config.primary.dim,
         config.num_classes, config.class_capsules.dim,
         initializer=class_capsule_init(config.class_capsules.init),
-        routing={"name": router.name, **settings}, rngs=rngs)
+        routing=(router, settings), rngs=rngs)
     self.decoder = nnx.data(layers.Decoder(
         config.num_classes, config.class_capsules.dim, config.decoder.hidden,
         config.image_shape, compute_dtype=dtype,
@@ -184,7 +187,8 @@ class EfficientCapsNet(CapsuleModel):
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> "EfficientCapsNet":
-    return cls(config.model, rngs=rngs, loss=LossSettings.from_config(config.get("loss")))
+    return cls(config.model, rngs=rngs, loss=LossSettings.from_config(config.get("loss")),
+               router=routing.chosen_router(config))
 
   validate_config = staticmethod(validate_config)
   SETTINGS = SETTINGS

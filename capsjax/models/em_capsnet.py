@@ -120,9 +120,11 @@ def grids(config: ml_collections.ConfigDict) -> list[int]:
   return sizes
 
 
-def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Raises UsageError naming the ``config.model`` key that cannot work."""
-  router, settings = routing.chosen(config.routing)
+def validate_config(config: ml_collections.ConfigDict,
+                    router: routing.Router | None = None) -> None:
+  """Raises UsageError naming the ``config.model`` key that cannot work (``router``:
+  :func:`capsjax.routing.chosen`'s)."""
+  router, settings = routing.chosen(config.routing, router)
   caps = config.conv_caps
   n = len(tuple(caps.types))
   if n != len(tuple(caps.kernel_sizes)) or n != len(tuple(caps.strides)):
@@ -143,10 +145,12 @@ class EMCapsNet(nnx.Module):
   """conv1 -> primary capsules -> convolutional capsules (EM) -> class capsules (EM)."""
 
   def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs,
-               loss: ml_collections.ConfigDict | None = None):
-    """``config`` is ``config.model`` (``configs/em_mnist.py``); ``loss`` is ``config.loss``."""
-    validate_config(config)
-    router, class_settings = routing.chosen(config.routing)
+               loss: ml_collections.ConfigDict | None = None,
+               router: routing.Router | None = None):
+    """``config`` is ``config.model`` (``configs/em_mnist.py``); ``loss`` is ``config.loss``;
+    ``router`` the one resolving the run's config chose (:func:`capsjax.routing.chosen_router`)."""
+    validate_config(config, router)
+    router, class_settings = routing.chosen(config.routing, router)
     conv_settings = conv_routing_settings(config, class_settings, router)
     norms = router.parent_batch_norms  # The VB authors' batch norms of the parents.
     pose = config.pose_size
@@ -163,7 +167,7 @@ class EMCapsNet(nnx.Module):
     self.conv_capsules = nnx.List([
         conv_capsules.ConvCapsules(
             a, b, k, s, pose, init_scale=caps.init_scale,
-            routing={"name": router.name, **conv_settings}, normalisation=caps.normalisation,
+            routing=(router, conv_settings), normalisation=caps.normalisation,
             routing_norms=norms, rngs=rngs)
         for a, b, k, s in zip(types, types[1:], caps.kernel_sizes, caps.strides)])
     stack = [(config.conv1.kernel_size, config.conv1.stride), *zip(caps.kernel_sizes, caps.strides)]
@@ -175,7 +179,7 @@ class EMCapsNet(nnx.Module):
     self.class_capsules = capsule_layers.ClassCapsules(
         size * size * types[-1], pose * pose, config.num_classes, pose * pose,
         init_scale=config.class_capsules.init_scale,
-        routing={"name": router.name, **class_settings}, votes=grid_votes.pair,
+        routing=(router, class_settings), votes=grid_votes.pair,
         routing_norms=norms, rngs=rngs)
     self.loss_items = tuple(sorted(resolved_loss(loss).items()))  # Hashable, static.
 
@@ -184,7 +188,8 @@ class EMCapsNet(nnx.Module):
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs) -> "EMCapsNet":
-    return cls(config.model, rngs=rngs, loss=config.get("loss"))
+    return cls(config.model, rngs=rngs, loss=config.get("loss"),
+               router=routing.chosen_router(config))
 
   validate_config = staticmethod(validate_config)
 

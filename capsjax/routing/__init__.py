@@ -75,13 +75,23 @@ def resolve(config, *, allow_unusual: bool = False) -> tuple[Router, dict[str, A
   return schema.resolve_routing(config, allow_unusual=allow_unusual)
 
 
-def chosen(section) -> tuple[Router, dict[str, Any]]:
+def chosen(section, router: Router | None = None) -> tuple[Router, dict[str, Any]]:
   """The router of a routing section (``config.model.routing``) and its settings: a resolved
   config's section (frozen: :class:`capsjax.config.schema.ResolvedConfig`) as it is, every
-  setting in effect; any other resolved first (:func:`resolve`)."""
-  if settings_lib.in_effect(section):
-    return get(section.name), {k: section[k] for k in section if k != "name"}
-  return resolve(section)
+  setting in effect, with ``router``, the one resolving chose for it (:func:`chosen_router`;
+  None: looked up by its name); any other section resolved first (:func:`resolve`)."""
+  if not settings_lib.in_effect(section):
+    return resolve(section)
+  if router is not None and router.name != section.name:
+    raise ValueError(f"router {router.name!r} was handed with a section of {section.name!r}.")
+  return router or get(section.name), {k: section[k] for k in section if k != "name"}
+
+
+def chosen_router(config, path: str = "model.routing") -> Router | None:
+  """The router resolving a run's ``config`` chose for its section ``path``
+  (:attr:`capsjax.config.schema.ResolvedConfig.choices`), so that a model built from the
+  resolved config looks no name up; None for a config that is not resolved."""
+  return config.choices.routers[path] if isinstance(config, schema.ResolvedConfig) else None
 
 
 def fill(config: ml_collections.ConfigDict) -> tuple[Router, dict[str, Any]]:
@@ -97,9 +107,10 @@ def fill(config: ml_collections.ConfigDict) -> tuple[Router, dict[str, Any]]:
 
 __all__ = [
     "DEFAULT", "ROUTERS", "SOFTMAX_AXES", "ConvLayer", "ParamSpec", "Router", "RoutingResult",
-    "RoutingTrace", "capsule_votes", "chosen", "coupled_parents", "coupling_coefficients",
-    "coupling_statistics", "dynamic_routing", "exp_squash", "fill", "get", "matrix_votes",
-    "resolve", "routing_diagnostics", "routing_diagnostics_per_example", "safe_norm", "squash",
+    "RoutingTrace", "capsule_votes", "chosen", "chosen_router", "coupled_parents",
+    "coupling_coefficients", "coupling_statistics", "dynamic_routing", "exp_squash", "fill", "get",
+    "matrix_votes", "resolve", "routing_diagnostics", "routing_diagnostics_per_example",
+    "safe_norm", "squash",
 ]
 
 __getattr__ = public_names.module_getattr(__name__)
