@@ -147,7 +147,7 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
   if clash := sorted(set(given) & taken):
     raise UsageError(f"--evals names {clash}, which the run's config already evaluates "
                      f"({sorted(taken)}); give them other names in the file.")
-  settings = evaluators.check_types(given, "--evals")  # In effect, frozen: resolved once.
+  settings, classes = evaluators.check_types(given, "--evals")  # Resolved once, frozen.
   output = output_folder(workdir, output)
   path = os.path.join(output, EXTRA)
   # Read (and refused if damaged) before anything is evaluated or drawn: nothing is
@@ -162,7 +162,7 @@ def evaluate_new(workdir: str, evals, checkpoint: str = "latest",
     setup, step, state, selected_on = (restored.setup, restored.step, restored.state,
                                          restored.selected_on)
     built = evaluators.build(settings, setup.config, setup.task.dataset, setup.splits,
-                             setup.batched, log=reporting.log)
+                             setup.batched, log=reporting.log, classes=classes)
     results = {name: evaluator.run(state.variables) for name, evaluator in built.items()}
     if jax.process_index() == 0:  # Recorded first, then drawn.
       stored.update({name: {"checkpoint_step": step, "selected_on": selected_on,

@@ -172,7 +172,8 @@ def apply_overrides(config, overrides: dict, seed: int | None = None):
 
 
 def train_points(config, points: list[Point], workdir: str, command_line: dict | None = None,
-               skip_held: bool = True, min_runs: int | None = None) -> None:
+               skip_held: bool = True, min_runs: int | None = None,
+               resolved: dict | None = None) -> None:
   """Runs each point not yet finished in ``WORKDIR/<point name>``, every one the same way:
   planned into groups, each group trained by :func:`capsjax.train.train_and_evaluate_group`.
 
@@ -188,6 +189,7 @@ def train_points(config, points: list[Point], workdir: str, command_line: dict |
   alone; the others go on, and the sweep ends with :class:`NonFiniteLossError` naming it.
   SIGTERM or SIGINT during a group saves its runs and raises
   :class:`capsjax.runs.preemption.Preempted`; between groups, it stops before the next one.
+  ``resolved``: ``{point name: its resolved config}`` where the caller has it already.
   """
   # JAX and the models are imported once a point trains, not for --list or --collect.
   from capsjax import train
@@ -201,7 +203,9 @@ def train_points(config, points: list[Point], workdir: str, command_line: dict |
   pending = [point for point in points if not finished(point)]
   if not pending:
     return
-  configs = [point_config(config, p, command_line or {}) for p in pending]
+  resolved = resolved or {}
+  configs = [resolved[p.name] if p.name in resolved else point_config(config, p, command_line or {})
+             for p in pending]
   setups: list = [None] * len(pending)
   if min_runs is None:
     groups = [vectorize.Group((i,)) for i in range(len(pending))]
@@ -361,14 +365,19 @@ def main(argv):
     tune = _tuning(spec, points, os.path.basename(argv[1]), config, command_line, workdir)
     selected = ([points[k] for k in _indices(f.index.value, len(points))] if f.index.value
                 else points)
-    for p in selected:  # Every point's settings checked before any run starts.
-      schema.resolve_config(point_config(config, p, command_line))
+    # Every point's settings checked before any run starts, and kept for its run (a search's
+    # points train with other values: those are resolved when they train).
+    resolved = {p.name: schema.resolve_config(point_config(config, p, command_line))
+                for p in selected}
     selected = tune(selected)
+    resolved = {} if report["searched"] else resolved
     if f.index.value:
-      train_points(config, selected, workdir, command_line, skip_held=False, min_runs=min_runs)
+      train_points(config, selected, workdir, command_line, skip_held=False, min_runs=min_runs,
+                   resolved=resolved)
       return
     try:
-      train_points(config, selected, workdir, command_line, min_runs=min_runs)
+      train_points(config, selected, workdir, command_line, min_runs=min_runs,
+                   resolved=resolved)
     except NonFiniteLossError:  # The finished runs' tables all the same.
       collect(selected, workdir, **report)
       raise

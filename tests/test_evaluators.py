@@ -135,10 +135,10 @@ def test_validation_split_is_evaluated_and_the_registry_checks_types(bars_64_37)
   assert set(built) == {"test", "validation"} and built["validation"].set.size == 16
   config.evals.extra = ml_collections.ConfigDict({"type": "top5"})
   with pytest.raises(UsageError, match="config.evals.extra.type='top5' is not a registered"):
-    evaluators.validate(config)
+    build_evaluators(config)
   del config.evals["extra"], config.evals["test"]
   with pytest.raises(UsageError, match="needs an evaluation named 'test'"):
-    evaluators.validate(config)
+    build_evaluators(config)
 
 
 def test_a_resolved_configs_evaluators_are_built_resolving_and_looking_up_nothing(
@@ -153,14 +153,23 @@ def test_a_resolved_configs_evaluators_are_built_resolving_and_looking_up_nothin
   assert resolved.choices.held_out.to_dict() == {"type": "split", "split": "validation"}
   assert resolved.choices.evaluators == {"split": splits_evaluators.SplitEvaluator}
 
+  # Evaluations besides the config's (capsjax.evaluate's --evals) are resolved once, up front.
+  extra, classes = evaluators.check_types({"shifts": ml_collections.ConfigDict(
+      {"type": "shifted", "max_shift": 1})})
+  assert classes == {"shifted": splits_evaluators.ShiftGridEvaluator}
+
   def refuse(*args, **kwargs):
     raise AssertionError(f"resolved or looked up again: {args}")
   for module, name in ((schema, "resolve_evaluation"), (settings, "resolve"),
                        (registries.EVALUATORS, "get"), (registries.ROUTERS, "get")):
     monkeypatch.setattr(module, name, refuse)
-  built, *_ = build_evaluators(resolved)
+  built, _, _, splits, _ = build_evaluators(resolved)
   assert set(built) == {"test", "validation"} and built["validation"].set.size == 16
   assert built["validation"].settings is resolved.choices.held_out
+  test = built["test"]
+  shifts = evaluators.build(extra, resolved, test.builder, splits, test.batched, classes=classes)
+  assert shifts["shifts"].settings.to_dict() == {"type": "shifted", "split": "test",
+                                                 "max_shift": 1}
 
 
 def test_a_misspelled_evaluator_setting_is_refused_not_defaulted():

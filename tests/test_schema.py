@@ -347,7 +347,7 @@ def test_a_run_resolves_its_config_once(monkeypatch, capsys, tmp_path, idx_dir):
   depth = []
 
   def counted_config(config):
-    entries.append(1)
+    entries.append(config["train"]["num_steps"])
     depth.append(1)
     try:
       return original_config(config)
@@ -365,4 +365,12 @@ def test_a_run_resolves_its_config_once(monkeypatch, capsys, tmp_path, idx_dir):
                            data_dir=idx_dir)
   assert result.returncode == 0, result.stderr
   assert len(entries) == 1
+  assert outside == []
+  # Resumed with one step more: its own config resolved once (the earlier config.json is
+  # resolved to be compared with it).
+  entries.clear()
+  result = main_in_process(capsys, tmp_path / "run", "--config.train.num_steps=2",
+                           data_dir=idx_dir)
+  assert result.returncode == 0, result.stderr
+  assert entries.count(2) == 1 and set(entries) <= {1, 2}
   assert outside == []

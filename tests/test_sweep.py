@@ -67,7 +67,7 @@ def test_apply_overrides_sets_values_and_rejects_unknown_keys():
     schema.resolve_config(wrong)
 
 
-def test_two_by_two_sweep_runs_resumes_and_collects(tmp_path, capsys):
+def test_two_by_two_sweep_runs_resumes_and_collects(tmp_path, capsys, monkeypatch):
   """The command in this process (helpers.sweep_in_process); two processes on one sweep
   directory: the next test."""
   data_dir = write_idx_dataset(tmp_path / "idx", num_train=64, num_test=32)
@@ -80,8 +80,13 @@ def test_two_by_two_sweep_runs_resumes_and_collects(tmp_path, capsys):
   assert listed.returncode == 0, listed.stderr
   assert len(listed.stdout.strip().splitlines()) == 4
 
+  resolved = []  # The point's config is resolved once: checked before any run, then trained.
+  original = schema.resolve_config
+  monkeypatch.setattr(schema, "resolve_config", lambda c: resolved.append(1) or original(c))
   one = sweep_in_process(capsys, experiment, workdir, "--index=2", data_dir=data_dir)
   assert one.returncode == 0, one.stderr
+  assert len(resolved) == 1
+  monkeypatch.undo()
   assert os.listdir(workdir) == ["iterations=3,seed=0"]
   done_first = os.path.getmtime(workdir / "iterations=3,seed=0" / "summary.json")
 

@@ -20,11 +20,14 @@ from capsjax.common.errors import UsageError
 from capsjax.config import migrations, optimizer, runconfig, schema
 from capsjax.config.runconfig import flatten
 
-def config_changes(before: dict, after: dict) -> list[str]:
+def config_changes(before: dict, after) -> list[str]:
   """``"key: old -> new"`` for each setting (dotted key) that differs between two configs as
   JSON dicts (``before`` of any earlier version: migrated first), both resolved
-  (:func:`comparable`), leaving out the settings declared ``neutral`` and the keys under them."""
-  before, after = comparable(migrations.migrate(before)), comparable(after)
+  (:func:`comparable`; ``after`` may be a run's resolved config, read as it is), leaving out
+  the settings declared ``neutral`` and the keys under them."""
+  before = comparable(migrations.migrate(before))
+  after = (json.loads(after.to_json_best_effort()) if isinstance(after, schema.ResolvedConfig)
+           else comparable(after))
   neutral = schema.neutral_keys(after)
   before, after = flatten(before), flatten(after)
   changes = []
@@ -68,7 +71,7 @@ def _changes(workdir: str, config, resumed_step: int | None) -> tuple[dict | Non
   earlier = runconfig.read_raw(workdir) if resumed_step is not None else None
   if earlier is None:
     return None, []
-  return earlier, config_changes(earlier, json.loads(config.to_json_best_effort()))
+  return earlier, config_changes(earlier, schema.as_resolved(config))
 
 
 def announce_changes(workdir: str, config, resumed_step: int | None, log=print) -> list[str]:

@@ -45,18 +45,11 @@ OPTIMIZER, EVALS = "optimizer", "evals"
 
 @dataclasses.dataclass(frozen=True)
 class Choices:
-  """What resolving a config found by name, so that nothing after it looks a name up again.
-
-  Attributes:
-    dataset: the dataset builder class ``config.dataset`` names.
-    model: the model class ``config.model.name`` names.
-    routers: ``{path: Router}``, the router of each section the model routes with
-      (``{"model.routing": ...}``), as :func:`resolve_routing` chose it.
-    evaluators: ``{type: class}``, the evaluator class of each ``config.evals.NAME.type`` (and
-      of ``held_out``'s).
-    held_out: the settings in effect (frozen) of the evaluation a run adds on a validation split
-      where its data hold one and ``config.evals`` names no ``validation``; else None.
-  """
+  """What resolving a config found by name, so that nothing after it looks a name up again:
+  the ``dataset`` builder and ``model`` classes; ``routers``, ``{path: Router}`` of each section
+  the model routes with (``"model.routing"``); ``evaluators``, ``{type: class}``; ``held_out``,
+  the settings in effect (frozen) of the evaluation a run adds on a validation split (where its
+  data hold one) when ``config.evals`` names no ``validation``, else None."""
   dataset: type
   model: type
   routers: dict[str, Any]
@@ -79,11 +72,10 @@ class ResolvedConfig(ml_collections.FrozenConfigDict):
 
   # Frozen, so a copy is the config itself; pickled (the choices hold functions), it is its
   # values, resolved again where it is loaded.
-  def __copy__(self) -> "ResolvedConfig":
+  def __deepcopy__(self, memo=None) -> "ResolvedConfig":
     return self
 
-  def __deepcopy__(self, memo) -> "ResolvedConfig":
-    return self
+  __copy__ = copy_and_resolve_references = __deepcopy__
 
   def __reduce__(self):
     return resolve_config, (self.as_configdict(),)

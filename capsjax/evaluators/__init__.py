@@ -60,8 +60,8 @@ class Evaluator:
 
   def __init__(self, name: str, settings: ml_collections.ConfigDict, config, builder,
                splits: dict, batched):
-    """``settings`` is ``config.evals[name]``; ``config`` the run config; ``builder`` the
-    dataset builder; ``splits`` its host splits; ``batched`` a
+    """``settings``: ``config.evals[name]`` or other settings (frozen: in effect); ``config``
+    the run config; ``builder`` the dataset builder; ``splits`` its host splits; ``batched`` a
     :class:`capsjax.training.evaluation.BatchedEval`."""
     self.name, self.settings, self.config = name, settings, config
     self.builder, self.splits, self.batched = builder, splits, batched
@@ -138,42 +138,37 @@ def eval_settings(config) -> dict[str, ml_collections.ConfigDict]:
   return {name: evals[name] for name in evals}
 
 
-def check_types(settings: dict, where: str = "config.evals") -> dict:
+def check_types(settings: dict, where: str = "config.evals") -> tuple[dict, dict[str, type]]:
   """Raises UsageError for an evaluation whose ``type`` names no evaluator class, or whose
-  settings it does not declare or cannot take; returns ``settings`` with each one's in effect,
+  settings it does not declare or cannot take. Returns ``settings`` with each one's in effect,
   frozen, so that they are not resolved again (those of a resolved config, checked already, as
-  they are)."""
-  checked = {}
+  they are), and ``{type: class}`` of those it checked."""
+  checked, classes = {}, {}
   for name, s in settings.items():
     if settings_lib.in_effect(s):
       checked[name] = s
       continue
-    cls = schema.evaluator_class(s.get("type"), where, name)
+    cls = classes[s["type"]] = schema.evaluator_class(s.get("type"), where, name)
     if not issubclass(cls, Evaluator):
       raise UsageError(f"{where}.{name}.type={s.get('type')!r} is not a subclass of "
                        f"capsjax.evaluators.Evaluator.")
     checked[name] = ml_collections.FrozenConfigDict(
         {"type": s["type"], **schema.resolve_evaluation(cls, name, s, where)})
-  return checked
-
-
-def validate(config) -> None:
-  """Raises UsageError for an unknown evaluator type or a missing ``test`` evaluation."""
-  settings = eval_settings(config)
-  if "test" not in settings:
-    raise UsageError("config.evals needs an evaluation named 'test' (the main test set, "
-                     "e.g. dict(type='split', split='test')).")
-  check_types(settings)
+  return checked, classes
 
 
 def build(settings: dict, config, builder, splits: dict, batched,
-          log: Callable[[str], None] = print) -> dict[str, Evaluator]:
+          log: Callable[[str], None] = print, classes: dict | None = None
+          ) -> dict[str, Evaluator]:
   """The evaluators of ``settings`` (``{name: settings}``), skipping (and logging) those whose
-  data are missing (:class:`SkipEvaluation`). The classes of a resolved ``config``'s types are
-  the ones resolving found (:attr:`capsjax.config.schema.ResolvedConfig.choices`)."""
-  classes = config.choices.evaluators if isinstance(config, schema.ResolvedConfig) else {}
+  data are missing (:class:`SkipEvaluation`). Their classes: ``classes`` (``{type: class}``,
+  as :func:`check_types` gives them), those resolving a resolved ``config`` found
+  (:attr:`capsjax.config.schema.ResolvedConfig.choices`), else looked up."""
+  settings, checked = check_types(settings)
+  found = config.choices.evaluators if isinstance(config, schema.ResolvedConfig) else {}
+  classes = {**found, **checked, **(classes or {})}
   built = {}
-  for name, s in check_types(settings).items():
+  for name, s in settings.items():
     try:
       cls = classes[s.type] if s.type in classes else EVALUATORS.get(s.type)
       built[name] = cls(name, s, config, builder, splits, batched)

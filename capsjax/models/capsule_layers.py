@@ -13,11 +13,10 @@ pose matrices flattened to ``p * p``) and activations ``(batch, ...)``. The stac
   type, class) shared over positions with coordinate addition
   (:class:`capsjax.models.matrix_capsules.GridMatrixVotes`).
 
-Every routed layer takes any router of :mod:`capsjax.routing` (``routing={"name": ...,
-**settings}``), so the capsule type and the routing are independent choices: dynamic routing
-on matrix capsules, EM on vector capsules. The routers' own parameters are created in the
-layer (``router_params``). A router without activations (``dynamic``, ``uniform``, ...) gives
-its parents their lengths as activations.
+Every routed layer takes any router of :mod:`capsjax.routing` (``routing=(router, settings)``), so
+the capsule type and the routing are independent choices: dynamic routing on matrix capsules, EM on
+vector capsules. The routers' own parameters are created in the layer (``router_params``). A router
+without activations (``dynamic``, ``uniform``, ...) gives its parents their lengths as activations.
 
 How a convolutional layer routes: :mod:`capsjax.models.conv_capsules`. Under variational Bayes
 a layer can batch-normalise its parents' activation logits and poses (``routing_norms``,

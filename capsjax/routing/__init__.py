@@ -90,8 +90,9 @@ def chosen(section, router: Router | None = None) -> tuple[Router, dict[str, Any
 def chosen_router(config, path: str = "model.routing") -> Router | None:
   """The router resolving a run's ``config`` chose for its section ``path``
   (:attr:`capsjax.config.schema.ResolvedConfig.choices`), so that a model built from the
-  resolved config looks no name up; None for a config that is not resolved."""
-  return config.choices.routers[path] if isinstance(config, schema.ResolvedConfig) else None
+  resolved config looks no name up; None for a config that is not resolved (or a path it
+  does not route)."""
+  return config.choices.routers.get(path) if isinstance(config, schema.ResolvedConfig) else None
 
 
 def fill(config: ml_collections.ConfigDict) -> tuple[Router, dict[str, Any]]:

@@ -15,7 +15,6 @@ optimiser state and the datasets replicated. ``setup.batched``
 from __future__ import annotations
 
 import functools
-import json
 from typing import Callable
 
 import jax
@@ -133,7 +132,7 @@ def check_same_model(setup, workdir: str) -> None:
   try:
     earlier = runconfig.from_raw(earlier_raw)
     task = Task.from_config(earlier)
-    tx = optimizers.build(earlier.optimizer).tx
+    tx = optimizers.build(task.config.optimizer).tx
     before = jax.eval_shape(lambda: train_step.init_state(task, tx))
   except Exception:  # A config this version cannot build: let the restore speak.
     return
@@ -142,7 +141,7 @@ def check_same_model(setup, workdir: str) -> None:
   if (jax.tree.structure(before) == jax.tree.structure(now)
       and shapes(before) == shapes(now)):
     return
-  changes = history.config_changes(earlier_raw, json.loads(setup.config.to_json_best_effort()))
+  changes = history.config_changes(earlier_raw, setup.config)
   raise UsageError(
       f"{workdir} holds a run of another model: its checkpoints do not fit this config's "
       f"parameters or optimiser state. Settings that differ from its config.json: "

@@ -1,12 +1,13 @@
 """A task is what a run trains: a dataset builder and a model, both picked by the config, and
 the one forward function every caller uses.
 
-``Task.from_config(config)`` resolves the config (a copy: the caller's is never written), looks the
-dataset and the model up in their registries (``config.dataset``, ``config.model.name``, a
-registered name or an import path), builds the model's graph once (which validates its settings) and
-checks the model's contract (:mod:`capsjax.models`) before any data is read. The train step, every
-evaluation, the figures, the benchmark and the experiments call :meth:`Task.forward` and nothing
-else (the vote attack also calls :meth:`Task.vote_log_probabilities`).
+``Task.from_config(config)`` resolves the config (a copy: the caller's is never written), which
+finds the dataset and the model (``config.dataset``, ``config.model.name``, a registered name or an
+import path: :attr:`capsjax.config.schema.ResolvedConfig.choices`), builds the model's graph once
+(which validates its settings) and checks the model's contract (:mod:`capsjax.models`) before any
+data is read. The train step, every evaluation, the figures, the benchmark and the experiments call
+:meth:`Task.forward` and nothing else (the vote attack also calls
+:meth:`Task.vote_log_probabilities`).
 """
 
 from __future__ import annotations
